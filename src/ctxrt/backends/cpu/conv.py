@@ -1,0 +1,3 @@
+"""conv kernels."""
+
+KERNELS: dict = {}

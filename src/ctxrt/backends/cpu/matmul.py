@@ -1,0 +1,3 @@
+"""matmul kernels."""
+
+KERNELS: dict = {}

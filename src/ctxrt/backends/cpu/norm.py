@@ -1,0 +1,3 @@
+"""norm kernels."""
+
+KERNELS: dict = {}

@@ -1,0 +1,3 @@
+"""pool kernels."""
+
+KERNELS: dict = {}

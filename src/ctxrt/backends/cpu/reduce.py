@@ -1,0 +1,3 @@
+"""reduce kernels."""
+
+KERNELS: dict = {}

@@ -1,0 +1,3 @@
+"""shape kernels."""
+
+KERNELS: dict = {}

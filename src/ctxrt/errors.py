@@ -1,0 +1,33 @@
+"""Every error ctxrt raises on purpose derives from CtxrtError."""
+
+
+class CtxrtError(Exception):
+    """Base class: a user-facing error with a one-line message."""
+
+
+class ModelError(CtxrtError):
+    """The ONNX model cannot be read or is malformed."""
+
+
+class ShapeError(CtxrtError):
+    """A shape or dtype does not match what the graph expects, or cannot be made static."""
+
+
+class UnsupportedOpError(CtxrtError):
+    """The model uses operators (or attributes) that ctxrt does not implement."""
+
+
+class PlanError(CtxrtError):
+    """The memory plan cannot be built or is inconsistent."""
+
+
+class FormatError(CtxrtError):
+    """A context binary is malformed, truncated or of an unknown version."""
+
+
+class RegistrationError(CtxrtError):
+    """Misuse of shared buffers, memory handles, or registered weights / spill-fill buffers."""
+
+
+class LifecycleError(CtxrtError):
+    """A context or graph is used in the wrong state (before finalize, after free, ...)."""

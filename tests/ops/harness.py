@@ -1,0 +1,110 @@
+"""Op tests: one ONNX node (or a tiny graph) run by ctxrt vs onnx.reference.ReferenceEvaluator."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+RNG = np.random.default_rng(0)
+
+
+def rand(*shape: int, dtype: Any = np.float32, low: float = -1.0, high: float = 1.0) -> np.ndarray:
+    return RNG.uniform(low, high, size=shape).astype(dtype)
+
+
+def make_model(nodes: onnx.NodeProto | list[onnx.NodeProto], feeds: dict[str, np.ndarray],
+               inits: dict[str, np.ndarray] | None = None, opset: int = 17,
+               outputs: list[str] | None = None) -> onnx.ModelProto:
+    nodes = [nodes] if isinstance(nodes, onnx.NodeProto) else list(nodes)
+    inits = inits or {}
+    inputs = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+              for k, v in feeds.items()]
+    outs = outputs or [o for o in nodes[-1].output if o]
+    graph = helper.make_graph(
+        nodes, "op_test", inputs,
+        [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in outs],
+        initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return [np.asarray(o) for o in ReferenceEvaluator(model).run(None, feeds)]
+
+
+def run_ctxrt(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import ctxrt
+
+    ctx = ctxrt.compile(model)
+    try:
+        result = ctx.graph().run(feeds)
+    finally:
+        ctx.free()
+    return [result[o.name] for o in model.graph.output]
+
+
+def check(nodes: onnx.NodeProto | list[onnx.NodeProto], feeds: dict[str, np.ndarray],
+          inits: dict[str, np.ndarray] | None = None, opset: int = 17,
+          rtol: float = 1e-5, atol: float = 1e-6) -> list[np.ndarray]:
+    """Run the node(s) in both, compare every output (shape, dtype, values); return ctxrt's."""
+    model = make_model(nodes, feeds, inits, opset)
+    want = reference(model, feeds)
+    # CTXRT_TEST_DIRECT=1 calls the kernel alone (single-node models): for kernel development only.
+    runner = run_direct if os.environ.get("CTXRT_TEST_DIRECT") == "1" else run_ctxrt
+    got = runner(model, feeds)
+    for name, w, g in zip([o.name for o in model.graph.output], want, got, strict=True):
+        assert g.shape == w.shape, f"{name}: shape {g.shape} != {w.shape}"
+        assert g.dtype == w.dtype, f"{name}: dtype {g.dtype} != {w.dtype}"
+        if w.dtype == np.bool_ or np.issubdtype(w.dtype, np.integer):
+            np.testing.assert_array_equal(g, w, err_msg=name)
+        else:
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=name)
+    return got
+
+
+def run_direct(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Call the CPU kernel of a single-node model directly (no frontend, planner or runtime).
+
+    For developing kernels before the pipeline runs them; `check` itself goes through ctxrt.compile.
+    """
+    from ctxrt.backends.cpu.registry import KERNELS
+    from ctxrt.backends.kernel import NodeSpec, TensorSpec
+    from ctxrt.ir.canonical import PARAM_INPUTS
+
+    (node,) = model.graph.node
+    consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    want = reference(model, feeds)
+    attrs = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        if isinstance(v, bytes):
+            v = v.decode()
+        elif isinstance(v, onnx.TensorProto):
+            v = numpy_helper.to_array(v)
+        elif isinstance(v, list):
+            v = [x.decode() if isinstance(x, bytes) else x for x in v]
+        attrs[a.name] = v
+    names = list(node.input)
+    for pos, key in PARAM_INPUTS.get(node.op_type, {}).items():
+        if pos < len(names) and names[pos]:
+            assert names[pos] in consts, f"parameter input {key} must be an initializer"
+            attrs[key] = consts[names[pos]].tolist()
+            names[pos] = ""
+    while names and not names[-1]:
+        names.pop()
+    values = {**feeds, **consts}
+    ins = [values[n] if n else None for n in names]
+    spec = NodeSpec(node.op_type, node.name or node.op_type, attrs,
+                    [TensorSpec(tuple(x.shape), x.dtype) if x is not None else None for x in ins],
+                    [TensorSpec(tuple(w.shape), w.dtype) for w in want],
+                    [consts.get(n) if n else None for n in names],
+                    model.opset_import[0].version)
+    kernel = KERNELS[node.op_type](spec)
+    outs = [np.empty(w.shape, w.dtype) for w in want]
+    scratch = [np.empty(n, np.uint8) for n in kernel.scratch]
+    kernel.bind(ins, outs, scratch)()
+    return outs
