@@ -1,3 +1,20 @@
 """ctxrt: ahead-of-time compiled ONNX inference with planned memory."""
 
 __version__ = "0.1.0"
+
+from ctxrt.compiler import compile  # noqa: E402
+from ctxrt.errors import (  # noqa: E402
+    CtxrtError,
+    FormatError,
+    LifecycleError,
+    ModelError,
+    PlanError,
+    RegistrationError,
+    ShapeError,
+    UnsupportedOpError,
+)
+from ctxrt.runtime.context import Context  # noqa: E402
+from ctxrt.runtime.graph import Graph  # noqa: E402
+
+__all__ = ["compile", "Context", "Graph", "CtxrtError", "FormatError", "LifecycleError", "ModelError",
+           "PlanError", "RegistrationError", "ShapeError", "UnsupportedOpError", "__version__"]

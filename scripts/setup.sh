@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create .venv and install ctxrt with everything its demo, tests and benchmarks use. Idempotent:
+# re-installs only when pyproject.toml or this script changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then
+  "${PYTHON:-python3}" -m venv .venv
+fi
+stamp=.venv/.ctxrt-setup
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setting up .venv (first run takes a few minutes)..." >&2
+  .venv/bin/python -m pip install -q --upgrade pip
+  # torch only exports the BERT test models; 2.13.0 is a CPU build on the project's machines.
+  .venv/bin/python -m pip install -q torch==2.13.0
+  .venv/bin/python -m pip install -q -e '.[test]'
+  echo "$want" > "$stamp"
+fi

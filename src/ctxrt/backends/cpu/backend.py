@@ -1,0 +1,64 @@
+"""The NumPy backend: buffers are aligned uint8 arrays, tensors are views at offsets into them."""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+
+import ctxrt
+from ctxrt.backends.cpu.registry import KERNELS
+from ctxrt.errors import RegistrationError
+
+
+class CpuBuffer:
+    """An aligned host allocation. `array` is the uint8 view of exactly `nbytes` bytes."""
+
+    def __init__(self, nbytes: int, alignment: int = 64) -> None:
+        if nbytes < 0 or alignment <= 0 or alignment & (alignment - 1):
+            raise RegistrationError(f"bad allocation: {nbytes} bytes aligned to {alignment}")
+        raw = np.empty(nbytes + alignment, np.uint8)
+        start = -raw.ctypes.data % alignment
+        self.array: np.ndarray | None = raw[start:start + nbytes]
+        self.nbytes = nbytes
+        self.alignment = alignment
+        self.address = int(self.array.ctypes.data)
+
+    def release(self) -> None:
+        self.array = None
+
+    @property
+    def released(self) -> bool:
+        return self.array is None
+
+
+class CpuBackend:
+    name = "cpu"
+    alignment = 64
+    kernels = KERNELS
+
+    def alloc_shared(self, nbytes: int, alignment: int = 64) -> CpuBuffer:
+        return CpuBuffer(int(nbytes), int(alignment))
+
+    def alloc_device(self, nbytes: int) -> CpuBuffer:
+        return CpuBuffer(int(nbytes), self.alignment)
+
+    def view(self, buf: CpuBuffer, offset: int, shape: tuple[int, ...], dtype: np.dtype | str) -> np.ndarray:
+        if buf.array is None:
+            raise RegistrationError("buffer was released")
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if offset < 0 or offset + n > buf.nbytes:
+            raise RegistrationError(f"view of {n} bytes at offset {offset} is outside a buffer of "
+                                    f"{buf.nbytes} bytes")
+        return buf.array[offset:offset + n].view(dt).reshape(shape)
+
+    def copy_in(self, dst: np.ndarray, src: np.ndarray) -> None:
+        np.copyto(dst, src, casting="no")
+
+    def copy_out(self, dst: np.ndarray, src: np.ndarray) -> None:
+        np.copyto(dst, src, casting="no")
+
+    def device_id(self) -> dict[str, str]:
+        return {"backend": "cpu", "device": platform.machine(), "driver": f"numpy {np.__version__}",
+                "ctxrt": ctxrt.__version__}

@@ -1,0 +1,35 @@
+"""Compile ONNX models into graphs bound to a memory plan."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ctxrt.compiler.build import compile_graph
+from ctxrt.compiler.program import CompiledGraph
+from ctxrt.ir.passes import default_passes, run_passes
+from ctxrt.runtime import get_backend
+from ctxrt.runtime.backend import Backend
+from ctxrt.runtime.context import Context
+
+
+def compile_model(model: Any, shapes: Mapping[str, Iterable[int]] | None = None, backend: Backend | None = None,
+                  name: str = "main") -> tuple[CompiledGraph, dict[str, Any]]:
+    """One ONNX model (path, bytes or ModelProto) -> (compiled graph, the constants it reads)."""
+    from ctxrt.frontend.onnx import to_ir
+
+    backend = backend or get_backend("cpu")
+    graph = to_ir(model, set(backend.kernels), shapes, name)
+    graph = run_passes(graph, default_passes())
+    compiled = compile_graph(graph, backend.kernels, backend.alignment)
+    weights = {n: graph.values[n].const for n in compiled.const_names}
+    return compiled, weights
+
+
+def compile(model: str | os.PathLike | bytes | Any, shapes: Mapping[str, Iterable[int]] | None = None,
+            backend: str | Backend = "cpu") -> Context:
+    """Online prepare: compile an ONNX model in memory and return a finalized Context."""
+    be = get_backend(backend)
+    compiled, weights = compile_model(model, shapes, be)
+    return Context([compiled], weights, be)

@@ -1,0 +1,166 @@
+"""IR graph -> CompiledGraph: choose kernels, decide aliases and in-place reuse, plan the arena."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec, TensorSpec
+from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Interval, Ref, Step, TensorInfo
+from ctxrt.errors import UnsupportedOpError
+from ctxrt.ir.graph import Graph, Node
+from ctxrt.planner import arena
+
+# Ops whose output is input 0 with another shape: a zero-copy view when possible.
+ALIAS_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
+# Ops whose kernels stay correct when output 0 is the same memory as one of these inputs.
+_UNARY = {"Relu", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Sqrt", "Exp", "Log", "Neg", "Abs",
+          "Reciprocal", "Clip", "Softmax", "LogSoftmax", "BatchNormalization", "LayerNormalization", "Not"}
+_BINARY = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean"}
+INPLACE: dict[str, tuple[int, ...]] = {**{op: (0,) for op in _UNARY}, **{op: (0, 1) for op in _BINARY},
+                                       "Where": (1, 2)}
+
+
+def node_spec(graph: Graph, node: Node) -> NodeSpec:
+    ins = [graph.values[n] if n else None for n in node.inputs]
+    return NodeSpec(
+        node.op, node.name, node.attrs,
+        [TensorSpec(v.shape, np.dtype(v.dtype)) if v else None for v in ins],
+        [TensorSpec(graph.values[o].shape, np.dtype(graph.values[o].dtype)) for o in node.outputs if o],
+        [v.const if v else None for v in ins],
+        graph.opset)
+
+
+def make_kernel(kernels: Mapping[str, KernelFactory], spec: NodeSpec) -> Kernel:
+    factory = kernels.get(spec.op)
+    if factory is None:
+        raise UnsupportedOpError(f"unsupported operators: {spec.op} ({spec.name})")
+    try:
+        return factory(spec)
+    except UnsupportedOpError:
+        raise
+    except Exception as e:
+        shapes = [s.shape if s else None for s in spec.inputs]
+        raise UnsupportedOpError(f"{spec.op} node {spec.name!r} with inputs {shapes}: {e}") from e
+
+
+class _Storage:
+    """Union of values that share memory (aliases and in-place results), keyed by root value."""
+
+    def __init__(self) -> None:
+        self.root: dict[str, str] = {}
+
+    def find(self, name: str) -> str:
+        while self.root.get(name, name) != name:
+            name = self.root[name]
+        return name
+
+    def join(self, child: str, parent: str) -> None:
+        self.root[child] = self.find(parent)
+
+
+def compile_graph(graph: Graph, kernels: Mapping[str, KernelFactory], alignment: int = 64) -> CompiledGraph:
+    inputs, outputs = set(graph.inputs), set(graph.outputs)
+    last_use = {name: -1 for name in graph.values}
+    for step, node in enumerate(graph.nodes):
+        for n in node.inputs:
+            if n:
+                last_use[n] = step
+
+    store = _Storage()
+    kernel_of: dict[int, Kernel] = {}
+    aliased: set[int] = set()
+
+    def home(name: str) -> str:
+        """Where a value's bytes live: 'input', 'output', 'const' or 'arena'."""
+        root = store.find(name)
+        if root in inputs:
+            return INPUT
+        if root in outputs:
+            return OUTPUT
+        return CONST if graph.values[root].is_const else ARENA
+
+    root_last = dict(last_use)  # per storage root: the last step reading any value stored there
+
+    def share(child: str, parent: str) -> None:
+        root = store.find(parent)
+        store.join(child, root)
+        root_last[root] = max(root_last[root], last_use[child])
+
+    for step, node in enumerate(graph.nodes):
+        out0 = node.outputs[0]
+        if node.op in ALIAS_OPS and out0 not in outputs and home(node.inputs[0]) != CONST:
+            share(out0, node.inputs[0])
+            aliased.add(step)
+            continue
+        spec = node_spec(graph, node)
+        kernel_of[step] = make_kernel(kernels, spec)
+        if out0 in outputs:
+            continue
+        for i in INPLACE.get(node.op, ()):
+            src = node.inputs[i] if i < len(node.inputs) else ""
+            if (src and home(src) == ARENA and root_last[store.find(src)] == step
+                    and graph.values[src].nbytes == graph.values[out0].nbytes
+                    and graph.values[src].dtype == graph.values[out0].dtype
+                    and node.inputs.count(src) == 1):
+                share(out0, src)
+                break
+
+    # Lifetimes of arena roots (aliases and in-place results extend them) and scratch.
+    requests: list[arena.Request] = []
+    first: dict[str, int] = {}
+    for step, node in enumerate(graph.nodes):
+        for o in node.outputs:
+            if o and home(o) == ARENA:
+                first.setdefault(store.find(o), step)
+    lasts: dict[str, int] = {}
+    for name in graph.values:
+        if home(name) == ARENA:
+            root = store.find(name)
+            lasts[root] = max(lasts.get(root, -1), last_use[name], first.get(root, 0))
+    for root, f in first.items():
+        size = arena.align(graph.values[root].nbytes, alignment)
+        requests.append(arena.Request(root, size, f, lasts[root]))
+    for step, kernel in kernel_of.items():
+        for j, nbytes in enumerate(kernel.scratch):
+            requests.append(arena.Request(f"{graph.nodes[step].name}#scratch{j}",
+                                          arena.align(int(nbytes), alignment), step, step))
+    plan = arena.plan(requests)
+    arena.check(plan, alignment)
+
+    def ref(name: str) -> Ref:
+        v = graph.values[name]
+        root = store.find(name)
+        space = home(name)
+        offset = plan.allocations[root].offset if space == ARENA else 0
+        return Ref(space, root, offset, tuple(v.shape), np.dtype(v.dtype).str)
+
+    steps = []
+    for step, node in enumerate(graph.nodes):
+        if step in aliased:
+            continue
+        kernel = kernel_of[step]
+        scratch = []
+        for j in range(len(kernel.scratch)):
+            a = plan.allocations[f"{node.name}#scratch{j}"]
+            scratch.append(Ref(ARENA, a.key, a.offset, (a.size,), "|u1"))
+        steps.append(Step(node.op, node.name, node.attrs, [ref(n) if n else None for n in node.inputs],
+                          [ref(o) for o in node.outputs if o], scratch, kernel.algorithm))
+    _check_outputs_written(graph, steps)
+    const_names = sorted({r.key for s in steps for r in s.inputs if r is not None and r.space == CONST})
+    return CompiledGraph(
+        graph.name, graph.opset,
+        [TensorInfo(n, graph.values[n].shape, np.dtype(graph.values[n].dtype).str) for n in graph.inputs],
+        [TensorInfo(n, graph.values[n].shape, np.dtype(graph.values[n].dtype).str) for n in graph.outputs],
+        steps, plan.size, plan.lower_bound, alignment, plan.strategy,
+        [Interval(a.key, a.offset, a.size, a.first, a.last) for a in plan.allocations.values()],
+        const_names)
+
+
+def _check_outputs_written(graph: Graph, steps: list[Step]) -> None:
+    written = {r.key for s in steps for r in s.outputs if r.space == OUTPUT}
+    for name in graph.outputs:
+        if name not in written:
+            raise UnsupportedOpError(f"graph output {name!r} is a graph input or a constant; "
+                                     "ctxrt needs it to be computed")

@@ -1,0 +1,81 @@
+"""A compiled graph as plain data: steps with tensors bound to places (arena offsets, IO, constants).
+
+Everything here is serializable (strings, ints, lists, dicts); the runtime turns it into kernel
+launches once, at load time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# Where a tensor lives: the arena (spill-fill buffer), a graph input or output buffer, or the weights.
+ARENA, INPUT, OUTPUT, CONST = "arena", "input", "output", "const"
+
+
+@dataclass(frozen=True)
+class Ref:
+    space: str
+    key: str  # IO / constant name; the root tensor's name for the arena (for diagnostics)
+    offset: int  # bytes, within the arena or the IO buffer (aliases of IO buffers start at 0)
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass
+class Step:
+    op: str
+    name: str
+    attrs: dict[str, Any]
+    inputs: list[Ref | None]
+    outputs: list[Ref]
+    scratch: list[Ref]
+    algorithm: str = "default"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    mem_type: str = "raw"
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One arena allocation over time, for reports and plots."""
+
+    key: str
+    offset: int
+    size: int
+    first: int
+    last: int
+
+
+@dataclass
+class CompiledGraph:
+    name: str
+    opset: int
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    steps: list[Step]
+    spillfill_size: int
+    lower_bound: int
+    alignment: int
+    strategy: str
+    intervals: list[Interval] = field(default_factory=list)
+    const_names: list[str] = field(default_factory=list)
+
+    @property
+    def io_bytes(self) -> int:
+        return sum(t.nbytes for t in self.inputs + self.outputs)

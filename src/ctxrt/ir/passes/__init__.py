@@ -1,0 +1,13 @@
+"""IR passes, one per file; `default_passes` is the order the compiler runs them in."""
+
+from ctxrt.ir.passes.base import Pass, PassResult, run_passes
+from ctxrt.ir.passes.eliminate import EliminateDead, EliminateIdentity
+from ctxrt.ir.passes.fold_bn import FoldBatchNormIntoConv
+
+
+def default_passes() -> list[Pass]:
+    return [EliminateIdentity(), FoldBatchNormIntoConv(), EliminateDead()]
+
+
+__all__ = ["Pass", "PassResult", "run_passes", "default_passes", "EliminateDead", "EliminateIdentity",
+           "FoldBatchNormIntoConv"]

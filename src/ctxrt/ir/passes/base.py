@@ -1,0 +1,50 @@
+"""Pass infrastructure: a pass checks what it requires, transforms, then checks what it ensures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ctxrt.errors import PlanError
+from ctxrt.ir.graph import Graph
+
+
+@dataclass
+class PassResult:
+    graph: Graph
+    modified: bool
+
+
+class Pass:
+    def requires(self, graph: Graph) -> None:
+        """Raise if the graph is not in a state this pass can handle."""
+
+    def call(self, graph: Graph) -> PassResult:
+        raise NotImplementedError
+
+    def ensures(self, graph: Graph) -> None:
+        """Raise if the pass left the graph in a wrong state."""
+
+    def __call__(self, graph: Graph) -> PassResult:
+        self.requires(graph)
+        result = self.call(graph)
+        self.ensures(result.graph)
+        return result
+
+
+def check_topological(graph: Graph) -> None:
+    """Every node input is a graph input, a constant or an earlier node's output."""
+    ready = {n for n, v in graph.values.items() if v.is_const} | set(graph.inputs)
+    for node in graph.nodes:
+        for name in node.inputs:
+            if name and name not in ready:
+                raise PlanError(f"node {node.name!r} ({node.op}) reads {name!r} before it is produced")
+        ready.update(o for o in node.outputs if o)
+    missing = [o for o in graph.outputs if o not in ready]
+    if missing:
+        raise PlanError(f"graph outputs never produced: {missing}")
+
+
+def run_passes(graph: Graph, passes: list[Pass]) -> Graph:
+    for p in passes:
+        graph = p(graph).graph
+    return graph

@@ -1,0 +1,111 @@
+"""Offsets for every intermediate tensor and kernel scratch in one arena.
+
+Each request lives over an inclusive step interval. Two strategies place them (greedy by size with
+best fit, after TFLite's and Pisarchyk & Lee's; and first fit in order of first use); the smaller
+arena wins. The lower bound is the largest sum of live bytes at any step: no plan can beat it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ctxrt.errors import PlanError
+
+
+@dataclass(frozen=True)
+class Request:
+    key: str
+    size: int  # bytes, already aligned
+    first: int  # step that writes it
+    last: int  # last step that reads it
+
+
+@dataclass(frozen=True)
+class Allocation:
+    key: str
+    offset: int
+    size: int
+    first: int
+    last: int
+
+
+@dataclass
+class Plan:
+    allocations: dict[str, Allocation]
+    size: int
+    lower_bound: int
+    strategy: str
+
+
+def align(n: int, alignment: int) -> int:
+    return (n + alignment - 1) // alignment * alignment
+
+
+def lower_bound(requests: Sequence[Request]) -> int:
+    events: dict[int, int] = {}
+    for r in requests:
+        events[r.first] = events.get(r.first, 0) + r.size
+        events[r.last + 1] = events.get(r.last + 1, 0) - r.size
+    live = best = 0
+    for step in sorted(events):
+        live += events[step]
+        best = max(best, live)
+    return best
+
+
+def _place(order: Sequence[Request], best_fit: bool) -> dict[str, Allocation]:
+    placed: list[Allocation] = []
+    for r in order:
+        busy = sorted((a for a in placed if a.first <= r.last and r.first <= a.last), key=lambda a: a.offset)
+        offset, choice, choice_gap = 0, None, None
+        for a in busy:
+            gap = a.offset - offset
+            if gap >= r.size and (choice is None or (best_fit and gap < choice_gap)):
+                choice, choice_gap = offset, gap
+                if not best_fit:
+                    break
+            offset = max(offset, a.offset + a.size)
+        if choice is None:
+            choice = offset
+        placed.append(Allocation(r.key, choice, r.size, r.first, r.last))
+    return {a.key: a for a in placed}
+
+
+STRATEGIES: dict[str, Callable[[Sequence[Request]], dict[str, Allocation]]] = {
+    "greedy_by_size": lambda rs: _place(sorted(rs, key=lambda r: (-r.size, r.first)), best_fit=True),
+    "first_fit_by_time": lambda rs: _place(sorted(rs, key=lambda r: (r.first, -r.size)), best_fit=False),
+    "best_fit_by_time": lambda rs: _place(sorted(rs, key=lambda r: (r.first, -r.size)), best_fit=True),
+}
+
+
+def plan(requests: Sequence[Request]) -> Plan:
+    keys = [r.key for r in requests]
+    if len(set(keys)) != len(keys):
+        raise PlanError("duplicate keys in arena requests")
+    for r in requests:
+        if r.size < 0 or r.first > r.last:
+            raise PlanError(f"bad arena request {r}")
+    best: Plan | None = None
+    for name, strategy in STRATEGIES.items():
+        allocs = strategy(requests)
+        size = max((a.offset + a.size for a in allocs.values()), default=0)
+        if best is None or size < best.size:
+            best = Plan(allocs, size, 0, name)
+    assert best is not None
+    best.lower_bound = lower_bound(requests)
+    return best
+
+
+def check(plan_: Plan, alignment: int) -> None:
+    """Raise PlanError if two allocations live at once overlap, or one is misaligned."""
+    allocs = sorted(plan_.allocations.values(), key=lambda a: a.offset)
+    for a in allocs:
+        if a.offset % alignment:
+            raise PlanError(f"{a.key} at offset {a.offset} is not {alignment}-aligned")
+    for i, a in enumerate(allocs):
+        for b in allocs[i + 1:]:
+            if b.offset >= a.offset + a.size:
+                break
+            if a.first <= b.last and b.first <= a.last and a.size and b.size:
+                raise PlanError(f"{a.key} and {b.key} overlap in the arena while both are live")

@@ -1,0 +1,168 @@
+"""Frontend, passes and executor on hand-made graphs: folding, aliases, in-place, errors, no allocation."""
+
+import tracemalloc
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import ctxrt
+from ctxrt.compiler.program import ARENA, INPUT, OUTPUT
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    g = helper.make_graph(nodes, "t", inputs, outputs, initializer=list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def _vi(name, shape, dtype=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, dtype, shape)
+
+
+def test_shape_arithmetic_folds_away_and_reshape_is_a_view() -> None:
+    # y = Reshape(Relu(x), Concat(Shape(x)[0:1], [-1])) then Relu: the shape chain folds, the Reshape
+    # becomes a zero-copy alias, and only the two Relus run.
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Slice", ["s", "zero", "one"], ["s0"]),
+        helper.make_node("Concat", ["s0", "minus1"], ["target"], axis=0),
+        helper.make_node("Reshape", ["r", "target"], ["flat"]),
+        helper.make_node("Relu", ["flat"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.array([v], np.int64), n) for n, v in
+             [("zero", 0), ("one", 1), ("minus1", -1)]]
+    m = _model(nodes, [_vi("x", ["N", 3, 4])], [_vi("y", None)], inits)
+    ctx = ctxrt.compile(m, shapes={"x": (2, 3, 4)})
+    g = ctx.graph()
+    assert [s.op for s in g.compiled.steps] == ["Relu", "Relu"]
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    np.testing.assert_array_equal(g.run({"x": x})["y"], np.maximum(x, 0).reshape(2, 12))
+    first, second = g.compiled.steps
+    assert first.outputs[0].space == ARENA and second.inputs[0].offset == first.outputs[0].offset
+
+
+def test_elementwise_chain_runs_in_place() -> None:
+    nodes = [helper.make_node("Exp", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["b"]),
+             helper.make_node("Tanh", ["b"], ["c"]), helper.make_node("Relu", ["c"], ["y"])]
+    m = _model(nodes, [_vi("x", [8, 16])], [_vi("y", None)])
+    g = ctxrt.compile(m).graph()
+    steps = g.compiled.steps
+    assert steps[0].inputs[0].space == INPUT and steps[-1].outputs[0].space == OUTPUT
+    arena_offsets = {r.offset for s in steps for r in s.inputs + s.outputs if r.space == ARENA}
+    assert len(arena_offsets) == 1  # a, b, c share one buffer
+    assert g.spillfill_size == 8 * 16 * 4
+
+
+def test_batchnorm_folds_into_conv() -> None:
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    bn = [rng.uniform(0.5, 1.5, 4).astype(np.float32) for _ in range(4)]
+    inits = [numpy_helper.from_array(w, "w")] + [numpy_helper.from_array(a, n) for a, n in
+                                                 zip(bn, ["g", "b", "m", "v"], strict=True)]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "g", "b", "m", "v"], ["y"])]
+    m = _model(nodes, [_vi("x", [1, 3, 8, 8])], [_vi("y", None)], inits)
+    ctx = ctxrt.compile(m)
+    assert [s.op for s in ctx.graph().compiled.steps] == ["Conv"]
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    from onnx.reference import ReferenceEvaluator
+
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    np.testing.assert_allclose(ctx.graph().run({"x": x})["y"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_initializers_listed_as_inputs_are_constants() -> None:
+    w = numpy_helper.from_array(np.ones((3,), np.float32), "w")
+    m = _model([helper.make_node("Add", ["x", "w"], ["y"])], [_vi("x", [3]), _vi("w", [3])], [_vi("y", None)],
+               [w])
+    g = ctxrt.compile(m).graph()
+    assert [i.name for i in g.inputs] == ["x"]
+    np.testing.assert_array_equal(g.run({"x": np.zeros(3, np.float32)})["y"], np.ones(3, np.float32))
+
+
+def test_unsupported_ops_are_all_listed_before_any_work() -> None:
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Det", ["a"], ["b"], name="d1"),
+             helper.make_node("Celu", ["b"], ["c"], name="c1"), helper.make_node("Det", ["c"], ["y"], name="d2")]
+    m = _model(nodes, [_vi("x", [2, 2])], [_vi("y", None)])
+    with pytest.raises(ctxrt.UnsupportedOpError) as e:
+        ctxrt.compile(m)
+    assert "Celu (c1)" in str(e.value) and "Det (d1, d2)" in str(e.value)
+
+
+def test_dynamic_dims_need_a_shape_and_batch_defaults_to_one() -> None:
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["N", "S"])], [_vi("y", None)])
+    with pytest.raises(ctxrt.ShapeError, match="axis 1 is dynamic"):
+        ctxrt.compile(m)
+    m2 = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["N", 5])], [_vi("y", None)])
+    assert ctxrt.compile(m2).graph().inputs[0].shape == (1, 5)
+    with pytest.raises(ctxrt.ShapeError, match="unknown inputs"):
+        ctxrt.compile(m2, shapes={"nope": (1, 5)})
+    with pytest.raises(ctxrt.ShapeError, match="fixed at 5"):
+        ctxrt.compile(m2, shapes={"x": (1, 6)})
+
+
+def test_wrong_feeds_raise_shape_errors() -> None:
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [2, 3])], [_vi("y", None)])
+    g = ctxrt.compile(m).graph()
+    with pytest.raises(ctxrt.ShapeError, match="expects float32"):
+        g.run({"x": np.zeros((2, 3), np.float64)})
+    with pytest.raises(ctxrt.ShapeError, match=r"\[2, 3\]"):
+        g.run({"x": np.zeros((3, 2), np.float32)})
+    with pytest.raises(ctxrt.ShapeError, match="missing"):
+        g.run({})
+
+
+def test_freed_context_refuses_to_run() -> None:
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [2])], [_vi("y", None)])
+    ctx = ctxrt.compile(m)
+    g = ctx.graph()
+    ctx.free()
+    with pytest.raises(ctxrt.LifecycleError, match="freed"):
+        g.run({"x": np.zeros(2, np.float32)})
+
+
+def test_malformed_model_files_raise_model_error(tmp_path) -> None:
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07garbage" * 10)
+    with pytest.raises(ctxrt.ModelError):
+        ctxrt.compile(bad)
+    with pytest.raises(ctxrt.ModelError, match="no such"):
+        ctxrt.compile(tmp_path / "missing.onnx")
+
+
+def test_steady_state_execute_allocates_no_numpy_memory() -> None:
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal((16,)).astype(np.float32), "b")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Softmax", ["f"], ["y"], axis=1)]
+    m = _model(nodes, [_vi("x", [1, 8, 32, 32])], [_vi("y", None)], inits, opset=13)
+    g = ctxrt.compile(m).graph()
+    feeds = {"x": rng.standard_normal((1, 8, 32, 32)).astype(np.float32)}
+    outs = {"y": np.empty((1, 16 * 16 * 16), np.float32)}
+    g.execute(feeds, outs)
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        for _ in range(3):
+            g.execute(feeds, outs)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    smallest_tensor = 16 * 16 * 16 * 4
+    assert peak - before < min(4096, smallest_tensor)
+
+
+def test_onnx_model_with_external_data_loads(tmp_path) -> None:
+    w = numpy_helper.from_array(np.arange(4096, dtype=np.float32), "w")
+    m = _model([helper.make_node("Add", ["x", "w"], ["y"])], [_vi("x", [4096])], [_vi("y", None)], [w])
+    onnx.save_model(m, tmp_path / "m.onnx", save_as_external_data=True, location="m.data", size_threshold=0)
+    assert (tmp_path / "m.data").exists()
+    g = ctxrt.compile(tmp_path / "m.onnx").graph()
+    np.testing.assert_array_equal(g.run({"x": np.ones(4096, np.float32)})["y"], np.arange(4096) + 1.0)
