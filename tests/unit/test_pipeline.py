@@ -166,3 +166,29 @@ def test_onnx_model_with_external_data_loads(tmp_path) -> None:
     assert (tmp_path / "m.data").exists()
     g = ctxrt.compile(tmp_path / "m.onnx").graph()
     np.testing.assert_array_equal(g.run({"x": np.ones(4096, np.float32)})["y"], np.arange(4096) + 1.0)
+
+
+@pytest.mark.parametrize("head", ["Conv", "BatchNormalization"])
+def test_per_channel_mul_add_fold_into_conv_and_batchnorm(head) -> None:
+    rng = np.random.default_rng(3)
+    c = 6
+    inits = {"w": rng.standard_normal((c, c, 3, 3)).astype(np.float32),
+             "s": rng.uniform(0.5, 1.5, (c, 1, 1)).astype(np.float32),
+             "t": rng.standard_normal((c, 1, 1)).astype(np.float32)}
+    if head == "Conv":
+        first = helper.make_node("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1])
+    else:
+        for k in ("g", "b", "m"):
+            inits[k] = rng.uniform(0.5, 1.5, c).astype(np.float32)
+        inits["v"] = rng.uniform(0.5, 1.5, c).astype(np.float32)
+        first = helper.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["h"])
+    nodes = [first, helper.make_node("Mul", ["h", "s"], ["hm"]), helper.make_node("Add", ["hm", "t"], ["y"])]
+    m = _model(nodes, [_vi("x", [1, c, 5, 5])], [_vi("y", None)],
+               [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    ctx = ctxrt.compile(m)
+    assert [s.op for s in ctx.graph().compiled.steps] == [head]
+    from onnx.reference import ReferenceEvaluator
+
+    x = rng.standard_normal((1, c, 5, 5)).astype(np.float32)
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    np.testing.assert_allclose(ctx.graph().run({"x": x})["y"], want, rtol=1e-4, atol=1e-5)

@@ -2,12 +2,13 @@
 
 from ctxrt.ir.passes.base import Pass, PassResult, run_passes
 from ctxrt.ir.passes.eliminate import EliminateDead, EliminateIdentity
+from ctxrt.ir.passes.fold_affine import FoldChannelAffine
 from ctxrt.ir.passes.fold_bn import FoldBatchNormIntoConv
 
 
 def default_passes() -> list[Pass]:
-    return [EliminateIdentity(), FoldBatchNormIntoConv(), EliminateDead()]
+    return [EliminateIdentity(), FoldBatchNormIntoConv(), FoldChannelAffine(), EliminateDead()]
 
 
 __all__ = ["Pass", "PassResult", "run_passes", "default_passes", "EliminateDead", "EliminateIdentity",
-           "FoldBatchNormIntoConv"]
+           "FoldBatchNormIntoConv", "FoldChannelAffine"]
