@@ -1,8 +1,13 @@
-"""A context: weights, one spill-fill arena shared by its graphs, the graphs, and their counters."""
+"""A context: weights, one spill-fill arena shared by its graphs, the graphs, and their counters.
+
+Lifecycle (DESIGN.md §5): create (optionally deferred) -> register weights / spill-fill buffers ->
+finalize -> execute graphs -> free.
+"""
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -10,32 +15,47 @@ from typing import Any
 import numpy as np
 
 from ctxrt.compiler.program import CompiledGraph
-from ctxrt.errors import LifecycleError
+from ctxrt.errors import LifecycleError, RegistrationError
+from ctxrt.runtime import weights as wts
 from ctxrt.runtime.backend import Backend
 from ctxrt.runtime.graph import Graph, io_buffer_bytes
+
+# What each shared buffer is registered as, across all contexts: buffer -> {(role, context id)}.
+_ROLES: weakref.WeakKeyDictionary[Any, set[tuple[str, int]]] = weakref.WeakKeyDictionary()
+
+
+def buffer_roles(buf: Any) -> set[tuple[str, int]]:
+    return _ROLES.setdefault(buf, set())
 
 
 class Context:
     """Owns weights, kernels and graphs. Its graphs share one spill-fill buffer and never run at once."""
 
-    def __init__(self, graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray], backend: Backend,
-                 *, defer_graph_init: bool = False) -> None:
+    def __init__(self, graphs: list[CompiledGraph], weight_table: Mapping[str, wts.WeightEntry],
+                 weight_block: np.ndarray, backend: Backend, *, defer_graph_init: bool = False,
+                 info: Mapping[str, Any] | None = None, keepalive: Any = None) -> None:
         self.backend = backend
-        self.weights = dict(weights)
+        self.info = dict(info or {})
+        self._table = dict(weight_table)
+        self._block = weight_block  # read-only mmap of the file's weights section, or the packed block
+        self._keepalive = keepalive  # e.g. the open ContextFile whose mmap backs the weights
+        self.weights: dict[str, np.ndarray] = {}
         self._graphs = {g.name: Graph(self, g) for g in graphs}
         self.lock = threading.RLock()
         self.stats: Counter[str] = Counter()
         self.finalized = False
         self.freed = False
-        self._buffers: list[Any] = []
-        self.arena: Any = None
+        self._owned: list[Any] = []
+        self._registered: dict[str, tuple[Any, int]] = {}  # role -> (buffer, offset)
+        self.arena: tuple[Any, int] | None = None
         if not defer_graph_init:
             self.finalize()
 
+    # -- properties -------------------------------------------------------------------------------
     @property
     def properties(self) -> dict[str, int]:
         return {
-            "weights_buffer_size": sum(int(w.nbytes) for w in self.weights.values()),
+            "weights_buffer_size": int(self._block.nbytes),
             "max_spillfill_buffer_size": max((g.spillfill_size for g in self._graphs.values()), default=0),
             "buffer_start_alignment": self.backend.alignment,
         }
@@ -45,9 +65,8 @@ class Context:
         return list(self._graphs)
 
     def graph(self, name: str | None = None) -> Graph:
-        """The graph called `name`; without a name, the context's only (or first) graph."""
-        if self.freed:
-            raise LifecycleError("context was freed")
+        """The graph called `name`; without a name, the context's first graph."""
+        self._check_alive()
         if name is None:
             return next(iter(self._graphs.values()))
         try:
@@ -55,39 +74,104 @@ class Context:
         except KeyError:
             raise LifecycleError(f"no graph {name!r}; this context has {self.graph_names}") from None
 
+    def _check_alive(self) -> None:
+        if self.freed:
+            raise LifecycleError("context was freed")
+
+    # -- registration -------------------------------------------------------------------------------
+    def register_weights_buffer(self, buf: Any, offset: int = 0) -> None:
+        """Weights are copied into `buf` at finalize and used from there."""
+        self._register("weights", buf, offset, self.properties["weights_buffer_size"])
+
+    def register_spillfill_buffer(self, buf: Any, offset: int = 0) -> None:
+        """Use `buf` (from `offset`) as this context's spill-fill arena instead of allocating one."""
+        self._register("spillfill", buf, offset, self.properties["max_spillfill_buffer_size"])
+
+    def _register(self, role: str, buf: Any, offset: int, need: int) -> None:
+        self._check_alive()
+        if self.finalized:
+            raise LifecycleError(f"register the {role} buffer before finalize()")
+        if role in self._registered:
+            raise RegistrationError(f"a {role} buffer is already registered with this context")
+        if getattr(buf, "released", False):
+            raise RegistrationError(f"{role} buffer was released")
+        if not isinstance(offset, int) or offset < 0:
+            raise RegistrationError(f"{role} buffer offset must be a non-negative int, got {offset!r}")
+        if buf.nbytes - offset < need:
+            raise RegistrationError(f"{role} buffer too small: needs {need} bytes from offset {offset}, "
+                                    f"buffer has {buf.nbytes}")
+        align = self.backend.alignment
+        if (buf.address + offset) % align:
+            raise RegistrationError(f"{role} buffer start (address + offset {offset}) is not aligned to "
+                                    f"buffer_start_alignment {align}")
+        roles = buffer_roles(buf)
+        if any(r == "io" for r, _ in roles):
+            raise RegistrationError(f"{role} buffer is also used for IO memory handles")
+        if role == "weights" and any(r == "weights" and c != id(self) for r, c in roles):
+            raise RegistrationError("this weights buffer is already registered with another context")
+        roles.add((role, id(self)))
+        self._registered[role] = (buf, offset)
+
+    def deregister_buffer(self, role: str) -> None:
+        """Undo register_*_buffer before finalize (after finalize the buffer is in use: an error)."""
+        if self.finalized:
+            raise LifecycleError(f"cannot deregister the {role} buffer after finalize(); free() the context")
+        self._unregister(role)
+
+    def _unregister(self, role: str) -> None:
+        if role not in self._registered:
+            raise RegistrationError(f"no {role} buffer is registered")
+        buf, _ = self._registered.pop(role)
+        buffer_roles(buf).discard((role, id(self)))
+
+    # -- finalize / free ----------------------------------------------------------------------------
     def _alloc(self, nbytes: int, category: str) -> Any:
         buf = self.backend.alloc_shared(nbytes, self.backend.alignment)
-        self._buffers.append(buf)
+        self._owned.append(buf)
         self.stats[f"alloc_{category}_bytes"] += nbytes
         return buf
 
     def finalize(self) -> None:
-        if self.freed:
-            raise LifecycleError("context was freed")
+        """Place weights, allocate what was not registered, build kernels and record every graph."""
+        self._check_alive()
         if self.finalized:
             raise LifecycleError("context is already finalized")
-        arena_size = self.properties["max_spillfill_buffer_size"]
-        self.arena = self._alloc(arena_size, "spillfill")
+        be = self.backend
+        if "weights" in self._registered:
+            buf, off = self._registered["weights"]
+            dst = be.view(buf, off, (self._block.nbytes,), np.uint8)
+            be.copy_in(dst, self._block)
+            self.stats["weights_copied_bytes"] += int(self._block.nbytes)
+            self.weights = wts.views(self._table, dst)
+        else:
+            self.weights = wts.views(self._table, self._block)
+        if "spillfill" in self._registered:
+            self.arena = self._registered["spillfill"]
+        else:
+            self.arena = (self._alloc(self.properties["max_spillfill_buffer_size"], "spillfill"), 0)
         for g in self._graphs.values():
             g._build_kernels(self.weights)
             io_infos = g.inputs + g.outputs
-            layout = io_buffer_bytes(io_infos, self.backend.alignment)
-            total = max((off + n for _, off, n in layout), default=0)
-            buf = self._alloc(total, "io")
-            io = {name: self.backend.view(buf, off, info.shape, info.dtype)
+            layout = io_buffer_bytes(io_infos, be.alignment)
+            buf = self._alloc(max((off + n for _, off, n in layout), default=0), "io")
+            io = {name: be.view(buf, off, info.shape, info.dtype)
                   for (name, off, _), info in zip(layout, io_infos, strict=True)}
             g._record(self.arena, io, self.weights)
         self.finalized = True
 
     def free(self) -> None:
-        """Release every buffer; the graphs refuse to run afterwards."""
+        """Release every buffer this context allocated and deregister the ones it was given."""
         with self.lock:
-            for buf in self._buffers:
+            if self.freed:
+                return
+            for buf in self._owned:
                 buf.release()
-            self._buffers.clear()
+            self._owned.clear()
+            for role in list(self._registered):
+                self._unregister(role)
             for g in self._graphs.values():
                 g._launches, g._io, g._kernels = [], {}, []
-            self.arena = None
+            self.weights, self.arena, self._keepalive = {}, None, None
             self.finalized = False
             self.freed = True
 

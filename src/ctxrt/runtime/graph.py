@@ -50,13 +50,14 @@ class Graph:
                             self.compiled.opset)
             self._kernels.append(make_kernel(kernels, spec))
 
-    def _record(self, arena: Any, io: Mapping[str, Any], weights: Mapping[str, Any]) -> None:
+    def _record(self, arena: tuple[Any, int], io: Mapping[str, Any], weights: Mapping[str, Any]) -> None:
         """Bind every kernel to its views; the launch list is what a run replays."""
         backend = self.ctx.backend
+        arena_buf, base = arena
 
         def view(r: Ref) -> Any:
             if r.space == ARENA:
-                return backend.view(arena, r.offset, r.shape, r.dtype)
+                return backend.view(arena_buf, base + r.offset, r.shape, r.dtype)
             if r.space == CONST:
                 return weights[r.key].reshape(r.shape)
             return io[r.key].reshape(r.shape)
@@ -80,8 +81,8 @@ class Graph:
         """Run once: copy `inputs` in, run, copy results into the arrays of `outputs` (if given)."""
         ctx = self.ctx
         if not ctx.finalized:
-            raise LifecycleError(f"graph {self.name!r}: context is not finalized"
-                                 if not ctx.freed else f"graph {self.name!r}: context was freed")
+            raise LifecycleError(f"graph {self.name!r}: context was freed" if ctx.freed
+                                 else f"graph {self.name!r}: context is not finalized; call finalize()")
         names = {i.name for i in self.inputs}
         if set(inputs) != names:
             missing, extra = sorted(names - set(inputs)), sorted(set(inputs) - names)

@@ -1,0 +1,116 @@
+"""Context lifecycle rules (DESIGN.md §5): deferred init, registered buffers, finalize, free."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import ctxrt
+from ctxrt.backends.cpu.backend import CpuBackend
+from ctxrt.errors import LifecycleError, RegistrationError
+
+
+def _model():
+    w = numpy_helper.from_array(np.arange(1, 65, dtype=np.float32).reshape(8, 8), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w"], ["y"])]
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+X = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+W = np.arange(1, 65, dtype=np.float32).reshape(8, 8)
+WANT = np.maximum(X @ W, 0) @ W
+
+
+@pytest.fixture
+def deferred():
+    ctx = ctxrt.compile(_model(), defer_graph_init=True)
+    yield ctx
+    ctx.free()
+
+
+def test_properties_before_finalize(deferred) -> None:
+    p = deferred.properties
+    assert p["weights_buffer_size"] == 8 * 8 * 4
+    assert p["max_spillfill_buffer_size"] == deferred.graph().spillfill_size > 0
+    assert p["buffer_start_alignment"] == 64
+
+
+def test_execute_before_finalize_is_refused(deferred) -> None:
+    with pytest.raises(LifecycleError, match="not finalized"):
+        deferred.graph().run({"x": X})
+
+
+def test_registered_buffers_are_used_and_weights_copied(deferred) -> None:
+    be = CpuBackend()
+    wbuf = be.alloc_shared(4096, 64)
+    sbuf = be.alloc_shared(deferred.properties["max_spillfill_buffer_size"] + 128, 64)
+    deferred.register_weights_buffer(wbuf, offset=64)
+    deferred.register_spillfill_buffer(sbuf, offset=128)
+    deferred.finalize()
+    np.testing.assert_allclose(deferred.graph().run({"x": X})["y"], WANT, rtol=1e-5)
+    assert deferred.stats["weights_copied_bytes"] == 256
+    assert "alloc_spillfill_bytes" not in deferred.stats  # the registered buffer was used
+    assert np.shares_memory(deferred.weights["w"], wbuf.array)
+    np.testing.assert_array_equal(wbuf.array[64:64 + 256].view(np.float32).reshape(8, 8), W)
+
+
+def test_without_defer_weights_are_used_in_place() -> None:
+    ctx = ctxrt.compile(_model())
+    assert ctx.stats["weights_copied_bytes"] == 0
+    assert not ctx.weights["w"].flags.writeable
+    np.testing.assert_allclose(ctx.graph().run({"x": X})["y"], WANT, rtol=1e-5)
+    ctx.free()
+
+
+@pytest.mark.parametrize("role", ["weights", "spillfill"])
+def test_small_or_misaligned_buffers_are_refused(deferred, role) -> None:
+    be = CpuBackend()
+    register = getattr(deferred, f"register_{role}_buffer")
+    need = deferred.properties["weights_buffer_size" if role == "weights" else "max_spillfill_buffer_size"]
+    with pytest.raises(RegistrationError, match="too small"):
+        register(be.alloc_shared(need - 1, 64))
+    with pytest.raises(RegistrationError, match="too small"):
+        register(be.alloc_shared(need, 64), offset=64)
+    with pytest.raises(RegistrationError, match="not aligned"):
+        register(be.alloc_shared(need + 64, 64), offset=4)
+
+
+def test_one_weights_buffer_for_two_contexts_is_refused(deferred) -> None:
+    other = ctxrt.compile(_model(), defer_graph_init=True)
+    buf = CpuBackend().alloc_shared(4096, 64)
+    deferred.register_weights_buffer(buf)
+    with pytest.raises(RegistrationError, match="another context"):
+        other.register_weights_buffer(buf)
+    other.free()
+
+
+def test_registration_after_finalize_and_deregistration_rules(deferred) -> None:
+    be = CpuBackend()
+    buf = be.alloc_shared(4096, 64)
+    deferred.register_spillfill_buffer(buf)
+    deferred.deregister_buffer("spillfill")  # fine before finalize
+    deferred.register_spillfill_buffer(buf)
+    deferred.finalize()
+    with pytest.raises(LifecycleError, match="after finalize"):
+        deferred.deregister_buffer("spillfill")
+    with pytest.raises(LifecycleError, match="before finalize"):
+        deferred.register_weights_buffer(be.alloc_shared(4096, 64))
+    with pytest.raises(LifecycleError, match="already finalized"):
+        deferred.finalize()
+
+
+def test_free_deregisters_and_graphs_refuse_to_run(deferred) -> None:
+    buf = CpuBackend().alloc_shared(4096, 64)
+    deferred.register_weights_buffer(buf)
+    deferred.finalize()
+    g = deferred.graph()
+    deferred.free()
+    with pytest.raises(LifecycleError, match="freed"):
+        g.run({"x": X})
+    with pytest.raises(LifecycleError, match="freed"):
+        deferred.graph()
+    other = ctxrt.compile(_model(), defer_graph_init=True)
+    other.register_weights_buffer(buf)  # free() released the registration
+    other.free()
