@@ -8,6 +8,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,12 +61,50 @@ def load_inputs(path: str, inputs: Sequence[Any]) -> dict[str, np.ndarray]:
     return feeds
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    import ctxrt
+def graph_shapes(specs: Sequence[str], n_models: int) -> list[dict[str, tuple[int, ...]]]:
+    """--shape NAME=DIMS applies to every model; K:NAME=DIMS to the K-th (0-based) only."""
+    per: list[dict[str, tuple[int, ...]]] = [{} for _ in range(n_models)]
+    for spec in specs:
+        head, colon, rest = spec.partition(":")
+        if colon and head.isdigit() and "=" in rest:
+            k = int(head)
+            if k >= n_models:
+                raise UsageError(f"--shape {spec}: there are only {n_models} models")
+            name, shape = parse_shape(rest)
+            per[k][name] = shape
+        else:
+            name, shape = parse_shape(spec)
+            for d in per:
+                d[name] = shape
+    return per
 
+
+def _graph_names(models: Sequence[str]) -> list[str]:
+    stems = [Path(m).name.removesuffix(".onnx") for m in models]
+    return [s if stems.count(s) == 1 else f"{s}_{i}" for i, s in enumerate(stems)]
+
+
+def open_context(model: str, shapes: dict[str, tuple[int, ...]], backend: str) -> Any:
+    """A finalized context from a .onnx model (compiled in memory), a .ctx binary or an EPContext model."""
+    import ctxrt
+    from ctxrt.runtime.loader import context_from_binary
+
+    if model.endswith(".onnx"):
+        from ctxrt.frontend.epcontext import is_epcontext, read_epcontext
+
+        if Path(model).is_file() and is_epcontext(model):
+            nodes = read_epcontext(model)
+            if len({n.source if isinstance(n.source, bytes) else str(n.source) for n in nodes}) > 1:
+                raise UsageError(f"{model} chains several context binaries: run it with --share-spillfill")
+            return context_from_binary(nodes[0].source, backend)
+        return ctxrt.compile(model, shapes=shapes, backend=backend)
+    return context_from_binary(model, backend)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
     shapes = dict(parse_shape(s) for s in args.shape)
-    ctx = ctxrt.compile(args.model, shapes=shapes, backend=args.backend)
-    g = ctx.graph()
+    ctx = open_context(args.model, shapes, args.backend)
+    g = ctx.graph(args.graph)
     feeds = load_inputs(args.inputs, g.inputs) if args.inputs else random_feeds(g.inputs)
     outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in g.outputs}
     times = []
@@ -97,16 +136,100 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compile(args: argparse.Namespace) -> int:
+    from ctxrt.runtime import get_backend
+    from ctxrt.runtime.loader import compile_graphs, context_info, save_context
+
+    if args.config:
+        raise UsageError("--config (tuning) is not implemented yet")
+    if args.split:
+        raise UsageError("--split is not implemented yet")
+    backend = get_backend(args.backend)
+    shapes = graph_shapes(args.shape, len(args.models))
+    models = [(m, s, n) for m, s, n in zip(args.models, shapes, _graph_names(args.models), strict=True)]
+    graphs, weights = compile_graphs(models, backend, args.io_mem_type)
+    out = save_context(args.output, graphs, weights, context_info(backend, args.models))
+    if args.epcontext:
+        from ctxrt.format import read_metadata
+        from ctxrt.frontend.epcontext import write_epcontext
+
+        wrapper = out.with_name(out.name.removesuffix(".ctx") + "_ctx.onnx")
+        write_epcontext(wrapper, [(out, read_metadata(out))], embed=args.embed,
+                        source_model=Path(args.models[0]).name)
+        print(f"wrote {out} and {wrapper}")
+    else:
+        print(f"wrote {out}")
+    return 0
+
+
+def _metadata(path: str) -> dict[str, Any]:
+    from ctxrt.format import read_metadata
+
+    if path.endswith(".onnx"):
+        from ctxrt.frontend.epcontext import read_epcontext
+
+        node = read_epcontext(path)[0]
+        return read_metadata(node.source)
+    return read_metadata(path)
+
+
+def inspect_report(meta: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "format_version": meta["format_version"], "backend": meta["backend"], "hardware": meta["hardware"],
+        "producer": meta["producer"], "source_models": meta["source_models"],
+        "weights_size": meta["weights_size"], "spillfill_size": meta["max_spillfill_size"],
+        "alignment": meta["alignment"], "tuning": meta["tuning"],
+        "graphs": [{"name": g["name"], "spillfill_size": g["spillfill_size"], "lower_bound": g["lower_bound"],
+                    "io_bytes": g["io_bytes"], "inputs": g["inputs"], "outputs": g["outputs"]}
+                   for g in meta["graphs"]],
+    }
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    report = inspect_report(_metadata(args.file))
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    mib = 2 ** 20
+    print(f"{args.file}: ctxrt context binary v{report['format_version']}, backend {report['backend']} "
+          f"({report['hardware']}), made by {report['producer']} from {', '.join(report['source_models'])}")
+    print(f"weights {report['weights_size'] / mib:.2f} MiB, max spill-fill {report['spillfill_size'] / mib:.2f} "
+          f"MiB, buffer start alignment {report['alignment']}")
+    for g in report["graphs"]:
+        print(f"graph {g['name']}: spill-fill {g['spillfill_size'] / mib:.2f} MiB "
+              f"(lower bound {g['lower_bound'] / mib:.2f} MiB), IO {g['io_bytes'] / mib:.2f} MiB")
+        for kind in ("inputs", "outputs"):
+            for t in g[kind]:
+                print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}{list(t['shape'])} ({t['mem_type']})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ctxrt", description="Compile and run ONNX models with planned memory.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    r = sub.add_parser("run", help="compile a model in memory and run it")
+    c = sub.add_parser("compile", help="offline prepare: write a context binary")
+    c.add_argument("models", nargs="+", metavar="MODEL.onnx")
+    c.add_argument("-o", "--output", required=True, metavar="OUT.ctx")
+    c.add_argument("--backend", default="cpu")
+    c.add_argument("--io-mem-type", default="raw", choices=["raw", "memhandle"])
+    c.add_argument("--shape", action="append", default=[], help="[K:]NAME=1x3x224x224 (K: model index)")
+    c.add_argument("--split", type=int, default=0)
+    c.add_argument("--config", help="tuning configuration (JSON)")
+    c.add_argument("--epcontext", action="store_true", help="also write OUT_ctx.onnx (EPContext model)")
+    c.add_argument("--embed", action="store_true", help="embed the binary in the EPContext model")
+    c.set_defaults(func=cmd_compile)
+    i = sub.add_parser("inspect", help="print a context binary's metadata (reads only its header)")
+    i.add_argument("file", metavar="FILE.ctx|FILE_ctx.onnx")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=cmd_inspect)
+    r = sub.add_parser("run", help="run a model (.onnx compiled in memory), a .ctx or an EPContext model")
     r.add_argument("model")
     r.add_argument("--inputs", help=".npz keyed by input name (default: seeded random inputs)")
     r.add_argument("--output", help="write outputs to this .npz")
     r.add_argument("--repeat", type=int, default=1)
     r.add_argument("--shape", action="append", default=[], help="NAME=1x3x224x224 for dynamic inputs")
     r.add_argument("--backend", default="cpu")
+    r.add_argument("--graph", help="graph to run in a multi-graph context (default: the first)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=cmd_run)
     return p

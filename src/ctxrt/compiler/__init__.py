@@ -12,7 +12,6 @@ from ctxrt.ir.passes import default_passes, run_passes
 from ctxrt.runtime import get_backend
 from ctxrt.runtime.backend import Backend
 from ctxrt.runtime.context import Context
-from ctxrt.runtime.weights import pack
 
 
 def compile_model(model: Any, shapes: Mapping[str, Iterable[int]] | None = None, backend: Backend | None = None,
@@ -31,8 +30,8 @@ def compile_model(model: Any, shapes: Mapping[str, Iterable[int]] | None = None,
 def compile(model: str | os.PathLike | bytes | Any, shapes: Mapping[str, Iterable[int]] | None = None,
             backend: str | Backend = "cpu", defer_graph_init: bool = False) -> Context:
     """Online prepare: compile an ONNX model in memory and return a Context (finalized unless deferred)."""
+    from ctxrt.runtime.loader import compile_to_context
+
     be = get_backend(backend)
     compiled, weights = compile_model(model, shapes, be)
-    table, block = pack(weights)
-    block.flags.writeable = False
-    return Context([compiled], table, block, be, defer_graph_init=defer_graph_init)
+    return compile_to_context([compiled], weights, be, defer_graph_init)

@@ -1,0 +1,96 @@
+"""Offline prepare and loading: several models into one context binary, and contexts from binaries."""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import ctxrt
+from ctxrt.compiler.program import CONST, CompiledGraph, TensorInfo
+from ctxrt.errors import CtxrtError, FormatError
+from ctxrt.runtime import get_backend
+from ctxrt.runtime.backend import Backend
+from ctxrt.runtime.context import Context
+from ctxrt.runtime.weights import WeightEntry, pack
+
+IO_MEM_TYPES = ("raw", "memhandle")
+
+
+def _namespaced(g: CompiledGraph, weights: Mapping[str, np.ndarray], prefix: str
+                ) -> tuple[CompiledGraph, dict[str, np.ndarray]]:
+    """Prefix constant names with the graph name: two models may use one name for different tensors.
+    Identical contents are still stored once (the weights block dedups by content)."""
+    def ren(r):
+        return replace(r, key=f"{prefix}/{r.key}") if r is not None and r.space == CONST else r
+
+    steps = [replace(s, inputs=[ren(r) for r in s.inputs]) for s in g.steps]
+    return (replace(g, steps=steps, const_names=[f"{prefix}/{n}" for n in g.const_names]),
+            {f"{prefix}/{k}": v for k, v in weights.items()})
+
+
+def compile_graphs(models: Sequence[tuple[Any, Mapping[str, Iterable[int]] | None, str]],
+                   backend: Backend, io_mem_type: str = "raw") -> tuple[list[CompiledGraph], dict[str, np.ndarray]]:
+    """(model, shapes, graph name) for each graph -> compiled graphs and all their weights."""
+    from ctxrt.compiler import compile_model
+
+    if io_mem_type not in IO_MEM_TYPES:
+        raise CtxrtError(f"io_mem_type must be one of {IO_MEM_TYPES}, got {io_mem_type!r}")
+    names = [name for _, _, name in models]
+    if len(set(names)) != len(names):
+        raise CtxrtError(f"graph names must be unique, got {names}")
+    graphs, weights = [], {}
+    for model, shapes, name in models:
+        g, w = compile_model(model, shapes, backend, name)
+        g, w = _namespaced(g, w, name) if len(models) > 1 else (g, w)
+        mem = [TensorInfo(t.name, t.shape, t.dtype, io_mem_type) for t in g.inputs], \
+              [TensorInfo(t.name, t.shape, t.dtype, io_mem_type) for t in g.outputs]
+        graphs.append(replace(g, inputs=mem[0], outputs=mem[1]))
+        weights.update(w)
+    return graphs, weights
+
+
+def context_info(backend: Backend, source_models: Sequence[str], tuning: Mapping[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    return {"backend": backend.name, "hardware": platform.machine(), "producer": f"ctxrt {ctxrt.__version__}",
+            "source_models": [os.path.basename(str(s)) for s in source_models],
+            "alignment": backend.alignment, "tuning": dict(tuning or {})}
+
+
+def save_context(path: str | os.PathLike, graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray],
+                 info: Mapping[str, Any]) -> Path:
+    from ctxrt.format import write_context
+
+    write_context(path, graphs, dict(weights), dict(info))
+    return Path(path)
+
+
+def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backend = "cpu",
+                        defer_graph_init: bool = False) -> Context:
+    """Create a context from a context binary (a path, memory-mapped; or its bytes)."""
+    from ctxrt.format import ContextFile
+
+    be = get_backend(backend)
+    f = ContextFile.open(source)
+    meta = f.metadata
+    if meta["backend"] != be.name:
+        f.close()
+        raise FormatError(f"context binary was compiled for backend {meta['backend']!r}, not {be.name!r}")
+    section, _ = f.weights_section()
+    block = np.frombuffer(section, np.uint8)
+    table = {name: WeightEntry(int(e[0]), int(e[1]), str(e[2]), tuple(int(d) for d in e[3]))
+             for name, e in meta["weights"].items()}
+    f.weights()  # verifies the weights checksum once
+    return Context(f.graphs(), table, block, be, defer_graph_init=defer_graph_init, info=meta, keepalive=f)
+
+
+def compile_to_context(graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray], backend: Backend,
+                       defer_graph_init: bool = False) -> Context:
+    table, block = pack(weights)
+    block.flags.writeable = False
+    return Context(graphs, table, block, backend, defer_graph_init=defer_graph_init)
