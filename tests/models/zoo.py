@@ -44,6 +44,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the cache may be shared
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -67,7 +68,12 @@ def light_source(name: str) -> Path:
 
 
 def light_model(name: str, seed: int = 0) -> Path:
-    """`light_<name>` with every weight a seeded random initializer scaled like a real init."""
+    """`light_<name>` with every weight a seeded random initializer scaled like a real init.
+
+    Conv/Gemm weights are fan-in scaled with a per-layer gain (see `_gains`) that keeps activations
+    O(1) and the logits' std near 2.5; biases and BN shifts U(-0.1, 0.1), BN scales and variances
+    U(0.5, 1.5).
+    """
     src = light_source(name)
     path = cache_dir() / f"light_{name}_s{seed}_{SALT}.onnx"
     return _cached(path, lambda: randomize_light(onnx.load(src), seed))
@@ -106,6 +112,7 @@ _SAMPLERS: dict[tuple[str, int], Sampler] = {  # (consumer op, input position) -
 }
 
 _LINEAR = ("Conv", "Gemm")
+_FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
 # Mean square wanted at each linear op's output; at the classifier, logits with std ~2.5 give a softmax
 # that is neither flat (where a 1e-5 tolerance hides most errors) nor one-hot.
 _TARGET, _LOGITS = 1.0, 6.0
@@ -286,6 +293,15 @@ def randomize_light(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
         if array is None:
             raise ValueError(f"ConstantOfShape output {node.output[0]!r} is not used")
         made[node.input[0]] = (node.output[0], array)
+    # Stored per-channel vectors (real BN statistics, biases) would not match random conv weights: a
+    # stored running variance of 4000 or 1e-14 next to a unit-scale conv blows activations up or down.
+    redrawn: dict[str, np.ndarray] = {}
+    for tensor in graph.initializer:
+        if tensor.name not in made and tensor.data_type in _FLOATS:
+            old = numpy_helper.to_array(tensor)
+            new = _sample(index, gains, tensor.name, old.shape, old.dtype, seed)
+            if new is not None:  # unused ones (ResNet-50's and ZFNet's (1, 1) queue blob) stay
+                redrawn[tensor.name] = new
 
     nodes = [n for n in graph.node if not (n.op_type == "ConstantOfShape" and n.input[0] in made)]
     del graph.node[:]
@@ -293,14 +309,9 @@ def randomize_light(model: onnx.ModelProto, seed: int = 0) -> onnx.ModelProto:
     kept = [t for t in graph.initializer if t.name not in made]
     del graph.initializer[:]
     graph.initializer.extend(kept)
-    # Stored per-channel vectors (real BN statistics, biases) would not match random conv weights: a
-    # stored running variance of 4000 or 1e-14 next to a unit-scale conv blows activations up or down.
     for tensor in graph.initializer:
-        if tensor.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16):
-            old = numpy_helper.to_array(tensor)
-            new = _sample(index, gains, tensor.name, old.shape, old.dtype, seed)
-            if new is not None:
-                _fill(tensor, tensor.name, new)
+        if tensor.name in redrawn:
+            _fill(tensor, tensor.name, redrawn[tensor.name])
     for name, array in made.values():
         _fill(graph.initializer.add(), name, array)
     for vi in graph.input:
@@ -388,6 +399,7 @@ def _export_bert(layers: int, hidden: int, heads: int, intermediate: int, seq: i
         intermediate_size=intermediate, max_position_embeddings=max(512, seq))
     torch.manual_seed(seed)
     model = Wrapper(transformers.BertModel(config)).eval()
+    # batch 2 and some padding: the dynamo exporter specializes a dimension traced at size 1
     feeds = bert_feeds(seq, batch=2, vocab=vocab, seed=seed)
     args = (torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"]))
     names = {"input_names": ["input_ids", "attention_mask"],
@@ -408,5 +420,5 @@ def bert_feeds(seq: int, batch: int = 1, vocab: int = 1000, pad: int = 4,
     """Random token ids and an attention mask whose last `pad` positions are 0."""
     rng = np.random.default_rng(seed)
     mask = np.ones((batch, seq), dtype=np.int64)
-    mask[:, seq - pad:] = 0
+    mask[:, max(seq - pad, 0):] = 0
     return {"input_ids": rng.integers(0, vocab, size=(batch, seq), dtype=np.int64), "attention_mask": mask}

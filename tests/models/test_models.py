@@ -1,0 +1,95 @@
+"""Whole models through ctxrt against onnxruntime: the light zoo (random weights) and exported BERTs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import zoo  # tests/models is on sys.path (pytest's prepend import mode)
+
+import ctxrt
+
+SEQ, PAD = 16, 4
+
+
+@dataclass
+class Run:
+    """One model run once by each engine, plus ctxrt's arena numbers."""
+
+    want: dict[str, np.ndarray]
+    got: dict[str, np.ndarray]
+    spillfill_size: int
+    lower_bound: int
+
+
+def ort_outputs(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
+
+
+def run_both(path: Path, feeds: dict[str, np.ndarray]) -> Run:
+    want = ort_outputs(path, feeds)  # its session is gone before ctxrt loads VGG-19's 548 MiB
+    ctx = ctxrt.compile(path, shapes={k: v.shape for k, v in feeds.items()})
+    try:
+        g = ctx.graph()
+        # copies: outputs may be views of buffers that ctx.free() releases
+        got = {k: np.array(v, copy=True) for k, v in g.run(feeds).items()}
+        return Run(want, got, g.spillfill_size, g.lower_bound)
+    finally:
+        ctx.free()
+
+
+def assert_close(run: Run) -> None:
+    assert set(run.got) == set(run.want)
+    for name, want in run.want.items():
+        got = run.got[name]
+        assert got.shape == want.shape and got.dtype == want.dtype, \
+            f"{name}: {got.dtype}{got.shape} != {want.dtype}{want.shape}"
+        err, scale = float(np.max(np.abs(got - want))), float(np.max(np.abs(want)))
+        assert err <= 1e-4 * scale + 1e-5, f"{name}: max |ctxrt - ort| = {err:.3g}, max |ort| = {scale:.3g}"
+
+
+def assert_arena_near_bound(run: Run) -> None:
+    assert run.lower_bound <= run.spillfill_size <= 1.05 * run.lower_bound, \
+        f"arena {run.spillfill_size} B vs lower bound {run.lower_bound} B"
+
+
+# ---- light zoo: one module-scoped run per model, shared by its tests --------------------------------
+
+@pytest.fixture(scope="module", params=zoo.LIGHT)
+def light(request: pytest.FixtureRequest) -> Iterator[Run]:
+    # feeds from the name: reading inputs from the small source beats parsing VGG-19's 575 MB
+    yield run_both(zoo.light_model(request.param), zoo.light_feeds(request.param))
+
+
+def test_light_model_matches_onnxruntime(light: Run) -> None:
+    assert_close(light)
+
+
+def test_light_model_arena_within_5_percent_of_lower_bound(light: Run) -> None:
+    assert_arena_near_bound(light)
+
+
+# ---- BERT: both exporters at batch 1 (with padding), dynamo at batch 2 -------------------------------
+
+BERT_CASES = {"dynamo-b1": ("dynamo", 1), "legacy-b1": ("legacy", 1), "dynamo-b2": ("dynamo", 2)}
+
+
+@pytest.fixture(scope="module", params=list(BERT_CASES))
+def bert(request: pytest.FixtureRequest) -> Iterator[Run]:
+    exporter, batch = BERT_CASES[request.param]
+    path = zoo.bert_model(layers=2, hidden=64, heads=4, seq=SEQ, exporter=exporter)
+    yield run_both(path, zoo.bert_feeds(SEQ, batch=batch, pad=PAD))
+
+
+def test_bert_matches_onnxruntime(bert: Run) -> None:
+    assert_close(bert)
+
+
+def test_bert_arena_within_5_percent_of_lower_bound(bert: Run) -> None:
+    assert_arena_near_bound(bert)
+
