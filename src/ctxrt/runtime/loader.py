@@ -77,16 +77,17 @@ def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backen
 
     be = get_backend(backend)
     f = ContextFile.open(source)
-    meta = f.metadata
-    if meta["backend"] != be.name:
+    try:
+        meta = f.metadata
+        if meta["backend"] != be.name:
+            raise FormatError(f"context binary was compiled for backend {meta['backend']!r}, not {be.name!r}")
+        block = f.weights_block()  # read-only view of the mapped weights section, checksum verified once
+        table = {name: WeightEntry(int(e[0]), int(e[1]), str(e[2]), tuple(int(d) for d in e[3]))
+                 for name, e in meta["weights"].items()}
+        return Context(f.graphs(), table, block, be, defer_graph_init=defer_graph_init, info=meta, keepalive=f)
+    except BaseException:
         f.close()
-        raise FormatError(f"context binary was compiled for backend {meta['backend']!r}, not {be.name!r}")
-    section, _ = f.weights_section()
-    block = np.frombuffer(section, np.uint8)
-    table = {name: WeightEntry(int(e[0]), int(e[1]), str(e[2]), tuple(int(d) for d in e[3]))
-             for name, e in meta["weights"].items()}
-    f.weights()  # verifies the weights checksum once
-    return Context(f.graphs(), table, block, be, defer_graph_init=defer_graph_init, info=meta, keepalive=f)
+        raise
 
 
 def compile_to_context(graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray], backend: Backend,

@@ -1,0 +1,224 @@
+"""What META and PROGRAMS hold once decoded: checked field by field, then turned into dataclasses.
+
+The writer runs the same checks on what it is about to write, so it never produces a file that the
+reader would refuse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Interval, Ref, Step, TensorInfo
+from ctxrt.errors import FormatError
+from ctxrt.format.codec import (
+    as_dtype,
+    as_int,
+    as_list,
+    as_map,
+    as_pow2,
+    as_shape,
+    as_str,
+    check_depth,
+    field,
+    from_ext,
+    nbytes,
+)
+from ctxrt.format.layout import FORMAT_VERSION, WEIGHT_ALIGNMENT
+
+MEM_TYPES = ("raw", "memhandle")
+SPACES = (ARENA, INPUT, OUTPUT, CONST)
+META_KEYS = ("format_version", "backend", "hardware", "producer", "source_models", "alignment", "tuning",
+             "weights_size", "max_spillfill_size", "graphs", "weights")
+
+
+# -- META ------------------------------------------------------------------------------------------
+
+def check_meta(value: Any, weights_size: int) -> dict[str, Any]:
+    """Check decoded META against the schema and the actual WEIGHTS section length; return it."""
+    m = as_map(value, "META")
+    for key in META_KEYS:
+        field(m, key, "META")
+    version = as_int(m["format_version"], "META format_version")
+    if version != FORMAT_VERSION:
+        raise FormatError(f"META format_version {version} does not match the header's {FORMAT_VERSION}")
+    for key in ("backend", "hardware", "producer"):
+        as_str(m[key], f"META {key}")
+    for i, s in enumerate(as_list(m["source_models"], "META source_models")):
+        as_str(s, f"META source_models[{i}]")
+    as_pow2(m["alignment"], "META alignment")
+    check_depth(as_map(m["tuning"], "META tuning"), "META tuning")
+    if as_int(m["weights_size"], "META weights_size") != weights_size:
+        raise FormatError(f"META weights_size {m['weights_size']} differs from the WEIGHTS section's "
+                          f"length {weights_size}")
+    for name, entry in as_map(m["weights"], "META weights").items():
+        weight_entry(entry, f"META weights[{name!r}]", weights_size)
+    graphs = as_list(m["graphs"], "META graphs")
+    if not graphs:
+        raise FormatError("META graphs: a context needs at least one graph")
+    names = [graph_meta(g, f"META graphs[{i}]")["name"] for i, g in enumerate(graphs)]
+    if len(set(names)) != len(names):
+        raise FormatError(f"META graphs: duplicate graph names in {names}")
+    biggest = max(g["spillfill_size"] for g in graphs)
+    if as_int(m["max_spillfill_size"], "META max_spillfill_size") != biggest:
+        raise FormatError(f"META max_spillfill_size {m['max_spillfill_size']} is not the largest graph "
+                          f"spill-fill size {biggest}")
+    return m
+
+
+def weight_entry(value: Any, where: str, weights_size: int) -> tuple[int, int, np.dtype, tuple[int, ...]]:
+    """[offset_in_weights_section, nbytes, dtype, shape], checked to lie inside the section."""
+    offset, size, dtype, shape = as_list(value, where, size=4)
+    offset = as_int(offset, f"{where} offset")
+    size = as_int(size, f"{where} nbytes")
+    dt = as_dtype(dtype, f"{where} dtype")
+    shape = as_shape(shape, f"{where} shape", dt)
+    if size != nbytes(shape, dt):
+        raise FormatError(f"{where}: nbytes {size} is not that of {list(shape)} {dt} ({nbytes(shape, dt)})")
+    if offset % WEIGHT_ALIGNMENT:
+        raise FormatError(f"{where}: offset {offset} is not aligned to {WEIGHT_ALIGNMENT}")
+    if offset + size > weights_size:
+        raise FormatError(f"{where}: offset {offset} + nbytes {size} > weights section length {weights_size}")
+    return offset, size, dt, shape
+
+
+def graph_meta(value: Any, where: str) -> dict[str, Any]:
+    g = as_map(value, where)
+    as_str(field(g, "name", where), f"{where} name")
+    as_int(field(g, "opset", where), f"{where} opset", 0, 1 << 31)
+    as_str(field(g, "strategy", where), f"{where} strategy")
+    as_int(field(g, "spillfill_size", where), f"{where} spillfill_size")
+    as_int(field(g, "lower_bound", where), f"{where} lower_bound")
+    io_bytes = 0
+    for key in ("inputs", "outputs"):
+        infos = [tensor_info(t, f"{where} {key}[{i}]") for i, t in enumerate(as_list(field(g, key, where),
+                                                                                   f"{where} {key}"))]
+        if len({t.name for t in infos}) != len(infos):
+            raise FormatError(f"{where} {key}: duplicate tensor names")
+        io_bytes += sum(nbytes(t.shape, np.dtype(t.dtype)) for t in infos)
+    if as_int(field(g, "io_bytes", where), f"{where} io_bytes") != io_bytes:
+        raise FormatError(f"{where}: io_bytes {g['io_bytes']} is not the sum of its IO tensors ({io_bytes})")
+    return g
+
+
+def tensor_info(value: Any, where: str) -> TensorInfo:
+    t = as_map(value, where)
+    dt = as_dtype(field(t, "dtype", where), f"{where} dtype")
+    shape = as_shape(field(t, "shape", where), f"{where} shape", dt)
+    mem_type = as_str(field(t, "mem_type", where), f"{where} mem_type")
+    if mem_type not in MEM_TYPES:
+        raise FormatError(f"{where} mem_type: {mem_type!r} is not one of {MEM_TYPES}")
+    return TensorInfo(as_str(field(t, "name", where), f"{where} name"), shape, t["dtype"], mem_type)
+
+
+# -- PROGRAMS --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Places:
+    """How many bytes each place a Ref can point into has, for one graph."""
+
+    arena: int
+    alignment: int
+    inputs: dict[str, int]
+    outputs: dict[str, int]
+    weights: dict[str, int]
+
+
+def graphs_from(value: Any, meta: dict[str, Any]) -> list[CompiledGraph]:
+    """Decoded PROGRAMS + checked META -> CompiledGraphs, every Ref checked to lie inside its place."""
+    programs = as_list(value, "PROGRAMS")
+    metas = meta["graphs"]
+    if len(programs) != len(metas):
+        raise FormatError(f"PROGRAMS has {len(programs)} graphs but META lists {len(metas)}")
+    weights = {name: entry[1] for name, entry in meta["weights"].items()}
+    return [_graph(p, g, weights, f"PROGRAMS[{i}]") for i, (p, g) in enumerate(zip(programs, metas,
+                                                                                   strict=True))]
+
+
+def _graph(value: Any, g: dict[str, Any], weights: dict[str, int], where: str) -> CompiledGraph:
+    p = as_map(value, where)
+    if field(p, "name", where) != g["name"]:
+        raise FormatError(f"{where} name {p['name']!r} does not match META's {g['name']!r}")
+    inputs = [tensor_info(t, "META inputs") for t in g["inputs"]]
+    outputs = [tensor_info(t, "META outputs") for t in g["outputs"]]
+    alignment = as_pow2(field(p, "alignment", where), f"{where} alignment")
+    const_names = [as_str(n, f"{where} const_names[{i}]")
+                   for i, n in enumerate(as_list(field(p, "const_names", where), f"{where} const_names"))]
+    for n in const_names:
+        if n not in weights:
+            raise FormatError(f"{where} const_names: {n!r} is not in the weights table")
+    places = _Places(g["spillfill_size"], alignment, {t.name: _size(t) for t in inputs},
+                     {t.name: _size(t) for t in outputs}, weights)
+    steps = [_step(s, places, f"{where} steps[{i}]")
+             for i, s in enumerate(as_list(field(p, "steps", where), f"{where} steps"))]
+    intervals = [_interval(v, places.arena, f"{where} intervals[{i}]")
+                 for i, v in enumerate(as_list(field(p, "intervals", where), f"{where} intervals"))]
+    return CompiledGraph(g["name"], g["opset"], inputs, outputs, steps, g["spillfill_size"], g["lower_bound"],
+                         alignment, g["strategy"], intervals, const_names)
+
+
+def _size(t: TensorInfo) -> int:
+    return nbytes(t.shape, np.dtype(t.dtype))
+
+
+def _step(value: Any, places: _Places, where: str) -> Step:
+    s = as_map(value, where)
+    refs = {}
+    for key in ("inputs", "outputs", "scratch"):
+        items = as_list(field(s, key, where), f"{where} {key}")
+        refs[key] = [None if r is None and key == "inputs" else _ref(r, places, f"{where} {key}[{i}]")
+                     for i, r in enumerate(items)]
+    attrs = as_map(field(s, "attrs", where), f"{where} attrs")
+    check_depth(attrs, f"{where} attrs")
+    attrs = {k: _attr(v, f"{where} attrs[{k!r}]") for k, v in attrs.items()}
+    return Step(as_str(field(s, "op", where), f"{where} op"), as_str(field(s, "name", where), f"{where} name"),
+                attrs, refs["inputs"], refs["outputs"], refs["scratch"],
+                as_str(field(s, "algorithm", where), f"{where} algorithm"))
+
+
+def _attr(v: Any, where: str) -> Any:
+    """Plain msgpack values pass; numpy extensions are decoded (nesting was bounded by check_depth)."""
+    if isinstance(v, msgpack.ExtType):
+        return from_ext(v, where)
+    if isinstance(v, list):
+        return [_attr(x, f"{where}[{i}]") for i, x in enumerate(v)]
+    if isinstance(v, dict):
+        return {k: _attr(x, f"{where}[{k!r}]") for k, x in v.items()}
+    return v
+
+
+def _ref(value: Any, places: _Places, where: str) -> Ref:
+    space, key, offset, shape, dtype = as_list(value, where, size=5)
+    key = as_str(key, f"{where} key")
+    offset = as_int(offset, f"{where} offset")
+    dt = as_dtype(dtype, f"{where} dtype")
+    shape = as_shape(shape, f"{where} shape", dt)
+    if space == ARENA:
+        limit, place = places.arena, "the arena"
+        if offset % places.alignment:
+            raise FormatError(f"{where}: arena offset {offset} is not aligned to {places.alignment}")
+    else:
+        table = {INPUT: places.inputs, OUTPUT: places.outputs, CONST: places.weights}.get(space)
+        if table is None:
+            raise FormatError(f"{where}: space {space!r} is not one of {SPACES}")
+        if key not in table:
+            raise FormatError(f"{where}: {space} {key!r} does not exist")
+        limit, place = table[key], f"{space} {key!r}"
+    if offset + nbytes(shape, dt) > limit:
+        raise FormatError(f"{where}: offset {offset} + {nbytes(shape, dt)} bytes exceeds {place} "
+                          f"({limit} bytes)")
+    return Ref(space, key, offset, shape, dtype)
+
+
+def _interval(value: Any, arena: int, where: str) -> Interval:
+    key, offset, size, first, last = as_list(value, where, size=5)
+    iv = Interval(as_str(key, f"{where} key"), as_int(offset, f"{where} offset"), as_int(size, f"{where} size"),
+                  as_int(first, f"{where} first"), as_int(last, f"{where} last"))
+    if iv.offset + iv.size > arena:
+        raise FormatError(f"{where}: offset {iv.offset} + size {iv.size} exceeds the arena ({arena} bytes)")
+    if iv.last < iv.first:
+        raise FormatError(f"{where}: last step {iv.last} comes before first step {iv.first}")
+    return iv

@@ -1,0 +1,204 @@
+"""Writing context binaries: an explicit state machine, then an atomic file write.
+
+    w = ContextWriter(info)            # NEW
+    w.add_graph(g) ...                 # GRAPHS (one or more)
+    w.add_weights(weights)             # WEIGHTS: deduplicated, laid out, checksummed
+    w.finish()                         # READY: META and PROGRAMS encoded and read back through the reader's checks
+    w.write_to(f)                      # DONE: header, table, META, PROGRAMS, aligned weights, streamed
+
+Each call refuses to run out of order, so a half-built context can never reach a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import hashlib
+import io
+import os
+import secrets
+from collections.abc import Mapping
+from typing import Any, BinaryIO
+
+import msgpack
+import numpy as np
+
+from ctxrt.compiler.program import CompiledGraph, Ref, Step
+from ctxrt.errors import FormatError
+from ctxrt.format import codec, layout, schema
+
+INFO_REQUIRED = {"backend": str, "hardware": str, "producer": str, "alignment": int}
+INFO_OPTIONAL = {"source_models": list, "tuning": dict}
+
+
+class State(enum.Enum):
+    NEW = 0
+    GRAPHS = 1
+    WEIGHTS = 2
+    READY = 3
+    DONE = 4
+
+
+class ContextWriter:
+    def __init__(self, info: Mapping[str, Any]) -> None:
+        unknown = set(info) - set(INFO_REQUIRED) - set(INFO_OPTIONAL)
+        if unknown:
+            raise FormatError(f"context info has unknown keys {sorted(unknown)}")
+        for key, kind in INFO_REQUIRED.items():
+            if not isinstance(info.get(key), kind):
+                raise FormatError(f"context info needs {key!r} as {kind.__name__}, got {info.get(key)!r}")
+        self.info = {"source_models": [], "tuning": {}, **info}
+        self.state = State.NEW
+        self.graphs: list[CompiledGraph] = []
+        self.table: dict[str, list[Any]] = {}  # name -> [offset, nbytes, dtype, shape]
+        self.chunks: list[tuple[int, np.ndarray]] = []  # (offset in the section, uint8 bytes), unique only
+        self.weights_size = 0
+        self.weights_crc = 0
+        self.head = self.meta = self.programs = b""
+        self.sections: dict[int, layout.Section] = {}
+
+    def _advance(self, allowed: tuple[State, ...], to: State, call: str) -> None:
+        if self.state not in allowed:
+            raise FormatError(f"ContextWriter.{call}() called in state {self.state.name}; "
+                              f"it needs {' or '.join(s.name for s in allowed)}")
+        self.state = to
+
+    def add_graph(self, graph: CompiledGraph) -> None:
+        self._advance((State.NEW, State.GRAPHS), State.GRAPHS, "add_graph")
+        for step in graph.steps:
+            for key, value in step.attrs.items():
+                codec.check_attr(value, f"graph {graph.name!r} step {step.name!r} attribute {key!r}")
+        self.graphs.append(graph)
+
+    def add_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Lay out the weights: identical (dtype, shape, bytes) are stored once, each start 64-aligned."""
+        self._advance((State.GRAPHS,), State.WEIGHTS, "add_weights")
+        seen: dict[tuple[str, tuple[int, ...], bytes], list[Any]] = {}
+        crc = size = 0
+        for name, value in weights.items():
+            arr = np.ascontiguousarray(value)
+            if arr.dtype.kind not in codec.NUMERIC_KINDS:
+                raise FormatError(f"weight {name!r}: dtype {arr.dtype} is not numeric or bool")
+            raw = arr.reshape(-1).view(np.uint8)
+            key = (arr.dtype.str, arr.shape, hashlib.sha256(raw).digest())
+            if key not in seen:
+                offset = layout.align(size, layout.WEIGHT_ALIGNMENT)
+                crc = layout.crc32(raw, layout.crc32(bytes(offset - size), crc))
+                seen[key] = [offset, arr.nbytes, arr.dtype.str, list(arr.shape)]
+                self.chunks.append((offset, raw))
+                size = offset + arr.nbytes
+            self.table[name] = seen[key]
+        self.weights_size, self.weights_crc = size, crc
+
+    def finish(self) -> None:
+        self._advance((State.WEIGHTS,), State.READY, "finish")
+        meta = {"format_version": layout.FORMAT_VERSION, **self.info, "weights_size": self.weights_size,
+                "max_spillfill_size": max(g.spillfill_size for g in self.graphs),
+                "graphs": [_graph_meta(g) for g in self.graphs], "weights": self.table}
+        try:
+            self.meta = msgpack.packb(meta, use_bin_type=True)  # META is plain data: no numpy extensions
+            self.programs = codec.encode([_program(g) for g in self.graphs])
+        except (TypeError, ValueError, OverflowError) as e:
+            raise FormatError(f"cannot encode context metadata or programs: {e}") from e
+        # Read back what would be written: a file this writer makes always passes the reader's checks.
+        checked = schema.check_meta(codec.decode(self.meta, "META"), self.weights_size)
+        schema.graphs_from(codec.decode(self.programs, "PROGRAMS", keep_ext=True), checked)
+        table_end = layout.HEADER.size + 3 * layout.ENTRY.size
+        meta_at = layout.align(table_end, layout.SECTION_ALIGNMENT[layout.META])
+        programs_at = layout.align(meta_at + len(self.meta), layout.SECTION_ALIGNMENT[layout.PROGRAMS])
+        weights_at = layout.align(programs_at + len(self.programs), layout.PAGE)
+        self.sections = {
+            layout.META: layout.Section(layout.META, 8, meta_at, len(self.meta), layout.crc32(self.meta)),
+            layout.PROGRAMS: layout.Section(layout.PROGRAMS, 8, programs_at, len(self.programs),
+                                            layout.crc32(self.programs)),
+            layout.WEIGHTS: layout.Section(layout.WEIGHTS, layout.PAGE, weights_at, self.weights_size,
+                                           self.weights_crc),
+        }
+        self.head = layout.pack_head(list(self.sections.values()), self.size)
+
+    @property
+    def size(self) -> int:
+        return self.sections[layout.WEIGHTS].end
+
+    def write_to(self, f: BinaryIO) -> None:
+        self._advance((State.READY,), State.DONE, "write_to")
+        f.write(self.head)
+        pos = len(self.head)
+        for kind in (layout.META, layout.PROGRAMS):
+            s = self.sections[kind]
+            f.write(bytes(s.offset - pos))
+            f.write(self.meta if kind == layout.META else self.programs)
+            pos = s.end
+        f.write(bytes(self.sections[layout.WEIGHTS].offset - pos))
+        self._write_weights(f)
+
+    def _write_weights(self, f: BinaryIO) -> None:
+        pos = 0
+        for offset, raw in self.chunks:
+            f.write(bytes(offset - pos))
+            f.write(raw.data)
+            pos = offset + raw.nbytes
+
+
+def _graph_meta(g: CompiledGraph) -> dict[str, Any]:
+    def io(infos: list[Any]) -> list[dict[str, Any]]:
+        return [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "mem_type": t.mem_type} for t in infos]
+
+    return {"name": g.name, "opset": g.opset, "inputs": io(g.inputs), "outputs": io(g.outputs),
+            "spillfill_size": g.spillfill_size, "lower_bound": g.lower_bound, "io_bytes": g.io_bytes,
+            "strategy": g.strategy}
+
+
+def _ref(r: Ref | None) -> list[Any] | None:
+    return None if r is None else [r.space, r.key, r.offset, list(r.shape), r.dtype]
+
+
+def _step(s: Step) -> dict[str, Any]:
+    return {"op": s.op, "name": s.name, "attrs": s.attrs, "inputs": [_ref(r) for r in s.inputs],
+            "outputs": [_ref(r) for r in s.outputs], "scratch": [_ref(r) for r in s.scratch],
+            "algorithm": s.algorithm}
+
+
+def _program(g: CompiledGraph) -> dict[str, Any]:
+    return {"name": g.name, "alignment": g.alignment, "steps": [_step(s) for s in g.steps],
+            "intervals": [[i.key, i.offset, i.size, i.first, i.last] for i in g.intervals],
+            "const_names": list(g.const_names)}
+
+
+def _writer(graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray], info: Mapping[str, Any]
+            ) -> ContextWriter:
+    w = ContextWriter(info)
+    for g in graphs:
+        w.add_graph(g)
+    w.add_weights(weights)
+    w.finish()
+    return w
+
+
+def context_bytes(graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray], info: Mapping[str, Any]
+                  ) -> bytes:
+    """The context binary as bytes (for embedding, e.g. in an EPContext node)."""
+    buf = io.BytesIO()
+    _writer(graphs, weights, info).write_to(buf)
+    return buf.getvalue()
+
+
+def write_context(path: str | os.PathLike[str], graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray],
+                  info: Mapping[str, Any]) -> None:
+    """Write a context binary atomically: a temp file in the same directory, then os.replace."""
+    w = _writer(graphs, weights, info)
+    path = os.fspath(path)
+    folder, base = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(folder, f".{base}.{secrets.token_hex(6)}.tmp")
+    # os.open with 0o666 lets the umask decide the final mode, as for any file the user creates.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            w.write_to(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
