@@ -1,0 +1,233 @@
+"""Fallback kernels: simple allocation-free NumPy versions used for ops no family module provides."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ctxrt.backends.kernel import FnKernel, Kernel, NodeSpec, scratch_view
+from ctxrt.errors import UnsupportedOpError
+
+_UNARY = {"Relu": lambda x, o: np.maximum(x, 0, out=o), "Tanh": np.tanh, "Sqrt": np.sqrt, "Exp": np.exp,
+          "Neg": np.negative, "Abs": np.abs, "Log": np.log, "IsNaN": np.isnan, "Not": np.logical_not,
+          "Reciprocal": np.reciprocal}
+_BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Pow": np.power, "Max": np.maximum,
+           "Min": np.minimum, "Equal": np.equal, "And": np.logical_and, "Or": np.logical_or,
+           "Less": np.less, "Greater": np.greater, "GreaterOrEqual": np.greater_equal, "LessOrEqual": np.less_equal}
+
+
+def _unary(spec: NodeSpec) -> Kernel:
+    f = _UNARY[spec.op]
+    return FnKernel(lambda i, o, s: f(i[0], o[0]))
+
+
+def _binary(spec: NodeSpec) -> Kernel:
+    f = _BINARY[spec.op]
+    if len(spec.inputs) > 2:  # variadic Max/Min/Sum
+        def run(i, o, s):
+            f(i[0], i[1], out=o[0])
+            for x in i[2:]:
+                f(o[0], x, out=o[0])
+        return FnKernel(run)
+    return FnKernel(lambda i, o, s: f(i[0], i[1], out=o[0]))
+
+
+def _div(spec: NodeSpec) -> Kernel:
+    if np.dtype(spec.outputs[0].dtype).kind in "iu":
+        def idiv(i, o, s):  # ONNX integer Div truncates toward zero
+            np.floor_divide(i[0], i[1], out=o[0])
+        return FnKernel(idiv)
+    return FnKernel(lambda i, o, s: np.divide(i[0], i[1], out=o[0]))
+
+
+def _sum(spec: NodeSpec) -> Kernel:
+    def run(i, o, s):
+        if len(i) == 1:
+            np.copyto(o[0], i[0])
+            return
+        np.add(i[0], i[1], out=o[0])
+        for x in i[2:]:
+            np.add(o[0], x, out=o[0])
+    return FnKernel(run)
+
+
+def _erf(spec: NodeSpec) -> Kernel:
+    # Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7): erf(x) = sign(x) (1 - poly(t) exp(-x^2)), t = 1/(1+p|x|)
+    n = spec.outputs[0].nbytes
+    a1, a2, a3, a4, a5, p = 0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429, 0.3275911
+    dt = spec.outputs[0].dtype
+    shape = spec.outputs[0].shape
+
+    def run(i, o, s):
+        x, y = i[0], o[0]
+        t, e = scratch_view(s[0], shape, dt), scratch_view(s[1], shape, dt)
+        np.multiply(x, x, out=e)
+        np.negative(e, out=e)
+        np.exp(e, out=e)  # exp(-x^2)
+        np.abs(x, out=t)
+        np.multiply(t, p, out=t)
+        np.add(t, 1.0, out=t)
+        np.reciprocal(t, out=t)
+        np.sign(x, out=y)  # x is no longer needed after this: y may alias x
+        poly = e  # reuse: e <- exp(-x^2) * poly(t)
+        np.multiply(t, a5, out=s[2][:n].view(dt).reshape(shape))
+        acc = s[2][:n].view(dt).reshape(shape)
+        for a in (a4, a3, a2, a1):
+            np.add(acc, a, out=acc)
+            np.multiply(acc, t, out=acc)
+        np.multiply(poly, acc, out=poly)
+        np.subtract(1.0, poly, out=poly)
+        np.multiply(y, poly, out=y)
+    return FnKernel(run, scratch=(n, n, n))
+
+
+def _where(spec: NodeSpec) -> Kernel:
+    def run(i, o, s):
+        c, a, b, y = i[0], i[1], i[2], o[0]
+        if y is b or np.shares_memory(y, b):
+            np.copyto(y, a, where=c)
+        else:
+            np.copyto(y, b)
+            np.copyto(y, a, where=c)
+    return FnKernel(run)
+
+
+def _cast(spec: NodeSpec) -> Kernel:
+    return FnKernel(lambda i, o, s: np.copyto(o[0], i[0], casting="unsafe"))
+
+
+def _copy(spec: NodeSpec) -> Kernel:
+    shape = spec.outputs[0].shape
+    return FnKernel(lambda i, o, s: np.copyto(o[0], i[0].reshape(shape)))
+
+
+def _expand(spec: NodeSpec) -> Kernel:
+    return FnKernel(lambda i, o, s: np.copyto(o[0], i[0]))
+
+
+def _transpose(spec: NodeSpec) -> Kernel:
+    perm = spec.attr("perm") or list(range(len(spec.inputs[0].shape)))[::-1]
+    return FnKernel(lambda i, o, s: np.copyto(o[0], i[0].transpose(perm)))
+
+
+def _concat(spec: NodeSpec) -> Kernel:
+    axis = int(spec.attr("axis", 0))
+    return FnKernel(lambda i, o, s: np.concatenate(i, axis=axis, out=o[0]))
+
+
+def _slice(spec: NodeSpec) -> Kernel:
+    shape = spec.inputs[0].shape
+    starts, ends = spec.attr("starts"), spec.attr("ends")
+    axes = spec.attr("axes") or list(range(len(starts)))
+    steps = spec.attr("steps") or [1] * len(starts)
+    index = [slice(None)] * len(shape)
+    for st, en, ax, sp in zip(starts, ends, axes, steps, strict=True):
+        ax = ax % len(shape)
+        index[ax] = slice(*slice(int(st), int(en), int(sp)).indices(shape[ax]))
+    idx = tuple(index)
+    return FnKernel(lambda i, o, s: np.copyto(o[0], i[0][idx]))
+
+
+def _split(spec: NodeSpec) -> Kernel:
+    axis = int(spec.attr("axis", 0)) % len(spec.inputs[0].shape)
+    bounds = np.cumsum([0] + [o.shape[axis] for o in spec.outputs])
+
+    def run(i, o, s):
+        for k, out in enumerate(o):
+            np.copyto(out, i[0][(slice(None),) * axis + (slice(bounds[k], bounds[k + 1]),)])
+    return FnKernel(run)
+
+
+def _gather(spec: NodeSpec) -> Kernel:
+    axis = int(spec.attr("axis", 0)) % len(spec.inputs[0].shape)
+    dim = spec.inputs[0].shape[axis]
+    n = spec.inputs[1].nbytes
+
+    def run(i, o, s):
+        idx = s[0][:n].view(i[1].dtype).reshape(i[1].shape)
+        np.copyto(idx, i[1])
+        np.add(idx, dim, out=idx, where=idx < 0)  # negative indices count from the end
+        np.take(i[0], idx, axis=axis, out=o[0], mode="clip")
+    return FnKernel(run, scratch=(n,))
+
+
+def _gathernd(spec: NodeSpec) -> Kernel:
+    if spec.attr("batch_dims", 0):
+        raise UnsupportedOpError(f"GatherND {spec.name!r}: batch_dims is not supported")
+    data_shape = spec.inputs[0].shape
+    k = spec.inputs[1].shape[-1]
+    strides = np.array([int(np.prod(data_shape[j + 1:k])) for j in range(k)], np.int64)
+    inner = int(np.prod(data_shape[k:]))
+    nidx = int(np.prod(spec.inputs[1].shape[:-1]))
+
+    def run(i, o, s):
+        flat = s[0][:nidx * 8].view(np.int64)
+        np.matmul(i[1].reshape(nidx, k), strides, out=flat)
+        np.take(i[0].reshape(-1, inner), flat, axis=0, out=o[0].reshape(nidx, inner))
+    return FnKernel(run, scratch=(nidx * 8,))
+
+
+def _softmax(spec: NodeSpec) -> Kernel:
+    shape = spec.inputs[0].shape
+    axis = int(spec.attr("axis", -1 if spec.opset >= 13 else 1)) % len(shape)
+    if spec.opset < 13:
+        rows, cols = int(np.prod(shape[:axis])), int(np.prod(shape[axis:]))
+        view_shape, red = (rows, cols), 1
+    else:
+        view_shape, red = shape, axis
+    red_shape = tuple(1 if d == red else n for d, n in enumerate(view_shape))
+    nred = int(np.prod(red_shape)) * np.dtype(spec.outputs[0].dtype).itemsize
+    dt = spec.outputs[0].dtype
+
+    def run(i, o, s):
+        x, y = i[0].reshape(view_shape), o[0].reshape(view_shape)
+        m = scratch_view(s[0], red_shape, dt)
+        np.max(x, axis=red, keepdims=True, out=m)
+        np.subtract(x, m, out=y)
+        np.exp(y, out=y)
+        np.sum(y, axis=red, keepdims=True, out=m)
+        np.divide(y, m, out=y)
+    return FnKernel(run, scratch=(nred,))
+
+
+def _reduce_mean(spec: NodeSpec) -> Kernel:
+    nd = len(spec.inputs[0].shape)
+    axes = spec.attr("axes")
+    axes = tuple(range(nd)) if axes is None else tuple(a % nd for a in axes)
+    keep = bool(spec.attr("keepdims", 1))
+    return FnKernel(lambda i, o, s: np.mean(i[0], axis=axes, keepdims=keep, out=o[0]))
+
+
+def _layernorm(spec: NodeSpec) -> Kernel:
+    shape = spec.inputs[0].shape
+    axis = int(spec.attr("axis", -1)) % len(shape)
+    eps = float(spec.attr("epsilon", 1e-5))
+    if len([o for o in spec.outputs]) > 1:
+        raise UnsupportedOpError(f"LayerNormalization {spec.name!r}: Mean/InvStdDev outputs are not supported")
+    red = tuple(range(axis, len(shape)))
+    stat_shape = shape[:axis] + (1,) * len(red)
+    dt = spec.outputs[0].dtype
+    n = int(np.prod(stat_shape)) * np.dtype(dt).itemsize
+
+    def run(i, o, s):
+        x, y = i[0], o[0]
+        mu, var = scratch_view(s[0], stat_shape, dt), scratch_view(s[1], stat_shape, dt)
+        np.mean(x, axis=red, keepdims=True, out=mu)
+        np.subtract(x, mu, out=y)
+        np.multiply(y, y, out=s[2][:spec.outputs[0].nbytes].view(dt).reshape(shape))
+        np.mean(s[2][:spec.outputs[0].nbytes].view(dt).reshape(shape), axis=red, keepdims=True, out=var)
+        np.add(var, eps, out=var)
+        np.sqrt(var, out=var)
+        np.divide(y, var, out=y)
+        np.multiply(y, i[1], out=y)
+        if len(i) > 2 and i[2] is not None:
+            np.add(y, i[2], out=y)
+    return FnKernel(run, scratch=(n, n, spec.outputs[0].nbytes))
+
+
+FALLBACK = {
+    **{op: _unary for op in _UNARY}, **{op: _binary for op in _BINARY}, "Div": _div, "Sum": _sum, "Erf": _erf,
+    "Where": _where, "Cast": _cast, "Expand": _expand, "Transpose": _transpose, "Concat": _concat,
+    "Slice": _slice, "Split": _split, "Gather": _gather, "GatherND": _gathernd, "Softmax": _softmax,
+    "ReduceMean": _reduce_mean, "LayerNormalization": _layernorm,
+    **{op: _copy for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")},
+}
