@@ -48,13 +48,14 @@ class _Padded:
         self.interior = (slice(None), slice(pb[0], pb[0] + h), slice(pb[1], pb[1] + w))
         self.fill = fill
 
-    def __call__(self, x: np.ndarray, buf: np.ndarray | None) -> np.ndarray:
-        if not self.needed:
-            return x
-        p = scratch_view(buf, self.shape, self.dtype)
-        p.fill(self.fill)  # scratch is shared arena memory: the border must be rewritten every time
-        np.copyto(p[self.interior], x)
-        return p
+    def view(self, x: np.ndarray, buf: np.ndarray | None) -> np.ndarray:
+        """Where the windows are read from: the padded scratch (at bind time), or x itself."""
+        return scratch_view(buf, self.shape, self.dtype) if self.needed else x
+
+    def refresh(self, x: np.ndarray, padded: np.ndarray) -> None:
+        if self.needed:
+            padded.fill(self.fill)  # scratch is shared arena memory: the border must be rewritten every time
+            np.copyto(padded[self.interior], x)
 
 
 def _windows(p: np.ndarray, kernel, strides, dil, out_hw) -> np.ndarray:
@@ -62,6 +63,16 @@ def _windows(p: np.ndarray, kernel, strides, dil, out_hw) -> np.ndarray:
     sc, sh, sw = p.strides
     return as_strided(p, (p.shape[0], kernel[0], kernel[1], out_hw[0], out_hw[1]),
                       (sc, sh * dil[0], sw * dil[1], sh * strides[0], sw * strides[1]), writeable=False)
+
+
+class _Bound(Kernel):
+    """A kernel whose views (windows, padded scratch, reshapes) are made once, at bind time."""
+
+    def __init__(self, bind, scratch: tuple[int, ...], algorithm: str = "default") -> None:
+        self._bind, self.scratch, self.algorithm = bind, scratch, algorithm
+
+    def bind(self, ins, outs, scratch):
+        return self._bind(ins, outs, scratch)
 
 
 def conv(spec: NodeSpec) -> Kernel:
@@ -80,23 +91,32 @@ def conv(spec: NodeSpec) -> Kernel:
     pad = _Padded(spec, (kh, kw), strides, dil, pb, pe, 0.0)
     col_bytes = 0 if pointwise else c * kh * kw * p * dt.itemsize
 
-    def run(i, o, s):
+    def bind(i, o, s):
         wm = wmat if wmat is not None else i[1].reshape(g, m // g, k)
+        bb = None if not has_bias else (bias if bias is not None else i[2]).reshape(m, 1, 1)
+        plans = []
         for b in range(n):
             out = o[0][b].reshape(g, m // g, p)
             if pointwise:
-                np.matmul(wm, i[0][b].reshape(g, c // g, h * w), out=out)
+                plans.append((None, None, None, i[0][b].reshape(g, c // g, h * w), out, o[0][b]))
             else:
-                src = pad(i[0][b], s[1] if pad.needed else None)
+                src = pad.view(i[0][b], s[1] if pad.needed else None)
                 col = scratch_view(s[0], (c, kh, kw, oh, ow), dt)
-                np.copyto(col, _windows(src, (kh, kw), strides, dil, (oh, ow)))
-                np.matmul(wm, col.reshape(g, k, p), out=out)
-            if has_bias:
-                bb = bias if bias is not None else i[2]
-                np.add(o[0][b], bb.reshape(m, 1, 1), out=o[0][b])
+                plans.append((src, _windows(src, (kh, kw), strides, dil, (oh, ow)), col, col.reshape(g, k, p),
+                              out, o[0][b]))
+
+        def run():
+            for b, (src, win, col, cols, out, full) in enumerate(plans):
+                if win is not None:
+                    pad.refresh(i[0][b], src)
+                    np.copyto(col, win)
+                np.matmul(wm, cols, out=out)
+                if bb is not None:
+                    np.add(full, bb, out=full)
+        return run
 
     scratch = (col_bytes, pad.nbytes) if not pointwise else ()
-    return FnKernel(run, scratch=scratch, algorithm="gemm_1x1" if pointwise else "im2col_gemm")
+    return _Bound(bind, scratch, "gemm_1x1" if pointwise else "im2col_gemm")
 
 
 def _pool_attrs(spec: NodeSpec):
@@ -113,16 +133,20 @@ def maxpool(spec: NodeSpec) -> Kernel:
     out_hw = spec.outputs[0].shape[2:]
     pad = _Padded(spec, kernel, strides, dil, pb, pe, -np.inf)
 
-    def run(i, o, s):
-        for b in range(n):
-            win = _windows(pad(i[0][b], s[0] if pad.needed else None), kernel, strides, dil, out_hw)
-            out = o[0][b]
-            np.copyto(out, win[:, 0, 0])
-            for a in range(kernel[0]):
-                for c in range(kernel[1]):
-                    if a or c:
-                        np.maximum(out, win[:, a, c], out=out)
-    return FnKernel(run, scratch=(pad.nbytes,) if pad.needed else ())
+    def bind(i, o, s):
+        srcs = [pad.view(i[0][b], s[0] if pad.needed else None) for b in range(n)]
+        taps = [[w[:, a, c] for a in range(kernel[0]) for c in range(kernel[1])]
+                for w in (_windows(src, kernel, strides, dil, out_hw) for src in srcs)]
+
+        def run():
+            for b in range(n):
+                pad.refresh(i[0][b], srcs[b])
+                out = o[0][b]
+                np.copyto(out, taps[b][0])
+                for t in taps[b][1:]:
+                    np.maximum(out, t, out=out)
+        return run
+    return _Bound(bind, (pad.nbytes,) if pad.needed else ())
 
 
 def avgpool(spec: NodeSpec) -> Kernel:
@@ -140,17 +164,21 @@ def avgpool(spec: NodeSpec) -> Kernel:
     inv = (1.0 / np.outer(counts(oh, h, kernel[0], strides[0], pb[0], pe[0]),
                           counts(ow, w, kernel[1], strides[1], pb[1], pe[1]))).astype(spec.outputs[0].dtype)
 
-    def run(i, o, s):
-        for b in range(n):
-            win = _windows(pad(i[0][b], s[0] if pad.needed else None), kernel, strides, [1, 1], (oh, ow))
-            out = o[0][b]
-            np.copyto(out, win[:, 0, 0])
-            for a in range(kernel[0]):
-                for c in range(kernel[1]):
-                    if a or c:
-                        np.add(out, win[:, a, c], out=out)
-            np.multiply(out, inv, out=out)
-    return FnKernel(run, scratch=(pad.nbytes,) if pad.needed else ())
+    def bind(i, o, s):
+        srcs = [pad.view(i[0][b], s[0] if pad.needed else None) for b in range(n)]
+        taps = [[w[:, a, c] for a in range(kernel[0]) for c in range(kernel[1])]
+                for w in (_windows(src, kernel, strides, [1, 1], (oh, ow)) for src in srcs)]
+
+        def run():
+            for b in range(n):
+                pad.refresh(i[0][b], srcs[b])
+                out = o[0][b]
+                np.copyto(out, taps[b][0])
+                for t in taps[b][1:]:
+                    np.add(out, t, out=out)
+                np.multiply(out, inv, out=out)
+        return run
+    return _Bound(bind, (pad.nbytes,) if pad.needed else ())
 
 
 def global_avgpool(spec: NodeSpec) -> Kernel:
