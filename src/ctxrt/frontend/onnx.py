@@ -250,10 +250,13 @@ def _build_graph(st: _Folder, name: str) -> Graph:
         values[n] = Value(n, arr.dtype, tuple(arr.shape), np.ascontiguousarray(arr))
     for n, shape in st.input_shapes.items():
         values[n] = Value(n, st.types[n][0], shape)
+    read = set(st.outputs) | {n for node in st.nodes for n in node.input}
     nodes = []
     for i, np_node in enumerate(st.nodes):
+        # Optional outputs nobody reads (Dropout's mask, MaxPool's indices) are dropped.
+        outputs = [o if o in read or k == 0 else "" for k, o in enumerate(np_node.output)]
         node = Node(np_node.op_type, np_node.name or f"{np_node.op_type}_{i}", list(np_node.input),
-                    list(np_node.output), {a.name: _attr_value(a) for a in np_node.attribute})
+                    outputs, {a.name: _attr_value(a) for a in np_node.attribute})
         _canonicalize(node, st.consts)
         for out in node.outputs:
             if not out:

@@ -72,8 +72,19 @@ def _place(order: Sequence[Request], best_fit: bool) -> dict[str, Allocation]:
     return {a.key: a for a in placed}
 
 
+def _by_conflict_size(rs: Sequence[Request]) -> list[Request]:
+    """Order by the peak live bytes over each request's lifetime (the busiest first), then by size."""
+    events: dict[int, int] = {}
+    for r in rs:
+        for t in range(r.first, r.last + 1):
+            events[t] = events.get(t, 0) + r.size
+    return sorted(rs, key=lambda r: (-max(events[t] for t in range(r.first, r.last + 1)), -r.size, r.first))
+
+
 STRATEGIES: dict[str, Callable[[Sequence[Request]], dict[str, Allocation]]] = {
     "greedy_by_size": lambda rs: _place(sorted(rs, key=lambda r: (-r.size, r.first)), best_fit=True),
+    "greedy_by_size_first_fit": lambda rs: _place(sorted(rs, key=lambda r: (-r.size, r.first)), best_fit=False),
+    "greedy_by_breadth": lambda rs: _place(_by_conflict_size(rs), best_fit=True),
     "first_fit_by_time": lambda rs: _place(sorted(rs, key=lambda r: (r.first, -r.size)), best_fit=False),
     "best_fit_by_time": lambda rs: _place(sorted(rs, key=lambda r: (r.first, -r.size)), best_fit=True),
 }

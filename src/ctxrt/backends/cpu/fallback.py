@@ -166,6 +166,25 @@ def _gathernd(spec: NodeSpec) -> Kernel:
     return FnKernel(run, scratch=(nidx * 8,))
 
 
+def _gather_elements(spec: NodeSpec) -> Kernel:
+    dshape, ishape = spec.inputs[0].shape, spec.inputs[1].shape
+    axis = int(spec.attr("axis", 0)) % len(dshape)
+    dstrides = np.cumprod((1,) + dshape[::-1])[:-1][::-1]
+    # Flat offset of every index position in `data`, except along `axis`, which the indices supply.
+    grid = np.indices(ishape, dtype=np.int64)
+    base = sum(grid[d] * int(dstrides[d]) for d in range(len(dshape)) if d != axis)
+    n = int(np.prod(ishape)) * 8
+
+    def run(i, o, s):
+        flat = s[0][:n].view(np.int64).reshape(ishape)
+        np.copyto(flat, i[1], casting="unsafe")
+        np.add(flat, dshape[axis], out=flat, where=flat < 0)
+        np.multiply(flat, int(dstrides[axis]), out=flat)
+        np.add(flat, base, out=flat)
+        np.take(i[0].reshape(-1), flat, out=o[0], mode="clip")
+    return FnKernel(run, scratch=(n,))
+
+
 def _softmax(spec: NodeSpec) -> Kernel:
     shape = spec.inputs[0].shape
     axis = int(spec.attr("axis", -1 if spec.opset >= 13 else 1)) % len(shape)
@@ -227,7 +246,7 @@ def _layernorm(spec: NodeSpec) -> Kernel:
 FALLBACK = {
     **{op: _unary for op in _UNARY}, **{op: _binary for op in _BINARY}, "Div": _div, "Sum": _sum, "Erf": _erf,
     "Where": _where, "Cast": _cast, "Expand": _expand, "Transpose": _transpose, "Concat": _concat,
-    "Slice": _slice, "Split": _split, "Gather": _gather, "GatherND": _gathernd, "Softmax": _softmax,
+    "Slice": _slice, "Split": _split, "Gather": _gather, "GatherND": _gathernd, "GatherElements": _gather_elements, "Softmax": _softmax,
     "ReduceMean": _reduce_mean, "LayerNormalization": _layernorm,
     **{op: _copy for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")},
 }

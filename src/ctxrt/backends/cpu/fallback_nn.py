@@ -65,6 +65,9 @@ def _windows(p: np.ndarray, kernel, strides, dil, out_hw) -> np.ndarray:
                       (sc, sh * dil[0], sw * dil[1], sh * strides[0], sw * strides[1]), writeable=False)
 
 
+_COL_BUDGET = 1 << 20  # bytes of im2col columns per GEMM block
+
+
 class _Bound(Kernel):
     """A kernel whose views (windows, padded scratch, reshapes) are made once, at bind time."""
 
@@ -89,28 +92,38 @@ def conv(spec: NodeSpec) -> Kernel:
     has_bias = len(spec.inputs) > 2 and spec.inputs[2] is not None
     pointwise = kh == kw == 1 and strides == [1, 1] and pb == pe == [0, 0]
     pad = _Padded(spec, (kh, kw), strides, dil, pb, pe, 0.0)
-    col_bytes = 0 if pointwise else c * kh * kw * p * dt.itemsize
+    # im2col in blocks of output rows: a bounded column buffer (less arena, better cache use).
+    row_bytes = c * kh * kw * ow * dt.itemsize
+    rows = max(1, min(oh, _COL_BUDGET // max(row_bytes, 1)))
+    col_bytes = 0 if pointwise else row_bytes * rows
 
     def bind(i, o, s):
         wm = wmat if wmat is not None else i[1].reshape(g, m // g, k)
         bb = None if not has_bias else (bias if bias is not None else i[2]).reshape(m, 1, 1)
-        plans = []
+        plans = []  # per image: (padded source, [(window block, column block, gemm operand, out block)], out)
         for b in range(n):
             out = o[0][b].reshape(g, m // g, p)
             if pointwise:
-                plans.append((None, None, None, i[0][b].reshape(g, c // g, h * w), out, o[0][b]))
-            else:
-                src = pad.view(i[0][b], s[1] if pad.needed else None)
-                col = scratch_view(s[0], (c, kh, kw, oh, ow), dt)
-                plans.append((src, _windows(src, (kh, kw), strides, dil, (oh, ow)), col, col.reshape(g, k, p),
-                              out, o[0][b]))
+                plans.append((None, [(None, None, i[0][b].reshape(g, c // g, h * w), out)], o[0][b]))
+                continue
+            src = pad.view(i[0][b], s[1] if pad.needed else None)
+            win = _windows(src, (kh, kw), strides, dil, (oh, ow))
+            blocks = []
+            for r0 in range(0, oh, rows):
+                r1 = min(oh, r0 + rows)
+                col = scratch_view(s[0], (c, kh, kw, r1 - r0, ow), dt)
+                blocks.append((win[:, :, :, r0:r1], col, col.reshape(g, k, (r1 - r0) * ow),
+                               out[:, :, r0 * ow:r1 * ow]))
+            plans.append((src, blocks, o[0][b]))
 
         def run():
-            for b, (src, win, col, cols, out, full) in enumerate(plans):
-                if win is not None:
+            for b, (src, blocks, full) in enumerate(plans):
+                if src is not None:
                     pad.refresh(i[0][b], src)
-                    np.copyto(col, win)
-                np.matmul(wm, cols, out=out)
+                for win, col, cols, out in blocks:
+                    if win is not None:
+                        np.copyto(col, win)
+                    np.matmul(wm, cols, out=out)
                 if bb is not None:
                     np.add(full, bb, out=full)
         return run
@@ -197,7 +210,7 @@ def lrn(spec: NodeSpec) -> Kernel:
 
     def run(i, o, s):
         x, y = i[0], o[0]
-        sq, acc = scratch_view(s[0], shape, dt), scratch_view(s[1], shape, dt)
+        sq, acc = scratch_view(s[0], shape, dt), y  # the window sums build up in the output itself
         np.multiply(x, x, out=sq)
         acc.fill(0)
         for off in range(-lo, hi + 1):
@@ -208,7 +221,7 @@ def lrn(spec: NodeSpec) -> Kernel:
         np.add(acc, bias, out=acc)
         np.power(acc, beta, out=acc)
         np.divide(x, acc, out=y)
-    return FnKernel(run, scratch=(nbytes, nbytes))
+    return FnKernel(run, scratch=(nbytes,))
 
 
 def gemm(spec: NodeSpec) -> Kernel:
