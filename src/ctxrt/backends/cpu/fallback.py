@@ -246,7 +246,7 @@ def _layernorm(spec: NodeSpec) -> Kernel:
 FALLBACK = {
     **{op: _unary for op in _UNARY}, **{op: _binary for op in _BINARY}, "Div": _div, "Sum": _sum, "Erf": _erf,
     "Where": _where, "Cast": _cast, "Expand": _expand, "Transpose": _transpose, "Concat": _concat,
-    "Slice": _slice, "Split": _split, "Gather": _gather, "GatherND": _gathernd, "GatherElements": _gather_elements, "Softmax": _softmax,
-    "ReduceMean": _reduce_mean, "LayerNormalization": _layernorm,
+    "Slice": _slice, "Split": _split, "Gather": _gather, "GatherND": _gathernd, "GatherElements": _gather_elements,
+    "Softmax": _softmax, "ReduceMean": _reduce_mean, "LayerNormalization": _layernorm,
     **{op: _copy for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")},
 }
