@@ -1,7 +1,8 @@
 """Latency and memory of ctxrt against onnxruntime on ResNet-50 (light, random weights) and a BERT encoder.
 
-Latency: both engines in this process on the same inputs, runs interleaved (the order alternating) so
-machine noise hits both. Peak RSS: each engine alone in a fresh child process (this script with
+Latency: both engines in this process on the same inputs, timed in alternating blocks of runs (each
+block after one untimed run) so machine noise hits both, while onnxruntime's spinning worker threads
+(they spin for a while after each run) do not steal the cores from the run that follows. Peak RSS: each engine alone in a fresh child process (this script with
 --child), so neither is charged for the other's memory. Prints a Markdown table and the command line.
 """
 
@@ -75,10 +76,12 @@ def latency(name: str, repeat: int, warmup: int) -> dict[str, Any]:
         for _ in range(warmup):
             ctx_run(), ort_run()
         times: dict[str, list[float]] = {"ctxrt": [], "ort": []}
-        for i in range(repeat):
+        block = max(1, repeat // 4)
+        for i in range(0, repeat, block):
             pair = [("ctxrt", ctx_run), ("ort", ort_run)]
-            for engine, run in pair if i % 2 == 0 else pair[::-1]:
-                times[engine].append(timed(run))
+            for engine, run in pair if (i // block) % 2 == 0 else pair[::-1]:
+                run()
+                times[engine].extend(timed(run) for _ in range(min(block, repeat - i)))
         return {"ctxrt_ms": statistics.median(times["ctxrt"]), "ort_ms": statistics.median(times["ort"]),
                 "spillfill_bytes": g.spillfill_size, "lower_bound_bytes": g.lower_bound,
                 "max_abs_diff": err, "inputs": {k: list(v.shape) for k, v in feeds.items()}}
@@ -165,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     env = environment()
     print(f"$ {command}\n")
     print(table(results))
-    print(f"\nmedian of {args.repeat} interleaved runs after {args.warmup} warm-ups; peak RSS of each engine "
+    print(f"\nmedian of {args.repeat} runs in alternating blocks after {args.warmup} warm-ups; peak RSS of each engine "
           f"alone in a fresh process; {env['processor']}, {env['cpus']} CPUs, Python {env['python']}, "
           f"numpy {env['numpy']}, onnxruntime {env['onnxruntime']}, ctxrt {env['ctxrt']}")
 

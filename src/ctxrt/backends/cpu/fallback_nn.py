@@ -65,7 +65,15 @@ def _windows(p: np.ndarray, kernel, strides, dil, out_hw) -> np.ndarray:
                       (sc, sh * dil[0], sw * dil[1], sh * strides[0], sw * strides[1]), writeable=False)
 
 
-_COL_BUDGET = 1 << 20  # bytes of im2col columns per GEMM block
+_COL_BUDGET = 2 << 20  # bytes of im2col columns (or of 1x1 input columns) per GEMM block
+
+
+def _activation(spec: NodeSpec) -> bool:
+    """True when a fused Relu follows (attribute set by the FuseActivation pass)."""
+    act = spec.attr("activation")
+    if act not in (None, "Relu"):
+        raise UnsupportedOpError(f"{spec.op} {spec.name!r}: fused activation {act!r} is not supported")
+    return act == "Relu"
 
 
 class _Bound(Kernel):
@@ -90,6 +98,7 @@ def conv(spec: NodeSpec) -> Kernel:
     wmat = None if wconst is None else np.ascontiguousarray(wconst).reshape(g, m // g, k)
     bias = spec.consts[2] if len(spec.consts) > 2 else None
     has_bias = len(spec.inputs) > 2 and spec.inputs[2] is not None
+    relu = _activation(spec)
     pointwise = kh == kw == 1 and strides == [1, 1] and pb == pe == [0, 0]
     pad = _Padded(spec, (kh, kw), strides, dil, pb, pe, 0.0)
     # im2col in blocks of output rows: a bounded column buffer (less arena, better cache use).
@@ -99,12 +108,15 @@ def conv(spec: NodeSpec) -> Kernel:
 
     def bind(i, o, s):
         wm = wmat if wmat is not None else i[1].reshape(g, m // g, k)
-        bb = None if not has_bias else (bias if bias is not None else i[2]).reshape(m, 1, 1)
-        plans = []  # per image: (padded source, [(window block, column block, gemm operand, out block)], out)
+        bb = None if not has_bias else (bias if bias is not None else i[2]).reshape(g, m // g, 1)
+        plans = []  # per image: (padded source, [(window block, column block, gemm operand, out block)])
         for b in range(n):
             out = o[0][b].reshape(g, m // g, p)
             if pointwise:
-                plans.append((None, [(None, None, i[0][b].reshape(g, c // g, h * w), out)], o[0][b]))
+                src = i[0][b].reshape(g, c // g, h * w)
+                cols = max(1, _COL_BUDGET // max(1, c * dt.itemsize)) if g == 1 else p
+                plans.append((None, [(None, None, src[:, :, q:q + cols], out[:, :, q:q + cols])
+                                     for q in range(0, p, cols)]))
                 continue
             src = pad.view(i[0][b], s[1] if pad.needed else None)
             win = _windows(src, (kh, kw), strides, dil, (oh, ow))
@@ -114,18 +126,20 @@ def conv(spec: NodeSpec) -> Kernel:
                 col = scratch_view(s[0], (c, kh, kw, r1 - r0, ow), dt)
                 blocks.append((win[:, :, :, r0:r1], col, col.reshape(g, k, (r1 - r0) * ow),
                                out[:, :, r0 * ow:r1 * ow]))
-            plans.append((src, blocks, o[0][b]))
+            plans.append((src, blocks))
 
         def run():
-            for b, (src, blocks, full) in enumerate(plans):
+            for b, (src, blocks) in enumerate(plans):
                 if src is not None:
                     pad.refresh(i[0][b], src)
                 for win, col, cols, out in blocks:
                     if win is not None:
                         np.copyto(col, win)
                     np.matmul(wm, cols, out=out)
-                if bb is not None:
-                    np.add(full, bb, out=full)
+                    if bb is not None:  # epilogue on the block while it is in cache
+                        np.add(out, bb, out=out)
+                    if relu:
+                        np.maximum(out, 0, out=out)
         return run
 
     scratch = (col_bytes, pad.nbytes) if not pointwise else ()
@@ -232,6 +246,7 @@ def gemm(spec: NodeSpec) -> Kernel:
     bconst = spec.consts[1]
     bmat = None if bconst is None else np.ascontiguousarray(bconst.T if tb else bconst)
     cscaled = None if cconst is None else (cconst * beta).astype(spec.outputs[0].dtype)
+    relu = _activation(spec)
     if has_c and cconst is None and beta != 1.0:
         raise UnsupportedOpError(f"Gemm {spec.name!r}: a non-constant C with beta != 1 is not supported")
 
@@ -243,6 +258,8 @@ def gemm(spec: NodeSpec) -> Kernel:
             np.multiply(o[0], alpha, out=o[0])
         if has_c:
             np.add(o[0], cscaled if cscaled is not None else i[2], out=o[0])
+        if relu:
+            np.maximum(o[0], 0, out=o[0])
     return FnKernel(run)
 
 

@@ -4,11 +4,12 @@ from ctxrt.ir.passes.base import Pass, PassResult, run_passes
 from ctxrt.ir.passes.eliminate import EliminateDead, EliminateIdentity
 from ctxrt.ir.passes.fold_affine import FoldChannelAffine
 from ctxrt.ir.passes.fold_bn import FoldBatchNormIntoConv
+from ctxrt.ir.passes.fuse_activation import FuseActivation
 
 
 def default_passes() -> list[Pass]:
-    return [EliminateIdentity(), FoldBatchNormIntoConv(), FoldChannelAffine(), EliminateDead()]
+    return [EliminateIdentity(), FoldBatchNormIntoConv(), FoldChannelAffine(), FuseActivation(), EliminateDead()]
 
 
 __all__ = ["Pass", "PassResult", "run_passes", "default_passes", "EliminateDead", "EliminateIdentity",
-           "FoldBatchNormIntoConv", "FoldChannelAffine"]
+           "FoldBatchNormIntoConv", "FoldChannelAffine", "FuseActivation"]
