@@ -50,34 +50,50 @@ def _sum(spec: NodeSpec) -> Kernel:
     return FnKernel(run)
 
 
-def _erf(spec: NodeSpec) -> Kernel:
-    # Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7): erf(x) = sign(x) (1 - poly(t) exp(-x^2)), t = 1/(1+p|x|)
-    n = spec.outputs[0].nbytes
-    a1, a2, a3, a4, a5, p = 0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429, 0.3275911
-    dt = spec.outputs[0].dtype
-    shape = spec.outputs[0].shape
+_ERF = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429, 0.3275911)
+_CHUNK = 16384  # elements per block: the ~20 passes of erf stay in the L2 cache
 
-    def run(i, o, s):
-        x, y = i[0], o[0]
-        t, e = scratch_view(s[0], shape, dt), scratch_view(s[1], shape, dt)
-        np.multiply(x, x, out=e)
-        np.negative(e, out=e)
-        np.exp(e, out=e)  # exp(-x^2)
-        np.abs(x, out=t)
-        np.multiply(t, p, out=t)
-        np.add(t, 1.0, out=t)
-        np.reciprocal(t, out=t)
-        np.sign(x, out=y)  # x is no longer needed after this: y may alias x
-        poly = e  # reuse: e <- exp(-x^2) * poly(t)
-        np.multiply(t, a5, out=s[2][:n].view(dt).reshape(shape))
-        acc = s[2][:n].view(dt).reshape(shape)
-        for a in (a4, a3, a2, a1):
-            np.add(acc, a, out=acc)
-            np.multiply(acc, t, out=acc)
-        np.multiply(poly, acc, out=poly)
-        np.subtract(1.0, poly, out=poly)
-        np.multiply(y, poly, out=y)
-    return FnKernel(run, scratch=(n, n, n))
+
+class _Erf(Kernel):
+    """Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7): erf(x) = sign(x) (1 - poly(t) exp(-x^2)),
+    t = 1 / (1 + p|x|), evaluated in cache-sized blocks. Safe when the output is the input."""
+
+    def __init__(self, spec: NodeSpec) -> None:
+        self.dtype = np.dtype(spec.outputs[0].dtype)
+        self.size = int(np.prod(spec.outputs[0].shape))
+        self.chunk = max(1, min(self.size, _CHUNK))
+        self.scratch = (self.chunk * self.dtype.itemsize,) * 3
+
+    def bind(self, ins, outs, scratch):
+        x, y = ins[0].reshape(-1), outs[0].reshape(-1)
+        bufs = [s[:self.chunk * self.dtype.itemsize].view(self.dtype) for s in scratch]
+        blocks = []
+        for a in range(0, self.size, self.chunk):
+            n = min(self.chunk, self.size - a)
+            blocks.append((x[a:a + n], y[a:a + n], *(b[:n] for b in bufs)))
+        a1, a2, a3, a4, a5, p = _ERF
+
+        def run():
+            for xb, yb, t, e, q in blocks:
+                np.multiply(xb, xb, out=e)
+                np.negative(e, out=e)
+                np.exp(e, out=e)  # exp(-x^2)
+                np.abs(xb, out=t)
+                np.multiply(t, p, out=t)
+                np.add(t, 1.0, out=t)
+                np.reciprocal(t, out=t)
+                np.multiply(t, a5, out=q)  # Horner: q = t (a1 + t (a2 + t (a3 + t (a4 + t a5))))
+                for c in (a4, a3, a2, a1):
+                    np.add(q, c, out=q)
+                    np.multiply(q, t, out=q)
+                np.multiply(q, e, out=q)
+                np.subtract(1.0, q, out=q)
+                np.copysign(q, xb, out=yb)
+        return run
+
+
+def _erf(spec: NodeSpec) -> Kernel:
+    return _Erf(spec)
 
 
 def _where(spec: NodeSpec) -> Kernel:
@@ -185,27 +201,45 @@ def _gather_elements(spec: NodeSpec) -> Kernel:
     return FnKernel(run, scratch=(n,))
 
 
-def _softmax(spec: NodeSpec) -> Kernel:
-    shape = spec.inputs[0].shape
-    axis = int(spec.attr("axis", -1 if spec.opset >= 13 else 1)) % len(shape)
-    if spec.opset < 13:
-        rows, cols = int(np.prod(shape[:axis])), int(np.prod(shape[axis:]))
-        view_shape, red = (rows, cols), 1
-    else:
-        view_shape, red = shape, axis
-    red_shape = tuple(1 if d == red else n for d, n in enumerate(view_shape))
-    nred = int(np.prod(red_shape)) * np.dtype(spec.outputs[0].dtype).itemsize
-    dt = spec.outputs[0].dtype
+class _Softmax(Kernel):
+    """Softmax over the last axis of a [rows, cols] view, in blocks of rows that stay in cache.
 
-    def run(i, o, s):
-        x, y = i[0].reshape(view_shape), o[0].reshape(view_shape)
-        m = scratch_view(s[0], red_shape, dt)
-        np.max(x, axis=red, keepdims=True, out=m)
-        np.subtract(x, m, out=y)
-        np.exp(y, out=y)
-        np.sum(y, axis=red, keepdims=True, out=m)
-        np.divide(y, m, out=y)
-    return FnKernel(run, scratch=(nred,))
+    Opset < 13 flattens to 2-D at `axis`; opset >= 13 normalizes along `axis` (moved last if needed)."""
+
+    def __init__(self, spec: NodeSpec) -> None:
+        shape = spec.inputs[0].shape
+        axis = int(spec.attr("axis", -1 if spec.opset >= 13 else 1)) % len(shape)
+        if spec.opset < 13 or axis == len(shape) - 1:
+            self.rows, self.cols, self.perm = int(np.prod(shape[:axis])), int(np.prod(shape[axis:])), None
+        else:
+            self.perm = [d for d in range(len(shape)) if d != axis] + [axis]
+            self.rows, self.cols = int(np.prod(shape)) // shape[axis], shape[axis]
+        self.dtype = np.dtype(spec.outputs[0].dtype)
+        self.block = max(1, min(self.rows, 16 * _CHUNK // max(self.cols, 1))) if self.perm is None else self.rows
+        self.scratch = (self.block * self.dtype.itemsize,)
+
+    def bind(self, ins, outs, scratch):
+        if self.perm is not None:  # a non-last axis: strided views, one block
+            x, y = ins[0].transpose(self.perm), outs[0].transpose(self.perm)
+            blocks = [(x, y, scratch_view(scratch[0], x.shape[:-1] + (1,), self.dtype))]
+        else:
+            x, y = ins[0].reshape(self.rows, self.cols), outs[0].reshape(self.rows, self.cols)
+            m = scratch[0][:self.block * self.dtype.itemsize].view(self.dtype).reshape(self.block, 1)
+            blocks = [(x[r:r + self.block], y[r:r + self.block], m[:min(self.block, self.rows - r)])
+                      for r in range(0, self.rows, self.block)]
+
+        def run():
+            for xb, yb, mb in blocks:
+                np.max(xb, axis=-1, keepdims=True, out=mb)
+                np.subtract(xb, mb, out=yb)
+                np.exp(yb, out=yb)
+                np.sum(yb, axis=-1, keepdims=True, out=mb)
+                np.divide(yb, mb, out=yb)
+        return run
+
+
+def _softmax(spec: NodeSpec) -> Kernel:
+    return _Softmax(spec)
 
 
 def _reduce_mean(spec: NodeSpec) -> Kernel:

@@ -99,6 +99,7 @@ def conv(spec: NodeSpec) -> Kernel:
     bias = spec.consts[2] if len(spec.consts) > 2 else None
     has_bias = len(spec.inputs) > 2 and spec.inputs[2] is not None
     relu = _activation(spec)
+    residual = bool(spec.attr("residual", 0))  # a 4th input added in the epilogue (FuseActivation)
     pointwise = kh == kw == 1 and strides == [1, 1] and pb == pe == [0, 0]
     pad = _Padded(spec, (kh, kw), strides, dil, pb, pe, 0.0)
     # im2col in blocks of output rows: a bounded column buffer (less arena, better cache use).
@@ -109,13 +110,15 @@ def conv(spec: NodeSpec) -> Kernel:
     def bind(i, o, s):
         wm = wmat if wmat is not None else i[1].reshape(g, m // g, k)
         bb = None if not has_bias else (bias if bias is not None else i[2]).reshape(g, m // g, 1)
+        res = [i[3][b].reshape(g, m // g, p) for b in range(n)] if residual else None
         plans = []  # per image: (padded source, [(window block, column block, gemm operand, out block)])
         for b in range(n):
             out = o[0][b].reshape(g, m // g, p)
             if pointwise:
                 src = i[0][b].reshape(g, c // g, h * w)
                 cols = max(1, _COL_BUDGET // max(1, c * dt.itemsize)) if g == 1 else p
-                plans.append((None, [(None, None, src[:, :, q:q + cols], out[:, :, q:q + cols])
+                plans.append((None, [(None, None, src[:, :, q:q + cols], out[:, :, q:q + cols],
+                                      res[b][:, :, q:q + cols] if res else None)
                                      for q in range(0, p, cols)]))
                 continue
             src = pad.view(i[0][b], s[1] if pad.needed else None)
@@ -125,19 +128,21 @@ def conv(spec: NodeSpec) -> Kernel:
                 r1 = min(oh, r0 + rows)
                 col = scratch_view(s[0], (c, kh, kw, r1 - r0, ow), dt)
                 blocks.append((win[:, :, :, r0:r1], col, col.reshape(g, k, (r1 - r0) * ow),
-                               out[:, :, r0 * ow:r1 * ow]))
+                               out[:, :, r0 * ow:r1 * ow], res[b][:, :, r0 * ow:r1 * ow] if res else None))
             plans.append((src, blocks))
 
         def run():
             for b, (src, blocks) in enumerate(plans):
                 if src is not None:
                     pad.refresh(i[0][b], src)
-                for win, col, cols, out in blocks:
+                for win, col, cols, out, rb in blocks:
                     if win is not None:
                         np.copyto(col, win)
                     np.matmul(wm, cols, out=out)
                     if bb is not None:  # epilogue on the block while it is in cache
                         np.add(out, bb, out=out)
+                    if rb is not None:
+                        np.add(out, rb, out=out)
                     if relu:
                         np.maximum(out, 0, out=out)
         return run
