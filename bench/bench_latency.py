@@ -1,9 +1,9 @@
 """Latency and memory of ctxrt against onnxruntime on ResNet-50 (light, random weights) and a BERT encoder.
-
-Latency: both engines in this process on the same inputs, timed in alternating blocks of runs (each
-block after one untimed run) so machine noise hits both, while onnxruntime's spinning worker threads
-(they spin for a while after each run) do not steal the cores from the run that follows. Peak RSS: each engine alone in a fresh child process (this script with
---child), so neither is charged for the other's memory. Prints a Markdown table and the command line.
+Latency: both engines in this process on the same inputs, timed in alternating blocks of runs (each block
+after one untimed run) so machine noise hits both, while onnxruntime's spinning worker threads (they spin for
+a while after each run) do not steal the cores from the run that follows. Peak RSS: each engine alone in a
+fresh child process (this script with --child), so neither is charged for the other's memory. Prints a
+Markdown table and the command line.
 """
 
 from __future__ import annotations
