@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from ctxrt.planner.arena import Allocation as Interval  # one arena allocation over time
+
 # Where a tensor lives: the arena (spill-fill buffer), a graph input or output buffer, or the weights.
 ARENA, INPUT, OUTPUT, CONST = "arena", "input", "output", "const"
 
@@ -49,17 +51,6 @@ class TensorInfo:
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
-
-
-@dataclass(frozen=True)
-class Interval:
-    """One arena allocation over time, for reports and plots."""
-
-    key: str
-    offset: int
-    size: int
-    first: int
-    last: int
 
 
 @dataclass

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import hashlib
 import io
 import os
 import secrets
@@ -26,6 +25,7 @@ import numpy as np
 from ctxrt.compiler.program import CompiledGraph, Ref, Step
 from ctxrt.errors import FormatError
 from ctxrt.format import codec, layout, schema
+from ctxrt.format.weights import plan_weights
 
 INFO_REQUIRED = {"backend": str, "hardware": str, "producer": str, "alignment": int}
 INFO_OPTIONAL = {"source_models": list, "tuning": dict}
@@ -73,21 +73,12 @@ class ContextWriter:
     def add_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         """Lay out the weights: identical (dtype, shape, bytes) are stored once, each start 64-aligned."""
         self._advance((State.GRAPHS,), State.WEIGHTS, "add_weights")
-        seen: dict[tuple[str, tuple[int, ...], bytes], list[Any]] = {}
-        crc = size = 0
-        for name, value in weights.items():
-            arr = np.ascontiguousarray(value)
-            if arr.dtype.kind not in codec.NUMERIC_KINDS:
-                raise FormatError(f"weight {name!r}: dtype {arr.dtype} is not numeric or bool")
-            raw = arr.reshape(-1).view(np.uint8)
-            key = (arr.dtype.str, arr.shape, hashlib.sha256(raw).digest())
-            if key not in seen:
-                offset = layout.align(size, layout.WEIGHT_ALIGNMENT)
-                crc = layout.crc32(raw, layout.crc32(bytes(offset - size), crc))
-                seen[key] = [offset, arr.nbytes, arr.dtype.str, list(arr.shape)]
-                self.chunks.append((offset, raw))
-                size = offset + arr.nbytes
-            self.table[name] = seen[key]
+        table, self.chunks, size = plan_weights(weights)
+        self.table = {name: [e.offset, e.nbytes, e.dtype, list(e.shape)] for name, e in table.items()}
+        crc = pos = 0
+        for offset, raw in self.chunks:
+            crc = layout.crc32(raw, layout.crc32(bytes(offset - pos), crc))
+            pos = offset + raw.nbytes
         self.weights_size, self.weights_crc = size, crc
 
     def finish(self) -> None:

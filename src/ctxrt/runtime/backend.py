@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -34,5 +34,7 @@ class Backend(Protocol):
     def copy_in(self, dst: Any, src: np.ndarray) -> None: ...
 
     def copy_out(self, dst: np.ndarray, src: Any) -> None: ...
+
+    def run(self, launches: list[Callable[[], None]]) -> None: ...
 
     def device_id(self) -> dict[str, str]: ...

@@ -16,7 +16,7 @@ import numpy as np
 
 from ctxrt.compiler.program import CompiledGraph
 from ctxrt.errors import LifecycleError, RegistrationError
-from ctxrt.runtime import weights as wts
+from ctxrt.format import weights as wts
 from ctxrt.runtime.backend import Backend
 from ctxrt.runtime.graph import Graph, io_buffer_bytes
 

@@ -102,8 +102,7 @@ class Graph:
                 backend.copy_in(self._io[info.name].reshape(info.shape), inputs[info.name])
                 stats["copies_in"] += 1
                 stats["bytes_in"] += info.nbytes
-            for launch in self._launches:
-                launch()
+            backend.run(self._launches)
             if outputs is not None:
                 for info in self.outputs:
                     if info.name in outputs:

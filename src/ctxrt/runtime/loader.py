@@ -14,10 +14,10 @@ import numpy as np
 import ctxrt
 from ctxrt.compiler.program import CONST, CompiledGraph, TensorInfo
 from ctxrt.errors import CtxrtError, FormatError
+from ctxrt.format.weights import WeightEntry, pack
 from ctxrt.runtime import get_backend
 from ctxrt.runtime.backend import Backend
 from ctxrt.runtime.context import Context
-from ctxrt.runtime.weights import WeightEntry, pack
 
 IO_MEM_TYPES = ("raw", "memhandle")
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable
 
 import numpy as np
 
 import ctxrt
 from ctxrt.backends.cpu.registry import KERNELS
 from ctxrt.errors import RegistrationError
+
+_UFUNC_BUFSIZE = 1024
 
 
 class CpuBuffer:
@@ -58,6 +61,17 @@ class CpuBackend:
 
     def copy_out(self, dst: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dst, src, casting="no")
+
+    def run(self, launches: list[Callable[[], None]]) -> None:
+        """Replay recorded launches. NumPy's ufunc iterator buffers strided and broadcast operands in
+        chunks of `bufsize` elements, allocating those buffers each call: 1024 keeps them at a few KiB
+        (the default 8192 costs up to 64 KiB a call) at no measurable speed cost."""
+        old = np.setbufsize(_UFUNC_BUFSIZE)
+        try:
+            for launch in launches:
+                launch()
+        finally:
+            np.setbufsize(old)
 
     def device_id(self) -> dict[str, str]:
         return {"backend": "cpu", "device": platform.machine(), "driver": f"numpy {np.__version__}",

@@ -105,13 +105,13 @@ def conv(spec: NodeSpec) -> Kernel:
     # im2col in blocks of output rows: a bounded column buffer (less arena, better cache use).
     row_bytes = c * kh * kw * ow * dt.itemsize
     rows = max(1, min(oh, _COL_BUDGET // max(row_bytes, 1)))
-    col_bytes = 0 if pointwise else row_bytes * rows
+    col_bytes = 0 if pointwise else k * rows * ow * dt.itemsize
 
     def bind(i, o, s):
         wm = wmat if wmat is not None else i[1].reshape(g, m // g, k)
         bb = None if not has_bias else (bias if bias is not None else i[2]).reshape(g, m // g, 1)
         res = [i[3][b].reshape(g, m // g, p) for b in range(n)] if residual else None
-        plans = []  # per image: (padded source, [(window block, column block, gemm operand, out block)])
+        plans = []  # per image: (padded source, [(windows, columns, GEMM operand, out, residual)])
         for b in range(n):
             out = o[0][b].reshape(g, m // g, p)
             if pointwise:
@@ -157,13 +157,12 @@ def _pool_attrs(spec: NodeSpec):
     return kernel, strides, dil, pb, pe
 
 
-def maxpool(spec: NodeSpec) -> Kernel:
-    if len(spec.outputs) > 1:
-        raise UnsupportedOpError(f"MaxPool {spec.name!r}: the Indices output is not supported")
+def _pool(spec: NodeSpec, fill: float, combine, inv: np.ndarray | None = None) -> Kernel:
+    """Reduce every window with `combine` over its kh*kw taps (shifted views of the padded input)."""
     kernel, strides, dil, pb, pe = _pool_attrs(spec)
     n = spec.inputs[0].shape[0]
     out_hw = spec.outputs[0].shape[2:]
-    pad = _Padded(spec, kernel, strides, dil, pb, pe, -np.inf)
+    pad = _Padded(spec, kernel, strides, dil, pb, pe, fill)
 
     def bind(i, o, s):
         srcs = [pad.view(i[0][b], s[0] if pad.needed else None) for b in range(n)]
@@ -176,16 +175,23 @@ def maxpool(spec: NodeSpec) -> Kernel:
                 out = o[0][b]
                 np.copyto(out, taps[b][0])
                 for t in taps[b][1:]:
-                    np.maximum(out, t, out=out)
+                    combine(out, t, out=out)
+                if inv is not None:
+                    np.multiply(out, inv, out=out)
         return run
     return _Bound(bind, (pad.nbytes,) if pad.needed else ())
 
 
+def maxpool(spec: NodeSpec) -> Kernel:
+    if len(spec.outputs) > 1:
+        raise UnsupportedOpError(f"MaxPool {spec.name!r}: the Indices output is not supported")
+    return _pool(spec, -np.inf, np.maximum)
+
+
 def avgpool(spec: NodeSpec) -> Kernel:
-    kernel, strides, dil, pb, pe = _pool_attrs(spec)
-    n, _, h, w = spec.inputs[0].shape
+    kernel, strides, _, pb, pe = _pool_attrs(spec)
+    _, _, h, w = spec.inputs[0].shape
     oh, ow = spec.outputs[0].shape[2:]
-    pad = _Padded(spec, kernel, strides, dil, pb, pe, 0.0)
     include = bool(spec.attr("count_include_pad", 0))
 
     def counts(o_n, size, k, st, b, e):
@@ -195,22 +201,7 @@ def avgpool(spec: NodeSpec) -> Kernel:
 
     inv = (1.0 / np.outer(counts(oh, h, kernel[0], strides[0], pb[0], pe[0]),
                           counts(ow, w, kernel[1], strides[1], pb[1], pe[1]))).astype(spec.outputs[0].dtype)
-
-    def bind(i, o, s):
-        srcs = [pad.view(i[0][b], s[0] if pad.needed else None) for b in range(n)]
-        taps = [[w[:, a, c] for a in range(kernel[0]) for c in range(kernel[1])]
-                for w in (_windows(src, kernel, strides, [1, 1], (oh, ow)) for src in srcs)]
-
-        def run():
-            for b in range(n):
-                pad.refresh(i[0][b], srcs[b])
-                out = o[0][b]
-                np.copyto(out, taps[b][0])
-                for t in taps[b][1:]:
-                    np.add(out, t, out=out)
-                np.multiply(out, inv, out=out)
-        return run
-    return _Bound(bind, (pad.nbytes,) if pad.needed else ())
+    return _pool(spec, 0.0, np.add, inv)
 
 
 def global_avgpool(spec: NodeSpec) -> Kernel:
