@@ -85,6 +85,8 @@ STRATEGIES: dict[str, Callable[[Sequence[Request]], dict[str, Allocation]]] = {
     "greedy_by_size": lambda rs: _place(sorted(rs, key=lambda r: (-r.size, r.first)), best_fit=True),
     "greedy_by_size_first_fit": lambda rs: _place(sorted(rs, key=lambda r: (-r.size, r.first)), best_fit=False),
     "greedy_by_breadth": lambda rs: _place(_by_conflict_size(rs), best_fit=True),
+    "greedy_by_size_long_first": lambda rs: _place(sorted(rs, key=lambda r: (-r.size, r.first - r.last)), True),
+    "greedy_by_area": lambda rs: _place(sorted(rs, key=lambda r: (-r.size * (r.last - r.first + 1), r.first)), True),
     "first_fit_by_time": lambda rs: _place(sorted(rs, key=lambda r: (r.first, -r.size)), best_fit=False),
     "best_fit_by_time": lambda rs: _place(sorted(rs, key=lambda r: (r.first, -r.size)), best_fit=True),
 }
