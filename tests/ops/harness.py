@@ -47,12 +47,23 @@ def run_ctxrt(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.n
     return [result[o.name] for o in model.graph.output]
 
 
+def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    for out, value in zip(model.graph.output, reference(model, feeds), strict=True):  # output dtypes only
+        out.type.tensor_type.elem_type = helper.np_dtype_to_tensor_dtype(value.dtype)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
 def check(nodes: onnx.NodeProto | list[onnx.NodeProto], feeds: dict[str, np.ndarray],
           inits: dict[str, np.ndarray] | None = None, opset: int = 17,
-          rtol: float = 1e-5, atol: float = 1e-6) -> list[np.ndarray]:
-    """Run the node(s) in both, compare every output (shape, dtype, values); return ctxrt's."""
+          rtol: float = 1e-5, atol: float = 1e-6, oracle: str = "reference") -> list[np.ndarray]:
+    """Run the node(s) in ctxrt and in the oracle (onnx.reference, or "onnxruntime" where the reference
+    disagrees with onnxruntime), compare every output (shape, dtype, values); return ctxrt's."""
     model = make_model(nodes, feeds, inits, opset)
-    want = reference(model, feeds)
+    want = reference(model, feeds) if oracle == "reference" else onnxruntime_outputs(model, feeds)
     # CTXRT_TEST_DIRECT=1 calls the kernel alone (single-node models): for kernel development only.
     runner = run_direct if os.environ.get("CTXRT_TEST_DIRECT") == "1" else run_ctxrt
     got = runner(model, feeds)

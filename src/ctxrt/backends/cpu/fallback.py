@@ -138,7 +138,7 @@ def _slice(spec: NodeSpec) -> Kernel:
     index = [slice(None)] * len(shape)
     for st, en, ax, sp in zip(starts, ends, axes, steps, strict=True):
         ax = ax % len(shape)
-        index[ax] = slice(*slice(int(st), int(en), int(sp)).indices(shape[ax]))
+        index[ax] = slice(int(st), int(en), int(sp))  # Python slicing clamps out-of-range bounds like ONNX
     idx = tuple(index)
     return FnKernel(lambda i, o, s: np.copyto(o[0], i[0][idx]))
 

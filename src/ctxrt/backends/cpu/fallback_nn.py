@@ -105,7 +105,7 @@ def conv(spec: NodeSpec) -> Kernel:
     # im2col in blocks of output rows: a bounded column buffer (less arena, better cache use).
     row_bytes = c * kh * kw * ow * dt.itemsize
     rows = max(1, min(oh, _COL_BUDGET // max(row_bytes, 1)))
-    col_bytes = 0 if pointwise else k * rows * ow * dt.itemsize
+    col_bytes = 0 if pointwise else row_bytes * rows
 
     def bind(i, o, s):
         wm = wmat if wmat is not None else i[1].reshape(g, m // g, k)
