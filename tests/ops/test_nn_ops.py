@@ -73,9 +73,9 @@ def test_global_pool(op: str) -> None:
     check(helper.make_node(op, ["x"], ["y"]), {"x": rand(2, 5, 7, 3)})
 
 
-@pytest.mark.parametrize("size, bias, alpha", [(5, 1.0, 1e-4), (3, 2.0, 5e-4), (4, 1.0, 1e-2)])
+@pytest.mark.parametrize("size, bias, alpha", [(5, 1.0, 1e-4), (3, 2.0, 5e-4), (7, 1.0, 1e-2)])
 def test_lrn(size: int, bias: float, alpha: float) -> None:
-    # onnx.reference's LRN differs from onnxruntime's (by 1e-3 here): onnxruntime is the oracle.
+    # onnx.reference's LRN differs from onnxruntime's (by 1e-3 here): onnxruntime is the oracle (odd sizes only).
     node = helper.make_node("LRN", ["x"], ["y"], size=size, bias=bias, alpha=alpha, beta=0.75)
     check(node, {"x": rand(1, 7, 5, 5, high=3.0)}, opset=9, rtol=1e-5, atol=1e-6, oracle="onnxruntime")
 
