@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ctxrt.backends.cpu.fallback import relu_zeros
 from ctxrt.backends.kernel import FnKernel, Kernel, NodeSpec, scratch_view
 from ctxrt.errors import UnsupportedOpError
 
@@ -111,15 +112,20 @@ def conv(spec: NodeSpec) -> Kernel:
         wm = wmat if wmat is not None else i[1].reshape(g, m // g, k)
         bb = None if not has_bias else (bias if bias is not None else i[2]).reshape(g, m // g, 1)
         res = [i[3][b].reshape(g, m // g, p) for b in range(n)] if residual else None
-        plans = []  # per image: (padded source, [(windows, columns, GEMM operand, out, residual)])
+        # Per image: (padded source, [(windows, columns, weights, GEMM operand, out, bias, residual)]).
+        # Every block's epilogue (bias, residual, Relu) runs on the block just computed, while it is in cache.
+        plans = []
         for b in range(n):
             out = o[0][b].reshape(g, m // g, p)
+            rb = res[b] if res else None
             if pointwise:
+                # Blocks of output channels: contiguous output rows, the input re-read from cache.
+                mb = max(16, _COL_BUDGET // max(1, p * dt.itemsize) // 16 * 16) if g == 1 else m
                 src = i[0][b].reshape(g, c // g, h * w)
-                cols = p  # one GEMM: blocking 1x1 convs by columns measured slower (strided outputs)
-                plans.append((None, [(None, None, src[:, :, q:q + cols], out[:, :, q:q + cols],
-                                      res[b][:, :, q:q + cols] if res else None)
-                                     for q in range(0, p, cols)]))
+                plans.append((None, [(None, None, wm[:, a:a + mb], src, out[:, a:a + mb],
+                                      bb[:, a:a + mb] if bb is not None else None,
+                                      rb[:, a:a + mb] if rb is not None else None)
+                                     for a in range(0, m // g, mb)]))
                 continue
             src = pad.view(i[0][b], s[1] if pad.needed else None)
             win = _windows(src, (kh, kw), strides, dil, (oh, ow))
@@ -127,24 +133,27 @@ def conv(spec: NodeSpec) -> Kernel:
             for r0 in range(0, oh, rows):
                 r1 = min(oh, r0 + rows)
                 col = scratch_view(s[0], (c, kh, kw, r1 - r0, ow), dt)
-                blocks.append((win[:, :, :, r0:r1], col, col.reshape(g, k, (r1 - r0) * ow),
-                               out[:, :, r0 * ow:r1 * ow], res[b][:, :, r0 * ow:r1 * ow] if res else None))
+                blocks.append((win[:, :, :, r0:r1], col, wm, col.reshape(g, k, (r1 - r0) * ow),
+                               out[:, :, r0 * ow:r1 * ow], bb,
+                               rb[:, :, r0 * ow:r1 * ow] if rb is not None else None))
             plans.append((src, blocks))
+
+        zeros = {blk[4].shape[-1]: relu_zeros(blk[4].shape, dt) for _, blocks in plans for blk in blocks}
 
         def run():
             for b, (src, blocks) in enumerate(plans):
                 if src is not None:
                     pad.refresh(i[0][b], src)
-                for win, col, cols, out, rb in blocks:
+                for win, col, wb, cols, out, bias_b, res_b in blocks:
                     if win is not None:
                         np.copyto(col, win)
-                    np.matmul(wm, cols, out=out)
-                    if bb is not None:  # epilogue on the block while it is in cache
-                        np.add(out, bb, out=out)
-                    if rb is not None:
-                        np.add(out, rb, out=out)
+                    np.matmul(wb, cols, out=out)
+                    if bias_b is not None:
+                        np.add(out, bias_b, out=out)
+                    if res_b is not None:
+                        np.add(out, res_b, out=out)
                     if relu:
-                        np.maximum(out, 0, out=out)
+                        np.maximum(out, zeros[out.shape[-1]], out=out)
         return run
 
     scratch = (col_bytes, pad.nbytes) if not pointwise else ()
@@ -255,7 +264,8 @@ def gemm(spec: NodeSpec) -> Kernel:
         if has_c:
             np.add(o[0], cscaled if cscaled is not None else i[2], out=o[0])
         if relu:
-            np.maximum(o[0], 0, out=o[0])
+            np.maximum(o[0], zeros, out=o[0])
+    zeros = relu_zeros(spec.outputs[0].shape, spec.outputs[0].dtype)
     return FnKernel(run)
 
 
