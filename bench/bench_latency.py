@@ -76,10 +76,11 @@ def latency(name: str, repeat: int, warmup: int) -> dict[str, Any]:
         for _ in range(warmup):
             ctx_run(), ort_run()
         times: dict[str, list[float]] = {"ctxrt": [], "ort": []}
-        block = max(1, repeat // 4)
+        block = max(1, repeat // 2)
         for i in range(0, repeat, block):
             pair = [("ctxrt", ctx_run), ("ort", ort_run)]
             for engine, run in pair if (i // block) % 2 == 0 else pair[::-1]:
+                time.sleep(1.0)  # both runtimes' worker threads spin after work: let them go idle first
                 run()
                 times[engine].extend(timed(run) for _ in range(min(block, repeat - i)))
         return {"ctxrt_ms": statistics.median(times["ctxrt"]), "ort_ms": statistics.median(times["ort"]),

@@ -1,11 +1,11 @@
-"""Fallback CNN / linear-algebra kernels: im2col GEMM convolution, pooling, LRN, Gemm, MatMul, BatchNorm."""
+"""NumPy kernels for CNNs and linear algebra: GEMM convolution, pooling, LRN, Gemm, MatMul, BatchNorm."""
 
 from __future__ import annotations
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ctxrt.backends.cpu.fallback import relu_zeros
+from ctxrt.backends.cpu.tensor import relu_zeros
 from ctxrt.backends.kernel import FnKernel, Kernel, NodeSpec, scratch_view
 from ctxrt.errors import UnsupportedOpError
 
@@ -292,5 +292,5 @@ def batchnorm(spec: NodeSpec) -> Kernel:
     return FnKernel(run)
 
 
-FALLBACK_NN = {"Conv": conv, "MaxPool": maxpool, "AveragePool": avgpool, "GlobalAveragePool": global_avgpool,
+KERNELS = {"Conv": conv, "MaxPool": maxpool, "AveragePool": avgpool, "GlobalAveragePool": global_avgpool,
                "LRN": lrn, "Gemm": gemm, "MatMul": matmul, "BatchNormalization": batchnorm}

@@ -1,4 +1,4 @@
-"""Fallback kernels: simple allocation-free NumPy versions used for ops no family module provides."""
+"""NumPy kernels for element-wise, logic, reduction and shape ops, Softmax, LayerNormalization and Erf."""
 
 from __future__ import annotations
 
@@ -288,7 +288,7 @@ def _layernorm(spec: NodeSpec) -> Kernel:
     return FnKernel(run, scratch=(n, n, spec.outputs[0].nbytes))
 
 
-FALLBACK = {
+KERNELS = {
     "Relu": _relu, **{op: _unary for op in _UNARY}, **{op: _binary for op in _BINARY}, "Div": _div, "Sum": _sum,
     "Erf": _erf,
     "Where": _where, "Cast": _cast, "Expand": _expand, "Transpose": _transpose, "Concat": _concat,

@@ -1,3 +1,0 @@
-"""conv kernels."""
-
-KERNELS: dict = {}

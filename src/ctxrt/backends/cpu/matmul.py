@@ -1,3 +1,0 @@
-"""matmul kernels."""
-
-KERNELS: dict = {}

@@ -1,3 +1,0 @@
-"""norm kernels."""
-
-KERNELS: dict = {}

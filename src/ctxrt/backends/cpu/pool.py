@@ -1,3 +1,0 @@
-"""pool kernels."""
-
-KERNELS: dict = {}

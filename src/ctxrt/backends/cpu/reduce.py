@@ -1,3 +1,0 @@
-"""reduce kernels."""
-
-KERNELS: dict = {}

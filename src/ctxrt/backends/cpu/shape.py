@@ -1,3 +1,0 @@
-"""shape kernels."""
-
-KERNELS: dict = {}
