@@ -18,6 +18,8 @@ import onnxruntime as ort
 
 import ctxrt
 
+ort.set_default_logger_severity(3)  # no warnings about the unused initializer of the light models
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "models"))
 import zoo  # noqa: E402  (test fixtures: the onnx package's light models with random weights, BERT export)
 
