@@ -56,3 +56,23 @@ def test_bad_requests_are_refused() -> None:
         plan([Request("a", 64, 3, 1)])
     with pytest.raises(PlanError):
         plan([Request("a", 64, 0, 1), Request("a", 64, 2, 3)])
+
+
+def test_perturbed_restarts_never_make_the_plan_worse() -> None:
+    import ctxrt.planner.arena as arena
+
+    rng = np.random.default_rng(7)
+    rs = []
+    for i in range(80):
+        first = int(rng.integers(0, 50))
+        rs.append(Request(f"r{i}", 64 * int(rng.integers(1, 80)), first, first + int(rng.integers(0, 8))))
+    saved = arena.RESTARTS
+    try:
+        arena.RESTARTS = 0
+        base = plan(rs)
+        arena.RESTARTS = 12
+        improved = plan(rs)
+    finally:
+        arena.RESTARTS = saved
+    check(improved, 64)
+    assert improved.lower_bound <= improved.size <= base.size

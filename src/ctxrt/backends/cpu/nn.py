@@ -66,7 +66,7 @@ def _windows(p: np.ndarray, kernel, strides, dil, out_hw) -> np.ndarray:
                       (sc, sh * dil[0], sw * dil[1], sh * strides[0], sw * strides[1]), writeable=False)
 
 
-_COL_BUDGET = 1 << 20  # bytes of im2col columns (or of 1x1 input columns) per GEMM block
+_COL_BUDGET = 2 << 20  # bytes of im2col columns (or of 1x1 input columns) per GEMM block
 
 
 def _activation(spec: NodeSpec) -> bool:

@@ -1,0 +1,177 @@
+"""Reductions: Softmax and LogSoftmax, ReduceX over attribute axes, ArgMax and ArgMin."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ctxrt.backends.cpu.elementwise import BoundKernel
+from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
+from ctxrt.errors import UnsupportedOpError
+
+SOFTMAX_BLOCK = 32768  # elements per block of rows: the 4 passes over a block run in the L2 cache
+
+
+def _axis(spec: NodeSpec, axis: int, rank: int) -> int:
+    if not -max(rank, 1) <= axis < max(rank, 1):
+        raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: axis {axis} is out of range for rank {rank}")
+    return axis % max(rank, 1)
+
+
+class Softmax(Kernel):
+    """Softmax / LogSoftmax of a (outer, n, inner) view along n, in blocks of outer rows.
+
+    Opset >= 13 normalizes along `axis` (default -1); before 13 the input is coerced to 2-D at `axis`
+    (default 1), so n is the product of every dimension from `axis` on. Correct in place."""
+
+    def __init__(self, spec: NodeSpec, log: bool) -> None:
+        shape = spec.inputs[0].shape
+        self.dtype = np.dtype(spec.outputs[0].dtype)
+        if self.dtype.kind != "f":
+            raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: dtype {self.dtype} is not supported")
+        legacy = spec.opset < 13
+        axis = _axis(spec, int(spec.attr("axis", 1 if legacy else -1)), len(shape))
+        outer = int(np.prod(shape[:axis]))
+        n = int(np.prod(shape[axis:])) if legacy else shape[axis] if shape else 1
+        inner = 1 if legacy else int(np.prod(shape[axis + 1:]))
+        # A trailing inner dimension of 1 is dropped: reductions along the last axis are faster.
+        self.view = (outer, n, inner) if inner > 1 else (outer, n)
+        self.rows = max(1, min(outer, SOFTMAX_BLOCK // max(1, n * inner)))
+        self.log = log
+        stats = self.rows * inner * self.dtype.itemsize
+        self.scratch = (stats, self.rows * n * inner * self.dtype.itemsize) if log else (stats,)
+
+    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        x, y = ins[0].reshape(self.view), outs[0].reshape(self.view)
+        stat_shape = (self.rows, 1) + self.view[2:]
+        m = scratch_view(scratch[0], stat_shape, self.dtype)
+        e = scratch_view(scratch[1], (self.rows,) + self.view[1:], self.dtype) if self.log else None
+        blocks = []
+        for r in range(0, self.view[0], self.rows):
+            k = min(self.rows, self.view[0] - r)
+            blocks.append((x[r:r + k], y[r:r + k], m[:k], None if e is None else e[:k]))
+
+        def softmax() -> None:
+            for xb, yb, mb, _ in blocks:
+                np.maximum.reduce(xb, axis=1, keepdims=True, out=mb)
+                np.subtract(xb, mb, out=yb)  # max subtraction: exp never overflows
+                np.exp(yb, out=yb)
+                np.add.reduce(yb, axis=1, keepdims=True, out=mb)
+                np.divide(yb, mb, out=yb)
+
+        def log_softmax() -> None:
+            for xb, yb, mb, eb in blocks:
+                np.maximum.reduce(xb, axis=1, keepdims=True, out=mb)
+                np.subtract(xb, mb, out=yb)
+                np.exp(yb, out=eb)
+                np.add.reduce(eb, axis=1, keepdims=True, out=mb)
+                np.log(mb, out=mb)
+                np.subtract(yb, mb, out=yb)
+        return log_softmax if self.log else softmax
+
+
+def softmax(spec: NodeSpec) -> Kernel:
+    return Softmax(spec, spec.op == "LogSoftmax")
+
+
+_REDUCE: dict[str, tuple[np.ufunc, np.ufunc | None]] = {  # (reduction, element-wise map applied first)
+    "ReduceSum": (np.add, None), "ReduceMean": (np.add, None), "ReduceMax": (np.maximum, None),
+    "ReduceMin": (np.minimum, None), "ReduceProd": (np.multiply, None), "ReduceL1": (np.add, np.abs),
+    "ReduceL2": (np.add, np.square), "ReduceSumSquare": (np.add, np.square),
+}
+
+
+def _reduce_axes(spec: NodeSpec) -> tuple[int, ...]:
+    """Reduced axes, sorted; () for the identity (empty axes with noop_with_empty_axes)."""
+    rank = len(spec.inputs[0].shape)
+    axes = spec.attr("axes")
+    if axes is None and len(spec.inputs) > 1 and spec.inputs[1] is not None:  # ops without a canonical form
+        if spec.consts[1] is None:
+            raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: axes must be known at compile time")
+        axes = spec.consts[1].reshape(-1).tolist()
+    axes = [axes] if isinstance(axes, int) else list(axes or [])
+    if not axes:
+        return () if spec.attr("noop_with_empty_axes", 0) else tuple(range(rank))
+    return tuple(sorted({_axis(spec, int(a), rank) for a in axes}))
+
+
+def reduce(spec: NodeSpec) -> Kernel:
+    if spec.op == "ReduceLogSumExp":
+        return _log_sum_exp(spec)
+    f, pre = _REDUCE[spec.op]
+    dt = np.dtype(spec.outputs[0].dtype)
+    axes = _reduce_axes(spec)
+    keep = bool(spec.attr("keepdims", 1))
+    count = int(np.prod([spec.inputs[0].shape[a] for a in axes]))
+    mean = spec.op == "ReduceMean" and count != 1
+    scale = dt.type(1 / count) if mean and dt.kind == "f" else None
+    root = spec.op == "ReduceL2"
+
+    def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        x, y = ins[0], outs[0]
+        src = scratch_view(scratch[0], x.shape, x.dtype) if pre else x
+
+        def run() -> None:
+            if pre is not None:
+                pre(x, out=src)
+            f.reduce(src, axis=axes, keepdims=keep, out=y)
+            if scale is not None:
+                np.multiply(y, scale, out=y)
+            elif mean:  # integer mean: truncated like onnx.reference's astype
+                np.divide(y, count, out=y, casting="unsafe")
+            if root:
+                np.sqrt(y, out=y)
+        return run
+    return BoundKernel(make, (spec.inputs[0].nbytes,) if pre else ())
+
+
+def _log_sum_exp(spec: NodeSpec) -> Kernel:
+    dt = np.dtype(spec.outputs[0].dtype)
+    axes = _reduce_axes(spec)
+    keep = bool(spec.attr("keepdims", 1))
+    shape = spec.inputs[0].shape
+    kept = tuple(1 if d in axes else n for d, n in enumerate(shape))
+
+    def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        x, y = ins[0], outs[0]
+        m = scratch_view(scratch[0], kept, dt)
+        t = scratch_view(scratch[1], x.shape, dt)
+        yk = y.reshape(kept)
+
+        def run() -> None:
+            np.maximum.reduce(x, axis=axes, keepdims=True, out=m)
+            np.subtract(x, m, out=t)
+            np.exp(t, out=t)
+            np.add.reduce(t, axis=axes, keepdims=keep, out=y)
+            np.log(y, out=y)
+            np.add(yk, m, out=yk)
+        return run
+    return BoundKernel(make, (int(np.prod(kept)) * dt.itemsize, spec.inputs[0].nbytes))
+
+
+def arg(spec: NodeSpec) -> Kernel:
+    shape = spec.inputs[0].shape
+    axis = _axis(spec, int(spec.attr("axis", 0)), len(shape))
+    keep = bool(spec.attr("keepdims", 1))
+    last = bool(spec.attr("select_last_index", 0))
+    f = np.argmax if spec.op == "ArgMax" else np.argmin
+    top = np.int64(shape[axis] - 1)
+
+    def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
+        y = outs[0]
+        # The last extreme index is the first one of the reversed axis, counted from the end.
+        x = ins[0][(slice(None),) * axis + (slice(None, None, -1),)] if last else ins[0]
+
+        def run() -> None:
+            f(x, axis=axis, out=y, keepdims=keep)
+            if last:
+                np.subtract(top, y, out=y)
+        return run
+    return BoundKernel(make)
+
+
+KERNELS = {
+    "Softmax": softmax, "LogSoftmax": softmax, **{op: reduce for op in _REDUCE}, "ReduceLogSumExp": reduce,
+    "ArgMax": arg, "ArgMin": arg,
+}
