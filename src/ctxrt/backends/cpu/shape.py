@@ -1,0 +1,336 @@
+"""Data movement: concatenation, transposes, slices, splits, gathers, tiling, padding, copies.
+
+Views of the inputs (slices, transposes, reshapes) are made once at bind time; a launch is then a copy
+(or a gather) into the output. Shape, Size and parameter inputs are folded by the frontend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ctxrt.backends.cpu.elementwise import BoundKernel
+from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
+from ctxrt.errors import UnsupportedOpError
+
+
+def _fail(spec: NodeSpec, what: str) -> UnsupportedOpError:
+    return UnsupportedOpError(f"{spec.op} node {spec.name!r}: {what} is not supported")
+
+
+def _axis(spec: NodeSpec, axis: int, rank: int) -> int:
+    if not -rank <= axis < rank:
+        raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: axis {axis} is out of range for rank {rank}")
+    return axis % rank
+
+
+def _copy_from(view: Callable[[np.ndarray], np.ndarray]) -> Kernel:
+    """A kernel copying `view(x)` (a view of input 0 made at bind time) into the output."""
+    def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
+        src, y = view(ins[0]), outs[0]
+        return lambda: np.copyto(y, src)
+    return BoundKernel(make)
+
+
+def copy(spec: NodeSpec) -> Kernel:
+    """Reshape, Flatten, Squeeze, Unsqueeze, Identity: the planner aliases them when it can."""
+    shape = spec.outputs[0].shape
+    return _copy_from(lambda x: x.reshape(shape))
+
+
+def expand(spec: NodeSpec) -> Kernel:
+    return _copy_from(lambda x: x)  # copyto broadcasts like ONNX Expand
+
+
+def transpose(spec: NodeSpec) -> Kernel:
+    rank = len(spec.inputs[0].shape)
+    perm = [_axis(spec, p, rank) for p in spec.attr("perm") or range(rank - 1, -1, -1)]
+    return _copy_from(lambda x: x.transpose(perm))
+
+
+def slice_(spec: NodeSpec) -> Kernel:
+    shape = spec.inputs[0].shape
+    starts, ends = list(spec.attr("starts")), list(spec.attr("ends"))
+    axes = list(spec.attr("axes") or range(len(starts)))
+    steps = list(spec.attr("steps") or [1] * len(starts))
+    index = [slice(None)] * len(shape)
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        if step == 0:
+            raise _fail(spec, "step 0")
+        # Python slices clamp like ONNX: negatives count from the end, then bounds clamp to [0, dim]
+        # (to [-1, dim - 1] for negative steps, -1 being "before the start").
+        index[_axis(spec, int(axis), len(shape))] = slice(int(start), int(end), int(step))
+    idx = tuple(index)
+    return _copy_from(lambda x: x[idx])
+
+
+def _split_sizes(spec: NodeSpec, dim: int) -> list[int]:
+    split = spec.attr("split")
+    if split is None:
+        n = int(spec.attr("num_outputs", len(spec.outputs)))
+        step = -(-dim // n)  # opset 18: equal parts but the last, which may be smaller
+        split = [min(step, dim - k * step) for k in range(n)]
+    return [int(s) for s in split]
+
+
+def split(spec: NodeSpec) -> Kernel:
+    shape = spec.inputs[0].shape
+    axis = _axis(spec, int(spec.attr("axis", 0)), len(shape))
+    sizes = _split_sizes(spec, shape[axis])
+    if [o.shape[axis] for o in spec.outputs] != sizes:
+        raise _fail(spec, f"outputs of sizes {[o.shape[axis] for o in spec.outputs]} for split {sizes} "
+                          "(all outputs must be kept)")
+    bounds = np.cumsum([0] + sizes).tolist()
+
+    def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
+        pairs = [(ins[0][(slice(None),) * axis + (slice(bounds[k], bounds[k + 1]),)], y) for k, y in enumerate(outs)]
+
+        def run() -> None:
+            for src, y in pairs:
+                np.copyto(y, src)
+        return run
+    return BoundKernel(make)
+
+
+def concat(spec: NodeSpec) -> Kernel:
+    axis = _axis(spec, int(spec.attr("axis")), len(spec.outputs[0].shape))
+
+    def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
+        xs, y = list(ins), outs[0]
+        return lambda: np.concatenate(xs, axis=axis, out=y)
+    return BoundKernel(make)
+
+
+def _index_kernel(spec: NodeSpec, gather: Any, idx_pos: int = 1) -> Kernel:
+    """Run `gather(data, int64 indices, out)`; indices of other types are widened into scratch first
+    (np.take would allocate the converted copy), constant ones once."""
+    const = spec.consts[idx_pos] if len(spec.consts) > idx_pos else None
+    ishape = spec.inputs[idx_pos].shape
+    if const is not None:
+        fixed = np.ascontiguousarray(const, np.int64)
+        return BoundKernel(lambda ins, outs, _s: lambda: gather(ins[0], fixed, outs[0]))
+    if np.dtype(spec.inputs[idx_pos].dtype) == np.int64:
+        return BoundKernel(lambda ins, outs, _s: lambda: gather(ins[0], ins[idx_pos], outs[0]))
+
+    def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        data, idx, y = ins[0], ins[idx_pos], outs[0]
+        wide = scratch_view(scratch[0], ishape, np.int64)
+
+        def run() -> None:
+            np.copyto(wide, idx, casting="unsafe")
+            gather(data, wide, y)
+        return run
+    return BoundKernel(make, (max(1, int(np.prod(ishape))) * 8,))
+
+
+def gather(spec: NodeSpec) -> Kernel:
+    axis = _axis(spec, int(spec.attr("axis", 0)), len(spec.inputs[0].shape))
+
+    def take(data: np.ndarray, idx: np.ndarray, y: np.ndarray) -> None:
+        # mode="wrap" maps negative indices from the end in the same pass ("raise" would buffer y).
+        np.take(data, idx, axis=axis, out=y, mode="wrap")
+    return _index_kernel(spec, take)
+
+
+def gather_elements(spec: NodeSpec) -> Kernel:
+    dshape, ishape = spec.inputs[0].shape, spec.inputs[1].shape
+    axis = _axis(spec, int(spec.attr("axis", 0)), len(dshape))
+    strides = [int(np.prod(dshape[d + 1:])) for d in range(len(dshape))]
+    # Flat offset in `data` of every index position, but along `axis`, where the index supplies it.
+    grid = np.indices(ishape, dtype=np.int64)
+    base = sum((grid[d] * strides[d] for d in range(len(dshape)) if d != axis), np.zeros(ishape, np.int64))
+    const = spec.consts[1] if len(spec.consts) > 1 else None
+    if const is not None:
+        flat_idx = np.mod(const.astype(np.int64), dshape[axis]) * strides[axis] + base
+        return BoundKernel(lambda ins, outs, _s: lambda: np.take(ins[0].reshape(-1), flat_idx, out=outs[0],
+                                                                 mode="clip"))
+
+    def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        data, idx, y = ins[0].reshape(-1), ins[1], outs[0]
+        t = scratch_view(scratch[0], ishape, np.int64)
+
+        def run() -> None:
+            np.copyto(t, idx, casting="unsafe")
+            np.mod(t, dshape[axis], out=t)  # negative indices count from the end
+            np.multiply(t, strides[axis], out=t)
+            np.add(t, base, out=t)
+            np.take(data, t, out=y, mode="clip")
+        return run
+    return BoundKernel(make, (max(1, base.size) * 8,))
+
+
+def gather_nd(spec: NodeSpec) -> Kernel:
+    dshape, ishape = spec.inputs[0].shape, spec.inputs[1].shape
+    b = int(spec.attr("batch_dims", 0))
+    k = ishape[-1]
+    inner = int(np.prod(dshape[b + k:]))
+    nidx = int(np.prod(ishape[:-1]))
+    dims = np.array(dshape[b:b + k], np.int64)
+    strides = np.array([int(np.prod(dshape[b + j + 1:b + k])) for j in range(k)], np.int64)
+    # Row of the (rows, inner) data matrix where each batch's block starts, per index tuple.
+    per_batch = int(np.prod(dshape[b:b + k]))
+    batch_of = np.indices(ishape[:-1], dtype=np.int64)[:b] if b else None
+    bstrides = [int(np.prod(dshape[j + 1:b])) for j in range(b)]
+    base = (sum((batch_of[j] * bstrides[j] for j in range(b)), np.zeros(ishape[:-1], np.int64)) * per_batch
+            ).reshape(nidx)
+
+    def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        data, idx = ins[0].reshape(-1, inner), ins[1].reshape(nidx, k)
+        y = outs[0].reshape(nidx, inner)
+        t = scratch_view(scratch[0], (nidx, k), np.int64)
+        rows = scratch_view(scratch[1], (nidx,), np.int64)
+
+        def run() -> None:
+            np.copyto(t, idx, casting="unsafe")
+            np.mod(t, dims, out=t)  # negative indices count from the end
+            np.matmul(t, strides, out=rows)
+            np.add(rows, base, out=rows)
+            np.take(data, rows, axis=0, out=y, mode="clip")
+        return run
+    return BoundKernel(make, (max(1, nidx * k) * 8, max(1, nidx) * 8))
+
+
+def tile(spec: NodeSpec) -> Kernel:
+    shape = spec.inputs[0].shape
+    reps = [int(r) for r in spec.attr("repeats")]
+    # The output as (r0, d0, r1, d1, ...): one broadcasting copy of x as (1, d0, 1, d1, ...).
+    src_shape = tuple(v for d in shape for v in (1, d))
+    out_shape = tuple(v for r, d in zip(reps, shape, strict=True) for v in (r, d))
+
+    def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
+        x, y = ins[0].reshape(src_shape), outs[0].reshape(out_shape)
+        return lambda: np.copyto(y, x)
+    return BoundKernel(make)
+
+
+def _pad_index(mode: str, n: int, before: int, after: int) -> np.ndarray:
+    """For each output position along one axis, the input position it copies (edge/reflect/wrap)."""
+    j = np.arange(-before, n + after)
+    if mode == "edge":
+        return np.clip(j, 0, n - 1)
+    if mode == "wrap":
+        return np.mod(j, n)
+    period = 2 * (n - 1) if n > 1 else 1
+    j = np.mod(j, period)
+    return np.where(j < n, j, period - j)
+
+
+def pad(spec: NodeSpec) -> Kernel:
+    shape, out_shape = spec.inputs[0].shape, spec.outputs[0].shape
+    rank = len(shape)
+    axes = [_axis(spec, int(a), rank) for a in spec.attr("axes") or range(rank)]
+    pads = [int(p) for p in spec.attr("pads")]
+    before, after = [0] * rank, [0] * rank
+    for j, a in enumerate(axes):
+        before[a], after[a] = pads[j], pads[j + len(axes)]
+    mode = spec.attr("mode", "constant")
+    if mode == "constant":
+        return _pad_constant(spec, before, after)
+    if mode not in ("edge", "reflect", "wrap"):
+        raise _fail(spec, f"mode {mode!r}")
+    if mode == "reflect" and any(n < 2 and (b or e) for n, b, e in zip(shape, before, after, strict=True)):
+        raise _fail(spec, "reflect padding of an axis of size 1")
+    # One np.take per padded axis: a chain of gathers through two scratch buffers into the output.
+    dt = np.dtype(spec.outputs[0].dtype)
+    steps, cur = [], tuple(shape)
+    for a in range(rank):
+        if before[a] or after[a]:
+            cur = cur[:a] + (out_shape[a],) + cur[a + 1:]
+            steps.append((a, _pad_index(mode, shape[a], before[a], after[a]), cur))
+    size = max([int(np.prod(s)) for _, _, s in steps[:-1]], default=0) * dt.itemsize
+
+    def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        plan, src = [], ins[0]
+        for k, (a, index, s) in enumerate(steps):
+            dst = outs[0] if k == len(steps) - 1 else scratch_view(scratch[k % 2], s, dt)
+            plan.append((src, index, a, dst))
+            src = dst
+        if not plan:
+            return lambda: np.copyto(outs[0], ins[0])
+
+        def run() -> None:
+            for x, index, a, y in plan:
+                np.take(x, index, axis=a, out=y, mode="clip")
+        return run
+    return BoundKernel(make, (size, size) if len(steps) > 1 else ())
+
+
+def _pad_constant(spec: NodeSpec, before: list[int], after: list[int]) -> Kernel:
+    shape, out_shape = spec.inputs[0].shape, spec.outputs[0].shape
+    dt = np.dtype(spec.outputs[0].dtype)
+    value = dt.type(np.asarray(spec.attr("constant_value", spec.attr("value", 0))).reshape(-1)[0])
+    # Negative pads crop: the copied part of x, and where it lands in y.
+    src = tuple(slice(max(-b, 0), n - max(-e, 0)) for n, b, e in zip(shape, before, after, strict=True))
+    dst = tuple(slice(max(b, 0), n - max(e, 0)) for n, b, e in zip(out_shape, before, after, strict=True))
+    # The border as disjoint slabs: along axis a, the padded ends, full range on the axes before it and
+    # the interior on the axes after it (filled once each; the interior is written by the copy).
+    slabs = []
+    for a in range(len(shape)):
+        for part in (slice(0, dst[a].start), slice(dst[a].stop, out_shape[a])):
+            if part.stop > part.start:
+                slabs.append((slice(None),) * a + (part,) + dst[a + 1:])
+
+    def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
+        x, y = ins[0][src], outs[0]
+        views, inner = [y[s] for s in slabs], y[dst]
+
+        def run() -> None:
+            for v in views:
+                v.fill(value)
+            np.copyto(inner, x)
+        return run
+    return BoundKernel(make)
+
+
+def depth_space(spec: NodeSpec) -> Kernel:
+    n, c, h, w = spec.inputs[0].shape
+    b = int(spec.attr("blocksize"))
+    if spec.op == "SpaceToDepth":
+        split, perm = (n, c, h // b, b, w // b, b), (0, 3, 5, 1, 2, 4)
+    elif spec.attr("mode", "DCR") == "DCR":
+        split, perm = (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2)
+    else:
+        split, perm = (n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3)
+    moved = tuple(split[p] for p in perm)
+
+    def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
+        x, y = ins[0].reshape(split).transpose(perm), outs[0].reshape(moved)
+        return lambda: np.copyto(y, x)
+    return BoundKernel(make)
+
+
+def range_(spec: NodeSpec) -> Kernel:
+    dt = np.dtype(spec.outputs[0].dtype)
+    (n,) = spec.outputs[0].shape
+    if all(c is not None for c in spec.consts[:3]):
+        start, _, delta = (c.item() for c in spec.consts[:3])
+        values = (start + delta * np.arange(n)).astype(dt)  # as the ONNX definition: start + i * delta
+        return BoundKernel(lambda ins, outs, _s: lambda: np.copyto(outs[0], values))
+    steps = np.arange(n, dtype=dt)
+
+    def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
+        start, delta, y = ins[0], ins[2], outs[0]
+
+        def run() -> None:
+            np.multiply(steps, delta, out=y)
+            np.add(y, start, out=y)
+        return run
+    return BoundKernel(make)
+
+
+def constant_of_shape(spec: NodeSpec) -> Kernel:
+    value = spec.attr("value")
+    dt = np.dtype(spec.outputs[0].dtype)
+    fill = dt.type(0) if value is None else dt.type(np.asarray(value).reshape(-1)[0])
+    return BoundKernel(lambda ins, outs, _s: lambda: outs[0].fill(fill))
+
+
+KERNELS = {
+    **{op: copy for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")},
+    "Expand": expand, "Transpose": transpose, "Slice": slice_, "Split": split, "Concat": concat,
+    "Gather": gather, "GatherElements": gather_elements, "GatherND": gather_nd, "Tile": tile, "Pad": pad,
+    "DepthToSpace": depth_space, "SpaceToDepth": depth_space, "Range": range_,
+    "ConstantOfShape": constant_of_shape,
+}
