@@ -202,3 +202,24 @@ def test_per_channel_mul_add_fold_into_conv_and_batchnorm(head) -> None:
     x = rng.standard_normal((1, c, 5, 5)).astype(np.float32)
     want = ReferenceEvaluator(m).run(None, {"x": x})[0]
     np.testing.assert_allclose(ctx.graph().run({"x": x})["y"], want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("spelling", ["legacy", "dynamo"])
+def test_exported_gelu_becomes_one_kernel(spelling) -> None:
+    consts = {"sqrt2": np.array(np.sqrt(2.0), np.float32), "one": np.array(1.0, np.float32),
+              "half": np.array(0.5, np.float32)}
+    nodes = [helper.make_node("Div", ["x", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["a"])]
+    if spelling == "legacy":  # (x * (1 + erf)) * 0.5
+        nodes += [helper.make_node("Mul", ["x", "a"], ["m"]), helper.make_node("Mul", ["m", "half"], ["y"])]
+    else:  # x * (0.5 * (1 + erf))
+        nodes += [helper.make_node("Mul", ["half", "a"], ["m"]), helper.make_node("Mul", ["x", "m"], ["y"])]
+    m = _model(nodes, [_vi("x", [4, 40000])], [_vi("y", None)],
+               [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    g = ctxrt.compile(m).graph()
+    assert [s.op for s in g.compiled.steps] == ["Gelu"]
+    x = np.random.default_rng(0).standard_normal((4, 40000)).astype(np.float32) * 3
+    from onnx.reference import ReferenceEvaluator
+
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    np.testing.assert_allclose(g.run({"x": x})["y"], want, rtol=1e-5, atol=2e-6)

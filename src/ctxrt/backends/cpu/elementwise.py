@@ -1,4 +1,4 @@
-"""Element-wise kernels: unary math, Erf and Gelu, binary and variadic ops with NumPy broadcasting.
+"""Element-wise arithmetic: unary math, Erf and Gelu, binary and variadic ops with NumPy broadcasting.
 
 Every kernel here stays correct when its output is the same memory as an input (the planner runs them in
 place), and its launch allocates nothing: temporaries live in declared scratch.
@@ -64,17 +64,19 @@ def _float(spec: NodeSpec) -> np.dtype:
 _UNARY: dict[str, np.ufunc] = {
     "Tanh": np.tanh, "Sqrt": np.sqrt, "Exp": np.exp, "Log": np.log, "Neg": np.negative, "Abs": np.abs,
     "Reciprocal": np.reciprocal, "Floor": np.floor, "Ceil": np.ceil, "Sign": np.sign, "Round": np.rint,
-    "Sin": np.sin, "Cos": np.cos, "Not": np.logical_not, "IsNaN": np.isnan,
+    "Sin": np.sin, "Cos": np.cos,
 }
 
 
-def unary(spec: NodeSpec) -> Kernel:
-    f = _UNARY[spec.op]
-
+def unary_kernel(f: np.ufunc) -> Kernel:
     def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
         x, y = ins[0], outs[0]
         return lambda: f(x, out=y)
     return BoundKernel(make)
+
+
+def unary(spec: NodeSpec) -> Kernel:
+    return unary_kernel(_UNARY[spec.op])
 
 
 def _clip_kernel(lo: Any, hi: Any) -> Kernel:
@@ -154,34 +156,6 @@ def softplus(spec: NodeSpec) -> Kernel:
     def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
         x, y = ins[0], outs[0]
         return lambda: np.logaddexp(x, zero, out=y)  # log(1 + e^x) without overflow
-    return BoundKernel(make)
-
-
-def is_inf(spec: NodeSpec) -> Kernel:
-    neg, pos = spec.attr("detect_negative", 1), spec.attr("detect_positive", 1)
-
-    def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
-        x, y = ins[0], outs[0]
-        if neg and pos:
-            return lambda: np.isinf(x, out=y)
-        if neg or pos:
-            inf = x.dtype.type(-np.inf if neg else np.inf)
-            return lambda: np.equal(x, inf, out=y)
-        return lambda: y.fill(False)
-    return BoundKernel(make)
-
-
-def cast(spec: NodeSpec) -> Kernel:
-    """Cast and CastLike: C casts (floats truncate toward zero, nonzero -> True)."""
-    for t in (spec.inputs[0], spec.outputs[0]):
-        if np.dtype(t.dtype).kind not in "biuf":
-            raise _fail(spec, f"dtype {np.dtype(t.dtype)}")
-
-    def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
-        x, y = operands(ins[:1], outs[0])[0], outs[0]
-        if x is y:
-            return lambda: None
-        return lambda: np.copyto(y, x, casting="unsafe")
     return BoundKernel(make)
 
 
@@ -292,15 +266,7 @@ def gelu(spec: NodeSpec) -> Kernel:
 
 # --- binary and variadic -----------------------------------------------------------------------------
 
-_BINARY: dict[str, np.ufunc] = {
-    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Equal": np.equal, "Less": np.less,
-    "Greater": np.greater, "LessOrEqual": np.less_equal, "GreaterOrEqual": np.greater_equal,
-    "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor, "BitwiseAnd": np.bitwise_and,
-    "BitwiseOr": np.bitwise_or, "BitwiseXor": np.bitwise_xor,
-}
-
-
-def _ufunc_kernel(f: np.ufunc) -> Kernel:
+def ufunc_kernel(f: np.ufunc) -> Kernel:
     def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
         y = outs[0]
         a, b = operands(ins, y)
@@ -308,14 +274,17 @@ def _ufunc_kernel(f: np.ufunc) -> Kernel:
     return BoundKernel(make)
 
 
+_BINARY: dict[str, np.ufunc] = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}
+
+
 def binary(spec: NodeSpec) -> Kernel:
-    return _ufunc_kernel(_BINARY[spec.op])
+    return ufunc_kernel(_BINARY[spec.op])
 
 
 def div(spec: NodeSpec) -> Kernel:
     dt = np.dtype(spec.outputs[0].dtype)
     if dt.kind == "f":
-        return _ufunc_kernel(np.divide)
+        return ufunc_kernel(np.divide)
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         y = outs[0]
@@ -331,7 +300,7 @@ def div(spec: NodeSpec) -> Kernel:
 
 
 def mod(spec: NodeSpec) -> Kernel:
-    return _ufunc_kernel(np.fmod if spec.attr("fmod", 0) else np.mod)
+    return ufunc_kernel(np.fmod if spec.attr("fmod", 0) else np.mod)
 
 
 def power(spec: NodeSpec) -> Kernel:
@@ -342,7 +311,7 @@ def power(spec: NodeSpec) -> Kernel:
         if f is not None:
             return BoundKernel(lambda ins, outs, _s: lambda: f(ins[0], out=outs[0]))
     if et == xt:
-        return _ufunc_kernel(np.power)
+        return ufunc_kernel(np.power)
     if xt.kind == "f" or et.kind in "iu":  # exponent cast to the base's type (once, if it is a constant)
         ec = None if e is None else e.astype(xt)
         ebytes = max(1, int(np.prod(spec.inputs[1].shape))) * xt.itemsize
@@ -399,30 +368,8 @@ def variadic(spec: NodeSpec) -> Kernel:
     return BoundKernel(make)
 
 
-def where(spec: NodeSpec) -> Kernel:
-    def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
-        y = outs[0]
-        c, a, b = operands(ins, y)
-        if b is y:
-            return lambda: np.copyto(y, a, where=c)
-        if a is y:  # in place on the true branch: fill in the false branch where the condition fails
-            nc = scratch_view(scratch[0], c.shape, np.bool_)
-
-            def run_a() -> None:
-                np.logical_not(c, out=nc)
-                np.copyto(y, b, where=nc)
-            return run_a
-
-        def run() -> None:
-            np.copyto(y, b)
-            np.copyto(y, a, where=c)
-        return run
-    return BoundKernel(make, (max(1, int(np.prod(spec.inputs[0].shape))),))
-
-
 KERNELS = {
     **{op: unary for op in _UNARY}, **{op: binary for op in _BINARY}, **{op: variadic for op in _VARIADIC},
     "Relu": relu, "Clip": clip, "LeakyRelu": leaky_relu, "Sigmoid": sigmoid, "HardSigmoid": hard_sigmoid,
-    "Softplus": softplus, "IsInf": is_inf, "Cast": cast, "CastLike": cast, "Erf": erf, "Gelu": gelu,
-    "Div": div, "Mod": mod, "Pow": power, "Where": where,
+    "Softplus": softplus, "Erf": erf, "Gelu": gelu, "Div": div, "Mod": mod, "Pow": power,
 }

@@ -67,13 +67,16 @@ _CHUNK = 16384  # elements per block: the ~20 passes of erf stay in the L2 cache
 
 class _Erf(Kernel):
     """Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7): erf(x) = sign(x) (1 - poly(t) exp(-x^2)),
-    t = 1 / (1 + p|x|), evaluated in cache-sized blocks. Safe when the output is the input."""
+    t = 1 / (1 + p|x|), evaluated in cache-sized blocks. Safe when the output is the input.
 
-    def __init__(self, spec: NodeSpec) -> None:
+    With gelu=True it computes GELU, x/2 (1 + erf(x/sqrt(2))), in the same blocks (the FuseGelu pass)."""
+
+    def __init__(self, spec: NodeSpec, gelu: bool = False) -> None:
         self.dtype = np.dtype(spec.outputs[0].dtype)
         self.size = int(np.prod(spec.outputs[0].shape))
         self.chunk = max(1, min(self.size, _CHUNK))
-        self.scratch = (self.chunk * self.dtype.itemsize,) * 3
+        self.gelu = gelu
+        self.scratch = (self.chunk * self.dtype.itemsize,) * (4 if gelu else 3)
 
     def bind(self, ins, outs, scratch):
         x, y = ins[0].reshape(-1), outs[0].reshape(-1)
@@ -83,13 +86,18 @@ class _Erf(Kernel):
             n = min(self.chunk, self.size - a)
             blocks.append((x[a:a + n], y[a:a + n], *(b[:n] for b in bufs)))
         a1, a2, a3, a4, a5, p = _ERF
+        gelu, inv_sqrt2 = self.gelu, 1.0 / np.sqrt(2.0)
 
         def run():
-            for xb, yb, t, e, q in blocks:
-                np.multiply(xb, xb, out=e)
+            for xb, yb, t, e, q, *u in blocks:
+                src = xb
+                if gelu:
+                    src = u[0]
+                    np.multiply(xb, inv_sqrt2, out=src)
+                np.multiply(src, src, out=e)
                 np.negative(e, out=e)
                 np.exp(e, out=e)  # exp(-x^2)
-                np.abs(xb, out=t)
+                np.abs(src, out=t)
                 np.multiply(t, p, out=t)
                 np.add(t, 1.0, out=t)
                 np.reciprocal(t, out=t)
@@ -99,8 +107,20 @@ class _Erf(Kernel):
                     np.multiply(q, t, out=q)
                 np.multiply(q, e, out=q)
                 np.subtract(1.0, q, out=q)
-                np.copysign(q, xb, out=yb)
+                if not gelu:
+                    np.copysign(q, src, out=yb)
+                    continue
+                np.copysign(q, src, out=q)  # erf(x / sqrt 2)
+                np.add(q, 1.0, out=q)
+                np.multiply(q, xb, out=q)
+                np.multiply(q, 0.5, out=yb)
         return run
+
+
+def _gelu(spec: NodeSpec) -> Kernel:
+    if spec.attr("approximate", "none") != "none":
+        raise UnsupportedOpError(f"Gelu {spec.name!r}: approximate={spec.attr('approximate')!r} is not supported")
+    return _Erf(spec, gelu=True)
 
 
 def _erf(spec: NodeSpec) -> Kernel:
@@ -290,7 +310,7 @@ def _layernorm(spec: NodeSpec) -> Kernel:
 
 KERNELS = {
     "Relu": _relu, **{op: _unary for op in _UNARY}, **{op: _binary for op in _BINARY}, "Div": _div, "Sum": _sum,
-    "Erf": _erf,
+    "Erf": _erf, "Gelu": _gelu,
     "Where": _where, "Cast": _cast, "Expand": _expand, "Transpose": _transpose, "Concat": _concat,
     "Slice": _slice, "Split": _split, "Gather": _gather, "GatherND": _gathernd, "GatherElements": _gather_elements,
     "Softmax": _softmax, "ReduceMean": _reduce_mean, "LayerNormalization": _layernorm,

@@ -5,11 +5,13 @@ from ctxrt.ir.passes.eliminate import EliminateDead, EliminateIdentity
 from ctxrt.ir.passes.fold_affine import FoldChannelAffine
 from ctxrt.ir.passes.fold_bn import FoldBatchNormIntoConv
 from ctxrt.ir.passes.fuse_activation import FuseActivation
+from ctxrt.ir.passes.fuse_gelu import FuseGelu
 
 
 def default_passes() -> list[Pass]:
-    return [EliminateIdentity(), FoldBatchNormIntoConv(), FoldChannelAffine(), FuseActivation(), EliminateDead()]
+    return [EliminateIdentity(), FoldBatchNormIntoConv(), FoldChannelAffine(), FuseActivation(), FuseGelu(),
+            EliminateDead()]
 
 
 __all__ = ["Pass", "PassResult", "run_passes", "default_passes", "EliminateDead", "EliminateIdentity",
-           "FoldBatchNormIntoConv", "FoldChannelAffine", "FuseActivation"]
+           "FoldBatchNormIntoConv", "FoldChannelAffine", "FuseActivation", "FuseGelu"]
