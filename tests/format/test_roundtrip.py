@@ -41,7 +41,8 @@ def test_binary_runs_bit_for_bit_like_the_in_memory_compile(name, tmp_path) -> N
     graphs, weights = compile_graphs([(path, shapes, "main")], backend)
     out = save_context(tmp_path / "m.ctx", graphs, weights, context_info(backend, [str(path)]))
     del graphs, weights
-    with context_from_binary(out) as ctx:
+    assert ctxrt.read_metadata(out)["graphs"][0]["name"] == "main"
+    with ctxrt.context_from_binary(out) as ctx:
         assert ctx.stats["weights_copied_bytes"] == 0  # weights used in place from the mapped file
         assert not next(iter(ctx.weights.values())).flags.writeable
         got = ctx.graph().run(feeds)
