@@ -25,6 +25,9 @@ FOLD_ONLY = {"Shape", "Size", "Constant", "ConstantOfShape", "Range", "NonZero",
 # larger ones go as typed inputs so inference does not serialize the weights.
 _DATA_PROP_MAX = 64
 
+# Ops whose outputs after the first are optional extras (safe to drop when nobody reads them).
+_OPTIONAL_OUTPUTS = {"Dropout", "MaxPool", "BatchNormalization", "LayerNormalization"}
+
 Shapes = Mapping[str, Iterable[int]]
 
 
@@ -247,14 +250,16 @@ def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str
 def _build_graph(st: _Folder, name: str) -> Graph:
     values: dict[str, Value] = {}
     for n, arr in st.consts.items():
-        values[n] = Value(n, arr.dtype, tuple(arr.shape), np.ascontiguousarray(arr))
+        values[n] = Value(n, arr.dtype, tuple(arr.shape), np.require(arr, requirements="C"))  # keeps 0-d
     for n, shape in st.input_shapes.items():
         values[n] = Value(n, st.types[n][0], shape)
     read = set(st.outputs) | {n for node in st.nodes for n in node.input}
     nodes = []
     for i, np_node in enumerate(st.nodes):
-        # Optional outputs nobody reads (Dropout's mask, MaxPool's indices) are dropped.
-        outputs = [o if o in read or k == 0 else "" for k, o in enumerate(np_node.output)]
+        # Optional outputs nobody reads (Dropout's mask, MaxPool's indices, ...) are dropped; every other
+        # output stays (a Split must still know all of its parts).
+        optional = np_node.op_type in _OPTIONAL_OUTPUTS
+        outputs = [o if o in read or k == 0 or not optional else "" for k, o in enumerate(np_node.output)]
         node = Node(np_node.op_type, np_node.name or f"{np_node.op_type}_{i}", list(np_node.input),
                     outputs, {a.name: _attr_value(a) for a in np_node.attribute})
         _canonicalize(node, st.consts)

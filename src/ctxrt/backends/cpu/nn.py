@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ctxrt.backends.cpu.tensor import relu_zeros
 from ctxrt.backends.kernel import FnKernel, Kernel, NodeSpec, scratch_view
 from ctxrt.errors import UnsupportedOpError
 
@@ -64,6 +63,12 @@ def _windows(p: np.ndarray, kernel, strides, dil, out_hw) -> np.ndarray:
     sc, sh, sw = p.strides
     return as_strided(p, (p.shape[0], kernel[0], kernel[1], out_hw[0], out_hw[1]),
                       (sc, sh * dil[0], sw * dil[1], sh * strides[0], sw * strides[1]), writeable=False)
+
+
+def relu_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A zeros row that broadcasts over `shape`'s leading axes. NumPy's maximum against a scalar is not
+    vectorized; against an array it is (4x faster measured on 800K floats)."""
+    return np.zeros((1,) * (len(shape) - 1) + tuple(shape[-1:]), dtype)
 
 
 _COL_BUDGET = 2 << 20  # bytes of im2col columns (or of 1x1 input columns) per GEMM block

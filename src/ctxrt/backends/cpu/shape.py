@@ -71,7 +71,7 @@ def _split_sizes(spec: NodeSpec, dim: int) -> list[int]:
     if split is None:
         n = int(spec.attr("num_outputs", len(spec.outputs)))
         step = -(-dim // n)  # opset 18: equal parts but the last, which may be smaller
-        split = [min(step, dim - k * step) for k in range(n)]
+        split = [max(0, min(step, dim - k * step)) for k in range(n)]
     return [int(s) for s in split]
 
 
@@ -109,7 +109,7 @@ def _index_kernel(spec: NodeSpec, gather: Any, idx_pos: int = 1) -> Kernel:
     const = spec.consts[idx_pos] if len(spec.consts) > idx_pos else None
     ishape = spec.inputs[idx_pos].shape
     if const is not None:
-        fixed = np.ascontiguousarray(const, np.int64)
+        fixed = np.array(const, np.int64).reshape(ishape)  # a 0-d index may come as 1-d
         return BoundKernel(lambda ins, outs, _s: lambda: gather(ins[0], fixed, outs[0]))
     if np.dtype(spec.inputs[idx_pos].dtype) == np.int64:
         return BoundKernel(lambda ins, outs, _s: lambda: gather(ins[0], ins[idx_pos], outs[0]))
@@ -206,15 +206,20 @@ def tile(spec: NodeSpec) -> Kernel:
 
 
 def _pad_index(mode: str, n: int, before: int, after: int) -> np.ndarray:
-    """For each output position along one axis, the input position it copies (edge/reflect/wrap)."""
-    j = np.arange(-before, n + after)
+    """For each output position along one axis, the input position it copies (edge/reflect/wrap).
+
+    Negative pads crop first; the padding then reads the cropped range only (as onnxruntime)."""
+    lo, m = max(-before, 0), n - max(-before, 0) - max(-after, 0)
+    j = np.arange(-max(before, 0), m + max(after, 0))
     if mode == "edge":
-        return np.clip(j, 0, n - 1)
-    if mode == "wrap":
-        return np.mod(j, n)
-    period = 2 * (n - 1) if n > 1 else 1
-    j = np.mod(j, period)
-    return np.where(j < n, j, period - j)
+        j = np.clip(j, 0, m - 1)
+    elif mode == "wrap":
+        j = np.mod(j, m)
+    else:
+        period = max(2 * (m - 1), 1)
+        j = np.mod(j, period)
+        j = np.where(j < m, j, period - j)
+    return j + lo
 
 
 def pad(spec: NodeSpec) -> Kernel:
@@ -230,7 +235,7 @@ def pad(spec: NodeSpec) -> Kernel:
         return _pad_constant(spec, before, after)
     if mode not in ("edge", "reflect", "wrap"):
         raise _fail(spec, f"mode {mode!r}")
-    if mode == "reflect" and any(n < 2 and (b or e) for n, b, e in zip(shape, before, after, strict=True)):
+    if mode == "reflect" and any(n < 2 and (b > 0 or e > 0) for n, b, e in zip(shape, before, after, strict=True)):
         raise _fail(spec, "reflect padding of an axis of size 1")
     # One np.take per padded axis: a chain of gathers through two scratch buffers into the output.
     dt = np.dtype(spec.outputs[0].dtype)
@@ -302,22 +307,13 @@ def depth_space(spec: NodeSpec) -> Kernel:
 
 
 def range_(spec: NodeSpec) -> Kernel:
-    dt = np.dtype(spec.outputs[0].dtype)
+    """Range: its output shape depends on its input values, so a static graph has them as constants."""
+    if any(c is None for c in spec.consts[:3]):
+        raise _fail(spec, "Range of values unknown at compile time")
+    start, _, delta = (c.item() for c in spec.consts[:3])
     (n,) = spec.outputs[0].shape
-    if all(c is not None for c in spec.consts[:3]):
-        start, _, delta = (c.item() for c in spec.consts[:3])
-        values = (start + delta * np.arange(n)).astype(dt)  # as the ONNX definition: start + i * delta
-        return BoundKernel(lambda ins, outs, _s: lambda: np.copyto(outs[0], values))
-    steps = np.arange(n, dtype=dt)
-
-    def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
-        start, delta, y = ins[0], ins[2], outs[0]
-
-        def run() -> None:
-            np.multiply(steps, delta, out=y)
-            np.add(y, start, out=y)
-        return run
-    return BoundKernel(make)
+    values = (start + delta * np.arange(n)).astype(spec.outputs[0].dtype)  # ONNX: start + i * delta
+    return BoundKernel(lambda ins, outs, _s: lambda: np.copyto(outs[0], values))
 
 
 def constant_of_shape(spec: NodeSpec) -> Kernel:
