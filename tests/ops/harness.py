@@ -119,3 +119,36 @@ def run_direct(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.
     scratch = [np.empty(n, np.uint8) for n in kernel.scratch]
     kernel.bind(ins, outs, scratch)()
     return outs
+
+
+def bind(op: str, ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict[str, Any] | None = None,
+         consts: list[Any] | None = None, opset: int = 17):
+    """The registered kernel's launch, bound to these arrays (outs may be inputs: in-place runs)."""
+    from ctxrt.backends.cpu.registry import KERNELS
+    from ctxrt.backends.kernel import NodeSpec, TensorSpec
+
+    spec = NodeSpec(op, op, attrs or {}, [TensorSpec(x.shape, x.dtype) for x in ins],
+                    [TensorSpec(y.shape, y.dtype) for y in outs], consts or [None] * len(ins), opset)
+    kernel = KERNELS[op](spec)
+    return kernel.bind(ins, outs, [np.empty(n, np.uint8) for n in kernel.scratch])
+
+
+def allocated(launch) -> int:
+    """Peak bytes NumPy and Python allocate over 3 launches, with the CPU backend's ufunc buffer size."""
+    import tracemalloc
+
+    from ctxrt.backends.cpu.backend import _UFUNC_BUFSIZE
+
+    old = np.setbufsize(_UFUNC_BUFSIZE)
+    try:
+        launch()
+        tracemalloc.start()
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(3):
+            launch()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        np.setbufsize(old)
+    return peak - before

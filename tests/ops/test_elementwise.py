@@ -3,45 +3,18 @@
 from __future__ import annotations
 
 import math
-import tracemalloc
 from typing import Any
 
 import numpy as np
 import pytest
-from harness import check, make_model, rand, run_ctxrt
+from harness import allocated, bind, check, make_model, rand, run_ctxrt
 from onnx import TensorProto, helper
 
-from ctxrt.backends.cpu import elementwise, logic
-from ctxrt.backends.kernel import NodeSpec, TensorSpec
-
-KERNELS = {**elementwise.KERNELS, **logic.KERNELS}
 RNG = np.random.default_rng(7)
 
 
-def bind(op: str, ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict[str, Any] | None = None,
-         consts: list[Any] | None = None, opset: int = 17):
-    """The kernel's launch, bound to these arrays (outs may be inputs: in-place runs)."""
-    spec = NodeSpec(op, op, attrs or {}, [TensorSpec(x.shape, x.dtype) for x in ins],
-                    [TensorSpec(y.shape, y.dtype) for y in outs], consts or [None] * len(ins), opset)
-    kernel = KERNELS[op](spec)
-    return kernel.bind(ins, outs, [np.empty(n, np.uint8) for n in kernel.scratch])
 
 
-def allocated(launch) -> int:
-    """Peak bytes NumPy and Python allocate over 3 launches, with the CPU backend's ufunc buffer size."""
-    old = np.setbufsize(1024)
-    try:
-        launch()
-        tracemalloc.start()
-        tracemalloc.reset_peak()
-        before = tracemalloc.get_traced_memory()[0]
-        for _ in range(3):
-            launch()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-        np.setbufsize(old)
-    return peak - before
 
 
 def check_mean(mean: Any, feeds: dict[str, np.ndarray]) -> None:

@@ -2,41 +2,21 @@
 
 from __future__ import annotations
 
-import tracemalloc
 from typing import Any
 
 import numpy as np
 import pytest
-from harness import check, rand
+from harness import allocated, check, rand
+from harness import bind as bind_kernel
 from onnx import helper
-
-from ctxrt.backends.cpu import reduce
-from ctxrt.backends.kernel import NodeSpec, TensorSpec
 
 RNG = np.random.default_rng(11)
 
 
 def bind(op: str, x: np.ndarray, y: np.ndarray, attrs: dict[str, Any], opset: int = 17):
-    spec = NodeSpec(op, op, attrs, [TensorSpec(x.shape, x.dtype)], [TensorSpec(y.shape, y.dtype)], [None], opset)
-    kernel = reduce.KERNELS[op](spec)
-    return kernel.bind([x], [y], [np.empty(n, np.uint8) for n in kernel.scratch])
+    return bind_kernel(op, [x], [y], attrs, opset=opset)
 
 
-def allocated(launch) -> int:
-    """Peak bytes NumPy and Python allocate over 3 launches, with the CPU backend's ufunc buffer size."""
-    old = np.setbufsize(1024)
-    try:
-        launch()
-        tracemalloc.start()
-        tracemalloc.reset_peak()
-        before = tracemalloc.get_traced_memory()[0]
-        for _ in range(3):
-            launch()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-        np.setbufsize(old)
-    return peak - before
 
 
 SOFTMAX_CASES = [(9, None), (9, 0), (9, 2), (9, -1), (11, 1), (11, -2), (13, None), (13, 0), (13, 1), (13, 2),

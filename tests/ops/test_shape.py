@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import tracemalloc
 from typing import Any
 
 import numpy as np
 import pytest
-from harness import check, make_model, rand, run_ctxrt
+from harness import allocated, bind, check, make_model, rand, run_ctxrt
 from onnx import helper
 
 from ctxrt.backends.cpu import shape
@@ -18,29 +17,8 @@ RNG = np.random.default_rng(5)
 I64 = np.iinfo(np.int64)
 
 
-def bind(op: str, ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict[str, Any],
-         consts: list[Any] | None = None):
-    spec = NodeSpec(op, op, attrs, [TensorSpec(x.shape, x.dtype) for x in ins],
-                    [TensorSpec(y.shape, y.dtype) for y in outs], consts or [None] * len(ins))
-    kernel = shape.KERNELS[op](spec)
-    return kernel.bind(ins, outs, [np.empty(n, np.uint8) for n in kernel.scratch])
 
 
-def allocated(launch) -> int:
-    """Peak bytes NumPy and Python allocate over 3 launches, with the CPU backend's ufunc buffer size."""
-    old = np.setbufsize(1024)
-    try:
-        launch()
-        tracemalloc.start()
-        tracemalloc.reset_peak()
-        before = tracemalloc.get_traced_memory()[0]
-        for _ in range(3):
-            launch()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-        np.setbufsize(old)
-    return peak - before
 
 
 def ints(*values: Any) -> np.ndarray:
