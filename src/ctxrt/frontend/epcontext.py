@@ -81,8 +81,12 @@ def write_epcontext(path: str | os.PathLike, contexts: list[tuple[Path, dict[str
 
 
 def is_epcontext(path: str | os.PathLike) -> bool:
-    return str(path).endswith(".onnx") and any(
-        n.op_type == "EPContext" and n.domain == DOMAIN for n in _load(path).graph.node)
+    """True for a readable ONNX file with EPContext nodes (an unreadable one is reported by its loader)."""
+    try:
+        model = _load(path)
+    except FormatError:
+        return False
+    return any(n.op_type == "EPContext" and n.domain == DOMAIN for n in model.graph.node)
 
 
 def _load(path: str | os.PathLike) -> onnx.ModelProto:
