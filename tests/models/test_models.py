@@ -93,3 +93,33 @@ def test_bert_matches_onnxruntime(bert: Run) -> None:
 def test_bert_arena_within_5_percent_of_lower_bound(bert: Run) -> None:
     assert_arena_near_bound(bert)
 
+
+
+@pytest.mark.parametrize("name", ["squeezenet", "bert"])
+def test_steady_state_run_of_a_real_model_allocates_no_tensor_memory(name: str) -> None:
+    import tracemalloc
+
+    if name == "bert":
+        path, feeds = zoo.bert_model(layers=2, hidden=64, heads=4, seq=SEQ), zoo.bert_feeds(SEQ, pad=PAD)
+    else:
+        path = zoo.light_model(name)
+        feeds = zoo.light_feeds(path)
+    with ctxrt.compile(path, shapes={k: v.shape for k, v in feeds.items()}) as ctx:
+        g = ctx.graph()
+        outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in g.outputs}
+        g.execute(feeds, outs)
+        tracemalloc.start()
+        try:
+            before, _ = tracemalloc.get_traced_memory()
+            tracemalloc.reset_peak()
+            for _ in range(5):
+                g.execute(feeds, outs)
+            middle, _ = tracemalloc.get_traced_memory()
+            for _ in range(10):
+                g.execute(feeds, outs)
+            after, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    # Only NumPy's per-call ufunc iterator buffers (1024 elements each) may come and go.
+    assert peak - before < 16384, f"{peak - before} bytes allocated during steady-state runs"
+    assert after - middle < 1024  # nothing accumulates from run to run
