@@ -112,14 +112,14 @@ def test_steady_state_run_of_a_real_model_allocates_no_tensor_memory(name: str) 
         try:
             before, _ = tracemalloc.get_traced_memory()
             tracemalloc.reset_peak()
-            for _ in range(5):
+            for _ in range(10):
                 g.execute(feeds, outs)
             middle, _ = tracemalloc.get_traced_memory()
-            for _ in range(10):
+            for _ in range(50):
                 g.execute(feeds, outs)
             after, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
     # Only NumPy's per-call ufunc iterator buffers (1024 elements each) may come and go.
     assert peak - before < 16384, f"{peak - before} bytes allocated during steady-state runs"
-    assert after - middle < 1024  # nothing accumulates from run to run
+    assert after - middle < 2048  # nothing accumulates from run to run (50 runs; allocator noise < 2 KiB)
