@@ -3,22 +3,19 @@ contexts store shared weights once; EPContext models pass onnx.checker and run."
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import zoo  # tests/models is on sys.path (tests/conftest.py)
 
 import ctxrt
 from ctxrt.cli import main
 from ctxrt.format import read_metadata
 from ctxrt.runtime import get_backend
 from ctxrt.runtime.loader import compile_graphs, context_from_binary, context_info, save_context
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-import zoo  # noqa: E402
 
 CASES = [(name, None) for name in zoo.LIGHT] + [("bert", 16)]
 

@@ -10,6 +10,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import zoo  # tests/models is on sys.path (pytest's prepend import mode)
+from harness import ITERATOR_BUFFER, steady_state_allocation
 
 import ctxrt
 
@@ -97,8 +98,6 @@ def test_bert_arena_within_5_percent_of_lower_bound(bert: Run) -> None:
 
 @pytest.mark.parametrize("name", ["squeezenet", "bert"])
 def test_steady_state_run_of_a_real_model_allocates_no_tensor_memory(name: str) -> None:
-    import tracemalloc
-
     if name == "bert":
         path, feeds = zoo.bert_model(layers=2, hidden=64, heads=4, seq=SEQ), zoo.bert_feeds(SEQ, pad=PAD)
     else:
@@ -107,19 +106,6 @@ def test_steady_state_run_of_a_real_model_allocates_no_tensor_memory(name: str) 
     with ctxrt.compile(path, shapes={k: v.shape for k, v in feeds.items()}) as ctx:
         g = ctx.graph()
         outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in g.outputs}
-        g.execute(feeds, outs)
-        tracemalloc.start()
-        try:
-            before, _ = tracemalloc.get_traced_memory()
-            tracemalloc.reset_peak()
-            for _ in range(10):
-                g.execute(feeds, outs)
-            middle, _ = tracemalloc.get_traced_memory()
-            for _ in range(50):
-                g.execute(feeds, outs)
-            after, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-    # Only NumPy's per-call ufunc iterator buffers (1024 elements each) may come and go.
-    assert peak - before < 16384, f"{peak - before} bytes allocated during steady-state runs"
-    assert after - middle < 2048  # nothing accumulates from run to run (50 runs; allocator noise < 2 KiB)
+        peak, growth = steady_state_allocation(lambda: g.execute(feeds, outs))
+    assert peak < ITERATOR_BUFFER, f"{peak} bytes allocated during steady-state runs"
+    assert growth < 2048  # nothing accumulates from run to run

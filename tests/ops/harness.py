@@ -152,3 +152,30 @@ def allocated(launch) -> int:
         tracemalloc.stop()
         np.setbufsize(old)
     return peak - before
+
+
+# NumPy's ufunc iterator takes small fixed-size buffers for strided or broadcast operands (the CPU backend
+# sets them to 1024 elements); nothing that scales with a tensor may be allocated during a run.
+ITERATOR_BUFFER = 16384
+
+
+def steady_state_allocation(run, settle: int = 10, measure: int = 50) -> tuple[int, int]:
+    """(peak bytes allocated above the start, bytes retained growth) over repeated calls of `run`.
+
+    Growth compares `settle` runs with `settle + measure`, so allocator free-list noise is not counted."""
+    import tracemalloc
+
+    run()
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        for _ in range(settle):
+            run()
+        middle, _ = tracemalloc.get_traced_memory()
+        for _ in range(measure):
+            run()
+        after, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak - before, after - middle

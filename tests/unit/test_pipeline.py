@@ -1,10 +1,9 @@
 """Frontend, passes and executor on hand-made graphs: folding, aliases, in-place, errors, no allocation."""
 
-import tracemalloc
-
 import numpy as np
 import onnx
 import pytest
+from harness import ITERATOR_BUFFER, steady_state_allocation
 from onnx import TensorProto, helper, numpy_helper
 
 import ctxrt
@@ -132,11 +131,6 @@ def test_malformed_model_files_raise_model_error(tmp_path) -> None:
         ctxrt.compile(tmp_path / "missing.onnx")
 
 
-# NumPy's ufunc iterator takes small fixed-size buffers for strided or broadcast operands (the CPU backend
-# sets them to 1024 elements); nothing that scales with a tensor may be allocated.
-ITERATOR_BUFFER = 3 * 1024 * 4 + 4096
-
-
 def test_steady_state_execute_allocates_no_numpy_memory() -> None:
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.standard_normal((16, 8, 3, 3)).astype(np.float32), "w"),
@@ -150,23 +144,11 @@ def test_steady_state_execute_allocates_no_numpy_memory() -> None:
     g = ctxrt.compile(m).graph()
     feeds = {"x": rng.standard_normal((1, 8, 64, 64)).astype(np.float32)}
     outs = {"y": np.empty((1, 16 * 32 * 32), np.float32)}
-    g.execute(feeds, outs)
-    tracemalloc.start()
-    try:
-        before, _ = tracemalloc.get_traced_memory()
-        tracemalloc.reset_peak()
-        for _ in range(5):
-            g.execute(feeds, outs)
-        middle, _ = tracemalloc.get_traced_memory()
-        for _ in range(20):
-            g.execute(feeds, outs)
-        after, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    peak, growth = steady_state_allocation(lambda: g.execute(feeds, outs))
     smallest_tensor = 16 * 32 * 32 * 4
     assert smallest_tensor > ITERATOR_BUFFER
-    assert peak - before < ITERATOR_BUFFER
-    assert after - middle < 1024  # nothing accumulates from run to run
+    assert peak < ITERATOR_BUFFER
+    assert growth < 2048  # nothing accumulates from run to run
 
 
 def test_onnx_model_with_external_data_loads(tmp_path) -> None:
