@@ -28,10 +28,13 @@ def compile_model(model: Any, shapes: Mapping[str, Iterable[int]] | None = None,
 
 
 def compile(model: str | os.PathLike | bytes | Any, shapes: Mapping[str, Iterable[int]] | None = None,
-            backend: str | Backend = "cpu", defer_graph_init: bool = False) -> Context:
-    """Online prepare: compile an ONNX model in memory and return a Context (finalized unless deferred)."""
-    from ctxrt.runtime.loader import compile_to_context
+            backend: str | Backend = "cpu", defer_graph_init: bool = False, io_mem_type: str = "raw") -> Context:
+    """Online prepare: compile an ONNX model in memory and return a Context (finalized unless deferred).
+
+    `io_mem_type="memhandle"` tells the context its IO tensors will be passed as memory handles, so it
+    allocates no internal IO buffers (DESIGN.md §6)."""
+    from ctxrt.runtime.loader import compile_graphs, compile_to_context
 
     be = get_backend(backend)
-    compiled, weights = compile_model(model, shapes, be)
-    return compile_to_context([compiled], weights, be, defer_graph_init)
+    graphs, weights = compile_graphs([(model, shapes, "main")], be, io_mem_type)
+    return compile_to_context(graphs, weights, be, defer_graph_init)

@@ -16,6 +16,7 @@ class SharedBuffer(Protocol):
     nbytes: int
     alignment: int
     address: int
+    holders: int  # registered memory handles; release() refuses while non-zero
 
     def release(self) -> None: ...
 

@@ -18,7 +18,8 @@ from ctxrt.compiler.program import CompiledGraph
 from ctxrt.errors import LifecycleError, RegistrationError
 from ctxrt.format import weights as wts
 from ctxrt.runtime.backend import Backend
-from ctxrt.runtime.graph import Graph, io_buffer_bytes
+from ctxrt.runtime.graph import Graph, io_buffer_layout
+from ctxrt.runtime.memhandle import MemHandle, check_descriptor, handle_key
 
 # What each shared buffer is registered as, across all contexts: buffer -> {(role, context id)}.
 _ROLES: weakref.WeakKeyDictionary[Any, set[tuple[str, int]]] = weakref.WeakKeyDictionary()
@@ -48,6 +49,7 @@ class Context:
         self._owned: list[Any] = []
         self._registered: dict[str, tuple[Any, int]] = {}  # role -> (buffer, offset)
         self.arena: tuple[Any, int] | None = None
+        self._handles: dict[tuple, MemHandle] = {}
         if not defer_graph_init:
             self.finalize()
 
@@ -110,6 +112,7 @@ class Context:
         if role == "weights" and any(r == "weights" and c != id(self) for r, c in roles):
             raise RegistrationError("this weights buffer is already registered with another context")
         roles.add((role, id(self)))
+        buf.holders += 1
         self._registered[role] = (buf, offset)
 
     def deregister_buffer(self, role: str) -> None:
@@ -122,6 +125,7 @@ class Context:
         if role not in self._registered:
             raise RegistrationError(f"no {role} buffer is registered")
         buf, _ = self._registered.pop(role)
+        buf.holders -= 1
         buffer_roles(buf).discard((role, id(self)))
 
     # -- finalize / free ----------------------------------------------------------------------------
@@ -151,13 +155,59 @@ class Context:
             self.arena = (self._alloc(self.properties["max_spillfill_buffer_size"], "spillfill"), 0)
         for g in self._graphs.values():
             g._build_kernels(self.weights)
-            io_infos = g.inputs + g.outputs
-            layout = io_buffer_bytes(io_infos, be.alignment)
-            buf = self._alloc(max((off + n for _, off, n in layout), default=0), "io")
-            io = {name: be.view(buf, off, info.shape, info.dtype)
-                  for (name, off, _), info in zip(layout, io_infos, strict=True)}
-            g._record(self.arena, io, self.weights)
+            # Internal IO buffers for tensors prepared as raw (DESIGN.md §6); memhandle ones get none now.
+            raw = [t for t in g.inputs + g.outputs if t.mem_type == "raw"]
+            internal = {}
+            if raw:
+                layout = io_buffer_layout(raw, be.alignment)
+                buf = self._alloc(max(off + n for _, off, n in layout), "io")
+                internal = {name: be.view(buf, off, info.shape, info.dtype)
+                            for (name, off, _), info in zip(layout, raw, strict=True)}
+            g._prepare(self.arena, internal, self.weights)
         self.finalized = True
+
+    # -- memory handles (DESIGN.md §1, §6) ----------------------------------------------------------
+    def mem_register(self, buffer: Any, offset: int, shape: Any, dtype: Any) -> MemHandle:
+        """A handle for the tensor dtype[shape] at `offset` in `buffer`, to pass to Graph.execute.
+        Registering the same (buffer, offset, shape, dtype) again returns the same handle."""
+        self._check_alive()
+        offset, shape, dt = check_descriptor(buffer, offset, shape, dtype)
+        key = handle_key(buffer, offset, shape, dt)
+        with self.lock:
+            cached = self._handles.get(key)
+            if cached is not None and cached.buffer is buffer:
+                self.stats["mem_register_cached"] += 1
+                return cached
+            roles = buffer_roles(buffer)
+            used = sorted({r for r, _ in roles if r != "io"})
+            if used:
+                raise RegistrationError(f"mem_register: this buffer is registered as a {used[0]} buffer; "
+                                        "IO tensors need a buffer of their own")
+            h = MemHandle(self, buffer, offset, shape, dt, self.backend.view(buffer, offset, shape, dt))
+            roles.add(("io", id(self)))
+            buffer.holders += 1
+            self._handles[key] = h
+            self.stats["mem_handles_registered"] += 1
+            return h
+
+    def mem_deregister(self, handle: MemHandle) -> None:
+        """Release a handle; its buffer can be freed once no handle uses it."""
+        if not isinstance(handle, MemHandle):
+            raise RegistrationError(f"mem_deregister expects a MemHandle, got {type(handle).__name__}")
+        if handle.context is not self:
+            raise RegistrationError("mem_deregister: the memory handle belongs to another context")
+        with self.lock:
+            if not handle.registered:
+                raise RegistrationError("mem_deregister: the memory handle was already deregistered")
+            self._drop_handle(handle)
+
+    def _drop_handle(self, h: MemHandle) -> None:
+        h.registered = False
+        del self._handles[h.key]
+        h.buffer.holders -= 1
+        if not any(o.buffer is h.buffer for o in self._handles.values()):
+            buffer_roles(h.buffer).discard(("io", id(self)))
+        self.stats["mem_handles_deregistered"] += 1
 
     def free(self) -> None:
         """Release every buffer this context allocated and deregister the ones it was given."""
@@ -169,8 +219,10 @@ class Context:
             self._owned.clear()
             for role in list(self._registered):
                 self._unregister(role)
+            for h in list(self._handles.values()):
+                self._drop_handle(h)
             for g in self._graphs.values():
-                g._launches, g._io, g._kernels = [], {}, []
+                g._release()
             self.weights, self.arena, self._keepalive = {}, None, None
             self.finalized = False
             self.freed = True

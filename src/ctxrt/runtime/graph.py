@@ -9,8 +9,9 @@ import numpy as np
 
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, TensorSpec
 from ctxrt.compiler.build import make_kernel
-from ctxrt.compiler.program import ARENA, CONST, INPUT, CompiledGraph, Ref, TensorInfo
-from ctxrt.errors import LifecycleError, ShapeError
+from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Ref, TensorInfo
+from ctxrt.errors import LifecycleError, RegistrationError, ShapeError
+from ctxrt.runtime.memhandle import MemHandle
 
 if TYPE_CHECKING:
     from ctxrt.runtime.context import Context
@@ -25,9 +26,16 @@ class Graph:
         self.name = compiled.name
         self.inputs: list[TensorInfo] = compiled.inputs
         self.outputs: list[TensorInfo] = compiled.outputs
+        self._info = {t.name: t for t in self.inputs + self.outputs}
+        self._input_names = {t.name for t in self.inputs}
+        self._output_names = {t.name for t in self.outputs}
         self._kernels: list[Kernel] = []
-        self._launches: list[Launch] = []
-        self._io: dict[str, Any] = {}
+        self._launches: list[Launch | None] = []
+        self._views: dict[str, Any] = {}  # IO name -> the tensor the IO launches are bound to
+        self._internal: dict[str, Any] = {}  # IO name -> internal IO buffer view (raw runs)
+        self._bound: tuple[MemHandle | None, ...] | None = None  # IO bindings the launches are recorded for
+        self._io_order: list[str] = []
+        self._io_steps: list[int] = []
 
     @property
     def spillfill_size(self) -> int:
@@ -50,8 +58,9 @@ class Graph:
                             self.compiled.opset)
             self._kernels.append(make_kernel(kernels, spec))
 
-    def _record(self, arena: tuple[Any, int], io: Mapping[str, Any], weights: Mapping[str, Any]) -> None:
-        """Bind every kernel to its views; the launch list is what a run replays."""
+    def _prepare(self, arena: tuple[Any, int], internal: Mapping[str, Any], weights: Mapping[str, Any]) -> None:
+        """Bind every launch that touches no IO tensor now; IO launches are bound per set of IO bindings
+        (at once when every IO tensor has an internal buffer, else at the first execute)."""
         backend = self.ctx.backend
         arena_buf, base = arena
 
@@ -60,56 +69,124 @@ class Graph:
                 return backend.view(arena_buf, base + r.offset, r.shape, r.dtype)
             if r.space == CONST:
                 return weights[r.key].reshape(r.shape)
-            return io[r.key].reshape(r.shape)
+            return self._views[r.key].reshape(r.shape)
 
-        self._io = dict(io)
-        self._launches = [
-            kernel.bind([view(r) if r else None for r in step.inputs], [view(r) for r in step.outputs],
-                        [view(r) for r in step.scratch])
-            for kernel, step in zip(self._kernels, self.compiled.steps, strict=True)]
-        self.ctx.stats["recordings"] += 1
+        self._view = view
+        self._internal = dict(internal)
+        self._io_order = [t.name for t in self.inputs + self.outputs]
+        self._io_steps = [k for k, step in enumerate(self.compiled.steps)
+                          if any(r is not None and r.space in (INPUT, OUTPUT) for r in step.inputs + step.outputs)]
+        io_steps = set(self._io_steps)
+        self._launches = [None if k in io_steps else self._bind_step(k)
+                          for k in range(len(self.compiled.steps))]
+        self._bound = None
+        if all(name in self._internal for name in self._io_order):
+            self._record((None,) * len(self._io_order))
+
+    def _bind_step(self, k: int) -> Launch:
+        step, view = self.compiled.steps[k], self._view
+        return self._kernels[k].bind([view(r) if r else None for r in step.inputs], [view(r) for r in step.outputs],
+                                     [view(r) for r in step.scratch])
+
+    def _record(self, bound: tuple[MemHandle | None, ...]) -> None:
+        """Re-bind the launches that read or write IO tensors to `bound` (a handle, or None for the internal
+        buffer, per IO tensor); the rest of the launch list is kept."""
+        ctx = self.ctx
+        for name, h in zip(self._io_order, bound, strict=True):
+            if h is None and name not in self._internal:  # prepared as memhandle, now run raw
+                info = self._info[name]
+                buf = ctx._alloc(info.nbytes, "io")
+                self._internal[name] = ctx.backend.view(buf, 0, info.shape, info.dtype)
+                ctx.stats["lazy_allocs"] += 1
+        self._views = {name: (h.view if h is not None else self._internal[name])
+                       for name, h in zip(self._io_order, bound, strict=True)}
+        for k in self._io_steps:
+            self._launches[k] = self._bind_step(k)
+        self._bound = bound
+        ctx.stats["recordings"] += 1
 
     # -- running ---------------------------------------------------------------------------------
     def _check_feed(self, info: TensorInfo, array: Any, role: str) -> None:
+        if isinstance(array, MemHandle):
+            h = array
+            if h.context is not self.ctx:
+                raise RegistrationError(f"{role} {info.name!r}: memory handle belongs to another context")
+            if not h.registered:
+                raise RegistrationError(f"{role} {info.name!r}: memory handle was deregistered")
+            if h.shape != info.shape or h.dtype != np.dtype(info.dtype):
+                raise ShapeError(f"{role} {info.name!r} expects {np.dtype(info.dtype)}{list(info.shape)}, "
+                                 f"memory handle is {h.dtype}{list(h.shape)}")
+            return
         if not isinstance(array, np.ndarray):
-            raise ShapeError(f"{role} {info.name!r} must be a numpy.ndarray, got {type(array).__name__}")
+            raise ShapeError(f"{role} {info.name!r} must be a numpy.ndarray or a MemHandle, "
+                             f"got {type(array).__name__}")
         if array.shape != info.shape or array.dtype != np.dtype(info.dtype):
             raise ShapeError(f"{role} {info.name!r} expects {np.dtype(info.dtype)}{list(info.shape)}, "
                              f"got {array.dtype}{list(array.shape)}")
 
-    def execute(self, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray] | None = None) -> None:
-        """Run once: copy `inputs` in, run, copy results into the arrays of `outputs` (if given)."""
+    def execute(self, inputs: Mapping[str, np.ndarray | MemHandle],
+                outputs: Mapping[str, np.ndarray | MemHandle] | None = None) -> None:
+        """Run once. Each input is an ndarray (raw: copied in) or a MemHandle (bound, no copy); each output
+        given is an ndarray (raw: the result is copied into it) or a MemHandle (written in place)."""
         ctx = self.ctx
         if not ctx.finalized:
             raise LifecycleError(f"graph {self.name!r}: context was freed" if ctx.freed
                                  else f"graph {self.name!r}: context is not finalized; call finalize()")
-        names = {i.name for i in self.inputs}
-        if set(inputs) != names:
-            missing, extra = sorted(names - set(inputs)), sorted(set(inputs) - names)
+        if inputs.keys() != self._input_names:
+            missing, extra = sorted(self._input_names - set(inputs)), sorted(set(inputs) - self._input_names)
             raise ShapeError(f"graph {self.name!r} inputs: missing {missing}, unknown {extra}")
+        outputs = outputs or {}
+        if not outputs.keys() <= self._output_names:
+            raise ShapeError(f"graph {self.name!r} has no outputs {sorted(set(outputs) - self._output_names)}")
         for info in self.inputs:
             self._check_feed(info, inputs[info.name], "input")
-        if outputs is not None:
-            known = {o.name for o in self.outputs}
-            if set(outputs) - known:
-                raise ShapeError(f"graph {self.name!r} has no outputs {sorted(set(outputs) - known)}")
-            for info in self.outputs:
-                if info.name in outputs:
-                    self._check_feed(info, outputs[info.name], "output")
+        for info in self.outputs:
+            if info.name in outputs:
+                self._check_feed(info, outputs[info.name], "output")
         backend, stats = ctx.backend, ctx.stats
         with ctx.lock:
+            if not self._same_binding(inputs, outputs):  # pinned: replay; else re-record the IO launches
+                bound = tuple(v if isinstance(v, MemHandle) else None for v in
+                              [inputs[i.name] for i in self.inputs] + [outputs.get(o.name) for o in self.outputs])
+                for h in bound:
+                    if h is not None and not h.registered:  # deregistered by another thread meanwhile
+                        raise RegistrationError("memory handle was deregistered")
+                self._record(bound)
             for info in self.inputs:
-                backend.copy_in(self._io[info.name].reshape(info.shape), inputs[info.name])
-                stats["copies_in"] += 1
-                stats["bytes_in"] += info.nbytes
+                v = inputs[info.name]
+                if not isinstance(v, MemHandle):
+                    backend.copy_in(self._internal[info.name], v)
+                    stats["copies_in"] += 1
+                    stats["bytes_in"] += info.nbytes
             backend.run(self._launches)
-            if outputs is not None:
-                for info in self.outputs:
-                    if info.name in outputs:
-                        backend.copy_out(outputs[info.name], self._io[info.name].reshape(info.shape))
-                        stats["copies_out"] += 1
-                        stats["bytes_out"] += info.nbytes
+            for info in self.outputs:
+                v = outputs.get(info.name)
+                if v is not None and not isinstance(v, MemHandle):
+                    backend.copy_out(v, self._internal[info.name])
+                    stats["copies_out"] += 1
+                    stats["bytes_out"] += info.nbytes
             stats["runs"] += 1
+
+    def _same_binding(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
+        """True when the launches are recorded for exactly these handles (None: internal). Allocates nothing."""
+        bound = self._bound
+        if bound is None:
+            return False
+        k = 0
+        for info in self.inputs:
+            v = inputs[info.name]
+            if (v if isinstance(v, MemHandle) else None) is not bound[k]:
+                return False
+            k += 1
+        for info in self.outputs:
+            v = outputs.get(info.name)
+            if (v if isinstance(v, MemHandle) else None) is not bound[k]:
+                return False
+            k += 1
+        return True
+
+    def _release(self) -> None:
+        self._launches, self._views, self._internal, self._kernels, self._bound = [], {}, {}, [], None
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once and return new arrays for every output."""
@@ -122,7 +199,7 @@ class Graph:
                 f"spillfill={self.spillfill_size})")
 
 
-def io_buffer_bytes(infos: list[TensorInfo], alignment: int) -> list[tuple[str, int, int]]:
+def io_buffer_layout(infos: list[TensorInfo], alignment: int) -> list[tuple[str, int, int]]:
     """(name, offset, nbytes) of each IO tensor packed into one buffer."""
     out, offset = [], 0
     for info in infos:
@@ -131,4 +208,4 @@ def io_buffer_bytes(infos: list[TensorInfo], alignment: int) -> list[tuple[str, 
     return out
 
 
-__all__ = ["Graph", "io_buffer_bytes", "INPUT"]
+__all__ = ["Graph", "io_buffer_layout"]

@@ -26,9 +26,18 @@ class CpuBuffer:
         self.nbytes = nbytes
         self.alignment = alignment
         self.address = int(self.array.ctypes.data)
+        self.holders = 0  # registered memory handles and weights / spill-fill registrations using it
 
     def release(self) -> None:
+        """Free the memory. Refused while memory handles are registered on it (deregister them first)."""
+        if self.holders:
+            raise RegistrationError(f"cannot free a shared buffer that is still registered ({self.holders} memory "
+                                    "handle(s) or context buffer registrations); deregister them first")
         self.array = None
+
+    def __repr__(self) -> str:
+        state = "released" if self.array is None else f"0x{self.address:x}"
+        return f"CpuBuffer({self.nbytes} bytes, {state})"
 
     @property
     def released(self) -> bool:

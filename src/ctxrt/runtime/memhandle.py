@@ -1,0 +1,77 @@
+"""Memory handles: a tensor at an offset inside a shared buffer, registered with one context.
+
+The QNN `memRegister` / `Qnn_MemHandle_t` model (reference/004_*): a handle names (buffer, offset,
+shape, dtype); passing it to `Graph.execute` binds the graph's IO tensor to that memory, so nothing is
+copied. One buffer per handle, or many handles at offsets in one buffer (the multi-tensor shared buffer).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ctxrt.errors import RegistrationError
+
+if TYPE_CHECKING:
+    from ctxrt.runtime.context import Context
+
+
+class MemHandle:
+    """Made by `Context.mem_register`; valid until `Context.mem_deregister` or the context's `free()`."""
+
+    __slots__ = ("context", "buffer", "offset", "shape", "dtype", "nbytes", "view", "registered", "__weakref__")
+
+    def __init__(self, context: Context, buffer: Any, offset: int, shape: tuple[int, ...], dtype: np.dtype,
+                 view: Any) -> None:
+        self.context = context
+        self.buffer = buffer
+        self.offset = offset
+        self.shape = shape
+        self.dtype = dtype
+        self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        self.view = view  # the backend's tensor at (buffer, offset): what kernels read and write
+        self.registered = True
+
+    @property
+    def key(self) -> tuple[int, int, tuple[int, ...], str]:
+        return handle_key(self.buffer, self.offset, self.shape, self.dtype)
+
+    def __repr__(self) -> str:
+        state = "" if self.registered else ", deregistered"
+        return f"MemHandle({self.dtype}{list(self.shape)} at offset {self.offset}{state})"
+
+
+def handle_key(buffer: Any, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, int, tuple, str]:
+    return (id(buffer), offset, shape, dtype.str)
+
+
+def check_descriptor(buffer: Any, offset: Any, shape: Any, dtype: Any) -> tuple[int, tuple[int, ...], np.dtype]:
+    """Validate a registration request; return (offset, shape, dtype) normalized."""
+    for attr in ("nbytes", "address"):
+        if not hasattr(buffer, attr):
+            raise RegistrationError(f"mem_register needs a SharedBuffer from backend.alloc_shared, "
+                                    f"got {type(buffer).__name__}")
+    if getattr(buffer, "released", False):
+        raise RegistrationError("mem_register: the shared buffer was released")
+    if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)) or offset < 0:
+        raise RegistrationError(f"mem_register: offset must be a non-negative int, got {offset!r}")
+    try:
+        shape = tuple(int(d) for d in shape)
+    except (TypeError, ValueError):
+        raise RegistrationError(f"mem_register: shape must be a sequence of ints, got {shape!r}") from None
+    if any(d < 0 for d in shape):
+        raise RegistrationError(f"mem_register: negative dimension in shape {list(shape)}")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise RegistrationError(f"mem_register: {dtype!r} is not a dtype") from None
+    offset = int(offset)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    if offset + nbytes > buffer.nbytes:
+        raise RegistrationError(f"mem_register: {dt}{list(shape)} ({nbytes} bytes) at offset {offset} is out of "
+                                f"bounds of a {buffer.nbytes}-byte shared buffer")
+    if (buffer.address + offset) % dt.itemsize:
+        raise RegistrationError(f"mem_register: offset {offset} is misaligned for {dt} (the tensor's address must "
+                                f"be a multiple of {dt.itemsize})")
+    return offset, shape, dt
