@@ -16,8 +16,11 @@ from ctxrt.errors import (  # noqa: E402
 from ctxrt.format import read_metadata  # noqa: E402
 from ctxrt.runtime.context import Context  # noqa: E402
 from ctxrt.runtime.graph import Graph  # noqa: E402
+from ctxrt.runtime.group import ContextGroup  # noqa: E402
 from ctxrt.runtime.loader import context_from_binary  # noqa: E402
+from ctxrt.runtime.memhandle import MemHandle  # noqa: E402
 
-__all__ = ["compile", "context_from_binary", "read_metadata", "Context", "Graph", "CtxrtError", "FormatError",
+__all__ = ["compile", "context_from_binary", "read_metadata", "Context", "ContextGroup", "Graph", "MemHandle",
+           "CtxrtError", "FormatError",
            "LifecycleError", "ModelError",
            "PlanError", "RegistrationError", "ShapeError", "UnsupportedOpError", "__version__"]

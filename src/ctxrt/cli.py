@@ -85,7 +85,8 @@ def _graph_names(models: Sequence[str]) -> list[str]:
 
 
 def open_context(model: str, shapes: dict[str, tuple[int, ...]], backend: str) -> Any:
-    """A finalized context from a .onnx model (compiled in memory), a .ctx binary or an EPContext model."""
+    """A finalized context from a .onnx model (compiled in memory), a .ctx binary or an EPContext model
+    that points at one context binary."""
     import ctxrt
     from ctxrt.runtime.loader import context_from_binary
 
@@ -94,24 +95,70 @@ def open_context(model: str, shapes: dict[str, tuple[int, ...]], backend: str) -
 
         if Path(model).is_file() and is_epcontext(model):
             nodes = read_epcontext(model)
-            if len({n.source if isinstance(n.source, bytes) else str(n.source) for n in nodes}) > 1:
-                raise UsageError(f"{model} chains several context binaries: run it with --share-spillfill")
             return context_from_binary(nodes[0].source, backend)
         return ctxrt.compile(model, shapes=shapes, backend=backend)
     return context_from_binary(model, backend)
 
 
+def _is_chain(model: str) -> bool:
+    """An EPContext model whose nodes point at more than one context binary (e.g. a split model)."""
+    if not model.endswith(".onnx") or not Path(model).is_file():
+        return False
+    from ctxrt.frontend.epcontext import is_epcontext, read_epcontext
+
+    if not is_epcontext(model):
+        return False
+    return len({n.source if isinstance(n.source, bytes) else str(n.source) for n in read_epcontext(model)}) > 1
+
+
+def _context_source(model: str, shapes: dict[str, tuple[int, ...]], backend: Any) -> str | bytes:
+    """What a ContextGroup loads for `model`: a .ctx path, an EPContext model's binary, or (for a .onnx
+    model) a context binary compiled in memory."""
+    if not model.endswith(".onnx"):
+        return model
+    from ctxrt.frontend.epcontext import is_epcontext, read_epcontext
+
+    if Path(model).is_file() and is_epcontext(model):
+        source = read_epcontext(model)[0].source
+        return source if isinstance(source, bytes) else str(source)
+    from ctxrt.format import context_bytes
+    from ctxrt.runtime.loader import compile_graphs, context_info
+
+    graphs, weights = compile_graphs([(model, shapes, "main")], backend)
+    return context_bytes(graphs, weights, context_info(backend, [model]))
+
+
+def _time(fn: Any, repeat: int) -> list[float]:
+    times = []
+    for _ in range(max(1, repeat)):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def _print_report(report: dict[str, Any], outs: dict[str, np.ndarray], n: int) -> None:
+    for name, v in outs.items():
+        flat = v.reshape(-1)
+        print(f"{name}: {v.dtype}{list(v.shape)}  first values {np.array2string(flat[:5], precision=5)}")
+    m, mib = report["memory"], 2 ** 20
+    print(f"latency: {report['latency_ms']:.2f} ms (median of {n})")
+    line = (f"memory: weights {m['weights'] / mib:.2f} MiB, spill-fill {m['spillfill'] / mib:.2f} MiB "
+            f"(lower bound {m['lower_bound'] / mib:.2f} MiB), IO {m['io'] / mib:.2f} MiB")
+    if m.get("spillfill_saved"):
+        line += f", {m['spillfill_saved'] / mib:.2f} MiB of spill-fill saved by sharing"
+    print(line)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     shapes = dict(parse_shape(s) for s in args.shape)
-    ctx = open_context(args.model, shapes, args.backend)
+    if len(args.model) > 1 or args.share_spillfill or _is_chain(args.model[0]):
+        return _run_group(args, shapes)
+    ctx = open_context(args.model[0], shapes, args.backend)
     g = ctx.graph(args.graph)
     feeds = load_inputs(args.inputs, g.inputs) if args.inputs else random_feeds(g.inputs)
     outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in g.outputs}
-    times = []
-    for _ in range(max(1, args.repeat)):
-        t0 = time.perf_counter()
-        g.execute(feeds, outs)
-        times.append((time.perf_counter() - t0) * 1e3)
+    times = _time(lambda: g.execute(feeds, outs), args.repeat)
     if args.output:
         np.savez(args.output, **outs)
     props = ctx.properties
@@ -120,19 +167,79 @@ def cmd_run(args: argparse.Namespace) -> int:
         "latency_ms": statistics.median(times),
         "stats": dict(ctx.stats),
         "memory": {"weights": props["weights_buffer_size"], "spillfill": g.spillfill_size,
-                   "lower_bound": g.lower_bound, "io": g.compiled.io_bytes, "spillfill_saved": 0},
+                   "lower_bound": g.lower_bound, "io": ctx.stats["alloc_io_bytes"], "spillfill_saved": 0},
     }
     ctx.free()
     if args.json:
         print(json.dumps(report))
-        return 0
-    for name, v in outs.items():
-        flat = v.reshape(-1)
-        print(f"{name}: {v.dtype}{list(v.shape)}  first values {np.array2string(flat[:5], precision=5)}")
-    m = report["memory"]
-    print(f"latency: {report['latency_ms']:.2f} ms (median of {len(times)})")
-    print(f"memory: weights {m['weights'] / 2**20:.2f} MiB, spill-fill {m['spillfill'] / 2**20:.2f} MiB "
-          f"(lower bound {m['lower_bound'] / 2**20:.2f} MiB), IO {m['io'] / 2**20:.2f} MiB")
+    else:
+        _print_report(report, outs, len(times))
+    return 0
+
+
+def _run_group(args: argparse.Namespace, shapes: dict[str, tuple[int, ...]]) -> int:
+    """Several models (or one chain of contexts), each context's graph run once per repeat, in order."""
+    from ctxrt.runtime import get_backend
+    from ctxrt.runtime.group import ContextGroup
+
+    backend = get_backend(args.backend)
+    chains = [m for m in args.model if _is_chain(m)]
+    if chains and len(args.model) > 1:
+        raise UsageError(f"{chains[0]} chains several context binaries: run it alone")
+    if args.graph and len(args.model) > 1:
+        raise UsageError("--graph applies to a single model")
+    if chains:
+        group = ContextGroup.from_epcontext(chains[0], backend, share_spillfill=args.share_spillfill)
+        try:
+            feeds = load_inputs(args.inputs, group.inputs) if args.inputs else random_feeds(group.inputs)
+            outs: dict[str, np.ndarray] = {}
+            times = _time(lambda: outs.update(group.run(feeds)), args.repeat)
+            lower = max(s.context.graph(s.graph).lower_bound for s in group.steps)
+            return _group_report(args, group, outs, times, lower)
+        finally:
+            group.free()
+    if args.inputs and len(args.model) > 1:
+        raise UsageError("--inputs applies to a single model; several models run on random inputs")
+    sources = [_context_source(m, shapes, backend) for m in args.model]
+    group = ContextGroup(sources, backend, share_spillfill=args.share_spillfill)
+    try:
+        runs = []
+        for model, ctx in zip(args.model, group.contexts, strict=True):
+            g = ctx.graph(args.graph)
+            feeds = load_inputs(args.inputs, g.inputs) if args.inputs else random_feeds(g.inputs)
+            outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in g.outputs}
+            prefix = f"{Path(model).name}:" if len(args.model) > 1 else ""
+            runs.append((g, feeds, outs, prefix))
+
+        def once() -> None:
+            for g, feeds, outs, _ in runs:
+                g.execute(feeds, outs)
+
+        times = _time(once, args.repeat)
+        outs = {prefix + k: v for _, _, o, prefix in runs for k, v in o.items()}
+        return _group_report(args, group, outs, times, max(g.lower_bound for g, *_ in runs))
+    finally:
+        group.free()
+
+
+def _group_report(args: argparse.Namespace, group: Any, outs: dict[str, np.ndarray], times: list[float],
+                  lower_bound: int) -> int:
+    if args.output:
+        np.savez(args.output, **{k.replace(":", "/"): v for k, v in outs.items()})
+    memory = group.memory()
+    report = {
+        "outputs": {k: list(v.shape) for k, v in outs.items()},
+        "latency_ms": statistics.median(times),
+        "stats": dict(group.stats),
+        "memory": {**memory, "lower_bound": lower_bound},
+        "contexts": [{"source": f"<{len(s)} bytes>" if isinstance(s, bytes) else str(s),
+                      "spillfill_size": n, "loaded": group.load_order.index(k)}
+                     for k, (s, n) in enumerate(zip(group.sources, group.spillfill_sizes, strict=True))],
+    }
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_report(report, outs, len(times))
     return 0
 
 
@@ -143,7 +250,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.config:
         raise UsageError("--config (tuning) is not implemented yet")
     if args.split:
-        raise UsageError("--split is not implemented yet")
+        return _compile_split(args)
     backend = get_backend(args.backend)
     shapes = graph_shapes(args.shape, len(args.models))
     models = [(m, s, n) for m, s, n in zip(args.models, shapes, _graph_names(args.models), strict=True)]
@@ -159,6 +266,39 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(f"wrote {out} and {wrapper}")
     else:
         print(f"wrote {out}")
+    return 0
+
+
+def _compile_split(args: argparse.Namespace) -> int:
+    """MODEL.onnx --split K -o DIR/: DIR/MODEL_part{i}.ctx for each part and DIR/MODEL_ctx.onnx chaining them."""
+    from ctxrt.format import read_metadata
+    from ctxrt.frontend.epcontext import write_epcontext
+    from ctxrt.runtime import get_backend
+    from ctxrt.runtime.loader import compile_split, context_info, save_context
+
+    if len(args.models) != 1:
+        raise UsageError("--split takes one model")
+    if args.split < 1:
+        raise UsageError(f"--split needs K >= 1, got {args.split}")
+    out_dir = Path(args.output)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--split writes several files: -o must be a directory, {out_dir} is a file")
+    backend = get_backend(args.backend)
+    model = args.models[0]
+    stem = Path(model).name.removesuffix(".onnx")
+    parts, outputs = compile_split(model, graph_shapes(args.shape, 1)[0], backend, args.split, args.io_mem_type)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for i, (graph, weights) in enumerate(parts):
+        path = save_context(out_dir / f"{stem}_part{i}.ctx", [graph], weights, context_info(backend, [model]))
+        written.append((path, read_metadata(path)))
+    wrapper = out_dir / f"{stem}_ctx.onnx"
+    write_epcontext(wrapper, written, embed=args.embed, source_model=Path(model).name, outputs=outputs)
+    for path, meta in written:
+        g = meta["graphs"][0]
+        print(f"wrote {path}: {len(g['inputs'])} inputs, {len(g['outputs'])} outputs, weights "
+              f"{meta['weights_size'] / 2**20:.2f} MiB, spill-fill {meta['max_spillfill_size'] / 2**20:.2f} MiB")
+    print(f"wrote {wrapper}")
     return 0
 
 
@@ -213,7 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--backend", default="cpu")
     c.add_argument("--io-mem-type", default="raw", choices=["raw", "memhandle"])
     c.add_argument("--shape", action="append", default=[], help="[K:]NAME=1x3x224x224 (K: model index)")
-    c.add_argument("--split", type=int, default=0)
+    c.add_argument("--split", type=int, default=0, metavar="K",
+                   help="cut the model into K context binaries in the directory -o, chained by an EPContext model")
     c.add_argument("--config", help="tuning configuration (JSON)")
     c.add_argument("--epcontext", action="store_true", help="also write OUT_ctx.onnx (EPContext model)")
     c.add_argument("--embed", action="store_true", help="embed the binary in the EPContext model")
@@ -223,13 +364,15 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
     r = sub.add_parser("run", help="run a model (.onnx compiled in memory), a .ctx or an EPContext model")
-    r.add_argument("model")
+    r.add_argument("model", nargs="+", metavar="MODEL")
     r.add_argument("--inputs", help=".npz keyed by input name (default: seeded random inputs)")
     r.add_argument("--output", help="write outputs to this .npz")
     r.add_argument("--repeat", type=int, default=1)
     r.add_argument("--shape", action="append", default=[], help="NAME=1x3x224x224 for dynamic inputs")
     r.add_argument("--backend", default="cpu")
     r.add_argument("--graph", help="graph to run in a multi-graph context (default: the first)")
+    r.add_argument("--share-spillfill", action="store_true",
+                   help="one spill-fill buffer of the largest size for every context (loaded largest first)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=cmd_run)
     return p

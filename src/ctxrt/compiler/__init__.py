@@ -8,23 +8,30 @@ from typing import Any
 
 from ctxrt.compiler.build import compile_graph
 from ctxrt.compiler.program import CompiledGraph
+from ctxrt.ir.graph import Graph as IRGraph
 from ctxrt.ir.passes import default_passes, run_passes
 from ctxrt.runtime import get_backend
 from ctxrt.runtime.backend import Backend
 from ctxrt.runtime.context import Context
 
 
+def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backend, name: str = "main") -> IRGraph:
+    """ONNX model -> IR graph with static shapes, after the default passes."""
+    from ctxrt.frontend.onnx import to_ir
+
+    return run_passes(to_ir(model, set(backend.kernels), shapes, name), default_passes())
+
+
+def compile_ir(graph: IRGraph, backend: Backend) -> tuple[CompiledGraph, dict[str, Any]]:
+    compiled = compile_graph(graph, backend.kernels, backend.alignment)
+    return compiled, {n: graph.values[n].const for n in compiled.const_names}
+
+
 def compile_model(model: Any, shapes: Mapping[str, Iterable[int]] | None = None, backend: Backend | None = None,
                   name: str = "main") -> tuple[CompiledGraph, dict[str, Any]]:
     """One ONNX model (path, bytes or ModelProto) -> (compiled graph, the constants it reads)."""
-    from ctxrt.frontend.onnx import to_ir
-
     backend = backend or get_backend("cpu")
-    graph = to_ir(model, set(backend.kernels), shapes, name)
-    graph = run_passes(graph, default_passes())
-    compiled = compile_graph(graph, backend.kernels, backend.alignment)
-    weights = {n: graph.values[n].const for n in compiled.const_names}
-    return compiled, weights
+    return compile_ir(lower(model, shapes, backend, name), backend)
 
 
 def compile(model: str | os.PathLike | bytes | Any, shapes: Mapping[str, Iterable[int]] | None = None,

@@ -45,11 +45,12 @@ def _value_info(t: dict[str, Any]) -> onnx.ValueInfoProto:
 
 
 def write_epcontext(path: str | os.PathLike, contexts: list[tuple[Path, dict[str, Any]]], embed: bool = False,
-                    source_model: str = "") -> None:
+                    source_model: str = "", outputs: list[str] | None = None) -> None:
     """One EPContext node per graph of each context binary (its metadata given beside its path).
 
-    Graph IO of the wrapper: inputs no node produces, outputs of the last node no later node reads,
-    so a chain of split contexts becomes one model.
+    Graph IO of the wrapper: inputs no node produces; `outputs` if given (a split model's outputs, which
+    later parts may read too), else the node outputs no later node reads. So a chain of split contexts
+    becomes one model.
     """
     path = Path(path)
     nodes, produced, consumed = [], {}, set()
@@ -70,7 +71,9 @@ def write_epcontext(path: str | os.PathLike, contexts: list[tuple[Path, dict[str
                 produced[("out", t["name"])] = t
     outs_made = {k[1] for k in produced if k[0] == "out"}
     graph_inputs = [_value_info(t) for (kind, name), t in produced.items() if kind == "in" and name not in outs_made]
-    graph_outputs = [_value_info(t) for (kind, name), t in produced.items() if kind == "out" and name not in consumed]
+    if outputs is None:
+        outputs = [name for (kind, name) in produced if kind == "out" and name not in consumed]
+    graph_outputs = [_value_info(produced[("out", name)]) for name in outputs]
     model = helper.make_model(
         helper.make_graph(nodes, path.stem, graph_inputs, graph_outputs),
         opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)], ir_version=8,
@@ -94,6 +97,12 @@ def _load(path: str | os.PathLike) -> onnx.ModelProto:
         return onnx.load(os.fspath(path), load_external_data=False)
     except Exception as e:
         raise FormatError(f"cannot read EPContext model {path}: {e}") from e
+
+
+def read_epcontext_io(path: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """The wrapper model's input and output names."""
+    graph = _load(path).graph
+    return [v.name for v in graph.input], [v.name for v in graph.output]
 
 
 def read_epcontext(path: str | os.PathLike) -> list[EPNode]:

@@ -55,6 +55,27 @@ def compile_graphs(models: Sequence[tuple[Any, Mapping[str, Iterable[int]] | Non
     return graphs, weights
 
 
+def compile_split(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backend, k: int,
+                  io_mem_type: str = "raw") -> tuple[list[tuple[CompiledGraph, dict[str, np.ndarray]]], list[str]]:
+    """One model cut into K parts (compiler/split.py), each compiled as its own graph. The tensors passed
+    between parts are prepared as memhandle (the chain passes them as handles); the model's own inputs
+    and outputs as `io_mem_type`. Returns the parts and the model's output names."""
+    from ctxrt.compiler import compile_ir, lower
+    from ctxrt.compiler.split import split_graph
+
+    if io_mem_type not in IO_MEM_TYPES:
+        raise CtxrtError(f"io_mem_type must be one of {IO_MEM_TYPES}, got {io_mem_type!r}")
+    whole = lower(model, shapes, backend)
+    ends = set(whole.inputs) | set(whole.outputs)
+    parts = []
+    for part in split_graph(whole, k):
+        g, w = compile_ir(part, backend)
+        mem = [[TensorInfo(t.name, t.shape, t.dtype, io_mem_type if t.name in ends else "memhandle") for t in ts]
+               for ts in (g.inputs, g.outputs)]
+        parts.append((replace(g, inputs=mem[0], outputs=mem[1]), w))
+    return parts, list(whole.outputs)
+
+
 def context_info(backend: Backend, source_models: Sequence[str], tuning: Mapping[str, Any] | None = None
                  ) -> dict[str, Any]:
     return {"backend": backend.name, "hardware": platform.machine(), "producer": f"ctxrt {ctxrt.__version__}",

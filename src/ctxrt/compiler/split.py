@@ -1,0 +1,125 @@
+"""Model split: cut one graph into K consecutive parts where few bytes are live, balancing weights.
+
+A cut before node p carries every non-constant value made before p (or fed to the model) and read at
+or after p. Cuts are chosen by dynamic programming: the fewest bytes carried over all cuts, among the
+cut sets whose parts each hold at most `slack` x (total weights / K) bytes of weights (relaxed step by
+step when no such set exists); ties go to the better balance. Each part is then an ordinary graph:
+its inputs are the values it reads but does not make, its outputs the values it makes that the model
+returns or a later part reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ctxrt.errors import PlanError
+from ctxrt.ir.graph import Graph
+
+SLACKS = (1.25, 1.5, 2.0, 3.0, float("inf"))
+
+
+def cut_costs(graph: Graph) -> tuple[list[int], list[int]]:
+    """For each cut position p in 0..n: bytes carried across it, and weight bytes first used before it."""
+    n = len(graph.nodes)
+    made = {name: -1 for name in graph.inputs}
+    last = {}
+    first_const: dict[str, int] = {}
+    for k, node in enumerate(graph.nodes):
+        for name in node.inputs:
+            if not name:
+                continue
+            if graph.values[name].is_const:
+                first_const.setdefault(name, k)
+            else:
+                last[name] = k
+        for name in node.outputs:
+            if name:
+                made[name] = k
+    carried = [0] * (n + 1)
+    for name, k in made.items():
+        end = last.get(name, k)
+        size = graph.values[name].nbytes
+        for p in range(k + 1, min(end, n) + 1):
+            carried[p] += size
+    weights = [0] * (n + 1)
+    for name, k in first_const.items():
+        weights[k + 1] += graph.values[name].nbytes
+    for p in range(1, n + 1):
+        weights[p] += weights[p - 1]
+    return carried, weights
+
+
+def choose_cuts(carried: list[int], weights: list[int], k: int) -> list[int]:
+    """K - 1 cut positions (each in 1..n-1, increasing)."""
+    n = len(carried) - 1
+    if k < 1:
+        raise PlanError(f"--split needs K >= 1, got {k}")
+    if k > n:
+        raise PlanError(f"cannot split a graph of {n} nodes into {k} parts")
+    if k == 1:
+        return []
+    total = weights[n]
+    target = total / k
+    for slack in SLACKS:
+        cap = slack * target if total else float("inf")
+        # best[j][p]: (bytes carried, imbalance) of the best j cuts with the last at p; parts 0..j-1 end at p.
+        inf = (float("inf"), float("inf"))
+        best = [[inf] * (n + 1) for _ in range(k)]
+        back = [[-1] * (n + 1) for _ in range(k)]
+        best[0][0] = (0, 0.0)
+        for j in range(1, k):
+            for p in range(j, n - (k - 1 - j)):
+                for q in range(j - 1, p):
+                    prev = best[j - 1][q]
+                    if prev == inf:
+                        continue
+                    part = weights[p] - weights[q]
+                    if part > cap:
+                        continue
+                    cand = (prev[0] + carried[p], prev[1] + abs(part - target))
+                    if cand < best[j][p]:
+                        best[j][p], back[j][p] = cand, q
+        final, end = inf, -1
+        for p in range(k - 1, n):
+            prev = best[k - 1][p]
+            if prev == inf or weights[n] - weights[p] > cap:
+                continue
+            cand = (prev[0], prev[1] + abs(weights[n] - weights[p] - target))
+            if cand < final:
+                final, end = cand, p
+        if end >= 0:
+            cuts = []
+            for j in range(k - 1, 0, -1):
+                cuts.append(end)
+                end = back[j][end]
+            return sorted(cuts)
+    raise PlanError(f"no way to split {n} nodes into {k} parts")  # unreachable: the last slack is unbounded
+
+
+def split_graph(graph: Graph, k: int) -> list[Graph]:
+    """The K parts, in order, each a valid graph over a subset of the values."""
+    carried, weights = cut_costs(graph)
+    bounds = [0, *choose_cuts(carried, weights, k), len(graph.nodes)]
+    read_later: list[set[str]] = [set() for _ in range(k + 1)]  # values read by parts >= i
+    for i in range(k - 1, -1, -1):
+        read_later[i] = set(read_later[i + 1])
+        for node in graph.nodes[bounds[i]:bounds[i + 1]]:
+            read_later[i].update(n for n in node.inputs if n)
+    outputs = set(graph.outputs)
+    parts = []
+    for i in range(k):
+        nodes = graph.nodes[bounds[i]:bounds[i + 1]]
+        made = [o for node in nodes for o in node.outputs if o]
+        made_set = set(made)
+        ins: list[str] = []
+        for node in nodes:
+            for name in node.inputs:
+                if name and name not in made_set and not graph.values[name].is_const and name not in ins:
+                    ins.append(name)
+        order = {name: j for j, name in enumerate(graph.inputs)}
+        ins.sort(key=lambda name: order.get(name, len(order)))  # model inputs first, in the model's order
+        outs = [o for o in made if o in outputs or o in read_later[i + 1]]
+        names = set(ins) | {n for node in nodes for n in node.inputs + node.outputs if n}
+        values = {name: graph.values[name] for name in graph.values if name in names}
+        parts.append(replace(graph, name=f"part{i}", nodes=list(nodes), values=values, inputs=ins, outputs=outs))
+    return parts
