@@ -302,15 +302,18 @@ def _compile_split(args: argparse.Namespace) -> int:
     return 0
 
 
-def _metadata(path: str) -> dict[str, Any]:
-    from ctxrt.format import read_metadata
+def _binaries(path: str) -> list[tuple[str, str | bytes]]:
+    """(label, source) of every context binary `path` names: itself, or each one its EPContext nodes use."""
+    if not path.endswith(".onnx"):
+        return [(path, path)]
+    from ctxrt.frontend.epcontext import read_epcontext
 
-    if path.endswith(".onnx"):
-        from ctxrt.frontend.epcontext import read_epcontext
-
-        node = read_epcontext(path)[0]
-        return read_metadata(node.source)
-    return read_metadata(path)
+    out: list[tuple[str, str | bytes]] = []
+    for node in read_epcontext(path):
+        source = node.source if isinstance(node.source, bytes) else str(node.source)
+        if all(source != s for _, s in out):
+            out.append((node.name if isinstance(source, bytes) else Path(source).name, source))
+    return out
 
 
 def inspect_report(meta: dict[str, Any]) -> dict[str, Any]:
@@ -326,22 +329,54 @@ def inspect_report(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    report = inspect_report(_metadata(args.file))
+    from ctxrt.format import read_metadata
+
+    binaries = _binaries(args.file)
+    reports = [inspect_report(read_metadata(source)) for _, source in binaries]
+    if args.memory or args.plot:
+        from ctxrt.runtime.report import graph_memory, plot_arena
+
+        for r, (_, source) in zip(reports, binaries, strict=True):
+            r["memory"] = graph_memory(source)
+        if args.plot:
+            plot_arena([(f"{label}:{g['name']}" if len(binaries) > 1 else g["name"], g)
+                        for r, (label, _) in zip(reports, binaries, strict=True) for g in r["memory"]], args.plot)
     if args.json:
+        for r in reports:
+            for g in r.get("memory", []):
+                del g["intervals"]
+        report = dict(reports[0])
+        if len(reports) > 1:
+            report["contexts"] = reports
         print(json.dumps(report))
         return 0
     mib = 2 ** 20
-    print(f"{args.file}: ctxrt context binary v{report['format_version']}, backend {report['backend']} "
-          f"({report['hardware']}), made by {report['producer']} from {', '.join(report['source_models'])}")
-    print(f"weights {report['weights_size'] / mib:.2f} MiB, max spill-fill {report['spillfill_size'] / mib:.2f} "
-          f"MiB, buffer start alignment {report['alignment']}")
-    for g in report["graphs"]:
-        print(f"graph {g['name']}: spill-fill {g['spillfill_size'] / mib:.2f} MiB "
-              f"(lower bound {g['lower_bound'] / mib:.2f} MiB), IO {g['io_bytes'] / mib:.2f} MiB")
-        for kind in ("inputs", "outputs"):
-            for t in g[kind]:
-                print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}{list(t['shape'])} ({t['mem_type']})")
+    for (label, _), report in zip(binaries, reports, strict=True):
+        name = args.file if len(binaries) == 1 else f"{args.file} [{label}]"
+        print(f"{name}: ctxrt context binary v{report['format_version']}, backend {report['backend']} "
+              f"({report['hardware']}), made by {report['producer']} from {', '.join(report['source_models'])}")
+        print(f"weights {report['weights_size'] / mib:.2f} MiB, max spill-fill {report['spillfill_size'] / mib:.2f} "
+              f"MiB, buffer start alignment {report['alignment']}")
+        for g in report["graphs"]:
+            print(f"graph {g['name']}: spill-fill {g['spillfill_size'] / mib:.2f} MiB "
+                  f"(lower bound {g['lower_bound'] / mib:.2f} MiB), IO {g['io_bytes'] / mib:.2f} MiB")
+            for kind in ("inputs", "outputs"):
+                for t in g[kind]:
+                    print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}{list(t['shape'])} ({t['mem_type']})")
+        if "memory" in report:
+            print(f"  {'memory':<24}{'weights':>12}{'spill-fill':>12}{'lower bound':>12}{'arena/bound':>12}"
+                  f"{'IO':>12}")
+            for g in report["memory"]:
+                ratio = g["spillfill"] / g["lower_bound"] if g["lower_bound"] else 1.0
+                print(f"  {g['name']:<24}{_mib(g['weights'])}{_mib(g['spillfill'])}{_mib(g['lower_bound'])}"
+                      f"{ratio:>12.3f}{_mib(g['io'])}")
+    if args.plot:
+        print(f"wrote {args.plot}")
     return 0
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2 ** 20:>8.2f} MiB"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -361,6 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_compile)
     i = sub.add_parser("inspect", help="print a context binary's metadata (reads only its header)")
     i.add_argument("file", metavar="FILE.ctx|FILE_ctx.onnx")
+    i.add_argument("--memory", action="store_true", help="per graph: weights, spill-fill, lower bound, IO bytes")
+    i.add_argument("--plot", metavar="FILE.png", help="draw each arena: one rectangle per tensor over (step, offset)")
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
     r = sub.add_parser("run", help="run a model (.onnx compiled in memory), a .ctx or an EPContext model")

@@ -104,3 +104,43 @@ def test_console_script_reports_errors_without_traceback(tmp_path) -> None:
     p = subprocess.run([sys.executable, "-m", "ctxrt.cli", "run", str(tmp_path / "nope.onnx")],
                        capture_output=True, text=True)
     assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1
+
+
+def test_run_several_models_sharing_spillfill(capsys, tmp_path) -> None:
+    small, large = _relu_model(tmp_path / "small.onnx", 8), _relu_model(tmp_path / "large.onnx", 4096)
+    code, out, _ = _run(capsys, "compile", large, "-o", tmp_path / "large.ctx")
+    assert code == 0
+    args = ["run", small, tmp_path / "large.ctx", "--shape", "x=2x8", "--json"]
+    code, out, _ = _run(capsys, *args)  # --shape binds the .onnx model compiled in memory; the .ctx is static
+    assert code == 0
+    alone = json.loads(out)["memory"]
+    code, out, _ = _run(capsys, *args, "--share-spillfill")
+    assert code == 0
+    report = json.loads(out)
+    assert report["outputs"] == {"small.onnx:y": [16], "large.ctx:y": [4096]}
+    sizes = [c["spillfill_size"] for c in report["contexts"]]
+    assert [c["loaded"] for c in report["contexts"]] == [1, 0]  # the larger one leads
+    mem = report["memory"]
+    assert mem["spillfill"] == max(sizes) and mem["spillfill_saved"] == min(sizes)
+    assert alone["spillfill"] == sum(sizes) and alone["spillfill_saved"] == 0
+    code, out, _ = _run(capsys, "run", small, tmp_path / "large.ctx", "--shape", "x=2x8", "--share-spillfill")
+    assert code == 0 and "saved by sharing" in out
+
+
+def test_inspect_memory_and_plot(capsys, model, tmp_path) -> None:
+    ctx = tmp_path / "m.ctx"
+    assert _run(capsys, "compile", model, "-o", ctx, "--shape", "x=4x8")[0] == 0
+    code, out, _ = _run(capsys, "inspect", ctx, "--memory")
+    assert code == 0 and "lower bound" in out and "arena/bound" in out
+    code, out, _ = _run(capsys, "inspect", ctx, "--memory", "--json")
+    mem = json.loads(out)["memory"][0]
+    assert set(mem) >= {"name", "weights", "spillfill", "lower_bound", "io"}
+    assert mem["io"] == 2 * 4 * 8 * 4 and mem["spillfill"] >= mem["lower_bound"] > 0
+    png = tmp_path / "arena.png"
+    code, out, _ = _run(capsys, "inspect", ctx, "--plot", png)
+    assert code == 0 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_group_usage_errors(capsys, model, tmp_path) -> None:
+    code, _, err = _run(capsys, "run", model, model, "--graph", "main", "--shape", "x=1x8")
+    assert code == 2 and "--graph applies to a single model" in err

@@ -1,0 +1,65 @@
+"""Memory reports of context binaries: per graph weights, spill-fill, lower bound, IO; the arena as a plot."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ctxrt.errors import CtxrtError
+
+
+def graph_memory(source: str | os.PathLike | bytes) -> list[dict[str, Any]]:
+    """Per graph of a context binary: bytes of the weights it reads, its spill-fill arena, the arena's
+    lower bound, its IO tensors, and the arena's allocations (key, offset, size, first step, last step)."""
+    from ctxrt.format import ContextFile
+
+    with ContextFile.open(source, verify_weights=False) as f:
+        table = f.metadata["weights"]
+        out = []
+        for g in f.graphs():
+            out.append({
+                "name": g.name,
+                "weights": sum(int(table[n][1]) for n in g.const_names),
+                "spillfill": g.spillfill_size, "lower_bound": g.lower_bound, "io": g.io_bytes,
+                "steps": len(g.steps),
+                "intervals": [[i.key, i.offset, i.size, i.first, i.last] for i in g.intervals],
+            })
+        return out
+
+
+def plot_arena(graphs: list[tuple[str, dict[str, Any]]], path: str | os.PathLike) -> Path:
+    """One panel per graph: each arena allocation as a rectangle over (execution step, offset)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Rectangle
+    except ImportError:
+        raise CtxrtError("--plot needs matplotlib: pip install 'ctxrt[plot]'") from None
+    path = Path(path)
+    fig, axes = plt.subplots(len(graphs), 1, figsize=(10, 3.2 * len(graphs)), squeeze=False)
+    cmap = plt.get_cmap("tab20")
+    mib = 2 ** 20
+    for ax, (label, g) in zip(axes[:, 0], graphs, strict=True):
+        for k, (key, offset, size, first, last) in enumerate(g["intervals"]):
+            scratch = "#scratch" in key
+            ax.add_patch(Rectangle((first, offset / mib), last - first + 1, size / mib, linewidth=0.3,
+                                   edgecolor="black", facecolor="lightgrey" if scratch else cmap(k % 20),
+                                   alpha=0.85))
+        ax.axhline(g["lower_bound"] / mib, color="red", linestyle="--", linewidth=1,
+                   label=f"lower bound {g['lower_bound'] / mib:.2f} MiB")
+        ax.axhline(g["spillfill"] / mib, color="black", linewidth=1, label=f"arena {g['spillfill'] / mib:.2f} MiB")
+        ax.set_xlim(0, max([g["steps"], 1] + [last + 1 for *_, last in g["intervals"]]))
+        ax.set_ylim(0, max(g["spillfill"], 1) / mib * 1.05)
+        ax.set_xlabel("execution step")
+        ax.set_ylabel("offset (MiB)")
+        ax.set_title(f"{label}: {len(g['intervals'])} tensors and scratch buffers (grey)")
+        ax.legend(loc="upper right", fontsize="small")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
