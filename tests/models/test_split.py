@@ -115,7 +115,7 @@ def test_cuts_follow_the_fewest_live_bytes_and_balance_weights() -> None:
     assert choose_cuts(carried, weights, 1) == []
     assert choose_cuts(carried, weights, 2) == [5]  # 5 bytes carried, weights 50 / 30
     assert choose_cuts(carried, weights, 3) == [2, 5]
-    # most weights early: balance (no part over 1.25 x its share) forces the cut to 2, though 5 carries less
+    # most weights early: balance moves the cut to 2, though 5 carries fewer bytes
     assert choose_cuts(carried, [0, 40, 45, 50, 55, 75, 78, 79, 80], 2) == [2]
     with pytest.raises(PlanError, match="into 9 parts"):
         choose_cuts(carried, weights, 9)

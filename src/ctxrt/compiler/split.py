@@ -1,9 +1,8 @@
 """Model split: cut one graph into K consecutive parts where few bytes are live, balancing weights.
 
 A cut before node p carries every non-constant value made before p (or fed to the model) and read at
-or after p. Cuts are chosen by dynamic programming: the fewest bytes carried over all cuts, among the
-cut sets whose parts each hold at most `slack` x (total weights / K) bytes of weights (relaxed step by
-step when no such set exists); ties go to the better balance. Each part is then an ordinary graph:
+or after p. Cuts are chosen by dynamic programming over a cost that adds the parts' weight imbalance
+and the bytes carried across the cuts (see choose_cuts). Each part is then an ordinary graph:
 its inputs are the values it reads but does not make, its outputs the values it makes that the model
 returns or a later part reads.
 """
@@ -14,8 +13,6 @@ from dataclasses import replace
 
 from ctxrt.errors import PlanError
 from ctxrt.ir.graph import Graph
-
-SLACKS = (1.25, 1.5, 2.0, 3.0, float("inf"))
 
 
 def cut_costs(graph: Graph) -> tuple[list[int], list[int]]:
@@ -50,7 +47,13 @@ def cut_costs(graph: Graph) -> tuple[list[int], list[int]]:
 
 
 def choose_cuts(carried: list[int], weights: list[int], k: int) -> list[int]:
-    """K - 1 cut positions (each in 1..n-1, increasing)."""
+    """K - 1 cut positions (each in 1..n-1, increasing), minimizing
+
+        sum over parts of (part weights / (total / K) - 1)^2  +  sum over cuts of carried bytes / C
+
+    where C is the median bytes carried across a cut: balance counts most when parts are far from their
+    share, and among near-balanced choices the cuts where fewest bytes are live win. Without weights,
+    parts are balanced by node count."""
     n = len(carried) - 1
     if k < 1:
         raise PlanError(f"--split needs K >= 1, got {k}")
@@ -58,42 +61,34 @@ def choose_cuts(carried: list[int], weights: list[int], k: int) -> list[int]:
         raise PlanError(f"cannot split a graph of {n} nodes into {k} parts")
     if k == 1:
         return []
-    total = weights[n]
-    target = total / k
-    for slack in SLACKS:
-        cap = slack * target if total else float("inf")
-        # best[j][p]: (bytes carried, imbalance) of the best j cuts with the last at p; parts 0..j-1 end at p.
-        inf = (float("inf"), float("inf"))
-        best = [[inf] * (n + 1) for _ in range(k)]
-        back = [[-1] * (n + 1) for _ in range(k)]
-        best[0][0] = (0, 0.0)
-        for j in range(1, k):
-            for p in range(j, n - (k - 1 - j)):
-                for q in range(j - 1, p):
-                    prev = best[j - 1][q]
-                    if prev == inf:
-                        continue
-                    part = weights[p] - weights[q]
-                    if part > cap:
-                        continue
-                    cand = (prev[0] + carried[p], prev[1] + abs(part - target))
+    if weights[n] == 0:
+        weights = list(range(n + 1))
+    target = weights[n] / k
+    positive = sorted(c for c in carried[1:n] if c > 0)
+    scale = positive[len(positive) // 2] if positive else 1
+
+    def part(q: int, p: int) -> float:
+        return ((weights[p] - weights[q]) / target - 1.0) ** 2
+
+    inf = float("inf")
+    # best[j][p]: the least cost of parts 0..j-1 with the j-th cut before node p
+    best = [[inf] * (n + 1) for _ in range(k)]
+    back = [[-1] * (n + 1) for _ in range(k)]
+    best[0][0] = 0.0
+    for j in range(1, k):
+        for p in range(j, n - (k - 1 - j)):
+            cut = carried[p] / scale
+            for q in range(j - 1, p):
+                if best[j - 1][q] < inf:
+                    cand = best[j - 1][q] + part(q, p) + cut
                     if cand < best[j][p]:
                         best[j][p], back[j][p] = cand, q
-        final, end = inf, -1
-        for p in range(k - 1, n):
-            prev = best[k - 1][p]
-            if prev == inf or weights[n] - weights[p] > cap:
-                continue
-            cand = (prev[0], prev[1] + abs(weights[n] - weights[p] - target))
-            if cand < final:
-                final, end = cand, p
-        if end >= 0:
-            cuts = []
-            for j in range(k - 1, 0, -1):
-                cuts.append(end)
-                end = back[j][end]
-            return sorted(cuts)
-    raise PlanError(f"no way to split {n} nodes into {k} parts")  # unreachable: the last slack is unbounded
+    end = min(range(k - 1, n), key=lambda p: best[k - 1][p] + part(p, n))
+    cuts = []
+    for j in range(k - 1, 0, -1):
+        cuts.append(end)
+        end = back[j][end]
+    return sorted(cuts)
 
 
 def split_graph(graph: Graph, k: int) -> list[Graph]:
