@@ -147,3 +147,58 @@ def test_group_from_bytes(three) -> None:
     sources = [p.read_bytes() for p, _ in three]
     with ContextGroup(sources) as group:
         assert group.buffer.nbytes == max(_sizes([p for p, _ in three]))
+
+
+def test_a_bad_binary_in_a_group_is_one_error_and_frees_the_rest(three, tmp_path, monkeypatch) -> None:
+    bad = tmp_path / "bad.ctx"
+    data = bytearray(three[1][0].read_bytes())
+    data[-100:] = b"\xff" * 100  # the weights section's checksum no longer matches
+    bad.write_bytes(bytes(data))
+    made = []
+    alloc = CpuBackend.alloc_shared
+    monkeypatch.setattr(CpuBackend, "alloc_shared", lambda self, n, a=64: made.append(alloc(self, n, a)) or made[-1])
+    with pytest.raises(FormatError):
+        ContextGroup([three[0][0], bad, three[2][0]])
+    assert made and all(b.released for b in made)  # the shared buffer and every context's buffers
+
+
+def _chain(tmp_path, three, edit):
+    """An EPContext model with a second node reading the first's output "y", that node edited by `edit`."""
+    import onnx
+    from onnx import helper
+
+    from ctxrt.frontend.epcontext import write_epcontext
+
+    wrapper = tmp_path / "chain_ctx.onnx"
+    write_epcontext(wrapper, [(three[0][0], ctxrt.read_metadata(three[0][0]))])
+    model = onnx.load(str(wrapper))
+    second = helper.make_node("EPContext", ["y"], ["z"], name="second", domain="com.microsoft",
+                              ep_cache_context=str(three[2][0].name), embed_mode=0, partition_name="main",
+                              max_size=0)
+    model.graph.node.append(second)
+    model.graph.output[0].name = "z"
+    edit(model.graph.node[1])
+    onnx.save(model, str(wrapper))
+    return wrapper
+
+
+def test_epcontext_chain_rejects_bad_wiring(three, tmp_path) -> None:
+    # the second binary's graph reads "x" and writes "y", not what its node says
+    with pytest.raises(FormatError, match="do not match"):
+        ContextGroup.from_epcontext(_chain(tmp_path, three, lambda second: None))
+
+    def missing_graph(second):
+        for a in second.attribute:
+            if a.name == "partition_name":
+                a.s = b"nope"
+
+    with pytest.raises(FormatError, match="names graph 'nope'"):
+        ContextGroup.from_epcontext(_chain(tmp_path, three, missing_graph))
+
+    def missing_file(second):
+        for a in second.attribute:
+            if a.name == "ep_cache_context":
+                a.s = b"gone.ctx"
+
+    with pytest.raises(FormatError, match="missing file"):
+        ContextGroup.from_epcontext(_chain(tmp_path, three, missing_file))
