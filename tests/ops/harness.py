@@ -179,3 +179,24 @@ def steady_state_allocation(run, settle: int = 10, measure: int = 50) -> tuple[i
     finally:
         tracemalloc.stop()
     return peak - before, after - middle
+
+
+def run_in_threads(work, n: int) -> None:
+    """Call work(k) for k in range(n), each in its own thread; re-raise the first failure in the caller."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def guarded(k: int) -> None:
+        try:
+            work(k)
+        except BaseException as e:  # noqa: BLE001 - re-raised below, in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]

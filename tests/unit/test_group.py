@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+from harness import run_in_threads
 from onnx import TensorProto, helper, numpy_helper
 
 import ctxrt
@@ -112,24 +113,15 @@ def test_group_lock_serializes_threads(three) -> None:
             with guard:
                 active[0] -= 1
 
-    errors = []
     with ContextGroup([p for p, _ in three], Probe()) as group:
         def work(k: int) -> None:
-            try:
-                ctx, fn = group.contexts[k % 3], three[k % 3][1]
-                rng = np.random.default_rng(k)
-                for _ in range(15):
-                    x = rng.standard_normal((4, 16)).astype(np.float32)
-                    np.testing.assert_allclose(ctx.graph().run({"x": x})["y"], fn(x), rtol=1e-4, atol=1e-5)
-            except BaseException as e:  # noqa: BLE001 - reported below
-                errors.append(e)
+            ctx, fn = group.contexts[k % 3], three[k % 3][1]
+            rng = np.random.default_rng(k)
+            for _ in range(15):
+                x = rng.standard_normal((4, 16)).astype(np.float32)
+                np.testing.assert_allclose(ctx.graph().run({"x": x})["y"], fn(x), rtol=1e-4, atol=1e-5)
 
-        threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    assert not errors, errors[0]
+        run_in_threads(work, 6)
     assert overlap[0] == 1
 
 
@@ -182,23 +174,17 @@ def _chain(tmp_path, three, edit):
     return wrapper
 
 
-def test_epcontext_chain_rejects_bad_wiring(three, tmp_path) -> None:
-    # the second binary's graph reads "x" and writes "y", not what its node says
-    with pytest.raises(FormatError, match="do not match"):
-        ContextGroup.from_epcontext(_chain(tmp_path, three, lambda second: None))
+def _set(attr: str, value: bytes):
+    def edit(node) -> None:
+        next(a for a in node.attribute if a.name == attr).s = value
+    return edit
 
-    def missing_graph(second):
-        for a in second.attribute:
-            if a.name == "partition_name":
-                a.s = b"nope"
 
-    with pytest.raises(FormatError, match="names graph 'nope'"):
-        ContextGroup.from_epcontext(_chain(tmp_path, three, missing_graph))
-
-    def missing_file(second):
-        for a in second.attribute:
-            if a.name == "ep_cache_context":
-                a.s = b"gone.ctx"
-
-    with pytest.raises(FormatError, match="missing file"):
-        ContextGroup.from_epcontext(_chain(tmp_path, three, missing_file))
+@pytest.mark.parametrize("edit, message", [
+    (lambda node: None, "do not match"),  # the second binary's graph reads "x" and writes "y", not "y" -> "z"
+    (_set("partition_name", b"nope"), "names graph 'nope'"),
+    (_set("ep_cache_context", b"gone.ctx"), "missing file"),
+], ids=["wiring", "graph", "file"])
+def test_epcontext_chain_rejects_bad_models(three, tmp_path, edit, message) -> None:
+    with pytest.raises(FormatError, match=message):
+        ContextGroup.from_epcontext(_chain(tmp_path, three, edit))

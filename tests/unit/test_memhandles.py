@@ -1,10 +1,9 @@
 """Memory handles (DESIGN.md §1, reference/004_*): registration rules, the multi-tensor shared buffer,
 execution without copies, and re-recording only when a binding changes."""
 
-import threading
-
 import numpy as np
 import pytest
+from harness import run_in_threads
 from test_lifecycle import WANT, X, _model
 
 import ctxrt
@@ -199,25 +198,15 @@ def test_mixed_raw_input_and_handle_output() -> None:
 def test_register_and_execute_from_threads(ctx) -> None:
     """Each thread its own buffer and handles; the context lock serializes runs; every result is right."""
     be, g = ctx.backend, ctx.graph()
-    errors: list[BaseException] = []
-
     def work(seed: int) -> None:
-        try:
-            x = np.random.default_rng(seed).standard_normal((4, 8)).astype(np.float32)
-            buf = be.alloc_shared(256, 64)
-            hx, hy = _io(ctx, buf)
-            for _ in range(20):
-                be.view(buf, 0, (4, 8), np.float32)[...] = x
-                g.execute({"x": hx}, {"y": hy})
-                got = be.view(buf, 128, (4, 8), np.float32).copy()
-                np.testing.assert_allclose(got, np.maximum(x @ _w(), 0) @ _w(), rtol=1e-5)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        x = np.random.default_rng(seed).standard_normal((4, 8)).astype(np.float32)
+        buf = be.alloc_shared(256, 64)
+        hx, hy = _io(ctx, buf)
+        for _ in range(20):
+            be.view(buf, 0, (4, 8), np.float32)[...] = x
+            g.execute({"x": hx}, {"y": hy})
+            got = be.view(buf, 128, (4, 8), np.float32).copy()
+            np.testing.assert_allclose(got, np.maximum(x @ _w(), 0) @ _w(), rtol=1e-5)
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_in_threads(work, 4)
     assert isinstance(_io(ctx, be.alloc_shared(256, 64))[0], MemHandle)
