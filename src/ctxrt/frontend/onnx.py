@@ -44,6 +44,22 @@ def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.Model
         raise ModelError(f"cannot read ONNX model {model}: {e}") from e
 
 
+def declared_io(model: str | os.PathLike | bytes | onnx.ModelProto
+                ) -> tuple[list[tuple[str, np.dtype, list[int | str]]], list[tuple[str, np.dtype, list[int | str]]]]:
+    """The model's inputs (initializers excluded) and outputs as declared: (name, dtype, dims), a dim being
+    an int or its symbolic name ("?" when unnamed). Reads no weights."""
+    m = load_model(model)
+    inits = {i.name for i in m.graph.initializer}
+
+    def one(vi: onnx.ValueInfoProto) -> tuple[str, np.dtype, list[int | str]]:
+        tt = vi.type.tensor_type
+        dims: list[int | str] = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
+                                 for d in tt.shape.dim]
+        return vi.name, _np_dtype(tt.elem_type, f"{vi.name!r}"), dims
+
+    return [one(v) for v in m.graph.input if v.name not in inits], [one(v) for v in m.graph.output]
+
+
 def _np_dtype(elem_type: int, where: str) -> np.dtype:
     try:
         return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))

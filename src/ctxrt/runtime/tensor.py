@@ -1,0 +1,167 @@
+"""Device tensors and the session's tensor cache (DESIGN.md §8, reference/003_*).
+
+A `Tensor` is a tensor in a SharedBuffer of its session's backend. It is passed to graphs as a memory
+handle (one per context, registered on first use and kept), so binding it costs no copy. The session
+makes tensors for NumPy feeds and outputs through a `TensorCache`: after a run they go back to the cache
+and are reused when shape and dtype match, preferably by the same input or output as before, so the
+graph sees the same handle and replays its recording (pinning). They are destroyed when the session
+closes or when the cache's byte cap evicts the least recently used.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ctxrt.errors import LifecycleError, RegistrationError, ShapeError
+
+if TYPE_CHECKING:
+    from ctxrt.runtime.context import Context
+    from ctxrt.runtime.memhandle import MemHandle
+    from ctxrt.runtime.session import InferenceSession
+
+
+class Tensor:
+    """A device-resident tensor of one session. `numpy()` returns a copy; `array` is the live view (on the
+    CPU backend) whose contents change when a run writes the tensor."""
+
+    __slots__ = ("session", "shape", "dtype", "nbytes", "buffer", "array", "_handles", "destroyed", "cached",
+                 "__weakref__")
+
+    def __init__(self, session: InferenceSession, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        session._check_open()
+        self.session = session
+        self.shape = shape
+        self.dtype = dtype
+        self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        be = session.backend
+        self.buffer = be.alloc_shared(max(self.nbytes, 1), be.alignment)
+        self.array = be.view(self.buffer, 0, shape, dtype)
+        self._handles: dict[int, MemHandle] = {}
+        self.destroyed = False
+        self.cached = False  # made by the session's cache (not by the user)
+
+    @classmethod
+    def empty(cls, shape: Any, dtype: Any, session: InferenceSession) -> Tensor:
+        try:
+            shape, dt = tuple(int(d) for d in shape), np.dtype(dtype)
+        except (TypeError, ValueError):
+            raise ShapeError(f"Tensor.empty needs a shape of ints and a dtype, got {shape!r}, {dtype!r}") from None
+        if any(d < 0 for d in shape):
+            raise ShapeError(f"Tensor.empty: negative dimension in {list(shape)}")
+        t = cls(session, shape, dt)
+        session._user_tensors.add(t)
+        return t
+
+    @classmethod
+    def from_numpy(cls, array: np.ndarray, session: InferenceSession) -> Tensor:
+        array = np.asarray(array)
+        t = cls.empty(array.shape, array.dtype, session)
+        np.copyto(t.array, array)
+        return t
+
+    def numpy(self) -> np.ndarray:
+        self._check()
+        return self.array.copy()
+
+    def handle(self, ctx: Context) -> MemHandle:
+        """This tensor's memory handle in `ctx` (registered once, then reused: what keeps a graph pinned)."""
+        h = self._handles.get(id(ctx))
+        if h is None or not h.registered:
+            self._check()
+            h = self._handles[id(ctx)] = ctx.mem_register(self.buffer, 0, self.shape, self.dtype)
+        return h
+
+    def _check(self) -> None:
+        if self.destroyed:
+            raise LifecycleError("tensor was destroyed (its session closed, or the cache evicted it)")
+
+    def destroy(self) -> None:
+        """Deregister the tensor's handles and free its buffer."""
+        if self.destroyed:
+            return
+        for h in self._handles.values():
+            if h.registered:
+                h.context.mem_deregister(h)
+        self._handles.clear()
+        self.buffer.release()
+        self.array = None  # type: ignore[assignment]
+        self.destroyed = True
+
+    def __repr__(self) -> str:
+        state = ", destroyed" if self.destroyed else ""
+        return f"Tensor({self.dtype}{list(self.shape)}{state})"
+
+
+class TensorCache:
+    """Free tensors by (shape, dtype), least recently used first; tensors lent to a run are held too.
+
+    `acquire(shape, dtype, prefer)` returns `prefer` when it is free (the same tensor as last run), else
+    the most recently released free tensor of that shape and dtype (a hit), else a new one (a miss).
+    `release(t)` puts it back; then, above the byte cap, free tensors are destroyed from the least recently
+    used."""
+
+    def __init__(self, session: InferenceSession, cap_bytes: int | None = None, enabled: bool = True) -> None:
+        if cap_bytes is not None and cap_bytes < 0:
+            raise RegistrationError(f"tensor cache byte cap must be >= 0, got {cap_bytes}")
+        self.session = session
+        self.cap_bytes = cap_bytes
+        self.enabled = enabled
+        self._free: OrderedDict[int, Tensor] = OrderedDict()  # id -> tensor, oldest first
+        self._lent: dict[int, Tensor] = {}
+        self.stats: Counter[str] = Counter()
+
+    @property
+    def bytes_held(self) -> int:
+        return sum(t.nbytes for t in self._free.values()) + sum(t.nbytes for t in self._lent.values())
+
+    def acquire(self, shape: tuple[int, ...], dtype: np.dtype, prefer: Tensor | None = None) -> Tensor:
+        if prefer is not None and id(prefer) in self._free:
+            t = self._free.pop(id(prefer))
+        else:
+            t = None
+            for key, cand in reversed(self._free.items()):  # the most recently released: still warm in cache
+                if cand.shape == shape and cand.dtype == dtype:
+                    t = self._free.pop(key)
+                    break
+        if t is not None:
+            self.stats["hits"] += 1
+        else:
+            self.stats["misses"] += 1
+            t = Tensor(self.session, shape, dtype)
+            t.cached = True
+            self.stats["created"] += 1
+            self.stats["created_bytes"] += t.nbytes
+        self._lent[id(t)] = t
+        return t
+
+    def release(self, t: Tensor) -> None:
+        self._lent.pop(id(t), None)
+        if not self.enabled:
+            self._destroy(t)
+            return
+        self._free[id(t)] = t  # most recently used last
+        if self.cap_bytes is not None:
+            held = self.bytes_held
+            while held > self.cap_bytes and self._free:
+                _, old = self._free.popitem(last=False)
+                held -= old.nbytes
+                self._destroy(old)
+                self.stats["evicted"] += 1
+
+    def _destroy(self, t: Tensor) -> None:
+        t.destroy()
+        self.stats["destroyed"] += 1
+
+    def clear(self) -> None:
+        for t in list(self._free.values()) + list(self._lent.values()):
+            self._destroy(t)
+        self._free.clear()
+        self._lent.clear()
+
+    def counters(self) -> dict[str, int]:
+        return {"tensor_cache_hits": self.stats["hits"], "tensor_cache_misses": self.stats["misses"],
+                "tensors_created": self.stats["created"], "tensors_destroyed": self.stats["destroyed"],
+                "tensors_evicted": self.stats["evicted"], "tensor_cache_bytes_held": self.bytes_held}
