@@ -204,11 +204,13 @@ def _run_group(args: argparse.Namespace, shapes: dict[str, tuple[int, ...]]) -> 
     group = ContextGroup(sources, backend, share_spillfill=args.share_spillfill)
     try:
         runs = []
-        for model, ctx in zip(args.model, group.contexts, strict=True):
+        labels = [Path(m).name for m in args.model]
+        labels = [lb if labels.count(lb) == 1 else f"{lb}#{k}" for k, lb in enumerate(labels)]
+        for label, ctx in zip(labels, group.contexts, strict=True):
             g = ctx.graph(args.graph)
             feeds = load_inputs(args.inputs, g.inputs) if args.inputs else random_feeds(g.inputs)
             outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in g.outputs}
-            prefix = f"{Path(model).name}:" if len(args.model) > 1 else ""
+            prefix = f"{label}:" if len(args.model) > 1 else ""
             runs.append((g, feeds, outs, prefix))
 
         def once() -> None:

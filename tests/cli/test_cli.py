@@ -144,3 +144,9 @@ def test_inspect_memory_and_plot(capsys, model, tmp_path) -> None:
 def test_group_usage_errors(capsys, model, tmp_path) -> None:
     code, _, err = _run(capsys, "run", model, model, "--graph", "main", "--shape", "x=1x8")
     assert code == 2 and "--graph applies to a single model" in err
+
+
+def test_the_same_binary_twice_keeps_both_outputs(capsys, model, tmp_path) -> None:
+    assert _run(capsys, "compile", model, "-o", tmp_path / "m.ctx")[0] == 0
+    code, out, _ = _run(capsys, "run", tmp_path / "m.ctx", tmp_path / "m.ctx", "--share-spillfill", "--json")
+    assert code == 0 and set(json.loads(out)["outputs"]) == {"m.ctx#0:y", "m.ctx#1:y"}
