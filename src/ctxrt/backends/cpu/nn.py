@@ -46,6 +46,10 @@ class _Padded:
         self.dtype = np.dtype(spec.inputs[0].dtype)
         self.nbytes = c * self.hp * self.wp * self.dtype.itemsize if self.needed else 0
         self.interior = (slice(None), slice(pb[0], pb[0] + h), slice(pb[1], pb[1] + w))
+        top, left = pb[0], pb[1]
+        boxes = [(0, top, 0, self.wp), (top + h, self.hp, 0, self.wp), (top, top + h, 0, left),
+                 (top, top + h, left + w, self.wp)]
+        self.borders = [(slice(None), slice(r0, r1), slice(c0, c1)) for r0, r1, c0, c1 in boxes if r1 > r0 and c1 > c0]
         self.fill = fill
 
     def view(self, x: np.ndarray, buf: np.ndarray | None) -> np.ndarray:
@@ -54,7 +58,8 @@ class _Padded:
 
     def refresh(self, x: np.ndarray, padded: np.ndarray) -> None:
         if self.needed:
-            padded.fill(self.fill)  # scratch is shared arena memory: the border must be rewritten every time
+            for border in self.borders:  # scratch is shared arena memory: the border is rewritten every time
+                padded[border].fill(self.fill)
             np.copyto(padded[self.interior], x)
 
 
@@ -172,28 +177,38 @@ def _pool_attrs(spec: NodeSpec):
 
 
 def _pool(spec: NodeSpec, fill: float, combine, inv: np.ndarray | None = None) -> Kernel:
-    """Reduce every window with `combine` over its kh*kw taps (shifted views of the padded input)."""
+    """Reduce every window with `combine`, separably: first over the kw taps along the width (into a
+    [C, Hp, OW] scratch), then over the kh taps along the height: kh + kw - 2 passes, not kh * kw - 1."""
     kernel, strides, dil, pb, pe = _pool_attrs(spec)
-    n = spec.inputs[0].shape[0]
-    out_hw = spec.outputs[0].shape[2:]
+    n, c = spec.inputs[0].shape[:2]
+    oh, ow = spec.outputs[0].shape[2:]
     pad = _Padded(spec, kernel, strides, dil, pb, pe, fill)
+    dt = np.dtype(spec.outputs[0].dtype)
+    rows_bytes = c * pad.hp * ow * dt.itemsize
 
     def bind(i, o, s):
-        srcs = [pad.view(i[0][b], s[0] if pad.needed else None) for b in range(n)]
-        taps = [[w[:, a, c] for a in range(kernel[0]) for c in range(kernel[1])]
-                for w in (_windows(src, kernel, strides, dil, out_hw) for src in srcs)]
+        srcs = [pad.view(i[0][b], s[1] if pad.needed else None) for b in range(n)]
+        rows = scratch_view(s[0], (c, pad.hp, ow), dt)
+        plans = []
+        for b in range(n):
+            src = srcs[b]
+            wtaps = [src[:, :, a * dil[1]:a * dil[1] + (ow - 1) * strides[1] + 1:strides[1]] for a in range(kernel[1])]
+            htaps = [rows[:, a * dil[0]:a * dil[0] + (oh - 1) * strides[0] + 1:strides[0]] for a in range(kernel[0])]
+            plans.append((src, wtaps, htaps, o[0][b]))
 
         def run():
-            for b in range(n):
-                pad.refresh(i[0][b], srcs[b])
-                out = o[0][b]
-                np.copyto(out, taps[b][0])
-                for t in taps[b][1:]:
+            for b, (src, wtaps, htaps, out) in enumerate(plans):
+                pad.refresh(i[0][b], src)
+                np.copyto(rows, wtaps[0])
+                for t in wtaps[1:]:
+                    combine(rows, t, out=rows)
+                np.copyto(out, htaps[0])
+                for t in htaps[1:]:
                     combine(out, t, out=out)
                 if inv is not None:
                     np.multiply(out, inv, out=out)
         return run
-    return _Bound(bind, (pad.nbytes,) if pad.needed else ())
+    return _Bound(bind, (rows_bytes, pad.nbytes))
 
 
 def maxpool(spec: NodeSpec) -> Kernel:
