@@ -131,6 +131,19 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def markdown(header: list[str], rows: list[list[str]], left: int = 1) -> str:
+    """A Markdown table: the first `left` columns left-aligned, the others right-aligned."""
+    lines = ["| " + " | ".join(header) + " |",
+             "| " + " | ".join("---" if k < left else "---:" for k in range(len(header))) + " |"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def machine_line() -> str:
+    env = environment()
+    return (f"{env['processor']}, {env['cpus']} CPUs, Python {env['python']}, numpy {env['numpy']}, "
+            f"onnxruntime {env['onnxruntime']}, ctxrt {env['ctxrt']}")
+
+
 def environment() -> dict[str, Any]:
     import onnxruntime
 

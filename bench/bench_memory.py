@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shlex
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_latency import ROOT, model_and_feeds, peak_rss_bytes, zoo  # noqa: E402
+from bench_latency import ROOT, machine_line, markdown, model_and_feeds, peak_rss_bytes, zoo  # noqa: E402
 
 MiB = 2**20
 THREE = ["resnet50", "bert", "squeezenet"]
@@ -174,18 +173,19 @@ def main() -> None:
     if args.json:
         print(json.dumps(results))
         return
-    print(f"command: {shlex.join([Path(sys.executable).name, 'bench/bench_memory.py', *sys.argv[1:]])}\n")
-    print("| scenario | engine | peak RSS | baseline | weights | beyond weights | vs onnxruntime |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print(f"$ {shlex.join(sys.orig_argv)}\n")
     labels = {"ctxrt-shared": "ctxrt, shared spill-fill", "ctxrt-unshared": "ctxrt, one spill-fill each",
               "ort-3": "onnxruntime, 3 sessions", "ctxrt-split": "ctxrt chain, shared spill-fill",
               "ort-split": "onnxruntime, 3 part sessions"}
+    rows = []
     for s, runs in results.items():
         ort_beyond = next(r["beyond"] for m, r in runs.items() if m.startswith("ort"))
         for m, r in runs.items():
-            ratio = f"{r['beyond'] / ort_beyond:.2f}x" if not m.startswith("ort") else ""
-            print(f"| {s} | {labels[m]} | {r['peak'] / MiB:.0f} MiB | {r['base'] / MiB:.0f} MiB | "
-                  f"{r['weights'] / MiB:.1f} MiB | {r['beyond'] / MiB:.1f} MiB | {ratio} |")
+            rows.append([s, labels[m], f"{r['peak'] / MiB:.0f} MiB", f"{r['base'] / MiB:.0f} MiB",
+                         f"{r['weights'] / MiB:.1f} MiB", f"{r['beyond'] / MiB:.1f} MiB",
+                         "" if m.startswith("ort") else f"{r['beyond'] / ort_beyond:.2f}x"])
+    print(markdown(["scenario", "engine", "peak RSS", "baseline", "weights", "beyond weights", "vs onnxruntime"],
+                   rows, left=2))
     for s, runs in results.items():
         for m, r in runs.items():
             if "memory" in r:
@@ -193,10 +193,7 @@ def main() -> None:
                 print(f"\n{s}, {labels[m]}: spill-fill {mem['spillfill'] / MiB:.1f} MiB "
                       f"(one per context: {mem['spillfill_unshared'] / MiB:.1f} MiB, saved "
                       f"{mem['spillfill_saved'] / MiB:.1f} MiB), IO {mem['io'] / MiB:.1f} MiB", end="")
-    import onnxruntime
-
-    print(f"\n\nmachine: {platform.machine()}, {platform.python_version()}, numpy {np.__version__}, "
-          f"onnxruntime {onnxruntime.__version__}")
+    print(f"\n\n{machine_line()}")
 
 
 if __name__ == "__main__":

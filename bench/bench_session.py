@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shlex
 import statistics
 import sys
@@ -24,7 +23,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_latency import zoo  # noqa: E402
+from bench_latency import machine_line, markdown, zoo  # noqa: E402
 
 
 def model(name: str) -> tuple[Path, dict[str, np.ndarray]]:
@@ -108,22 +107,18 @@ def main() -> None:
     if args.json:
         print(json.dumps(results))
         return
-    print(f"command: {shlex.join([Path(sys.executable).name, 'bench/bench_session.py', *sys.argv[1:]])}\n")
-    print("| model | loop | ms per run | vs bare execute | overhead ms |")
-    print("|---|---|---:|---:|---:|")
+    print(f"$ {shlex.join(sys.orig_argv)}\n")
+    rows = []
     for m, r in results.items():
         t = r["times_ms"]
         bare = t["bare graph.execute, bound handles"]
-        for label, ms in t.items():
-            print(f"| {m} | {label} | {ms:.3f} | {ms / bare:.2f}x | {ms - bare:+.3f} |")
+        rows += [[m, label, f"{ms:.3f}", f"{ms / bare:.2f}x", f"{ms - bare:+.3f}"] for label, ms in t.items()]
+    print(markdown(["model", "loop", "ms per run", "vs bare execute", "overhead ms"], rows, left=2))
     for m, r in results.items():
         for label, c in r["counters"].items():
             print(f"\n{m}, {label}: {c['session_runs']} runs, {c['recordings']} recordings, "
                   f"{c['tensors_created']} tensors created", end="")
-    import onnxruntime
-
-    print(f"\n\nmachine: {platform.machine()}, {platform.python_version()}, numpy {np.__version__}, "
-          f"onnxruntime {onnxruntime.__version__}")
+    print(f"\n\n{machine_line()}")
 
 
 if __name__ == "__main__":

@@ -5,20 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import zoo
-from test_models import Run, assert_close, ort_outputs
+from test_models import Run, assert_close
 
 import ctxrt
 from ctxrt.cli import main as cli
 
 RUNS = 3
-
-
-@pytest.fixture(scope="module")
-def squeezenet():
-    path = zoo.light_model("squeezenet")
-    feeds = zoo.light_feeds("squeezenet")
-    return path, feeds, ort_outputs(path, feeds)
 
 
 def _prepare(path, prepared: str, offline: bool, tmp_path):

@@ -9,20 +9,13 @@ import pytest
 import zoo
 from harness import ITERATOR_BUFFER, run_in_threads, steady_state_allocation
 from test_group import _mlp
-from test_models import Run, assert_close, ort_outputs
+from test_models import Run, assert_close
 
 import ctxrt
 from ctxrt.cli import main as cli
 from ctxrt.errors import CtxrtError, LifecycleError, RegistrationError, ShapeError
 
 SEQ = 16
-
-
-@pytest.fixture(scope="module")
-def squeezenet():
-    path = zoo.light_model("squeezenet")
-    feeds = zoo.light_feeds("squeezenet")
-    return path, feeds, ort_outputs(path, feeds)
 
 
 @pytest.fixture(scope="module")
