@@ -427,3 +427,30 @@ def test_deeply_nested_values_are_refused_without_recursion_errors(where: str) -
         _prog(path, marker)(value)
         data = assemble(programs=msgpack.packb(value).replace(msgpack.packb(marker), DEEP))
     refused(data)
+
+
+def test_binary_from_other_kernels_is_refused_not_crashed(tmp_path, monkeypatch) -> None:
+    """A binary whose planned kernel scratch no longer fits this ctxrt's kernels: a FormatError, no crash."""
+    from onnx import TensorProto, helper
+
+    from ctxrt import FormatError, context_from_binary
+    from ctxrt.backends.cpu.registry import KERNELS
+    from ctxrt.cli import main as cli
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Neg", ["h"], ["y"])], "t",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = tmp_path / "m.onnx"
+    model.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)],
+                                        ir_version=8).SerializeToString())
+    assert cli(["compile", str(model), "-o", str(tmp_path / "m.ctx")]) == 0
+    relu = KERNELS["Relu"]
+
+    def needs_scratch(spec):
+        k = relu(spec)
+        k.scratch = (256,)
+        return k
+
+    monkeypatch.setitem(KERNELS, "Relu", needs_scratch)
+    with pytest.raises(FormatError, match="compiled by another version"):
+        context_from_binary(tmp_path / "m.ctx")

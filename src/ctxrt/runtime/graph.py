@@ -10,7 +10,7 @@ import numpy as np
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, TensorSpec
 from ctxrt.compiler.build import make_kernel
 from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Ref, TensorInfo
-from ctxrt.errors import LifecycleError, RegistrationError, ShapeError
+from ctxrt.errors import FormatError, LifecycleError, RegistrationError, ShapeError
 from ctxrt.runtime.memhandle import MemHandle
 
 if TYPE_CHECKING:
@@ -56,7 +56,14 @@ class Graph:
                             [weights[r.key] if r is not None and r.space == CONST else None
                              for r in step.inputs],
                             self.compiled.opset)
-            self._kernels.append(make_kernel(kernels, spec))
+            kernel = make_kernel(kernels, spec)
+            planned = [r.nbytes for r in step.scratch]
+            if len(kernel.scratch) != len(planned) or any(n > p for n, p in zip(kernel.scratch, planned,
+                                                                                     strict=False)):
+                raise FormatError(f"graph {self.name!r}, node {step.name!r} ({step.op}): its kernel needs scratch "
+                                  f"{list(kernel.scratch)} bytes but the program plans {planned}: the context was "
+                                  "compiled by another version of ctxrt's kernels; compile it again")
+            self._kernels.append(kernel)
 
     def _prepare(self, arena: tuple[Any, int], internal: Mapping[str, Any], weights: Mapping[str, Any]) -> None:
         """Bind every launch that touches no IO tensor now; IO launches are bound per set of IO bindings

@@ -77,6 +77,7 @@ def relu_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 
 _COL_BUDGET = 2 << 20  # bytes of im2col columns (or of 1x1 input columns) per GEMM block
+_POOL_BUDGET = 256 << 10  # bytes of a pool's row-reduced scratch: pooled in blocks of channels
 
 
 def _activation(spec: NodeSpec) -> bool:
@@ -184,31 +185,38 @@ def _pool(spec: NodeSpec, fill: float, combine, inv: np.ndarray | None = None) -
     oh, ow = spec.outputs[0].shape[2:]
     pad = _Padded(spec, kernel, strides, dil, pb, pe, fill)
     dt = np.dtype(spec.outputs[0].dtype)
-    rows_bytes = c * pad.hp * ow * dt.itemsize
+    cb = max(1, min(c, _POOL_BUDGET // max(1, pad.hp * ow * dt.itemsize)))  # channels per block: bounded scratch
 
     def bind(i, o, s):
         srcs = [pad.view(i[0][b], s[1] if pad.needed else None) for b in range(n)]
-        rows = scratch_view(s[0], (c, pad.hp, ow), dt)
+        rows = scratch_view(s[0], (cb, pad.hp, ow), dt)
         plans = []
         for b in range(n):
-            src = srcs[b]
-            wtaps = [src[:, :, a * dil[1]:a * dil[1] + (ow - 1) * strides[1] + 1:strides[1]] for a in range(kernel[1])]
-            htaps = [rows[:, a * dil[0]:a * dil[0] + (oh - 1) * strides[0] + 1:strides[0]] for a in range(kernel[0])]
-            plans.append((src, wtaps, htaps, o[0][b]))
+            src, out = srcs[b], o[0][b]
+            blocks = []
+            for c0 in range(0, c, cb):
+                k = min(cb, c - c0)
+                r = rows[:k]
+                wtaps = [src[c0:c0 + k, :, a * dil[1]:a * dil[1] + (ow - 1) * strides[1] + 1:strides[1]]
+                         for a in range(kernel[1])]
+                htaps = [r[:, a * dil[0]:a * dil[0] + (oh - 1) * strides[0] + 1:strides[0]] for a in range(kernel[0])]
+                blocks.append((r, wtaps, htaps, out[c0:c0 + k]))
+            plans.append((src, blocks))
 
         def run():
-            for b, (src, wtaps, htaps, out) in enumerate(plans):
+            for b, (src, blocks) in enumerate(plans):
                 pad.refresh(i[0][b], src)
-                np.copyto(rows, wtaps[0])
-                for t in wtaps[1:]:
-                    combine(rows, t, out=rows)
-                np.copyto(out, htaps[0])
-                for t in htaps[1:]:
-                    combine(out, t, out=out)
-                if inv is not None:
-                    np.multiply(out, inv, out=out)
+                for r, wtaps, htaps, out in blocks:
+                    np.copyto(r, wtaps[0])
+                    for t in wtaps[1:]:
+                        combine(r, t, out=r)
+                    np.copyto(out, htaps[0])
+                    for t in htaps[1:]:
+                        combine(out, t, out=out)
+                    if inv is not None:
+                        np.multiply(out, inv, out=out)
         return run
-    return _Bound(bind, (rows_bytes, pad.nbytes))
+    return _Bound(bind, (cb * pad.hp * ow * dt.itemsize, pad.nbytes))
 
 
 def maxpool(spec: NodeSpec) -> Kernel:
