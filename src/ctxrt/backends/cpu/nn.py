@@ -285,7 +285,7 @@ def gemm(spec: NodeSpec) -> Kernel:
     has_c = len(spec.inputs) > 2 and spec.inputs[2] is not None
     cconst = spec.consts[2] if has_c else None
     bconst = spec.consts[1]
-    bmat = None if bconst is None else np.ascontiguousarray(bconst.T if tb else bconst)
+    bmat = None if bconst is None else (bconst.T if tb else bconst)  # a transposed view: NT GEMM, no copy
     cscaled = None if cconst is None else (cconst * beta).astype(spec.outputs[0].dtype)
     relu = _activation(spec)
     if has_c and cconst is None and beta != 1.0:
@@ -306,6 +306,8 @@ def gemm(spec: NodeSpec) -> Kernel:
 
 
 def matmul(spec: NodeSpec) -> Kernel:
+    if spec.attr("transB", 0):  # B stored [N, K] by the TransposeMatMulWeights pass: an NT GEMM, no copy
+        return FnKernel(lambda i, o, s: np.matmul(i[0], i[1].T, out=o[0]))
     return FnKernel(lambda i, o, s: np.matmul(i[0], i[1], out=o[0]))
 
 
