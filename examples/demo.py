@@ -113,6 +113,13 @@ def sharing(resnet: Path, bert: Path, bert_shapes: dict, bert_feeds: dict) -> No
     print(f"  BERT split in 2 context binaries, run as a chain: max |chain - whole| = {err:.1e}; spill-fill "
           f"{cm['spillfill'] / mib:.2f} MiB shared instead of {cm['spillfill_unshared'] / mib:.2f} MiB, "
           f"{chain.stats['copies_in']} copies in (the tensors between parts pass as handles)")
+    with ctxrt.InferenceSession(bert) as sess:  # onnxruntime's API; dynamic dims compiled at the first run
+        for _ in range(5):
+            sess.run(None, bert_feeds)
+        st = sess.stats
+        print(f"  InferenceSession, 5 runs: {st['tensors_created']} device tensors created (first run only), "
+              f"{st['tensor_cache_hits']} cache hits, {st['recordings']} recording (pinned), "
+              f"{st['tensor_cache_bytes_held']} bytes held until close()")
     for h in handles.values():
         ctx.mem_deregister(h)
     buf.release()
