@@ -265,3 +265,16 @@ def test_one_session_from_threads(squeezenet) -> None:
 
         run_in_threads(work, 4)
         assert sess.stats["session_runs"] == 20 and sess.stats["tensors_created"] == 2
+
+
+def test_shape_variants_are_bounded(bert) -> None:
+    theirs = ort.InferenceSession(str(bert), providers=["CPUExecutionProvider"])
+    with ctxrt.InferenceSession(bert, max_shape_variants=1) as sess:
+        for seq in (16, 8, 16):
+            feeds = zoo.bert_feeds(seq)
+            assert_close(Run(dict(enumerate(theirs.run(None, feeds))), dict(enumerate(sess.run(None, feeds))), 0, 0))
+        s = sess.stats
+        assert s["shape_variants_compiled"] == 3 and s["shape_variants_freed"] == 2
+        assert s["recordings"] == 3  # counters of freed variants are kept
+    with pytest.raises(CtxrtError, match="max_shape_variants"):
+        ctxrt.InferenceSession(bert, max_shape_variants=0)

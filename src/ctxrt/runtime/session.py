@@ -134,12 +134,17 @@ class InferenceSession:
     Options: `shapes` binds dynamic input dimensions; `cache_dir` keeps compiled context binaries keyed by
     the model's hash and the options; `tensor_cache_bytes` caps the bytes of tensors the cache keeps;
     `enable_tensor_cache=False` destroys a run's tensors after it; `enable_pinning=False` stops preferring
-    last run's tensor for each input and output (both only to measure what they save)."""
+    last run's tensor for each input and output (both only to measure what they save); `max_shape_variants`
+    bounds how many input-shape variants of an ONNX model stay compiled (each holds its own weights and
+    arena; the least recently used is freed first)."""
 
     def __init__(self, path_or_bytes: str | os.PathLike | bytes, backend: str | Backend = "cpu", *,
                  shapes: Mapping[str, Sequence[int]] | None = None, graph: str | None = None,
                  cache_dir: str | os.PathLike | None = None, tensor_cache_bytes: int | None = None,
-                 enable_tensor_cache: bool = True, enable_pinning: bool = True) -> None:
+                 enable_tensor_cache: bool = True, enable_pinning: bool = True, max_shape_variants: int = 4) -> None:
+        if max_shape_variants < 1:
+            raise CtxrtError(f"max_shape_variants must be >= 1, got {max_shape_variants}")
+        self._max_variants = max_shape_variants
         self.backend = get_backend(backend)
         self._lock = threading.RLock()
         self._closed = True  # until loaded
@@ -148,6 +153,7 @@ class InferenceSession:
         self._source: Any = None  # an ONNX model (path or bytes) that can be compiled for other shapes
         self._cache_dir = cache_dir
         self._variants: dict[tuple[tuple[int, ...], ...], _Variant] = {}
+        self._retired: Counter[str] = Counter()  # counters of freed variants' contexts
         default = self._load(path_or_bytes, shapes, graph)
         # name -> (dtype, dims) of the model's inputs and outputs (dims symbolic where not compiled yet)
         self._in_decl: dict[str, tuple[np.dtype, list[int | str]]]
@@ -232,15 +238,21 @@ class InferenceSession:
             if v.dtype != dt:
                 raise ShapeError(f"input {name!r} expects {dt}, got {v.dtype}")
         key = tuple(tuple(feeds[name].shape) for name in decl)
-        variant = self._variants.get(key)
+        variant = self._variants.pop(key, None)
         if variant is None:
             if self._source is None:
                 name = next(n for n, (_, dims) in decl.items() if list(feeds[n].shape) != dims)
                 raise ShapeError(f"input {name!r} expects {decl[name][0]}{decl[name][1]}, got "
                                  f"{feeds[name].dtype}{list(feeds[name].shape)} (a context binary has fixed shapes)")
+            while len(self._variants) >= self._max_variants:  # free the least recently used variant first
+                old = self._variants.pop(next(iter(self._variants)))
+                for ctx in old.contexts:
+                    self._retired.update(ctx.stats)  # its counters stay in sess.stats
+                old.free()
+                self._counters["shape_variants_freed"] += 1
             variant = self._single(self._compile(self._source, {n: feeds[n].shape for n in decl}), None)
-            self._variants[key] = variant
             self._counters["shape_variants_compiled"] += 1
+        self._variants[key] = variant  # most recently used last
         self._current = variant
         return variant
 
@@ -370,7 +382,7 @@ class InferenceSession:
         """Session counters (runs, copies, plans, compile cache, shape variants), tensor-cache counters
         (hits, misses, created, destroyed, evicted, bytes held) and the contexts' counters (recordings,
         bytes allocated by category, memory handles)."""
-        total: Counter[str] = Counter()
+        total: Counter[str] = Counter(self._retired)
         for v in self._variants.values():
             for ctx in v.contexts:
                 total.update(ctx.stats)
