@@ -186,8 +186,8 @@ def _run_group(args: argparse.Namespace, shapes: dict[str, tuple[int, ...]]) -> 
     chains = [m for m in args.model if _is_chain(m)]
     if chains and len(args.model) > 1:
         raise UsageError(f"{chains[0]} chains several context binaries: run it alone")
-    if args.graph and len(args.model) > 1:
-        raise UsageError("--graph applies to a single model")
+    if args.graph and (len(args.model) > 1 or chains):
+        raise UsageError("--graph applies to a single model, not to several models or a chain")
     if chains:
         group = ContextGroup.from_epcontext(chains[0], backend, share_spillfill=args.share_spillfill)
         try:
