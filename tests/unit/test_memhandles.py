@@ -210,3 +210,13 @@ def test_register_and_execute_from_threads(ctx) -> None:
 
     run_in_threads(work, 4)
     assert isinstance(_io(ctx, be.alloc_shared(256, 64))[0], MemHandle)
+
+
+def test_output_overlapping_another_io_tensor_is_refused(ctx) -> None:
+    buf = ctx.backend.alloc_shared(512, 64)
+    x = ctx.mem_register(buf, 0, (4, 8), np.float32)
+    with pytest.raises(RegistrationError, match="overlapping bytes"):
+        ctx.graph().execute({"x": x}, {"y": x})  # in place: the second MatMul would read its own output
+    with pytest.raises(RegistrationError, match="overlapping bytes"):
+        ctx.graph().execute({"x": x}, {"y": ctx.mem_register(buf, 64, (4, 8), np.float32)})
+    ctx.graph().execute({"x": x}, {"y": ctx.mem_register(buf, 128, (4, 8), np.float32)})  # adjacent: fine

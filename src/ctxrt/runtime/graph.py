@@ -99,6 +99,7 @@ class Graph:
         """Re-bind the launches that read or write IO tensors to `bound` (a handle, or None for the internal
         buffer, per IO tensor); the rest of the launch list is kept."""
         ctx = self.ctx
+        self._check_overlap(bound)
         for name, h in zip(self._io_order, bound, strict=True):
             if h is None and name not in self._internal:  # prepared as memhandle, now run raw
                 info = self._info[name]
@@ -111,6 +112,21 @@ class Graph:
             self._launches[k] = self._bind_step(k)
         self._bound = bound
         ctx.stats["recordings"] += 1
+
+    def _check_overlap(self, bound: tuple[MemHandle | None, ...]) -> None:
+        """An output handle may not share bytes with any other IO handle: kernels would read what they
+        already overwrote. (Inputs may overlap each other: they are only read.)"""
+        n_in = len(self.inputs)
+        for k, out in enumerate(bound[n_in:], n_in):
+            if out is None:
+                continue
+            for j, other in enumerate(bound):
+                if j == k or other is None or other.buffer is not out.buffer:
+                    continue
+                lo, hi = max(other.offset, out.offset), min(other.offset + other.nbytes, out.offset + out.nbytes)
+                if other is out or lo < hi:
+                    raise RegistrationError(f"output {self._io_order[k]!r} and {self._io_order[j]!r} are bound to "
+                                            "overlapping bytes of one shared buffer")
 
     # -- running ---------------------------------------------------------------------------------
     def _check_feed(self, info: TensorInfo, array: Any, role: str) -> None:
