@@ -131,18 +131,101 @@ def test_io_binding_with_tensors_copies_nothing(squeezenet) -> None:
 
 
 def test_steady_state_allocates_nothing_beyond_results(squeezenet) -> None:
+    """Measured against the bare graph execute on the same handles (its kernels' transient NumPy buffers
+    are not the session's): run adds the returned array and a few small objects, bound Tensors nothing."""
     path, feeds, _ = squeezenet
     with ctxrt.InferenceSession(path) as sess:
         peak, growth = steady_state_allocation(lambda: sess.run(None, feeds))
         assert growth < 2048
         assert peak < 4000 + ITERATOR_BUFFER  # the returned 1000-float array and NumPy's small buffers
+        run_peak = peak
         b = sess.io_binding()
-        b.bind_input("data_0", ctxrt.Tensor.from_numpy(feeds["data_0"], sess))
-        b.bind_output("softmaxout_1", ctxrt.Tensor.empty((1, 1000, 1, 1), np.float32, sess))
+        x = ctxrt.Tensor.from_numpy(feeds["data_0"], sess)
+        y = ctxrt.Tensor.empty((1, 1000, 1, 1), np.float32, sess)
+        b.bind_input("data_0", x)
+        b.bind_output("softmaxout_1", y)
         created = sess.stats["tensors_created"]
         peak, growth = steady_state_allocation(lambda: sess.run_with_iobinding(b))
         assert growth < 1024 and peak < ITERATOR_BUFFER
         assert sess.stats["tensors_created"] == created
+        (ctx,), graph = sess._current.contexts, sess._current.stages[0].graph
+        ins, outs = {"data_0": x.handle(ctx)}, {"softmaxout_1": y.handle(ctx)}
+        bare, _ = steady_state_allocation(lambda: graph.execute(ins, outs))
+        assert peak - bare < 1024  # counters' ints only: no tensor, dict, list or array per run
+        assert run_peak - bare < 4000 + 2048  # the result (1000 floats) + its list and ndarray header
+        assert sess.stats["recordings"] == 2  # one for the cached tensors, one for the bound ones
+
+
+def test_binding_per_run_reuses_tensors(mlp) -> None:
+    """A new IOBinding every iteration (usual with onnxruntime): a deleted binding's session tensors go
+    back to the cache at the next run, so nothing is created after the first iteration."""
+    path, fn = mlp
+    with ctxrt.InferenceSession(path) as sess:
+        for k in range(10):
+            b = sess.io_binding()
+            b.bind_input("x", _x(k))
+            b.bind_output("y")
+            sess.run_with_iobinding(b)
+            np.testing.assert_allclose(b.copy_outputs_to_cpu()[0], fn(_x(k)), rtol=1e-4, atol=1e-5)
+            del b
+        s = sess.stats
+        assert s["tensors_created"] == 2 and s["bindings_returned"] == 9
+        assert s["tensor_cache_bytes_held"] == 2 * 4 * 16 * 4 and s["recordings"] == 1
+        b = sess.io_binding()  # kept: its output tensor stays its own while it lives
+        b.bind_input("x", _x(1))
+        b.bind_output("y")
+        sess.run_with_iobinding(b)
+        held = b.get_outputs()[0]
+        sess.run(None, {"x": _x(2)})
+        np.testing.assert_allclose(held.numpy(), fn(_x(1)), rtol=1e-4, atol=1e-5)
+        # the binding keeps its output tensor, its input copy went back at once: run makes one tensor
+        assert sess.stats["tensors_created"] == 3
+
+
+def test_run_takes_session_tensors_as_feeds(mlp) -> None:
+    """run() binds a Tensor feed in place (as onnxruntime's run takes an OrtValue): no copy in."""
+    path, fn = mlp
+    with ctxrt.InferenceSession(path) as sess, ctxrt.InferenceSession(path) as other:
+        x = ctxrt.Tensor.from_numpy(_x(3), sess)
+        for _ in range(3):
+            np.testing.assert_allclose(sess.run(None, {"x": x})[0], fn(_x(3)), rtol=1e-4, atol=1e-5)
+        s = sess.stats
+        assert s["copies_in"] == 0 and s["copies_out"] == 3
+        assert s["tensors_created"] == 1 and s["recordings"] == 1  # only the output came from the cache
+        assert s["tensor_cache_bytes_held"] == 4 * 16 * 4  # the user's Tensor is not the cache's
+        np.testing.assert_allclose(sess.run(None, {"x": _x(4)})[0], fn(_x(4)), rtol=1e-4, atol=1e-5)
+        assert sess.stats["recordings"] == 2 and sess.stats["tensors_created"] == 2
+        with pytest.raises(RegistrationError, match="another session"):
+            sess.run(None, {"x": ctxrt.Tensor.from_numpy(_x(), other)})
+        with pytest.raises(ShapeError, match=r"expects float32\[4, 16\], got .*float32\[2, 16\]"):
+            sess.run(None, {"x": ctxrt.Tensor.empty((2, 16), np.float32, sess)})
+        x.destroy()
+        with pytest.raises(LifecycleError, match="destroyed"):
+            sess.run(None, {"x": x})
+
+
+def test_failed_run_returns_its_tensors(mlp, monkeypatch) -> None:
+    """An allocation failing halfway through a run leaves no tensor lent: the next run reuses them."""
+    path, fn = mlp
+    with ctxrt.InferenceSession(path) as sess:
+        real, calls = sess.backend.alloc_shared, []
+
+        def alloc_once(nbytes, alignment):
+            calls.append(nbytes)
+            if len(calls) > 1:
+                raise MemoryError("device out of memory")
+            return real(nbytes, alignment)
+
+        monkeypatch.setattr(sess.backend, "alloc_shared", alloc_once)
+        with pytest.raises(MemoryError):
+            sess.run(None, {"x": _x()})  # the input tensor is made, the output's allocation fails
+        monkeypatch.undo()
+        s = sess.stats
+        assert s["tensors_created"] == 1 and s["tensor_cache_bytes_held"] == 4 * 16 * 4
+        assert not sess._cache._lent  # nothing stays lent to the failed run
+        np.testing.assert_allclose(sess.run(None, {"x": _x(1)})[0], fn(_x(1)), rtol=1e-4, atol=1e-5)
+        s = sess.stats
+        assert s["tensors_created"] == 2 and s["tensor_cache_hits"] == 1
 
 
 def test_close_releases_every_tensor(mlp) -> None:
@@ -204,6 +287,22 @@ def test_errors_are_clear(mlp, squeezenet, tmp_path) -> None:
         sess.run(None, {"data_0": np.zeros((2, 3, 224, 224), np.float32)})
     with pytest.raises(CtxrtError, match="no such model file"):
         ctxrt.InferenceSession(tmp_path / "missing.onnx")
+    with ctxrt.InferenceSession(path) as sess:  # an ONNX model with fixed dims: named, not compiled
+        with pytest.raises(ShapeError, match=r"input 'x' expects float32\[4, 16\], got float32\[3, 16\]"):
+            sess.run(None, {"x": np.zeros((3, 16), np.float32)})
+        with pytest.raises(ShapeError, match=r"expects float32\[4, 16\], got float32\[4\]"):
+            sess.run(None, {"x": np.zeros(4, np.float32)})
+        assert sess.stats["shape_variants_compiled"] == 0
+        b = sess.io_binding()
+        t = ctxrt.Tensor.empty((4, 16), np.float32, sess)
+        b.bind_input("x", t)
+        b.bind_output("y", ctxrt.Tensor.empty((2, 16), np.float32, sess))
+        with pytest.raises(ShapeError, match=r"output 'y' expects float32\[4, 16\], got a Tensor"):
+            sess.run_with_iobinding(b)
+        b.bind_output("y")
+        t.destroy()
+        with pytest.raises(LifecycleError, match=r"destroy\(\) was called"):
+            sess.run_with_iobinding(b)
 
 
 @pytest.mark.parametrize("kind", ["ctx-raw", "ctx-memhandle", "epcontext", "split", "onnx-bytes", "ctx-bytes"])
@@ -266,6 +365,18 @@ def test_one_session_from_threads(squeezenet) -> None:
         run_in_threads(work, 4)
         assert sess.stats["session_runs"] == 20 and sess.stats["tensors_created"] == 2
 
+        def mixed(k: int) -> None:  # run and each thread's own binding, interleaved
+            b = sess.io_binding()
+            b.bind_input("data_0", inputs[k] if k % 2 else ctxrt.Tensor.from_numpy(inputs[k], sess))
+            b.bind_output("softmaxout_1")
+            for _ in range(4):
+                sess.run_with_iobinding(b)
+                assert_close(Run({"y": wants[k]}, {"y": b.copy_outputs_to_cpu()[0]}, 0, 0))
+                assert_close(Run({"y": wants[k]}, {"y": sess.run(None, {"data_0": inputs[k]})[0]}, 0, 0))
+
+        run_in_threads(mixed, 4)
+        assert sess.stats["session_runs"] == 20 + 32
+
 
 def test_shape_variants_are_bounded(bert) -> None:
     theirs = ort.InferenceSession(str(bert), providers=["CPUExecutionProvider"])
@@ -276,5 +387,15 @@ def test_shape_variants_are_bounded(bert) -> None:
         s = sess.stats
         assert s["shape_variants_compiled"] == 3 and s["shape_variants_freed"] == 2
         assert s["recordings"] == 3  # counters of freed variants are kept
+        # a user's Tensors outlive the variants they were bound to: registered again in the new context, the
+        # freed context's handles let go
+        f16 = zoo.bert_feeds(16)
+        ts = {k: ctxrt.Tensor.from_numpy(v, sess) for k, v in f16.items()}
+        want = dict(enumerate(theirs.run(None, f16)))
+        for seq in (16, 8, 16):
+            got = sess.run(None, ts if seq == 16 else zoo.bert_feeds(8))
+            if seq == 16:
+                assert_close(Run(want, dict(enumerate(got)), 0, 0))
+        assert all(len(t._handles) == 1 and next(iter(t._handles.values())).registered for t in ts.values())
     with pytest.raises(CtxrtError, match="max_shape_variants"):
         ctxrt.InferenceSession(bert, max_shape_variants=0)

@@ -66,11 +66,15 @@ class _Variant:
         self.out_info = {t.name: t for t in outputs}
         self.out_index = {t.name: i for i, t in enumerate(outputs)}
         self.all_outputs = [t.name for t in outputs]
+        self.in_dt = [np.dtype(t.dtype) for t in inputs]  # looked up once, not every run
+        self.out_dt = [np.dtype(t.dtype) for t in outputs]
         n_in, n_out = len(inputs), len(outputs)
         self.last_in: list[Tensor | None] = [None] * n_in  # the tensors bound last (pinning)
         self.last_out: list[Tensor | None] = [None] * n_out
         self.cur_in: list[Tensor | None] = [None] * n_in
         self.cur_out: list[Tensor | None] = [None] * n_out
+        self.own_in: list[Tensor | None] = [None] * n_in  # the cache's tensors lent to the run in progress
+        self.own_out: list[Tensor | None] = [None] * n_out
         self.plan_in: list[Tensor | None] = [None] * n_in  # the tensors `plan` was built for
         self.plan_out: list[Tensor | None] = [None] * n_out
         self.plan: list[tuple[Graph, dict[str, Any], dict[str, Any]]] = []
@@ -150,6 +154,7 @@ class InferenceSession:
         self._closed = True  # until loaded
         self._counters: Counter[str] = Counter()
         self._user_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
+        self._orphans: list[list[Tensor]] = []  # session tensors of IOBindings deleted since the last run
         self._source: Any = None  # an ONNX model (path or bytes) that can be compiled for other shapes
         self._cache_dir = cache_dir
         self._variants: dict[tuple[tuple[int, ...], ...], _Variant] = {}
@@ -244,6 +249,10 @@ class InferenceSession:
                 name = next(n for n, (_, dims) in decl.items() if list(feeds[n].shape) != dims)
                 raise ShapeError(f"input {name!r} expects {decl[name][0]}{decl[name][1]}, got "
                                  f"{feeds[name].dtype}{list(feeds[name].shape)} (a context binary has fixed shapes)")
+            for name, (dt, dims) in decl.items():
+                got = feeds[name].shape
+                if len(got) != len(dims) or any(isinstance(d, int) and d != g for d, g in zip(dims, got, strict=True)):
+                    raise ShapeError(f"input {name!r} expects {dt}{dims}, got {feeds[name].dtype}{list(got)}")
             while len(self._variants) >= self._max_variants:  # free the least recently used variant first
                 old = self._variants.pop(next(iter(self._variants)))
                 for ctx in old.contexts:
@@ -301,40 +310,55 @@ class InferenceSession:
     def get_providers(self) -> list[str]:
         return [f"ctxrt:{self.backend.name}"]
 
-    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, np.ndarray],
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, np.ndarray | Tensor],
             run_options: Any = None) -> list[np.ndarray]:
         """Run once; new arrays for the named outputs (all when None), in that order. Feeds of other shapes
-        than compiled run a variant compiled for them (ONNX models only), kept for later runs."""
+        than compiled run a variant compiled for them (ONNX models only), kept for later runs. A feed may be
+        a `Tensor` of this session (as onnxruntime's `run` takes an OrtValue): it is bound in place, no copy."""
         with self._lock:
             self._check_open()
+            if self._orphans:
+                self._return_orphans()
             v = self._variant(input_feed)
             names = v.all_outputs if output_names is None else self._check_outputs(v, output_names)
             if input_feed.keys() != v.in_info.keys():
                 missing = sorted(set(v.in_info) - set(input_feed))
                 extra = sorted(set(input_feed) - set(v.in_info))
                 raise ShapeError(f"inputs: missing {missing}, unknown {extra}")
-            for info in v.inputs:
-                _check_array(info, input_feed[info.name], "input")
+            for info, dt in zip(v.inputs, v.in_dt, strict=True):
+                x = input_feed[info.name]
+                if x.__class__ is Tensor:
+                    self._check_tensor(info, dt, x, "input")
+                else:
+                    _check_array(info, dt, x, "input")
             cache, counters, pin = self._cache, self._counters, self._pinning
-            for i, info in enumerate(v.inputs):
-                t = cache.acquire(info.shape, np.dtype(info.dtype), v.last_in[i] if pin else None)
-                np.copyto(t.array, input_feed[info.name])
-                counters["copies_in"] += 1
-                v.cur_in[i] = t
-            for i, info in enumerate(v.outputs):
-                v.cur_out[i] = cache.acquire(info.shape, np.dtype(info.dtype), v.last_out[i] if pin else None)
+            own_in, own_out = v.own_in, v.own_out  # what this run took from the cache (None: the user's)
             try:
+                for i, info in enumerate(v.inputs):
+                    x = input_feed[info.name]
+                    if x.__class__ is Tensor:
+                        v.cur_in[i] = x
+                        continue
+                    t = own_in[i] = cache.acquire(info.shape, v.in_dt[i], v.last_in[i] if pin else None)
+                    np.copyto(t.array, x)
+                    counters["copies_in"] += 1
+                    v.cur_in[i] = v.last_in[i] = t
+                for i, info in enumerate(v.outputs):
+                    t = own_out[i] = cache.acquire(info.shape, v.out_dt[i], v.last_out[i] if pin else None)
+                    v.cur_out[i] = v.last_out[i] = t
                 v.execute()
                 counters["session_runs"] += 1
                 results = [v.cur_out[v.out_index[n]].array.copy() for n in names]
                 counters["copies_out"] += len(names)
-            finally:
-                for i, t in enumerate(v.cur_in):
-                    cache.release(t)
-                    v.last_in[i] = t
-                for i, t in enumerate(v.cur_out):
-                    cache.release(t)
-                    v.last_out[i] = t
+            finally:  # back to the cache, also when the run failed halfway
+                for i, t in enumerate(own_in):
+                    if t is not None:
+                        cache.release(t)
+                        own_in[i] = None
+                for i, t in enumerate(own_out):
+                    if t is not None:
+                        cache.release(t)
+                        own_out[i] = None
             return results
 
     def io_binding(self) -> IOBinding:
@@ -347,35 +371,48 @@ class InferenceSession:
             raise RegistrationError("this IOBinding belongs to another session")
         with self._lock:
             self._check_open()
-            missing = [name for name in self._in_decl if name not in binding._inputs]
-            if missing:
-                raise ShapeError(f"run_with_iobinding: inputs not bound: {missing}")
+            for name in self._in_decl:  # a loop: no list made per run
+                if name not in binding._inputs:
+                    missing = [n for n in self._in_decl if n not in binding._inputs]
+                    raise ShapeError(f"run_with_iobinding: inputs not bound: {missing}")
+            if self._orphans:
+                self._return_orphans()
             v = self._variant(binding._inputs)
             cache, pin = self._cache, self._pinning
             lent = binding._lent
-            for t in lent:  # session tensors of this binding's previous run go back to the cache first
+            for t in lent:  # session output tensors of this binding's previous run go back to the cache first
                 cache.release(t)
             lent.clear()
-            for i, info in enumerate(v.inputs):
-                x = binding._inputs[info.name]
-                if not isinstance(x, Tensor):
-                    _check_array(info, x, "input")
-                    t = cache.acquire(info.shape, np.dtype(info.dtype), v.last_in[i] if pin else None)
-                    np.copyto(t.array, x)
-                    self._counters["copies_in"] += 1
-                    lent.append(t)
-                    v.last_in[i] = x = t
-                v.cur_in[i] = x
-            for i, info in enumerate(v.outputs):
-                y = binding._outputs.get(info.name)
-                if y is None:
-                    y = cache.acquire(info.shape, np.dtype(info.dtype), v.last_out[i] if pin else None)
-                    lent.append(y)
-                    v.last_out[i] = y
-                v.cur_out[i] = y
-                binding._results[info.name] = y
-            v.execute()
-            self._counters["session_runs"] += 1
+            own_in = v.own_in
+            try:
+                for i, info in enumerate(v.inputs):
+                    x = binding._inputs[info.name]
+                    if x.__class__ is Tensor:
+                        self._check_tensor(info, v.in_dt[i], x, "input")  # e.g. destroyed since it was bound
+                    else:
+                        _check_array(info, v.in_dt[i], x, "input")
+                        t = own_in[i] = cache.acquire(info.shape, v.in_dt[i], v.last_in[i] if pin else None)
+                        np.copyto(t.array, x)
+                        self._counters["copies_in"] += 1
+                        v.last_in[i] = x = t
+                    v.cur_in[i] = x
+                for i, info in enumerate(v.outputs):
+                    y = binding._outputs.get(info.name)
+                    if y is None:  # a session tensor, the binding's until its next run (or its deletion)
+                        y = cache.acquire(info.shape, v.out_dt[i], v.last_out[i] if pin else None)
+                        lent.append(y)
+                        v.last_out[i] = y
+                    else:
+                        self._check_tensor(info, v.out_dt[i], y, "output")
+                    v.cur_out[i] = y
+                    binding._results[info.name] = y
+                v.execute()
+                self._counters["session_runs"] += 1
+            finally:  # input copies are not needed after the run: back to the cache at once
+                for i, t in enumerate(own_in):
+                    if t is not None:
+                        cache.release(t)
+                        own_in[i] = None
 
     @property
     def stats(self) -> Counter[str]:
@@ -397,6 +434,7 @@ class InferenceSession:
             if self._closed:
                 return
             self._cache.clear()
+            self._orphans.clear()
             for t in list(self._user_tensors):
                 t.destroy()
             for v in self._variants.values():
@@ -418,6 +456,22 @@ class InferenceSession:
         if self._closed:
             raise LifecycleError("session is closed")
 
+    def _return_orphans(self) -> None:
+        """Tensors lent to IOBindings that were deleted go back to the cache."""
+        while self._orphans:
+            for t in self._orphans.pop():
+                if not t.destroyed:
+                    self._cache.release(t)
+            self._counters["bindings_returned"] += 1
+
+    def _check_tensor(self, info: TensorInfo, dt: np.dtype, t: Tensor, role: str) -> None:
+        if t.session is not self:
+            raise RegistrationError(f"{role} {info.name!r}: the Tensor belongs to another session")
+        t._check()
+        if t.shape != info.shape or t.dtype != dt:
+            raise ShapeError(f"{role} {info.name!r} expects {dt}{list(info.shape)}, "
+                             f"got a Tensor {t.dtype}{list(t.shape)}")
+
     @staticmethod
     def _check_outputs(v: _Variant, output_names: Sequence[str]) -> Sequence[str]:
         for n in output_names:
@@ -428,14 +482,24 @@ class InferenceSession:
 
 class IOBinding:
     """Like onnxruntime's IOBinding: bind inputs (Tensor: in place; ndarray: copied into a cached tensor at
-    run) and outputs (Tensor: written in place; None: a session tensor, read with get_outputs())."""
+    run) and outputs (Tensor: written in place; None: a session tensor, read with get_outputs()).
+
+    Unlike onnxruntime, an output bound with None does not get a new tensor every run: the binding's next
+    run writes the same session tensor again (pinning), and when the binding is deleted its tensors go back
+    to the session's cache. Keep a result with `.numpy()` (a copy) or bind a Tensor of your own."""
 
     def __init__(self, session: InferenceSession) -> None:
         self.session = session
         self._inputs: dict[str, Tensor | np.ndarray] = {}
         self._outputs: dict[str, Tensor | None] = {}
         self._results: dict[str, Tensor] = {}
-        self._lent: list[Tensor] = []
+        self._lent: list[Tensor] = []  # session tensors this binding's last run used
+
+    def __del__(self) -> None:
+        # The session returns them to its cache at its next run: a binding made per iteration (as is usual
+        # with onnxruntime) does not make new tensors every run. list.append is safe wherever GC runs this.
+        if self._lent:
+            self.session._orphans.append(self._lent)
 
     def bind_input(self, name: str, value: Tensor | np.ndarray) -> None:
         decl = self.session._in_decl.get(name)
@@ -491,12 +555,12 @@ def _node_arg(name: str, dt: np.dtype, dims: list[int | str]) -> NodeArg:
     return NodeArg(name, list(dims), f"tensor({_ONNX_TYPES.get(dt.name, dt.name)})")
 
 
-def _check_array(info: TensorInfo, value: Any, role: str) -> None:
+def _check_array(info: TensorInfo, dt: np.dtype, value: Any, role: str) -> None:
     if not isinstance(value, np.ndarray):
-        raise ShapeError(f"{role} {info.name!r} must be a numpy.ndarray, got {type(value).__name__}")
-    if value.shape != info.shape or value.dtype != np.dtype(info.dtype):
-        raise ShapeError(f"{role} {info.name!r} expects {np.dtype(info.dtype)}{list(info.shape)}, "
-                         f"got {value.dtype}{list(value.shape)}")
+        raise ShapeError(f"{role} {info.name!r} must be a numpy.ndarray or a ctxrt.Tensor, "
+                         f"got {type(value).__name__}")
+    if value.shape != info.shape or value.dtype != dt:
+        raise ShapeError(f"{role} {info.name!r} expects {dt}{list(info.shape)}, got {value.dtype}{list(value.shape)}")
 
 
 __all__ = ["InferenceSession", "IOBinding", "NodeArg", "Tensor"]

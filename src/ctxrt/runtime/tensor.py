@@ -71,12 +71,15 @@ class Tensor:
         h = self._handles.get(id(ctx))
         if h is None or not h.registered:
             self._check()
+            for key in [k for k, old in self._handles.items() if not old.registered]:
+                del self._handles[key]  # handles of freed contexts (e.g. a freed shape variant): let them go
             h = self._handles[id(ctx)] = ctx.mem_register(self.buffer, 0, self.shape, self.dtype)
         return h
 
     def _check(self) -> None:
         if self.destroyed:
-            raise LifecycleError("tensor was destroyed (its session closed, or the cache evicted it)")
+            raise LifecycleError("tensor was destroyed (destroy() was called, its session closed, or the cache "
+                                 "evicted it)")
 
     def destroy(self) -> None:
         """Deregister the tensor's handles and free its buffer."""
