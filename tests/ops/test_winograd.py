@@ -111,3 +111,12 @@ def test_conv_constant_bias_folded_into_the_gemm(shape) -> None:
         assert len(nn.conv(spec).scratch) == 1
     node = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[kk // 2] * 4, strides=[1, 1] if kk == 1 else [2, 2])
     check(node, {"x": x}, {"w": w, "b": b}, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_winograd_conv_with_bias_as_graph_input(dtype) -> None:
+    """The bias is read from its input at run time (added to M[1, 1]); float64 weights transform exactly."""
+    x, w, b = rand(1, 48, 30, 30, dtype=dtype), _w(64, 48, 3, 3).astype(dtype), rand(64, dtype=dtype)
+    tol = 1e-4 if dtype == np.float32 else 1e-9
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])
+    check(node, {"x": x, "b": b}, {"w": w}, rtol=tol, atol=tol / 10)

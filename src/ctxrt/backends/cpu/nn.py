@@ -111,6 +111,7 @@ def relu_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 _COL_BUDGET = 2 << 20  # bytes of im2col columns (or of 1x1 input columns) per GEMM block
 _POOL_BUDGET = 256 << 10  # bytes of a pool's row-reduced scratch: pooled in blocks of channels
 _FOLD_MIN = 1 << 20  # bytes of conv output (per image) from which a constant bias is folded into the GEMM
+_PHASE_MIN_COLS = 64  # output columns from which strided windows are read from a phase-split input
 
 
 def _activation(spec: NodeSpec) -> bool:
@@ -153,7 +154,7 @@ def conv(spec: NodeSpec) -> Kernel:
                                          residual, relu, dt, tn=winograd.prefer_tn(c, m))
     # Strided windows from a phase-split input where output rows are long enough for that to pay (ResNet-50's
     # 7x7 stride-2 stem, 112 columns: im2col copy 0.73 -> 0.48 ms; 3x3 stride 2 to 28 columns: no gain).
-    phases = strides[1] if strides[1] > 1 and dil[1] == 1 and kw > 1 and ow >= 64 else 1
+    phases = strides[1] if strides[1] > 1 and dil[1] == 1 and kw > 1 and ow >= _PHASE_MIN_COLS else 1
     pad = _Padded(spec, (kh, kw), strides, dil, pb, pe, 0.0, phases)
     # A constant bias rides in the GEMM as one more column of the weights against a row of ones below the
     # im2col columns: a pass over the output saved, worth a copy of the weights where the output is large
