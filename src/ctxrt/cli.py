@@ -121,11 +121,10 @@ def _context_source(model: str, shapes: dict[str, tuple[int, ...]], backend: Any
     if Path(model).is_file() and is_epcontext(model):
         source = read_epcontext(model)[0].source
         return source if isinstance(source, bytes) else str(source)
-    from ctxrt.format import context_bytes
-    from ctxrt.runtime.loader import compile_graphs, context_info
+    from ctxrt.compiler import compile_graphs, context_to_bytes
 
     graphs, weights = compile_graphs([(model, shapes, "main")], backend)
-    return context_bytes(graphs, weights, context_info(backend, [model]))
+    return context_to_bytes(graphs, weights, backend, [model])
 
 
 def _time(fn: Any, repeat: int) -> list[float]:
@@ -179,7 +178,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_group(args: argparse.Namespace, shapes: dict[str, tuple[int, ...]]) -> int:
     """Several models (or one chain of contexts), each context's graph run once per repeat, in order."""
-    from ctxrt.runtime import get_backend
+    from ctxrt.backends import get_backend
     from ctxrt.runtime.group import ContextGroup
 
     backend = get_backend(args.backend)
@@ -246,8 +245,8 @@ def _group_report(args: argparse.Namespace, group: Any, outs: dict[str, np.ndarr
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from ctxrt.runtime import get_backend
-    from ctxrt.runtime.loader import compile_graphs, context_info, save_context
+    from ctxrt.backends import get_backend
+    from ctxrt.compiler import compile_graphs, save_context
 
     if args.config:
         raise UsageError("--config (tuning) is not implemented yet")
@@ -257,7 +256,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     shapes = graph_shapes(args.shape, len(args.models))
     models = [(m, s, n) for m, s, n in zip(args.models, shapes, _graph_names(args.models), strict=True)]
     graphs, weights = compile_graphs(models, backend, args.io_mem_type)
-    out = save_context(args.output, graphs, weights, context_info(backend, args.models))
+    out = save_context(args.output, graphs, weights, backend, args.models)
     if args.epcontext:
         from ctxrt.format import read_metadata
         from ctxrt.frontend.epcontext import write_epcontext
@@ -273,10 +272,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def _compile_split(args: argparse.Namespace) -> int:
     """MODEL.onnx --split K -o DIR/: DIR/MODEL_part{i}.ctx for each part and DIR/MODEL_ctx.onnx chaining them."""
+    from ctxrt.backends import get_backend
+    from ctxrt.compiler import compile_split, save_context
     from ctxrt.format import read_metadata
     from ctxrt.frontend.epcontext import write_epcontext
-    from ctxrt.runtime import get_backend
-    from ctxrt.runtime.loader import compile_split, context_info, save_context
 
     if len(args.models) != 1:
         raise UsageError("--split takes one model")
@@ -292,7 +291,7 @@ def _compile_split(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for i, (graph, weights) in enumerate(parts):
-        path = save_context(out_dir / f"{stem}_part{i}.ctx", [graph], weights, context_info(backend, [model]))
+        path = save_context(out_dir / f"{stem}_part{i}.ctx", [graph], weights, backend, [model])
         written.append((path, read_metadata(path)))
     wrapper = out_dir / f"{stem}_ctx.onnx"
     write_epcontext(wrapper, written, embed=args.embed, source_model=Path(model).name, outputs=outputs)

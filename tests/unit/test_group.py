@@ -13,9 +13,9 @@ import ctxrt
 import ctxrt.format
 import ctxrt.runtime.loader as loader
 from ctxrt.backends.cpu.backend import CpuBackend
+from ctxrt.compiler import compile_graphs, save_context
 from ctxrt.errors import FormatError, LifecycleError
 from ctxrt.runtime.group import ContextGroup
-from ctxrt.runtime.loader import compile_graphs, context_info, save_context
 
 
 def _mlp(width: int, seed: int):
@@ -40,7 +40,7 @@ def three(tmp_path):
     for name, width in [("small", 32), ("large", 1024), ("medium", 256)]:
         model, fn = _mlp(width, width)
         graphs, weights = compile_graphs([(model, None, "main")], be)
-        path = save_context(tmp_path / f"{name}.ctx", graphs, weights, context_info(be, [name]))
+        path = save_context(tmp_path / f"{name}.ctx", graphs, weights, be, [name])
         out.append((path, fn))
     return out
 

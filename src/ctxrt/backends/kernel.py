@@ -48,12 +48,15 @@ class Kernel:
     """A kernel chosen for one node at fixed shapes.
 
     `scratch` lists the byte sizes of the scratch buffers it needs while it runs; the planner places
-    them in the arena. `bind` receives views (inputs, outputs, scratch as uint8 arrays) and returns a
-    zero-argument launch that computes outputs from inputs without allocating memory.
+    them in the arena. `bind` receives the backend's tensors (inputs, outputs, scratch as uint8 tensors)
+    and returns a zero-argument launch that computes outputs from inputs without allocating memory.
+    `programs` names the device programs the launch needs (keys of the backend's ProgramStore): they are
+    built or loaded once, before any kernel is bound, and stored in context binaries.
     """
 
     scratch: tuple[int, ...] = ()
     algorithm: str = "default"
+    programs: tuple[Any, ...] = ()
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         raise NotImplementedError

@@ -1,4 +1,4 @@
-"""Compile ONNX models into graphs bound to a memory plan."""
+"""Compile ONNX models into graphs bound to a memory plan (online prepare returns a Context)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ctxrt.backends import Backend, get_backend, supported_ops
 from ctxrt.compiler.build import compile_graph
+from ctxrt.compiler.prepare import compile_graphs, compile_split, context_info, context_to_bytes, save_context
 from ctxrt.compiler.program import CompiledGraph
 from ctxrt.ir.graph import Graph as IRGraph
 from ctxrt.ir.passes import default_passes, run_passes
-from ctxrt.runtime import get_backend
-from ctxrt.runtime.backend import Backend
 from ctxrt.runtime.context import Context
 
 
@@ -19,11 +19,11 @@ def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backe
     """ONNX model -> IR graph with static shapes, after the default passes."""
     from ctxrt.frontend.onnx import to_ir
 
-    return run_passes(to_ir(model, set(backend.kernels), shapes, name), default_passes())
+    return run_passes(to_ir(model, supported_ops(backend), shapes, name), default_passes())
 
 
 def compile_ir(graph: IRGraph, backend: Backend) -> tuple[CompiledGraph, dict[str, Any]]:
-    compiled = compile_graph(graph, backend.kernels, backend.alignment)
+    compiled = compile_graph(graph, backend)
     return compiled, {n: graph.values[n].const for n in compiled.const_names}
 
 
@@ -40,8 +40,12 @@ def compile(model: str | os.PathLike | bytes | Any, shapes: Mapping[str, Iterabl
 
     `io_mem_type="memhandle"` tells the context its IO tensors will be passed as memory handles, so it
     allocates no internal IO buffers (DESIGN.md §6)."""
-    from ctxrt.runtime.loader import compile_graphs, compile_to_context
+    from ctxrt.runtime.loader import compile_to_context
 
     be = get_backend(backend)
     graphs, weights = compile_graphs([(model, shapes, "main")], be, io_mem_type)
     return compile_to_context(graphs, weights, be, defer_graph_init)
+
+
+__all__ = ["compile", "compile_graphs", "compile_ir", "compile_model", "compile_split", "context_info",
+           "context_to_bytes", "lower", "save_context"]

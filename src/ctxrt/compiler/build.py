@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec, TensorSpec
+from ctxrt.backends import Backend, select_kernel
+from ctxrt.backends.kernel import Kernel, NodeSpec, TensorSpec
 from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Interval, Ref, Step, TensorInfo
 from ctxrt.errors import UnsupportedOpError
 from ctxrt.ir.graph import Graph, Node
@@ -33,19 +34,6 @@ def node_spec(graph: Graph, node: Node) -> NodeSpec:
         graph.opset)
 
 
-def make_kernel(kernels: Mapping[str, KernelFactory], spec: NodeSpec) -> Kernel:
-    factory = kernels.get(spec.op)
-    if factory is None:
-        raise UnsupportedOpError(f"unsupported operators: {spec.op} ({spec.name})")
-    try:
-        return factory(spec)
-    except UnsupportedOpError:
-        raise
-    except Exception as e:
-        shapes = [s.shape if s else None for s in spec.inputs]
-        raise UnsupportedOpError(f"{spec.op} node {spec.name!r} with inputs {shapes}: {e}") from e
-
-
 class _Storage:
     """Union of values that share memory (aliases and in-place results), keyed by root value."""
 
@@ -61,7 +49,9 @@ class _Storage:
         self.root[child] = self.find(parent)
 
 
-def compile_graph(graph: Graph, kernels: Mapping[str, KernelFactory], alignment: int = 64) -> CompiledGraph:
+def compile_graph(graph: Graph, backend: Backend) -> CompiledGraph:
+    """Choose each node's kernel (on the backend's device, else on its fallback), plan the arena."""
+    alignment = backend.alignment
     inputs, outputs = set(graph.inputs), set(graph.outputs)
     last_use = {name: -1 for name in graph.values}
     for step, node in enumerate(graph.nodes):
@@ -71,6 +61,7 @@ def compile_graph(graph: Graph, kernels: Mapping[str, KernelFactory], alignment:
 
     store = _Storage()
     kernel_of: dict[int, Kernel] = {}
+    placement: dict[int, str] = {}
     aliased: set[int] = set()
 
     def home(name: str) -> str:
@@ -96,7 +87,7 @@ def compile_graph(graph: Graph, kernels: Mapping[str, KernelFactory], alignment:
             aliased.add(step)
             continue
         spec = node_spec(graph, node)
-        kernel_of[step] = make_kernel(kernels, spec)
+        kernel_of[step], placement[step] = select_kernel(backend, spec)
         if out0 in outputs:
             continue
         for i in INPLACE.get(node.op, ()):
@@ -147,16 +138,19 @@ def compile_graph(graph: Graph, kernels: Mapping[str, KernelFactory], alignment:
             a = plan.allocations[f"{node.name}#scratch{j}"]
             scratch.append(Ref(ARENA, a.key, a.offset, (a.size,), "|u1"))
         steps.append(Step(node.op, node.name, node.attrs, [ref(n) if n else None for n in node.inputs],
-                          [ref(o) for o in node.outputs if o], scratch, kernel.algorithm))
+                          [ref(o) for o in node.outputs if o], scratch, kernel.algorithm, placement[step]))
     _check_outputs_written(graph, steps)
     const_names = sorted({r.key for s in steps for r in s.inputs if r is not None and r.space == CONST})
+    programs: dict[Any, None] = {}  # ordered, unique
+    for kernel in kernel_of.values():
+        programs.update(dict.fromkeys(kernel.programs))
     return CompiledGraph(
         graph.name, graph.opset,
         [TensorInfo(n, graph.values[n].shape, np.dtype(graph.values[n].dtype).str) for n in graph.inputs],
         [TensorInfo(n, graph.values[n].shape, np.dtype(graph.values[n].dtype).str) for n in graph.outputs],
         steps, plan.size, plan.lower_bound, alignment, plan.strategy,
         [Interval(a.key, a.offset, a.size, a.first, a.last) for a in plan.allocations.values()],
-        const_names)
+        const_names, list(programs))
 
 
 def _check_outputs_written(graph: Graph, steps: list[Step]) -> None:

@@ -6,6 +6,7 @@ reader would refuse.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,8 @@ def check_meta(value: Any, weights_size: int) -> dict[str, Any]:
         as_str(s, f"META source_models[{i}]")
     as_pow2(m["alignment"], "META alignment")
     check_depth(as_map(m["tuning"], "META tuning"), "META tuning")
+    if "device" in m:  # optional: files written before devices were recorded have none
+        str_map(m["device"], "META device")
     if as_int(m["weights_size"], "META weights_size") != weights_size:
         raise FormatError(f"META weights_size {m['weights_size']} differs from the WEIGHTS section's "
                           f"length {weights_size}")
@@ -101,7 +104,45 @@ def graph_meta(value: Any, where: str) -> dict[str, Any]:
         io_bytes += sum(nbytes(t.shape, np.dtype(t.dtype)) for t in infos)
     if as_int(field(g, "io_bytes", where), f"{where} io_bytes") != io_bytes:
         raise FormatError(f"{where}: io_bytes {g['io_bytes']} is not the sum of its IO tensors ({io_bytes})")
+    for i, part in enumerate(as_list(g.get("partitions", []), f"{where} partitions")):  # optional
+        p = as_map(part, f"{where} partitions[{i}]")
+        as_str(field(p, "backend", where), f"{where} partitions[{i}] backend")
+        as_int(field(p, "steps", where), f"{where} partitions[{i}] steps")
+        for op, n in as_map(field(p, "ops", where), f"{where} partitions[{i}] ops").items():
+            as_int(n, f"{where} partitions[{i}] ops[{op!r}]")
     return g
+
+
+def str_map(value: Any, where: str) -> dict[str, str]:
+    m = as_map(value, where)
+    for k, v in m.items():
+        as_str(v, f"{where}[{k!r}]")
+    return m
+
+
+# -- KERNELS ---------------------------------------------------------------------------------------
+
+PROGRAM_KEYS = ("name", "source_hash", "options", "source", "binary")
+
+
+def check_kernels(value: Any) -> dict[str, Any]:
+    """Decoded KERNELS: `{device: {str: str}, programs: [{name, source_hash, options, source, binary}]}`. Each
+    source must hash to its source_hash (SHA-256, hex), so a binary is never paired with another source."""
+    k = as_map(value, "KERNELS")
+    str_map(field(k, "device", "KERNELS"), "KERNELS device")
+    seen = set()
+    for i, entry in enumerate(as_list(field(k, "programs", "KERNELS"), "KERNELS programs")):
+        where = f"KERNELS programs[{i}]"
+        p = as_map(entry, where)
+        name, digest, options, source = (as_str(field(p, key, where), f"{where} {key}") for key in PROGRAM_KEYS[:4])
+        if not isinstance(field(p, "binary", where), bytes):
+            raise FormatError(f"{where} binary: expected bytes, got {type(p['binary']).__name__}")
+        if hashlib.sha256(source.encode()).hexdigest() != digest:
+            raise FormatError(f"{where} ({name}): its source does not match its source_hash")
+        if (digest, options) in seen:
+            raise FormatError(f"{where} ({name}): a second program for the same source and options")
+        seen.add((digest, options))
+    return k
 
 
 def tensor_info(value: Any, where: str) -> TensorInfo:
@@ -134,11 +175,11 @@ def graphs_from(value: Any, meta: dict[str, Any]) -> list[CompiledGraph]:
     if len(programs) != len(metas):
         raise FormatError(f"PROGRAMS has {len(programs)} graphs but META lists {len(metas)}")
     weights = {name: entry[1] for name, entry in meta["weights"].items()}
-    return [_graph(p, g, weights, f"PROGRAMS[{i}]") for i, (p, g) in enumerate(zip(programs, metas,
-                                                                                   strict=True))]
+    return [_graph(p, g, weights, meta["backend"], f"PROGRAMS[{i}]")
+            for i, (p, g) in enumerate(zip(programs, metas, strict=True))]
 
 
-def _graph(value: Any, g: dict[str, Any], weights: dict[str, int], where: str) -> CompiledGraph:
+def _graph(value: Any, g: dict[str, Any], weights: dict[str, int], backend: str, where: str) -> CompiledGraph:
     p = as_map(value, where)
     if field(p, "name", where) != g["name"]:
         raise FormatError(f"{where} name {p['name']!r} does not match META's {g['name']!r}")
@@ -152,7 +193,7 @@ def _graph(value: Any, g: dict[str, Any], weights: dict[str, int], where: str) -
             raise FormatError(f"{where} const_names: {n!r} is not in the weights table")
     places = _Places(g["spillfill_size"], alignment, {t.name: _size(t) for t in inputs},
                      {t.name: _size(t) for t in outputs}, weights)
-    steps = [_step(s, places, f"{where} steps[{i}]")
+    steps = [_step(s, places, backend, f"{where} steps[{i}]")
              for i, s in enumerate(as_list(field(p, "steps", where), f"{where} steps"))]
     intervals = [_interval(v, places.arena, f"{where} intervals[{i}]")
                  for i, v in enumerate(as_list(field(p, "intervals", where), f"{where} intervals"))]
@@ -164,7 +205,7 @@ def _size(t: TensorInfo) -> int:
     return nbytes(t.shape, np.dtype(t.dtype))
 
 
-def _step(value: Any, places: _Places, where: str) -> Step:
+def _step(value: Any, places: _Places, backend: str, where: str) -> Step:
     s = as_map(value, where)
     refs = {}
     for key in ("inputs", "outputs", "scratch"):
@@ -176,7 +217,8 @@ def _step(value: Any, places: _Places, where: str) -> Step:
     attrs = {k: _attr(v, f"{where} attrs[{k!r}]") for k, v in attrs.items()}
     return Step(as_str(field(s, "op", where), f"{where} op"), as_str(field(s, "name", where), f"{where} name"),
                 attrs, refs["inputs"], refs["outputs"], refs["scratch"],
-                as_str(field(s, "algorithm", where), f"{where} algorithm"))
+                as_str(field(s, "algorithm", where), f"{where} algorithm"),
+                as_str(s.get("backend", backend), f"{where} backend"))  # optional: older files ran on one
 
 
 def _attr(v: Any, where: str) -> Any:

@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from ctxrt.backends import Backend
 from ctxrt.compiler.program import CompiledGraph
 from ctxrt.errors import LifecycleError, RegistrationError
 from ctxrt.format import weights as wts
-from ctxrt.runtime.backend import Backend
 from ctxrt.runtime.graph import Graph, io_buffer_layout
 from ctxrt.runtime.memhandle import MemHandle, check_descriptor, handle_key
 
@@ -40,7 +40,8 @@ class Context:
         self._table = dict(weight_table)
         self._block = weight_block  # read-only mmap of the file's weights section, or the packed block
         self._keepalive = keepalive  # e.g. the open ContextFile whose mmap backs the weights
-        self.weights: dict[str, np.ndarray] = {}
+        self.weights: dict[str, Any] = {}  # the backend's tensors: what device kernels read
+        self.host_weights: dict[str, np.ndarray] = {}  # host arrays: for kernel factories and CPU partitions
         self._graphs = {g.name: Graph(self, g) for g in graphs}
         self.lock = threading.RLock()
         self.stats: Counter[str] = Counter()
@@ -130,10 +131,31 @@ class Context:
 
     # -- finalize / free ----------------------------------------------------------------------------
     def _alloc(self, nbytes: int, category: str) -> Any:
-        buf = self.backend.alloc_shared(nbytes, self.backend.alignment)
+        buf = self.backend.alloc_device(nbytes)
         self._owned.append(buf)
         self.stats[f"alloc_{category}_bytes"] += nbytes
         return buf
+
+    def _place_weights(self) -> None:
+        """Weights in the registered buffer (copied), else used in place where the backend reads host memory
+        (the mapped file), else uploaded once into one device buffer."""
+        be, block, n = self.backend, self._block, int(self._block.nbytes)
+        if "weights" in self._registered:
+            buf, off = self._registered["weights"]
+            be.copy_in(be.view(buf, off, (n,), np.uint8), block)
+            self.stats["weights_copied_bytes"] += n
+        else:
+            buf, off = be.wrap_host(block), 0
+            if buf is None:
+                buf = self._alloc(n, "weights")
+                be.copy_in(be.view(buf, 0, (n,), np.uint8), block)
+                self.stats["weights_uploaded_bytes"] += n
+        self.weights = {name: be.view(buf, off + e.offset, e.shape, e.dtype) for name, e in self._table.items()}
+        in_block = wts.views(self._table, block)
+        self.host_weights = {}
+        for name, t in self.weights.items():
+            host = be.host_view(t)
+            self.host_weights[name] = in_block[name] if host is None else host
 
     def finalize(self) -> None:
         """Place weights, allocate what was not registered, build kernels and record every graph."""
@@ -141,20 +163,16 @@ class Context:
         if self.finalized:
             raise LifecycleError("context is already finalized")
         be = self.backend
-        if "weights" in self._registered:
-            buf, off = self._registered["weights"]
-            dst = be.view(buf, off, (self._block.nbytes,), np.uint8)
-            be.copy_in(dst, self._block)
-            self.stats["weights_copied_bytes"] += int(self._block.nbytes)
-            self.weights = wts.views(self._table, dst)
-        else:
-            self.weights = wts.views(self._table, self._block)
+        self._place_weights()
         if "spillfill" in self._registered:
             self.arena = self._registered["spillfill"]
         else:
             self.arena = (self._alloc(self.properties["max_spillfill_buffer_size"], "spillfill"), 0)
         for g in self._graphs.values():
-            g._build_kernels(self.weights)
+            g._build_kernels(self.host_weights)
+        if be.programs is not None:  # every device program built (or loaded from the binary) once, here
+            be.programs.prepare(dict.fromkeys(k for g in self._graphs.values() for k in g.programs), self.stats)
+        for g in self._graphs.values():
             # Internal IO buffers for tensors prepared as raw (DESIGN.md §6); memhandle ones get none now.
             raw = [t for t in g.inputs + g.outputs if t.mem_type == "raw"]
             internal = {}
@@ -223,7 +241,7 @@ class Context:
                 self._drop_handle(h)
             for g in self._graphs.values():
                 g._release()
-            self.weights, self.arena, self._keepalive = {}, None, None
+            self.weights, self.host_weights, self.arena, self._keepalive = {}, {}, None, None
             self.finalized = False
             self.freed = True
 

@@ -22,10 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from ctxrt.backends import Backend, get_backend
 from ctxrt.compiler.program import TensorInfo
 from ctxrt.errors import CtxrtError, FormatError, LifecycleError, RegistrationError, ShapeError
-from ctxrt.runtime import get_backend
-from ctxrt.runtime.backend import Backend
 from ctxrt.runtime.context import Context
 from ctxrt.runtime.graph import Graph
 from ctxrt.runtime.memhandle import MemHandle
@@ -95,7 +94,7 @@ class _Variant:
         for graph, ins, outs in self.plan:
             graph.execute(ins, outs)
         for view, i in self.plan_copies:  # model outputs that later stages read: made in the chain buffer
-            np.copyto(self.cur_out[i].array, view)
+            self.cur_out[i].write(view)
 
     def _make_plan(self) -> None:
         session = self.session
@@ -267,13 +266,8 @@ class InferenceSession:
 
     def _compile(self, source: Path | bytes, shapes: Any) -> Context:
         """Online prepare with memhandle IO (the session binds every IO tensor); through `cache_dir` when set."""
-        from ctxrt.runtime.loader import (
-            compile_graphs,
-            compile_to_context,
-            context_from_binary,
-            context_info,
-            save_context,
-        )
+        from ctxrt.compiler import compile_graphs, save_context
+        from ctxrt.runtime.loader import compile_to_context, context_from_binary
 
         shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
         cache_dir = self._cache_dir
@@ -296,8 +290,7 @@ class InferenceSession:
                 self._counters["compile_cache_damaged"] += 1
         self._counters["compile_cache_misses"] += 1
         graphs, weights = compile_graphs([(source, shapes, "main")], self.backend, "memhandle")
-        save_context(cached, graphs, weights, context_info(self.backend, ["<bytes>" if isinstance(source, bytes)
-                                                                          else source]))
+        save_context(cached, graphs, weights, self.backend, ["<bytes>" if isinstance(source, bytes) else source])
         return context_from_binary(cached, self.backend)
 
     # -- onnxruntime's API ---------------------------------------------------------------------------
@@ -340,7 +333,7 @@ class InferenceSession:
                         v.cur_in[i] = x
                         continue
                     t = own_in[i] = cache.acquire(info.shape, v.in_dt[i], v.last_in[i] if pin else None)
-                    np.copyto(t.array, x)
+                    t.write(x)
                     counters["copies_in"] += 1
                     v.cur_in[i] = v.last_in[i] = t
                 for i, info in enumerate(v.outputs):
@@ -348,7 +341,7 @@ class InferenceSession:
                     v.cur_out[i] = v.last_out[i] = t
                 v.execute()
                 counters["session_runs"] += 1
-                results = [v.cur_out[v.out_index[n]].array.copy() for n in names]
+                results = [v.cur_out[v.out_index[n]].numpy() for n in names]
                 counters["copies_out"] += len(names)
             finally:  # back to the cache, also when the run failed halfway
                 for i, t in enumerate(own_in):
@@ -392,7 +385,7 @@ class InferenceSession:
                     else:
                         _check_array(info, v.in_dt[i], x, "input")
                         t = own_in[i] = cache.acquire(info.shape, v.in_dt[i], v.last_in[i] if pin else None)
-                        np.copyto(t.array, x)
+                        t.write(x)
                         self._counters["copies_in"] += 1
                         v.last_in[i] = x = t
                     v.cur_in[i] = x

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -43,17 +45,30 @@ class CpuBuffer:
     def released(self) -> bool:
         return self.array is None
 
+    @classmethod
+    def wrap(cls, block: np.ndarray) -> CpuBuffer:
+        """Host bytes (e.g. a mapped weights section) as a buffer, in place: nothing is copied."""
+        buf = cls.__new__(cls)
+        buf.array, buf.nbytes, buf.alignment = block, int(block.nbytes), 64
+        buf.address, buf.holders = int(block.ctypes.data), 0
+        return buf
+
 
 class CpuBackend:
     name = "cpu"
     alignment = 64
     kernels = KERNELS
+    fallback = None  # every op ctxrt supports has a NumPy kernel
+    programs = None  # nothing is built: NumPy kernels are Python
 
     def alloc_shared(self, nbytes: int, alignment: int = 64) -> CpuBuffer:
         return CpuBuffer(int(nbytes), int(alignment))
 
     def alloc_device(self, nbytes: int) -> CpuBuffer:
         return CpuBuffer(int(nbytes), self.alignment)
+
+    def wrap_host(self, block: np.ndarray) -> CpuBuffer:
+        return CpuBuffer.wrap(block)
 
     def view(self, buf: CpuBuffer, offset: int, shape: tuple[int, ...], dtype: np.dtype | str) -> np.ndarray:
         if buf.array is None:
@@ -64,6 +79,9 @@ class CpuBackend:
             raise RegistrationError(f"view of {n} bytes at offset {offset} is outside a buffer of "
                                     f"{buf.nbytes} bytes")
         return buf.array[offset:offset + n].view(dt).reshape(shape)
+
+    def host_view(self, tensor: np.ndarray) -> np.ndarray:
+        return tensor
 
     def copy_in(self, dst: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dst, src, casting="no")
@@ -82,6 +100,23 @@ class CpuBackend:
         finally:
             np.setbufsize(old)
 
+    def sync(self) -> None:
+        """NumPy kernels are done when their launch returns."""
+
     def device_id(self) -> dict[str, str]:
         return {"backend": "cpu", "device": platform.machine(), "driver": f"numpy {np.__version__}",
                 "ctxrt": ctxrt.__version__}
+
+    @staticmethod
+    def describe() -> dict[str, Any]:
+        """This backend as `ctxrt devices` lists it."""
+        return {"backend": "cpu", "index": None, "name": platform.processor() or platform.machine(),
+                "vendor": "", "driver": f"numpy {np.__version__}", "compute_units": os.cpu_count() or 1,
+                "global_memory": _physical_memory(), "unified_memory": True}
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX
+        return 0
