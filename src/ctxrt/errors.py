@@ -31,3 +31,7 @@ class RegistrationError(CtxrtError):
 
 class LifecycleError(CtxrtError):
     """A context or graph is used in the wrong state (before finalize, after free, ...)."""
+
+
+class CtxrtWarning(UserWarning):
+    """Something ctxrt recovered from but the user should know (e.g. programs rebuilt for another device)."""

@@ -26,6 +26,7 @@ import numpy as np
 
 from ctxrt.backends.kernel import Kernel, Launch
 from ctxrt.compiler.program import CONST, OUTPUT, Ref, Step
+from ctxrt.planner import arena as planner
 
 if TYPE_CHECKING:
     from ctxrt.runtime.context import Context
@@ -70,6 +71,7 @@ class HostSteps:
 
     def _plan(self, a: int, b: int, last_read: dict[Root, int]) -> None:
         sizes: dict[Root, int] = {}
+        span: dict[Root, list[int]] = {}  # first and last step touching the root in this partition
         written: set[Root] = set()
         copied: set[Root] = set()
         last_writer: dict[Root, tuple[int, int]] = {}
@@ -91,14 +93,18 @@ class HostSteps:
                 last_writer[root] = (k, j)
             for r in s.scratch:
                 sizes[_root(r)] = max(sizes.get(_root(r), 0), r.nbytes)
+            for r in [*s.inputs, *s.outputs, *s.scratch]:
+                if r is not None and r.space != CONST:
+                    span.setdefault(_root(r), [k, k])[1] = k
         for root, (k, j) in last_writer.items():
             if root[0] == OUTPUT or last_read.get(root, -1) > b:
                 self.copy_out[k].append(j)
-        offset = 0
-        for root, n in sizes.items():
-            self.slot[(a, root)] = offset
-            offset += -(-max(n, 1) // _ALIGN) * _ALIGN
-        self.staging_size = max(self.staging_size, offset)
+        names = {f"{space}:{key}": (space, key) for space, key in sizes}
+        plan = planner.plan([planner.Request(name, planner.align(max(sizes[root], 1), _ALIGN), *span[root])
+                             for name, root in names.items()])
+        for name, root in names.items():
+            self.slot[(a, root)] = plan.allocations[name].offset
+        self.staging_size = max(self.staging_size, plan.size)
 
     def runs(self, k: int) -> bool:
         return self.host[k]

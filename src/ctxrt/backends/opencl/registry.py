@@ -1,0 +1,17 @@
+"""The OpenCL backend's kernel table: op type -> factory(spec, backend), merged from the kernel modules.
+
+An op missing here (or whose factory declines a node with UnsupportedOpError) runs on the cpu backend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ctxrt.backends.kernel import Kernel, NodeSpec
+
+KERNELS: dict[str, Callable[..., Kernel]] = {}
+for _module in ():
+    _dup = KERNELS.keys() & _module.KERNELS.keys()
+    assert not _dup, f"ops registered twice: {_dup}"
+    KERNELS.update(_module.KERNELS)
+
+__all__ = ["KERNELS", "NodeSpec"]
