@@ -318,15 +318,25 @@ def _binaries(path: str) -> list[tuple[str, str | bytes]]:
 
 
 def inspect_report(meta: dict[str, Any]) -> dict[str, Any]:
+    device = meta.get("device", {})  # files written before devices were recorded have none
     return {
         "format_version": meta["format_version"], "backend": meta["backend"], "hardware": meta["hardware"],
+        "device": device.get("device", meta["hardware"]), "driver": device.get("driver", ""),
         "producer": meta["producer"], "source_models": meta["source_models"],
         "weights_size": meta["weights_size"], "spillfill_size": meta["max_spillfill_size"],
         "alignment": meta["alignment"], "tuning": meta["tuning"],
         "graphs": [{"name": g["name"], "spillfill_size": g["spillfill_size"], "lower_bound": g["lower_bound"],
-                    "io_bytes": g["io_bytes"], "inputs": g["inputs"], "outputs": g["outputs"]}
+                    "io_bytes": g["io_bytes"], "inputs": g["inputs"], "outputs": g["outputs"],
+                    "partitions": g.get("partitions", [])}
                    for g in meta["graphs"]],
     }
+
+
+def _partitions_line(parts: list[dict[str, Any]]) -> str:
+    """`opencl 12 steps (Gemm 3, Add 4) | cpu 3 steps (Conv 3)`: which nodes run where, in order."""
+    def ops(p: dict[str, Any]) -> str:
+        return ", ".join(f"{op} {n}" for op, n in sorted(p["ops"].items(), key=lambda kv: -kv[1]))
+    return " | ".join(f"{p['backend']} {p['steps']} steps ({ops(p)})" for p in parts)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -354,8 +364,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     mib = 2 ** 20
     for (label, _), report in zip(binaries, reports, strict=True):
         name = args.file if len(binaries) == 1 else f"{args.file} [{label}]"
+        driver = f", driver {report['driver']}" if report["driver"] else ""
         print(f"{name}: ctxrt context binary v{report['format_version']}, backend {report['backend']} "
-              f"({report['hardware']}), made by {report['producer']} from {', '.join(report['source_models'])}")
+              f"({report['device']}{driver}), made by {report['producer']} from "
+              f"{', '.join(report['source_models'])}")
         print(f"weights {report['weights_size'] / mib:.2f} MiB, max spill-fill {report['spillfill_size'] / mib:.2f} "
               f"MiB, buffer start alignment {report['alignment']}")
         for g in report["graphs"]:
@@ -364,6 +376,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             for kind in ("inputs", "outputs"):
                 for t in g[kind]:
                     print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}{list(t['shape'])} ({t['mem_type']})")
+            if len(g["partitions"]) > 1 or any(p["backend"] != report["backend"] for p in g["partitions"]):
+                print(f"  partitions: {_partitions_line(g['partitions'])}")
         if "memory" in report:
             print(f"  {'memory':<24}{'weights':>12}{'spill-fill':>12}{'lower bound':>12}{'arena/bound':>12}"
                   f"{'IO':>12}")
@@ -373,6 +387,27 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                       f"{ratio:>12.3f}{_mib(g['io'])}")
     if args.plot:
         print(f"wrote {args.plot}")
+    return 0
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    """The backends and OpenCL devices of this machine (`--backend opencl:N` picks device N)."""
+    from ctxrt.backends import list_devices
+
+    devices = list_devices()
+    if args.json:
+        print(json.dumps({"devices": devices}))
+        return 0
+    for d in devices:
+        mem = f"{d['global_memory'] / 2 ** 30:.1f} GiB" if d["global_memory"] else "? GiB"
+        kind = f" {d['type']}," if "type" in d else ""
+        shared = ", memory shared with the host" if d["unified_memory"] else ""
+        print(f"{d['backend']:<10} {d['name']} ({d['vendor'] or 'host'},{kind} driver {d['driver']}): "
+              f"{d['compute_units']} compute units, {mem}{shared}")
+    if len(devices) == 1:
+        from ctxrt.backends.opencl.device import INSTALL_HINT
+
+        print(f"no OpenCL device: {INSTALL_HINT}")
     return 0
 
 
@@ -386,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help="offline prepare: write a context binary")
     c.add_argument("models", nargs="+", metavar="MODEL.onnx")
     c.add_argument("-o", "--output", required=True, metavar="OUT.ctx")
-    c.add_argument("--backend", default="cpu")
+    c.add_argument("--backend", default="cpu", help="cpu, opencl (device $CTXRT_OPENCL_DEVICE or 0) or opencl:N")
     c.add_argument("--io-mem-type", default="raw", choices=["raw", "memhandle"])
     c.add_argument("--shape", action="append", default=[], help="[K:]NAME=1x3x224x224 (K: model index)")
     c.add_argument("--split", type=int, default=0, metavar="K",
@@ -407,12 +442,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", help="write outputs to this .npz")
     r.add_argument("--repeat", type=int, default=1)
     r.add_argument("--shape", action="append", default=[], help="NAME=1x3x224x224 for dynamic inputs")
-    r.add_argument("--backend", default="cpu")
+    r.add_argument("--backend", default="cpu", help="cpu, opencl or opencl:N (a .ctx runs on the backend it was "
+                   "compiled for)")
     r.add_argument("--graph", help="graph to run in a multi-graph context (default: the first)")
     r.add_argument("--share-spillfill", action="store_true",
                    help="one spill-fill buffer of the largest size for every context (loaded largest first)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=cmd_run)
+    d = sub.add_parser("devices", help="list the backends and OpenCL devices (name, driver, compute units, memory)")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_devices)
     return p
 
 

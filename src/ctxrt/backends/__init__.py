@@ -22,7 +22,7 @@ from ctxrt.errors import CtxrtError, UnsupportedOpError
 
 DEVICE_ENV = "CTXRT_OPENCL_DEVICE"
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # an opencl backend gets its cpu fallback while being made
 _instances: dict[str, Backend] = {}
 
 

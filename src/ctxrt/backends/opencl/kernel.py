@@ -48,16 +48,21 @@ Constraint = Callable[[Params, Mapping[str, int]], bool]
 @dataclass(frozen=True)
 class Space:
     """A kernel's tunable parameters as data (CLBlast style): candidates per name, the constraints that prune
-    them before anything runs, and defaults per device type ("cpu", "gpu", else "default")."""
+    them before anything runs, and defaults per device type and kernel variant ("cpu:nt", else "cpu", else
+    "default": the first key present wins, as CLBlast's database falls back level by level). `work_group` gives a
+    configuration's local size, `local_memory` its bytes of local memory for a problem."""
 
     params: Mapping[str, tuple[Any, ...]]
     defaults: Mapping[str, Params]
     constraints: tuple[Constraint, ...] = ()
     work_group: Callable[[Params], tuple[int, ...]] = field(default=lambda p: (1,))
-    local_memory: Callable[[Params], int] = field(default=lambda p: 0)
+    local_memory: Callable[[Params, Mapping[str, int]], int] = field(default=lambda p, problem: 0)
 
-    def default(self, device: DeviceInfo) -> dict[str, Any]:
-        return dict(self.defaults.get(device.type, self.defaults["default"]))
+    def default(self, device: DeviceInfo, variant: str = "") -> dict[str, Any]:
+        for key in (f"{device.type}:{variant}", device.type, "default"):
+            if key in self.defaults:
+                return dict(self.defaults[key])
+        raise KeyError("a Space needs a 'default' entry")
 
     def why_invalid(self, p: Params, problem: Mapping[str, int], device: DeviceInfo) -> str | None:
         """None when `p` can run on `device` for `problem`, else the reason."""
@@ -71,8 +76,9 @@ class Space:
         if int(np.prod(wg)) > device.max_work_group_size or any(
                 n > m for n, m in zip(wg, device.max_work_item_sizes, strict=False)):
             return f"work-group {wg} exceeds the device's {device.max_work_group_size} work-items"
-        if self.local_memory(p) > device.local_memory:
-            return f"{self.local_memory(p)} bytes of local memory exceed the device's {device.local_memory}"
+        local = self.local_memory(p, problem)
+        if local > device.local_memory:
+            return f"{local} bytes of local memory exceed the device's {device.local_memory}"
         for c in self.constraints:
             if not c(p, problem):
                 return f"a constraint of the space refuses {dict(p)}"
@@ -107,7 +113,8 @@ class ClKernel(Kernel):
     def __init__(self, spec: NodeSpec, backend: OpenCLBackend, params: Params | None = None) -> None:
         self.spec = spec
         self.backend = backend
-        self.params: dict[str, Any] = self.space.default(backend.info) if params is None else dict(params)
+        self.params: dict[str, Any] = (self.space.default(backend.info, self.variant()) if params is None
+                                       else dict(params))
         why = self.space.why_invalid(self.params, self.problem(), backend.info)
         if why is not None:
             raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: OpenCL {type(self).__name__}: {why}")
@@ -115,6 +122,10 @@ class ClKernel(Kernel):
     def problem(self) -> dict[str, int]:
         """The sizes constraints are checked against (e.g. M, N, K)."""
         return {}
+
+    def variant(self) -> str:
+        """Which defaults of the space fit this problem (e.g. "nt" for a GEMM with B stored [N, K])."""
+        return ""
 
     def defines(self) -> dict[str, Any]:
         """Build options as macros; together with the source they name the program."""

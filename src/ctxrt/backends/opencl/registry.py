@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ctxrt.backends.kernel import Kernel, NodeSpec
+from ctxrt.backends.kernel import Kernel
+from ctxrt.backends.opencl import elementwise, gemm
 
 KERNELS: dict[str, Callable[..., Kernel]] = {}
-for _module in ():
+for _module in (elementwise, gemm):
     _dup = KERNELS.keys() & _module.KERNELS.keys()
     assert not _dup, f"ops registered twice: {_dup}"
     KERNELS.update(_module.KERNELS)
-
-__all__ = ["KERNELS", "NodeSpec"]
