@@ -52,6 +52,7 @@ class Backend(Protocol):
     kernels: Mapping[str, KernelFactory]  # op type -> factory of kernels that run on this backend's device
     fallback: Backend | None  # runs the nodes `kernels` has no kernel for (None: every node needs one)
     programs: ProgramStore | None  # device programs, for backends that build them
+    stats: Counter[str]  # buffers_created, buffer_bytes, ...: what the backend made, whichever context asked
 
     def alloc_shared(self, nbytes: int, alignment: int = 64) -> SharedBuffer:
         """A buffer the host can also reach (memory handles, registered buffers, session tensors)."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -14,6 +16,18 @@ from ctxrt.backends.cpu.registry import KERNELS
 from ctxrt.errors import RegistrationError
 
 _UFUNC_BUFSIZE = 1024
+
+
+@contextlib.contextmanager
+def small_ufunc_buffers() -> Iterator[None]:
+    """NumPy's ufunc iterator buffers strided and broadcast operands in chunks of `bufsize` elements, allocating
+    those buffers each call: 1024 keeps them at a few KiB (the default 8192 costs up to 64 KiB a call) at no
+    measurable speed cost. Every run of NumPy kernels (here, and CPU partitions of other backends) uses it."""
+    old = np.setbufsize(_UFUNC_BUFSIZE)
+    try:
+        yield
+    finally:
+        np.setbufsize(old)
 
 
 class CpuBuffer:
@@ -61,11 +75,17 @@ class CpuBackend:
     fallback = None  # every op ctxrt supports has a NumPy kernel
     programs = None  # nothing is built: NumPy kernels are Python
 
+    def __init__(self) -> None:
+        self.stats: Counter[str] = Counter()  # buffers made (a steady loop makes none)
+
     def alloc_shared(self, nbytes: int, alignment: int = 64) -> CpuBuffer:
-        return CpuBuffer(int(nbytes), int(alignment))
+        buf = CpuBuffer(int(nbytes), int(alignment))
+        self.stats["buffers_created"] += 1
+        self.stats["buffer_bytes"] += buf.nbytes
+        return buf
 
     def alloc_device(self, nbytes: int) -> CpuBuffer:
-        return CpuBuffer(int(nbytes), self.alignment)
+        return self.alloc_shared(nbytes, self.alignment)
 
     def wrap_host(self, block: np.ndarray) -> CpuBuffer:
         return CpuBuffer.wrap(block)
@@ -90,15 +110,10 @@ class CpuBackend:
         np.copyto(dst, src, casting="no")
 
     def run(self, launches: list[Callable[[], None]]) -> None:
-        """Replay recorded launches. NumPy's ufunc iterator buffers strided and broadcast operands in
-        chunks of `bufsize` elements, allocating those buffers each call: 1024 keeps them at a few KiB
-        (the default 8192 costs up to 64 KiB a call) at no measurable speed cost."""
-        old = np.setbufsize(_UFUNC_BUFSIZE)
-        try:
+        """Replay recorded launches."""
+        with small_ufunc_buffers():
             for launch in launches:
                 launch()
-        finally:
-            np.setbufsize(old)
 
     def sync(self) -> None:
         """NumPy kernels are done when their launch returns."""

@@ -22,6 +22,7 @@ import numpy as np
 
 import ctxrt
 from ctxrt.backends.base import Backend
+from ctxrt.backends.cpu.backend import small_ufunc_buffers
 from ctxrt.backends.kernel import KernelFactory
 from ctxrt.backends.opencl.device import normalise, open_device
 from ctxrt.backends.opencl.memory import ClBuffer, ClTensor
@@ -118,8 +119,9 @@ class OpenCLBackend:
     # -- running -------------------------------------------------------------------------------------
     def run(self, launches: list[Callable[[], Any]]) -> None:
         """Enqueue every launch (CPU partition steps synchronise before they touch memory), then one finish."""
-        for launch in launches:
-            launch()
+        with small_ufunc_buffers():
+            for launch in launches:
+                launch()
         self.queue.finish()
 
     def sync(self) -> None:
