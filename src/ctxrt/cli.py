@@ -149,7 +149,22 @@ def _print_report(report: dict[str, Any], outs: dict[str, np.ndarray], n: int) -
     print(line)
 
 
+def _run_backend(model: str) -> str:
+    """The backend a model runs on without --backend: the one its context binary was compiled for, cpu for an
+    ONNX model compiled in memory."""
+    if model.endswith(".onnx"):
+        from ctxrt.frontend.epcontext import is_epcontext, read_epcontext
+
+        if not (Path(model).is_file() and is_epcontext(model)):
+            return "cpu"
+        model = read_epcontext(model)[0].source
+    from ctxrt.format import read_metadata
+
+    return str(read_metadata(model)["backend"])
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    args.backend = args.backend or _run_backend(args.model[0])
     shapes = dict(parse_shape(s) for s in args.shape)
     if len(args.model) > 1 or args.share_spillfill or _is_chain(args.model[0]):
         return _run_group(args, shapes)
@@ -442,8 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", help="write outputs to this .npz")
     r.add_argument("--repeat", type=int, default=1)
     r.add_argument("--shape", action="append", default=[], help="NAME=1x3x224x224 for dynamic inputs")
-    r.add_argument("--backend", default="cpu", help="cpu, opencl or opencl:N (a .ctx runs on the backend it was "
-                   "compiled for)")
+    r.add_argument("--backend", help="cpu, opencl or opencl:N (default: the backend a .ctx was compiled for; cpu "
+                   "for an ONNX model)")
     r.add_argument("--graph", help="graph to run in a multi-graph context (default: the first)")
     r.add_argument("--share-spillfill", action="store_true",
                    help="one spill-fill buffer of the largest size for every context (loaded largest first)")
