@@ -316,7 +316,8 @@ def test_every_model_source(backend, squeezenet, kind, tmp_path, capsys) -> None
         source = path.read_bytes()
     else:
         mem = "memhandle" if kind == "ctx-memhandle" else "raw"
-        assert cli(["compile", str(path), "-o", str(ctx), "--io-mem-type", mem, "--epcontext", "--backend", backend]) == 0
+        assert cli(["compile", str(path), "-o", str(ctx), "--io-mem-type", mem, "--epcontext",
+                    "--backend", backend]) == 0
         source = {"epcontext": tmp_path / "sq_ctx.onnx", "ctx-bytes": ctx.read_bytes()}.get(kind, ctx)
     with ctxrt.InferenceSession(source, backend) as sess:
         for _ in range(3):
