@@ -1,9 +1,9 @@
 """ctxrt on OpenCL against ctxrt on NumPy and onnxruntime, and loading a stored OpenCL context binary against
 compiling from source.
 
-Latency: the three engines in this process on the same inputs, timed in rotated rounds (each round runs
-every engine once untimed, then `--block` timed runs of each, the order rotating between rounds), the median
-of all timed runs per engine. Load: each in a fresh child process (this script with --child), the time to a
+Latency: the three engines in this process on the same inputs, timed in rotated rounds (in each round every
+engine, after a 1 s pause and one untimed run, makes `--block` timed runs; the order rotates between rounds),
+the median of all timed runs per engine. Load: each in a fresh child process (this script with --child), the time to a
 first result (a) loading the `.ctx` that `ctxrt compile --backend opencl` stored (program binaries inside),
 (b) compiling the ONNX model for OpenCL with PoCL's kernel cache and PyOpenCL's binary cache turned off (what
 a first compile on a device costs), with the program counters and the child's peak RSS. Prints Markdown.
@@ -64,6 +64,7 @@ def latency(name: str, rounds: int, block: int) -> dict[str, Any]:
         for r in range(rounds):
             for engine in order[r % 3:] + order[:r % 3]:
                 run = engines[engine]
+                time.sleep(1.0)  # onnxruntime's and OpenBLAS's worker threads spin after work: let them go idle
                 run()
                 for _ in range(block):
                     t0 = time.perf_counter()
