@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from ctxrt.errors import ModelError, ShapeError, UnsupportedOpError
-from ctxrt.ir.canonical import PARAM_INPUTS
+from ctxrt.ir.canonical import OUTPUTS_PRESENT, PARAM_INPUTS, SLOTTED_OUTPUTS
 from ctxrt.ir.graph import Graph, Node, Value
 
 # Ops that never need a kernel when their inputs are known at compile time (they always fold here).
@@ -26,7 +26,7 @@ FOLD_ONLY = {"Shape", "Size", "Constant", "ConstantOfShape", "Range", "NonZero",
 _DATA_PROP_MAX = 64
 
 # Ops whose outputs after the first are optional extras (safe to drop when nobody reads them).
-_OPTIONAL_OUTPUTS = {"Dropout", "MaxPool", "BatchNormalization", "LayerNormalization"}
+_OPTIONAL_OUTPUTS = {"Dropout", "MaxPool", "BatchNormalization", "LayerNormalization", "LSTM", "GRU", "RNN"}
 
 Shapes = Mapping[str, Iterable[int]]
 
@@ -297,7 +297,10 @@ def _build_graph(st: _Folder, name: str) -> Graph:
 
 
 def _canonicalize(node: Node, consts: dict[str, np.ndarray]) -> None:
-    """Move constant parameter inputs into attributes (one form per op for the kernels)."""
+    """Move constant parameter inputs into attributes (one form per op for the kernels); record which optional
+    outputs exist where a kernel cannot tell from the ones it is given."""
+    if node.op in SLOTTED_OUTPUTS:
+        node.attrs[OUTPUTS_PRESENT] = [int(bool(o)) for o in node.outputs]
     params = PARAM_INPUTS.get(node.op, {})
     for pos, key in params.items():
         if pos < len(node.inputs) and node.inputs[pos]:
