@@ -20,7 +20,7 @@ _UNARY = {"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "Softplus", "Tanh", "Er
           "LogSoftmax", "BatchNormalization", "LayerNormalization", "Not"}
 _BINARY = {"Add", "Sub", "Mul", "Div", "Mod", "Pow", "Max", "Min", "Sum", "Mean"}
 INPLACE: dict[str, tuple[int, ...]] = {**{op: (0,) for op in _UNARY}, **{op: (0, 1) for op in _BINARY},
-                                       "Where": (1, 2)}
+                                       "Where": (1, 2), "Trilu": (0,), "ScatterND": (0,), "ScatterElements": (0,)}
 
 
 def node_spec(graph: Graph, node: Node) -> NodeSpec:
