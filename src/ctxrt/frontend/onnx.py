@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from ctxrt.errors import ModelError, ShapeError, UnsupportedOpError
-from ctxrt.ir.canonical import OUTPUTS_PRESENT, PARAM_INPUTS, SLOTTED_OUTPUTS
+from ctxrt.ir.canonical import INFER_AS_IDENTITY, OUTPUTS_PRESENT, PARAM_INPUTS, SLOTTED_OUTPUTS
 from ctxrt.ir.graph import Graph, Node, Value
 
 # Ops that never need a kernel when their inputs are known at compile time (they always fold here).
@@ -153,7 +153,12 @@ class _Folder:
                 inputs.append(helper.make_tensor_value_info(
                     name, helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape))
         outputs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in self.outputs]
-        graph = helper.make_graph(self.nodes, "skeleton", inputs, outputs, initializer=inits)
+        nodes = []
+        for n in self.nodes:  # ops onnx cannot type: typed as copies of their inputs
+            pairs = INFER_AS_IDENTITY.get(n.op_type)
+            nodes += [helper.make_node("Identity", [n.input[j]], [n.output[k]]) for k, j in pairs.items()
+                      if k < len(n.output) and n.output[k]] if pairs else [n]
+        graph = helper.make_graph(nodes, "skeleton", inputs, outputs, initializer=inits)
         m = helper.make_model(graph, opset_imports=list(self.model.opset_import),
                               ir_version=max(self.model.ir_version, 4))
         return m

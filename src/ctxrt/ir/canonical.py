@@ -29,6 +29,13 @@ PARAM_INPUTS: dict[str, dict[int, str]] = {
     "OneHot": {1: "depth"},  # decides the output shape
 }
 
+# Ops whose outputs onnx's shape inference leaves untyped (GroupNormalization is a function without an inference
+# function; BatchNormalization-9 types Y only): shape inference sees them as Identity nodes, output k <- input j.
+INFER_AS_IDENTITY: dict[str, dict[int, int]] = {
+    "GroupNormalization": {0: 0},
+    "BatchNormalization": {0: 0, 1: 3, 2: 4, 3: 3, 4: 4},
+}
+
 # Ops with optional outputs that may be missing before a present one (LSTM's Y_c without Y_h, LayerNormalization's
 # InvStdDev without Mean). A kernel is given only the outputs that exist, so the canonical form records the slots:
 # attribute OUTPUTS_PRESENT, one 0/1 per output position of the ONNX node.
