@@ -319,3 +319,22 @@ def test_torch_two_layer_bidirectional_batch_first_export(kind: str) -> None:
         finally:
             ctx.free()
         assert_close(got, sess.run(None, {"x": x})[0], f"{kind} batch {batch}")
+
+
+def test_context_binary_round_trip_keeps_which_outputs_exist(tmp_path) -> None:
+    """A node with Y_c only: the slots travel in the step's attributes through `ctxrt compile` and back."""
+    from ctxrt.cli import main as cli
+
+    v = arrays("LSTM", 6, 2, 3, 4, 2, lens=[6, 3])
+    node = helper.make_node("LSTM", NAMES[:7], ["", "", "Y_c"], hidden_size=4, direction="bidirectional")
+    feeds = {k: v[k] for k in ("X", "sequence_lens", "initial_h", "initial_c")}
+    model = _model(node, feeds, {k: v[k] for k in "WRB"})
+    onnx.save(model, tmp_path / "lstm.onnx")
+    assert cli(["compile", str(tmp_path / "lstm.onnx"), "-o", str(tmp_path / "lstm.ctx")]) == 0
+    ctx = ctxrt.context_from_binary(tmp_path / "lstm.ctx")
+    try:
+        got = ctx.graph().run(feeds)
+    finally:
+        ctx.free()
+    assert list(got) == ["Y_c"]
+    assert_close(got["Y_c"], _onnxruntime(model, feeds)[0], "Y_c")
