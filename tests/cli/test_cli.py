@@ -83,10 +83,10 @@ def test_multi_graph_context_with_per_graph_shapes(capsys, model, tmp_path) -> N
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["run", "missing.onnx"], "no such model file"),
+    (["run", "missing.onnx"], "missing.onnx: no such file"),
     (["run", "{model}", "--shape", "x=banana"], "--shape expects"),
     (["run", "{model}", "--shape", "zz=1x8"], "unknown inputs"),
-    (["run", "{model}", "--inputs", "nothere.npz"], "cannot read inputs"),
+    (["run", "{model}", "--inputs", "nothere.npz"], "--inputs nothere.npz: no such file"),
     (["inspect", "{bad}"], ""),
     (["compile", "{model}"], "required"),
     (["frobnicate"], "invalid choice"),
