@@ -110,6 +110,8 @@ def readable_file(option: str, path: str) -> bytes:
 def model_kind(option: str, path: str) -> str:
     """'ctx' for a context binary (by its magic), 'onnx' for an .onnx file (a model or an EPContext model)."""
     head = readable_file(option, path)
+    if not head:
+        raise UsageError(f"{_arg(option, path)} is an empty file")
     if head == CTX_MAGIC:
         return "ctx"
     if head.startswith((NPY_MAGIC, *ZIP_MAGIC)):
