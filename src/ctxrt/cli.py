@@ -26,6 +26,7 @@ from ctxrt.cli_args import (
     load_inputs,
     model_kind,
     naming,
+    not_an_input,
     output_dir,
     output_file,
     positive_int,
@@ -146,7 +147,8 @@ def _check_run_args(args: argparse.Namespace, kinds: list[str]) -> list[dict[str
 
 def cmd_run(args: argparse.Namespace) -> int:
     if args.output:
-        output_file("--output", args.output, ".npz")
+        not_an_input(f"--output {args.output}", output_file("--output", args.output, ".npz"),
+                     [*args.model, args.inputs])
     kinds = [_run_kind(m) for m in args.model]
     shapes = _check_run_args(args, kinds)
     if kinds[0] == "epcontext" and len(args.model) == 1:
@@ -270,6 +272,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.split is not None:
         return _compile_split(args)
     out = output_file("-o", args.output, ".ctx")
+    not_an_input(f"-o {args.output}", out, args.models)
+    if args.epcontext:
+        wrapper = out.with_name(out.name.removesuffix(".ctx") + "_ctx.onnx")
+        not_an_input(f"-o {args.output} --epcontext: {wrapper}", wrapper, args.models)
     backend = get_backend(args.backend)
     shapes = graph_shapes(args.shape, len(args.models))
     models = [(m, s, n) for m, s, n in zip(args.models, shapes, _graph_names(args.models), strict=True)]
@@ -390,12 +396,17 @@ def _one_line(e: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed stdout fails here, not at exit
+        return code
     except SystemExit as e:  # --help, --version
         return e.code if isinstance(e.code, int) else 0
     except KeyboardInterrupt:
         print("ctxrt: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout's reader left (`ctxrt inspect ... | head -1`): not an error to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except (CtxrtError, OSError) as e:  # OSError: files named on the command line (their names, never temporaries)
         print(f"ctxrt: error: {_one_line(e)}", file=sys.stderr)
         return 2

@@ -136,6 +136,13 @@ def output_file(option: str, path: str, suffix: str) -> Path:
     return p
 
 
+def not_an_input(what: str, path: str | Path, inputs: Sequence[str | None]) -> None:
+    """Writing `path` (`what` says which option writes it) must not destroy a file the command reads."""
+    for given in inputs:
+        if given and os.path.exists(given) and os.path.exists(path) and os.path.samefile(given, path):
+            raise UsageError(f"{what} would overwrite the input {given}")
+
+
 def output_dir(option: str, path: str) -> Path:
     """`path` is a folder, or can be made as one in a folder that exists."""
     p = Path(path)

@@ -21,6 +21,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     relu_model(ws / "m.onnx")
     relu_model(ws / "a.onnx", 8, "logits")
     relu_model(ws / "b.onnx", 16, "logits")
+    relu_model(ws / "q_ctx.onnx")  # a plain model whose name is what `-o q.ctx --epcontext` would write
     gemm_model(ws / "w.onnx")
     cwd = os.getcwd()
     os.chdir(ws)

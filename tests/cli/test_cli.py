@@ -207,3 +207,13 @@ def test_unexpected_failures_are_one_line_too(capsys, model, monkeypatch) -> Non
     monkeypatch.setattr(ctxrt.cli, "random_feeds", bug)
     code, _, err = cli(capsys, "run", model)
     assert code == 1 and err.count("\n") == 1 and err.startswith("ctxrt: internal error") and "TypeError" in err
+
+
+def test_a_reader_that_leaves_early_is_not_an_error(model, tmp_path) -> None:
+    """`ctxrt inspect ... | head -1`: stdout closes early; no error line, no 'Exception ignored' noise."""
+    subprocess.run([sys.executable, "-m", "ctxrt.cli", "compile", str(model), "-o", str(tmp_path / "m.ctx")],
+                   check=True, capture_output=True)
+    child = subprocess.Popen([sys.executable, "-m", "ctxrt.cli", "inspect", str(tmp_path / "m.ctx")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child.stdout.close()
+    assert child.wait() == 141 and child.stderr.read() == b""

@@ -73,7 +73,11 @@ def epcontext_model(nodes: list[Any], graph: str | None, path: str | os.PathLike
         if start < 0:
             raise CtxrtError(f"{os.fspath(path)}: no graph {graph!r}; its EPContext nodes run "
                              f"{[n.partition_name for n in nodes]}")
-    return [n for k, n in enumerate(nodes) if root(k) == root(start)]
+    model = [n for k, n in enumerate(nodes) if root(k) == root(start)]
+    if graph is not None and len(model) > 1:
+        raise CtxrtError(f"{os.fspath(path)}: graph {graph!r} is one of {len(model)} parts chained into one model, "
+                         "which runs whole: leave out graph")
+    return model
 
 
 class ContextGroup:

@@ -49,7 +49,13 @@ def compile_graphs(models: Sequence[tuple[Any, Mapping[str, Iterable[int]] | Non
     graphs, weights = [], {}
     for model, shapes, name in models:
         with progress.part(name) if len(models) > 1 else contextlib.nullcontext():
-            g, w = compile_model(model, shapes, backend, name)
+            try:
+                g, w = compile_model(model, shapes, backend, name)
+            except CtxrtError as e:  # with several models, say which one
+                if len(models) == 1:
+                    raise
+                label = os.fspath(model) if isinstance(model, str | os.PathLike) else f"graph {name!r}"
+                raise type(e)(f"{label}: {e}") from e
         g, w = _namespaced(g, w, name) if len(models) > 1 else (g, w)
         mem = [TensorInfo(t.name, t.shape, t.dtype, io_mem_type) for t in g.inputs], \
               [TensorInfo(t.name, t.shape, t.dtype, io_mem_type) for t in g.outputs]
