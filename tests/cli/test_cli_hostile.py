@@ -170,4 +170,4 @@ def _options() -> set[str]:
 def test_every_option_has_a_hostile_case() -> None:
     covered = {target.replace(" -o", " --output") for target, _, _ in CASES}
     missing = _options() - covered
-    assert not missing, f"options without a hostile case in tests/cli/test_hostile.py: {sorted(missing)}"
+    assert not missing, f"options without a hostile case in tests/cli/test_cli_hostile.py: {sorted(missing)}"
