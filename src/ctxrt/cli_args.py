@@ -162,13 +162,13 @@ def _folder_exists(option: str, path: str, folder: Path) -> None:
 
 @contextlib.contextmanager
 def naming(path: str) -> Iterator[None]:
-    """Errors raised while reading `path` name it: a message from deep inside (a bad checksum, say) gains
-    the file name as its first word."""
+    """Errors raised while reading, compiling or loading `path` name it: a message from deep inside (a bad
+    checksum, an allocation too large for this machine) gains the file name as its first word."""
     try:
         yield
-    except CtxrtError as e:
-        if path not in str(e):
-            raise type(e)(f"{path}: {e}") from e
+    except (CtxrtError, MemoryError) as e:
+        if path not in str(e):  # numpy's MemoryError subclass takes other arguments: a plain one will do
+            raise (MemoryError if isinstance(e, MemoryError) else type(e))(f"{path}: {e}") from e
         raise
 
 

@@ -196,11 +196,17 @@ def test_a_kernel_that_fails_inside_names_the_op_and_node(capsys, model, monkeyp
 def test_unexpected_failures_are_one_line_too(capsys, model, monkeypatch) -> None:
     import ctxrt.cli
 
-    def boom(*_):
-        raise MemoryError("Unable to allocate 2.91 TiB")
-    monkeypatch.setattr(ctxrt.cli, "random_feeds", boom)
+    class ArrayMemoryError(MemoryError):  # like numpy's: not made from a message alone
+        def __init__(self, shape, dtype):
+            super().__init__(f"Unable to allocate 2.91 TiB for an array with shape {shape}")
+
+    def boom(*_, **__):
+        raise ArrayMemoryError((3200000000064,), "uint8")
+    monkeypatch.setattr(ctxrt, "compile", boom)
     code, _, err = cli(capsys, "run", model)
-    assert code == 2 and err == "ctxrt: error: not enough memory: Unable to allocate 2.91 TiB\n"
+    assert code == 2 and err == (f"ctxrt: error: not enough memory: {model}: Unable to allocate 2.91 TiB for an "
+                                 "array with shape (3200000000064,)\n")
+    monkeypatch.undo()
 
     def bug(*_):
         raise TypeError("'NoneType' object is not subscriptable")
