@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ctxrt.cli_args import UsageError, model_kind, naming, output_file
+from ctxrt.cli_args import UsageError, model_kind, naming, not_an_input, output_file
 
 
 def _binaries(path: str) -> list[tuple[str, str | bytes]]:
@@ -45,7 +45,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from ctxrt.format import read_metadata
 
     if args.plot:
-        output_file("--plot", args.plot, ".png")
+        not_an_input(f"--plot {args.plot}", output_file("--plot", args.plot, ".png"), [args.file])
     with naming(args.file):
         binaries = _binaries(args.file)
         reports = [inspect_report(read_metadata(source)) for _, source in binaries]

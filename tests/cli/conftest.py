@@ -36,6 +36,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     flipped = bytearray((ws / "w.ctx").read_bytes())
     flipped[-10] ^= 0xFF  # a weights byte: the section's checksum no longer matches
     (ws / "w_flipped.ctx").write_bytes(bytes(flipped))
+    (ws / "binary.png").write_bytes((ws / "m.ctx").read_bytes())  # a context binary under another name
     (ws / "truncated.ctx").write_bytes((ws / "m.ctx").read_bytes()[:100])
     (ws / "garbage.ctx").write_bytes(b"garbage")
     (ws / "garbage.onnx").write_bytes(b"garbage")

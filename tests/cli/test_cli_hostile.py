@@ -91,6 +91,7 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("inspect --plot", ["inspect", "m.ctx", "--plot", "nodir/a.png"], ["--plot nodir/a.png", "does not exist"]),
     ("inspect --plot", ["inspect", "m.ctx", "--plot", "arena.svg"], ["--plot arena.svg", ".png"]),
     ("inspect --plot", ["inspect", "w_flipped.ctx", "--plot", "a.png"], ["w_flipped.ctx", "checksum"]),
+    ("inspect --plot", ["inspect", "binary.png", "--plot", "binary.png"], ["--plot binary.png", "overwrite"]),
     ("inspect --json", ["inspect", "m.ctx", "--json=1"], ["--json", "1"]),
     # -- run -----------------------------------------------------------------------------------------
     ("run MODEL", ["run"], ["MODEL"]),
