@@ -115,7 +115,8 @@ class StagedFiles:
 
 @contextlib.contextmanager
 def _interrupts_held() -> Iterator[None]:
-    """SIGINT is held back while the block runs (main thread only: signal handlers live there)."""
+    """SIGINT is ignored while the block runs, so the renames all happen (main thread only: signal handlers
+    live there). The block is a few renames long."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
