@@ -127,7 +127,7 @@ def bind(op: str, ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict[str
     from ctxrt.backends.cpu.registry import KERNELS
     from ctxrt.backends.kernel import NodeSpec, TensorSpec
 
-    spec = NodeSpec(op, op, attrs or {}, [TensorSpec(x.shape, x.dtype) for x in ins],
+    spec = NodeSpec(op, op, attrs or {}, [TensorSpec(x.shape, x.dtype) if x is not None else None for x in ins],
                     [TensorSpec(y.shape, y.dtype) for y in outs], consts or [None] * len(ins), opset)
     kernel = KERNELS[op](spec)
     return kernel.bind(ins, outs, [np.empty(n, np.uint8) for n in kernel.scratch])
