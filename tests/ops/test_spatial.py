@@ -98,6 +98,62 @@ def test_conv3d_large_enough_for_several_column_blocks() -> None:
     check(node, {"x": rand(1, 16, 12, 20, 22)}, {"w": _w(*wshape), "b": rand(8)}, rtol=1e-4, atol=1e-5)
 
 
+CONV_TRANSPOSE = {  # per-axis values repeat over the rank; pads are [begin] + [end]
+    "k3": dict(k=3),
+    "k3 pad1": dict(k=3, pads=([1], [1])),
+    "k2 s2 exact": dict(k=2, strides=[2]),
+    "k3 s2 output_padding": dict(k=3, strides=[2], pads=([1], [1]), output_padding=[1]),
+    "k4 s2 asym pads": dict(k=4, strides=[2], pads=([2], [1])),
+    "stride > kernel": dict(k=2, strides=[3], output_padding=[2]),
+    "dilation 2": dict(k=3, dilations=[2], pads=([1], [0])),
+    "groups 2": dict(k=3, group=2, strides=[2], pads=([1], [1])),
+    "depthwise": dict(k=3, group=4, pads=([1], [1])),
+    "same upper": dict(k=3, strides=[2], auto_pad="SAME_UPPER"),
+    "same lower": dict(k=3, strides=[2], auto_pad="SAME_LOWER"),
+    "valid": dict(k=3, strides=[2], auto_pad="VALID"),
+}
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("case", CONV_TRANSPOSE)
+def test_conv_transpose(case: str, bias: bool, rank: int) -> None:
+    attrs = dict(CONV_TRANSPOSE[case])
+    k, g = attrs.pop("k"), attrs.get("group", 1)
+    for key in ("strides", "dilations", "output_padding"):
+        if key in attrs:
+            attrs[key] = _per_axis(attrs[key], rank)
+    if "pads" in attrs:
+        attrs["pads"] = _per_axis(attrs["pads"][0], rank) + _per_axis(attrs["pads"][1], rank)
+    node = helper.make_node("ConvTranspose", ["x", "w"] + (["b"] if bias else []), ["y"], **attrs)
+    inits = {"w": _w(4, 8 // g, *[k] * rank), **({"b": rand(8)} if bias else {})}
+    # onnx.reference's grouped ConvTranspose fails (a reshape to the wrong group size): onnxruntime there.
+    check(node, {"x": rand(2, 4, *_spatial(rank, (5, 6, 4)))}, inits, rtol=1e-4, atol=1e-5,
+          oracle="onnxruntime" if g > 1 else "reference")
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_conv_transpose_output_shape(rank: int) -> None:
+    """An output_shape with an odd total padding: split as onnxruntime does (the reference crops the end)."""
+    out = [(13, 11, 9)[a] for a in range(rank)]
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2] * rank, output_shape=out)
+    check(node, {"x": rand(1, 4, *_spatial(rank, (6, 5, 4)))}, {"w": _w(4, 3, *[3] * rank), "b": rand(3)},
+          rtol=1e-4, atol=1e-5, oracle="onnxruntime")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])
+def test_conv_transpose_dtypes_and_inputs(dtype: Any) -> None:
+    rtol, atol = TOL[dtype]
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2], pads=[1, 0, 0, 1])
+    check(node, {"x": rand(1, 4, 5, 6, dtype=dtype), "w": _w(4, 3, 3, 3, dtype=dtype), "b": rand(3, dtype=dtype)},
+          rtol=rtol, atol=atol)
+
+
+def test_conv_transpose_several_column_blocks() -> None:
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2, 2], pads=[1] * 6)
+    check(node, {"x": rand(1, 16, 12, 14, 16)}, {"w": _w(16, 32, 3, 3, 3), "b": rand(32)}, rtol=1e-4, atol=1e-5)
+
+
 POOLS = {  # (op, attributes): per-axis values repeat over the rank
     "max k3 s2": ("MaxPool", dict(kernel_shape=[3], strides=[2])),
     "max asym pads": ("MaxPool", dict(kernel_shape=[3], strides=[2], pads=([0], [1]))),
@@ -206,11 +262,13 @@ def test_bad_attribute_values_are_named() -> None:
     ("MaxPool", dict(kernel_shape=[3, 3, 3], pads=[1] * 6), [rand(1, 8, 9, 10, 11)]),
     ("AveragePool", dict(kernel_shape=[3], pads=[1, 1], strides=[2]), [rand(2, 8, 50)]),
     ("LpPool", dict(kernel_shape=[2, 2], p=3), [rand(1, 8, 9, 10)]),
+    ("ConvTranspose", dict(strides=[2, 2, 2], pads=[1] * 6), [rand(1, 8, 5, 6, 7), _w(8, 4, 3, 3, 3), rand(4)]),
+    ("ConvTranspose", dict(strides=[2, 2]), [rand(1, 8, 9, 10), _w(8, 4, 2, 2), rand(4)]),
 ])
 def test_no_allocation_per_launch(op: str, attrs: dict, ins: list[np.ndarray]) -> None:
     node = _run_shapes(op, attrs, ins)
     outs = [np.empty(s, np.float32) for s in node]
-    consts = [None, ins[1], ins[2] if len(ins) > 2 else None][:len(ins)] if op == "Conv" else None
+    consts = [None, ins[1], ins[2] if len(ins) > 2 else None][:len(ins)] if op.startswith("Conv") else None
     # NumPy's iterator over 4-D/5-D strided views takes ~5 KiB of its own, whatever the tensor size
     assert allocated(bind(op, ins, outs, attrs, consts)) < ITERATOR_BUFFER, op
 
