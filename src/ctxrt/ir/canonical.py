@@ -18,4 +18,7 @@ PARAM_INPUTS: dict[str, dict[int, str]] = {
     "Pad": {1: "pads", 2: "constant_value", 3: "axes"},
     "Clip": {1: "min", 2: "max"},
     "Tile": {1: "repeats"},
+    # Resize-10's input 1 is its scales: its kernel reads them under "roi" (the key is per position, not opset).
+    "Resize": {1: "roi", 2: "scales", 3: "sizes"},
+    "Upsample": {1: "scales"},
 }

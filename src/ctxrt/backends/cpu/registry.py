@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from ctxrt.backends.cpu import activations, convtranspose, elementwise, logic, nn, norm, reduce, shape, spatial
+from ctxrt.backends.cpu import activations, convtranspose, elementwise, logic, nn, norm, reduce, resize, shape, spatial
 from ctxrt.backends.kernel import KernelFactory
 
 KERNELS: dict[str, KernelFactory] = {}
-for _module in (elementwise, activations, logic, reduce, shape, norm, nn, spatial, convtranspose):
+for _module in (elementwise, activations, logic, reduce, shape, norm, nn, spatial, convtranspose, resize):
     _dup = KERNELS.keys() & _module.KERNELS.keys()
     assert not _dup, f"ops registered twice: {_dup}"
     KERNELS.update(_module.KERNELS)
