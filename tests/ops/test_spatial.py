@@ -256,6 +256,15 @@ def test_bad_attribute_values_are_named() -> None:
         ctxrt.compile(model)
 
 
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool", "LpPool"])
+def test_ceil_mode_window_in_end_padding_is_a_clear_error(op: str) -> None:
+    """onnx shape inference counts a last window that starts in the end padding; the spec and onnxruntime drop
+    it, so the inferred shape is wrong and compiling would give a model shaped unlike onnxruntime's."""
+    node = helper.make_node(op, ["x"], ["y"], kernel_shape=[2], strides=[2], pads=[1, 1], ceil_mode=1, name="p")
+    with pytest.raises(UnsupportedOpError, match=f"{op} node 'p'.*end padding"):
+        ctxrt.compile(make_model(node, {"x": rand(1, 2, 3)}, opset=19))
+
+
 @pytest.mark.parametrize("op, attrs, ins", [
     ("Conv", dict(pads=[1, 1]), [rand(2, 8, 50), _w(8, 8, 3)]),
     ("Conv", dict(pads=[1] * 6, strides=[2, 1, 1]), [rand(1, 8, 9, 10, 11), _w(8, 8, 3, 3, 3), rand(8)]),

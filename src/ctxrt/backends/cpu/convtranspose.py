@@ -18,7 +18,7 @@ import numpy as np
 from ctxrt.backends.cpu.boxes import box_shape, boxes
 from ctxrt.backends.cpu.spatial import check_window, fail
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
-from ctxrt.errors import ShapeError
+from ctxrt.errors import UnsupportedOpError
 
 _COL_BUDGET = 2 << 20  # bytes of GEMM output columns per block
 
@@ -54,8 +54,8 @@ class ConvTranspose(Kernel):
         nd = check_window(spec, tuple(k))
         self.g = g = int(spec.attr("group", 1))
         if wc != c or g < 1 or c % g:
-            raise ShapeError(f"ConvTranspose node {spec.name!r}: weights {spec.inputs[1].shape} do not fit input "
-                             f"{spec.inputs[0].shape} with group={g}")
+            raise UnsupportedOpError(f"ConvTranspose node {spec.name!r}: weights {spec.inputs[1].shape} do not fit "
+                                     f"input {spec.inputs[0].shape} with group={g}")
         self.dt = dt = np.dtype(spec.outputs[0].dtype)
         if dt.kind != "f":
             raise fail(spec, "dtype", str(dt))

@@ -13,7 +13,7 @@ import numpy as np
 
 from ctxrt.backends.cpu import convnd, nn, poolnd
 from ctxrt.backends.kernel import Kernel, KernelFactory, Launch, NodeSpec, TensorSpec
-from ctxrt.errors import ShapeError, UnsupportedOpError
+from ctxrt.errors import UnsupportedOpError
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 _AXIS_ATTRS = ("kernel_shape", "strides", "dilations")  # per spatial axis: 1 for an added axis of size 1
@@ -100,8 +100,8 @@ def conv(spec: NodeSpec) -> Kernel:
     g = int(spec.attr("group", 1))
     c = spec.inputs[0].shape[1]
     if len(w) != nd + 2 or g < 1 or c % g or w[0] % g or w[1] * g != c:
-        raise ShapeError(f"Conv node {spec.name!r}: weights {w} do not fit input {spec.inputs[0].shape} "
-                         f"with group={g}")
+        raise UnsupportedOpError(f"Conv node {spec.name!r}: weights {w} do not fit input {spec.inputs[0].shape} "
+                                 f"with group={g}")
     return _by_rank(spec, nd, nn.conv, convnd.conv)
 
 
@@ -111,6 +111,15 @@ def _pool_window(spec: NodeSpec) -> int:
     nd = check_window(spec)
     if int(spec.attr("ceil_mode", 0)) not in (0, 1):
         raise fail(spec, "ceil_mode", spec.attr("ceil_mode"))
+    if not spec.attr("ceil_mode", 0):
+        return nd
+    strides, _, pb, _ = nn._window(spec, tuple(spec.attr("kernel_shape")))
+    sp, osp = spec.inputs[0].shape[2:], spec.outputs[0].shape[2:]
+    for axis, (i, o, s, b) in enumerate(zip(sp, osp, strides, pb, strict=True)):
+        if (o - 1) * s >= i + b:  # a clear error rather than an output shaped unlike onnxruntime's
+            raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: the output shape {tuple(spec.outputs[0].shape)} "
+                                     f"has a window starting in the end padding of spatial axis {axis} (ceil_mode=1), "
+                                     "which the ONNX spec and onnxruntime drop (onnx shape inference keeps it)")
     return nd
 
 
