@@ -93,6 +93,24 @@ def test_conv_fused_residual_and_relu(rank: int) -> None:
     check(nodes, feeds, {"w": _w(5, 3, *[3] * rank), "b": rand(5)}, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("attrs", [dict(pads=[1, 1]), dict(pads=[4, 2], strides=[3], dilations=[2]),
+                                   dict(auto_pad="SAME_UPPER", group=4)])
+def test_conv1d_long_signal_runs_in_column_blocks(attrs: dict) -> None:
+    """A 1-D conv whose one im2col row exceeds the column budget runs the N-D kernel, blocked along the signal."""
+    from ctxrt.backends.cpu import convnd
+    from ctxrt.backends.cpu.registry import KERNELS
+    from ctxrt.backends.kernel import NodeSpec, TensorSpec
+
+    g = attrs.get("group", 1)
+    x, w, b = rand(2, 32, 24001), _w(16, 32 // g, 3), rand(16)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs), helper.make_node("Relu", ["c"], ["y"])]
+    out = check(nodes, {"x": x}, {"w": w, "b": b}, rtol=1e-4, atol=1e-5)[0]
+    ins = [TensorSpec(a.shape, a.dtype) for a in (x, w, b)]
+    spec = NodeSpec("Conv", "c", attrs, ins, [TensorSpec(out.shape, out.dtype)], [None, w, b])
+    kernel = KERNELS["Conv"](spec)
+    assert isinstance(kernel, convnd.ConvND) and len(kernel.blocks) > 1
+
+
 def test_conv3d_large_enough_for_several_column_blocks() -> None:
     node, wshape = _conv_node(CONV["3 pad1"], 3, 16, 8, bias=True)
     check(node, {"x": rand(1, 16, 12, 20, 22)}, {"w": _w(*wshape), "b": rand(8)}, rtol=1e-4, atol=1e-5)
