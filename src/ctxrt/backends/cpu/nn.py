@@ -11,12 +11,11 @@ from ctxrt.errors import UnsupportedOpError
 
 
 def _window(spec: NodeSpec, kernel: tuple[int, ...]) -> tuple[list[int], list[int], list[int], list[int]]:
-    """(strides, dilations, pads_begin, pads_end) for 2-D spatial ops, auto_pad resolved."""
+    """(strides, dilations, pads_begin, pads_end) for spatial ops of any rank, auto_pad resolved. The kernels
+    here are 2-D; spatial.py sends them 1-D ops as (N, C, 1, L) and runs 3-D ones itself."""
     in_hw = spec.inputs[0].shape[2:]
     out_hw = spec.outputs[0].shape[2:]
     nd = len(in_hw)
-    if nd != 2:
-        raise UnsupportedOpError(f"{spec.op} {spec.name!r}: only 2-D spatial inputs are supported, got {in_hw}")
     strides = list(spec.attr("strides") or [1] * nd)
     dil = list(spec.attr("dilations") or [1] * nd)
     auto = spec.attr("auto_pad", "NOTSET")
@@ -391,5 +390,5 @@ def matmul(spec: NodeSpec) -> Kernel:
     return FnKernel(lambda i, o, s: np.matmul(i[0], i[1], out=o[0]))
 
 
-KERNELS = {"Conv": conv, "MaxPool": maxpool, "AveragePool": avgpool, "GlobalAveragePool": global_avgpool,
-               "LRN": lrn, "Gemm": gemm, "MatMul": matmul}
+# Conv, MaxPool and AveragePool are registered by spatial.py, which sends 2-D (and lifted 1-D) nodes here.
+KERNELS = {"GlobalAveragePool": global_avgpool, "LRN": lrn, "Gemm": gemm, "MatMul": matmul}
