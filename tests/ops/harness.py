@@ -51,9 +51,14 @@ def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) ->
     import onnxruntime as ort
 
     model = onnx.ModelProto.FromString(model.SerializeToString())
-    inferred = onnx.shape_inference.infer_shapes(model).graph.output  # output dtypes only: the reference may fail
-    for out, typed in zip(model.graph.output, inferred, strict=True):
-        out.type.tensor_type.elem_type = typed.type.tensor_type.elem_type
+    # Output dtypes from shape inference (the reference may fail where onnxruntime is the oracle); ops it
+    # leaves untyped (GroupNormalization) take the reference's.
+    inferred = onnx.shape_inference.infer_shapes(model).graph.output
+    for k, (out, typed) in enumerate(zip(model.graph.output, inferred, strict=True)):
+        elem = typed.type.tensor_type.elem_type
+        if not elem:
+            elem = helper.np_dtype_to_tensor_dtype(reference(model, feeds)[k].dtype)
+        out.type.tensor_type.elem_type = elem
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
 

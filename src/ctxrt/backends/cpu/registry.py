@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
-from ctxrt.backends.cpu import (activations, convtranspose, einsum, elementwise, logic, nn, norm, reduce, resize,
-                                rnn_cells, scatter, select, shape, spatial)
+from ctxrt.backends.cpu import (
+    activations,
+    convtranspose,
+    einsum,
+    elementwise,
+    logic,
+    nn,
+    norm,
+    reduce,
+    resize,
+    rnn_cells,
+    scatter,
+    select,
+    shape,
+    spatial,
+)
 from ctxrt.backends.kernel import KernelFactory
 
 KERNELS: dict[str, KernelFactory] = {}
