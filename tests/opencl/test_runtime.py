@@ -17,7 +17,7 @@ from ctxrt.backends.opencl import device as cl_device
 from ctxrt.backends.opencl.backend import OpenCLBackend
 from ctxrt.cli import main as cli
 from ctxrt.compiler import compile_graphs
-from ctxrt.errors import CtxrtError, CtxrtWarning
+from ctxrt.errors import CtxrtError, CtxrtWarning, RegistrationError
 from ctxrt.format import ContextFile, write_context
 
 pytestmark = pytest.mark.usefixtures("opencl")
@@ -195,6 +195,17 @@ def test_cpu_contexts_store_no_programs(tmp_path) -> None:
 
 # ---- devices and errors -------------------------------------------------------------------------------------
 
+def test_buffers_of_another_backend_are_refused() -> None:
+    model, _ = _mixed()
+    for mine, theirs, name in (("opencl", "cpu", "opencl"), ("cpu", "opencl", "cpu")):
+        with ctxrt.compile(model, backend=mine, defer_graph_init=True) as ctx:
+            foreign = get_backend(theirs).alloc_shared(1 << 16, 64)
+            with pytest.raises(RegistrationError, match=f"the {name} backend needs its own buffers"):
+                ctx.register_spillfill_buffer(foreign)
+            with pytest.raises(RegistrationError, match=f"the {name} backend needs its own buffers"):
+                ctx.mem_register(foreign, 0, (5, 12), np.float32)
+
+
 def test_device_selection(monkeypatch) -> None:
     assert get_backend("opencl") is get_backend("opencl:0")
     assert get_backend("opencl:0").info.index == 0
@@ -232,6 +243,6 @@ def test_no_platform_is_one_clear_error(monkeypatch, tmp_path, capsys) -> None:
     src.write_bytes(model.SerializeToString())
     assert cli(["run", str(src), "--backend", "opencl:7"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("ctxrt: error: no OpenCL platform or device found") and err.count("\n") == 1
+    assert err.startswith("ctxrt: error: ") and "no OpenCL platform or device found" in err and err.count("\n") == 1
     assert cli(["devices"]) == 0
     assert "no OpenCL device" in capsys.readouterr().out
