@@ -65,10 +65,11 @@ def _params(spec: NodeSpec, dt: np.dtype) -> tuple[Any, Any]:
         lo = -np.inf if lo is None and dt.kind == "f" else info.min if lo is None else lo
         hi = np.inf if hi is None and dt.kind == "f" else info.max if hi is None else hi
         return dt.type(np.asarray(lo).reshape(-1)[0]), dt.type(np.asarray(hi).reshape(-1)[0])
+    # ONNX float attributes are float32: defaults too (as onnx.reference and onnxruntime read them)
     if spec.op == "LeakyRelu":
-        return dt.type(spec.attr("alpha", 0.01)), dt.type(0)
+        return dt.type(np.float32(spec.attr("alpha", 0.01))), dt.type(0)
     if spec.op == "HardSigmoid":
-        return dt.type(spec.attr("alpha", 0.2)), dt.type(spec.attr("beta", 0.5))
+        return dt.type(np.float32(spec.attr("alpha", 0.2))), dt.type(np.float32(spec.attr("beta", 0.5)))
     return dt.type(0), dt.type(0)
 
 

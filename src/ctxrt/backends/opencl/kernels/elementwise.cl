@@ -21,8 +21,13 @@
 
 /* ---- the table: `#define OP_<name>(inputs) expression  // kinds: <per input>` -------------------------
  * Inputs arrive in their own types; the result is converted to TO. Kinds: f float, i signed int,
- * u unsigned int, b bool, * any; one group applies to every input, else one comma-separated group each. */
-#define OP_Relu(a)              max(a, (T0)0)                                          // kinds: fi
+ * u unsigned int, b bool, * any; one group applies to every input, else one comma-separated group each.
+ * NaN propagates as NumPy's does: comparisons with NaN are false, so ternaries (not OpenCL's min/max, whose
+ * result for NaN is undefined) pass it through; x != x is true only for NaN. Tails are exact: Gelu's tanh form
+ * as x * sigmoid(2z), so that it is -0 (not 1 - tanh's rounding) far left. */
+#define ATLEAST(x, lo)          ((x) < (lo) ? (lo) : (x))
+#define CLIP(x, lo, hi)         (ATLEAST(x, lo) > (hi) ? (hi) : ATLEAST(x, lo))  /* min(max(x, lo), hi) */
+#define OP_Relu(a)              ((a) < (T0)0 ? (T0)0 : (a))                            // kinds: fi
 #define OP_Sigmoid(a)           ((T0)1 / ((T0)1 + exp(-(a))))                          // kinds: f
 #define OP_Tanh(a)              tanh(a)                                                // kinds: f
 #define OP_Exp(a)               exp(a)                                                 // kinds: f
@@ -36,14 +41,14 @@
 #define OP_Floor(a)             floor(a)                                               // kinds: f
 #define OP_Ceil(a)              ceil(a)                                                // kinds: f
 #define OP_Round(a)             rint(a)                                                // kinds: f
-#define OP_Sign(a)              (((a) > (T0)0) - ((a) < (T0)0))                        // kinds: fi
+#define OP_Sign(a)              ((a) > (T0)0 ? (T0)1 : (a) < (T0)0 ? (T0)-1 : (a))     // kinds: fi
 #define OP_Erf(a)               erf(a)                                                 // kinds: f
 #define OP_Gelu(a)              ((a) * (T0)0.5 * erfc((a) * (T0)-0.70710678118654752440))  // kinds: f
-#define OP_GeluTanh(a)          ((T0)0.5 * (a) * ((T0)1 + tanh((T0)0.79788456080286535588 * ((a) + (T0)0.044715 * (a) * (a) * (a)))))  // kinds: f
-#define OP_Softplus(a)          log1p(exp(a))                                          // kinds: f
+#define OP_GeluTanh(a)          ((a) / ((T0)1 + exp((T0)-1.5957691216057307118 * ((a) + (T0)0.044715 * (a) * (a) * (a)))))  // kinds: f
+#define OP_Softplus(a)          (((a) > (T0)0 ? (a) : (T0)0) + log1p(exp(-fabs(a))))   // kinds: f
 #define OP_LeakyRelu(a)         ((a) >= (T0)0 ? (a) : (a) * p0)                        // kinds: f
-#define OP_HardSigmoid(a)       max((T0)0, min((T0)1, (a) * p0 + p1))                  // kinds: f
-#define OP_Clip(a)              min(max(a, p0), p1)                                    // kinds: fiu
+#define OP_HardSigmoid(a)       CLIP((a) * p0 + p1, (T0)0, (T0)1)                      // kinds: f
+#define OP_Clip(a)              CLIP(a, p0, p1)                                        // kinds: fiu
 #define OP_Not(a)               (!(a))                                                 // kinds: b
 #define OP_IsNaN(a)             isnan(a)                                               // kinds: f
 #define OP_Cast(a)              (a)                                                    // kinds: fiub
@@ -53,8 +58,8 @@
 #define OP_Mul(a, b)            ((a) * (b))                                            // kinds: fiu
 #define OP_Div(a, b)            ((a) / (b))                                            // kinds: f
 #define OP_Pow(a, b)            pow(a, (T0)(b))                                        // kinds: f,fi
-#define OP_Max(a, b)            max(a, b)                                              // kinds: fiu
-#define OP_Min(a, b)            min(a, b)                                              // kinds: fiu
+#define OP_Max(a, b)            ((a) >= (b) || (a) != (a) ? (a) : (b))                 // kinds: fiu
+#define OP_Min(a, b)            ((a) <= (b) || (a) != (a) ? (a) : (b))                 // kinds: fiu
 #define OP_Equal(a, b)          ((a) == (b))                                           // kinds: fiub
 #define OP_Less(a, b)           ((a) < (b))                                            // kinds: fiu
 #define OP_Greater(a, b)        ((a) > (b))                                            // kinds: fiu
