@@ -102,9 +102,9 @@ class Elementwise(ClKernel):
     source = SOURCE
     space = Space(
         params={"VW": (1, 2, 4, 8), "WGS": (32, 64, 128, 256)},
-        # PoCL vectorises a work-group's work-items: mid-size groups, a few elements each; GPUs want full
-        # groups of one element each (coalesced loads, many waves in flight).
-        defaults={"cpu": {"VW": 4, "WGS": 64}, "gpu": {"VW": 1, "WGS": 256}, "default": {"VW": 1, "WGS": 64}},
+        # PoCL vectorises a work-group's work-items (not a loop inside one: VW 4 made Sigmoid 5x slower):
+        # large groups of one element each, as GPUs want too (coalesced loads, many waves in flight).
+        defaults={"cpu": {"VW": 1, "WGS": 256}, "gpu": {"VW": 1, "WGS": 256}, "default": {"VW": 1, "WGS": 64}},
         work_group=lambda p: (p["WGS"],))
 
     def __init__(self, spec: NodeSpec, backend: Any, params: Any = None) -> None:
@@ -141,6 +141,8 @@ class Elementwise(ClKernel):
             d[f"T{k}"], d[f"M{k}"] = t, m
         if "double" in (*self.types, self.out_type):
             d["FP64"] = 1
+        elif self.entry in ("Erf", "Gelu"):
+            d["FAST_ERF"] = 1
         return d
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
