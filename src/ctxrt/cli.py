@@ -36,11 +36,30 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
-def random_feeds(inputs: Sequence[Any], seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded inputs: normal floats; integers and booleans in {0, 1} (valid ids and masks)."""
+def parse_value(text: str) -> tuple[str, list[bool | int | float]]:
+    """--value NAME=1,2,3 (numbers, or true/false): the value a value input is compiled for."""
+    name, sep, items = text.rpartition("=")
+    words = {"true": True, "false": False}
+    try:
+        if not sep or not name:
+            raise ValueError
+        return name, [words[w.lower()] if w.lower() in words else int(w) if w.strip().lstrip("+-").isdigit()
+                      else float(w) for w in items.split(",")]
+    except ValueError:
+        raise UsageError(f"--value expects NAME=V,V,... (numbers or true/false, e.g. shape=1,-1), "
+                         f"got {text!r}") from None
+
+
+def random_feeds(inputs: Sequence[Any], seed: int = 0, values: dict[str, np.ndarray] | None = None
+                 ) -> dict[str, np.ndarray]:
+    """Seeded inputs: normal floats; integers and booleans in {0, 1} (valid ids and masks); value inputs
+    (DESIGN.md §9b) get the value the graph was compiled for."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for info in inputs:
+        if values and info.name in values:
+            feeds[info.name] = values[info.name]
+            continue
         dt = np.dtype(info.dtype)
         if dt.kind == "f":
             feeds[info.name] = rng.standard_normal(info.shape).astype(dt)
@@ -49,33 +68,39 @@ def random_feeds(inputs: Sequence[Any], seed: int = 0) -> dict[str, np.ndarray]:
     return feeds
 
 
-def load_inputs(path: str, inputs: Sequence[Any]) -> dict[str, np.ndarray]:
+def read_npz(path: str) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as data:
-            feeds = {k: data[k] for k in data.files}
+            return {k: data[k] for k in data.files}
     except (OSError, ValueError) as e:
         raise UsageError(f"cannot read inputs {path}: {e}") from e
+
+
+def load_inputs(path: str | dict[str, np.ndarray], inputs: Sequence[Any]) -> dict[str, np.ndarray]:
+    feeds = read_npz(path) if isinstance(path, str) else path
     names = [i.name for i in inputs]
     if set(feeds) != set(names):
         raise UsageError(f"{path} has arrays {sorted(feeds)}; the model's inputs are {names}")
     return feeds
 
 
-def graph_shapes(specs: Sequence[str], n_models: int) -> list[dict[str, tuple[int, ...]]]:
-    """--shape NAME=DIMS applies to every model; K:NAME=DIMS to the K-th (0-based) only."""
-    per: list[dict[str, tuple[int, ...]]] = [{} for _ in range(n_models)]
+def graph_shapes(specs: Sequence[str], n_models: int, parse: Any = parse_shape, flag: str = "--shape"
+                 ) -> list[dict[str, Any]]:
+    """--shape NAME=DIMS (or --value NAME=V,..., with `parse`) applies to every model; K:NAME=... to the K-th
+    (0-based) only."""
+    per: list[dict[str, Any]] = [{} for _ in range(n_models)]
     for spec in specs:
         head, colon, rest = spec.partition(":")
         if colon and head.isdigit() and "=" in rest:
             k = int(head)
             if k >= n_models:
-                raise UsageError(f"--shape {spec}: there are only {n_models} models")
-            name, shape = parse_shape(rest)
-            per[k][name] = shape
+                raise UsageError(f"{flag} {spec}: there are only {n_models} models")
+            name, value = parse(rest)
+            per[k][name] = value
         else:
-            name, shape = parse_shape(spec)
+            name, value = parse(spec)
             for d in per:
-                d[name] = shape
+                d[name] = value
     return per
 
 
@@ -84,11 +109,12 @@ def _graph_names(models: Sequence[str]) -> list[str]:
     return [s if stems.count(s) == 1 else f"{s}_{i}" for i, s in enumerate(stems)]
 
 
-def open_context(model: str, shapes: dict[str, tuple[int, ...]], backend: str) -> Any:
-    """A finalized context from a .onnx model (compiled in memory), a .ctx binary or an EPContext model
-    that points at one context binary."""
-    import ctxrt
-    from ctxrt.runtime.loader import context_from_binary
+def open_context(model: str, shapes: dict[str, tuple[int, ...]], backend: str,
+                 feeds: dict[str, np.ndarray] | None = None) -> Any:
+    """A finalized context from a .onnx model (compiled in memory: for the shapes of `feeds` when given, and
+    the values of its value inputs in them), a .ctx binary or an EPContext model that points at one binary."""
+    from ctxrt.runtime import get_backend
+    from ctxrt.runtime.loader import compile_graphs, compile_to_context, context_from_binary
 
     if model.endswith(".onnx"):
         from ctxrt.frontend.epcontext import is_epcontext, read_epcontext
@@ -96,7 +122,10 @@ def open_context(model: str, shapes: dict[str, tuple[int, ...]], backend: str) -
         if Path(model).is_file() and is_epcontext(model):
             nodes = read_epcontext(model)
             return context_from_binary(nodes[0].source, backend)
-        return ctxrt.compile(model, shapes=shapes, backend=backend)
+        be = get_backend(backend)
+        shapes = {**{k: v.shape for k, v in (feeds or {}).items()}, **shapes}
+        graphs, weights = compile_graphs([(model, shapes, "main")], be, feeds=feeds)
+        return compile_to_context(graphs, weights, be)
     return context_from_binary(model, backend)
 
 
@@ -154,11 +183,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     shapes = dict(parse_shape(s) for s in args.shape)
     if len(args.model) > 1 or args.share_spillfill or _is_chain(args.model[0]):
         return _run_group(args, shapes)
-    ctx = open_context(args.model[0], shapes, args.backend)
+    given = read_npz(args.inputs) if args.inputs else None
+    ctx = open_context(args.model[0], shapes, args.backend, given)
     g = ctx.graph(args.graph)
-    feeds = load_inputs(args.inputs, g.inputs) if args.inputs else random_feeds(g.inputs)
+    feeds = load_inputs(given, g.inputs) if given is not None else random_feeds(g.inputs, values=g.value_inputs)
     outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in g.outputs}
-    times = _time(lambda: g.execute(feeds, outs), args.repeat)
+    real: dict[str, Any] = {}
+    times = _time(lambda: real.update(g.execute(feeds, outs)), args.repeat)
+    outs.update({k: v[tuple(slice(0, d) for d in real[k])] for k, v in outs.items() if k in real})
     if args.output:
         np.savez(args.output, **outs)
     props = ctx.properties
@@ -208,7 +240,8 @@ def _run_group(args: argparse.Namespace, shapes: dict[str, tuple[int, ...]]) -> 
         labels = [lb if labels.count(lb) == 1 else f"{lb}#{k}" for k, lb in enumerate(labels)]
         for label, ctx in zip(labels, group.contexts, strict=True):
             g = ctx.graph(args.graph)
-            feeds = load_inputs(args.inputs, g.inputs) if args.inputs else random_feeds(g.inputs)
+            feeds = load_inputs(args.inputs, g.inputs) if args.inputs else random_feeds(g.inputs,
+                                                                                         values=g.value_inputs)
             outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in g.outputs}
             prefix = f"{label}:" if len(args.model) > 1 else ""
             runs.append((g, feeds, outs, prefix))
@@ -255,7 +288,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
         return _compile_split(args)
     backend = get_backend(args.backend)
     shapes = graph_shapes(args.shape, len(args.models))
-    models = [(m, s, n) for m, s, n in zip(args.models, shapes, _graph_names(args.models), strict=True)]
+    values = graph_shapes(args.value, len(args.models), parse_value, "--value")
+    models = [(m, s, n, v) for m, s, n, v in zip(args.models, shapes, _graph_names(args.models), values,
+                                                  strict=True)]
     graphs, weights = compile_graphs(models, backend, args.io_mem_type)
     out = save_context(args.output, graphs, weights, context_info(backend, args.models))
     if args.epcontext:
@@ -288,7 +323,8 @@ def _compile_split(args: argparse.Namespace) -> int:
     backend = get_backend(args.backend)
     model = args.models[0]
     stem = Path(model).name.removesuffix(".onnx")
-    parts, outputs = compile_split(model, graph_shapes(args.shape, 1)[0], backend, args.split, args.io_mem_type)
+    parts, outputs = compile_split(model, graph_shapes(args.shape, 1)[0], backend, args.split, args.io_mem_type,
+                                   graph_shapes(args.value, 1, parse_value, "--value")[0])
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for i, (graph, weights) in enumerate(parts):
@@ -325,7 +361,8 @@ def inspect_report(meta: dict[str, Any]) -> dict[str, Any]:
         "weights_size": meta["weights_size"], "spillfill_size": meta["max_spillfill_size"],
         "alignment": meta["alignment"], "tuning": meta["tuning"],
         "graphs": [{"name": g["name"], "spillfill_size": g["spillfill_size"], "lower_bound": g["lower_bound"],
-                    "io_bytes": g["io_bytes"], "inputs": g["inputs"], "outputs": g["outputs"]}
+                    "io_bytes": g["io_bytes"], "inputs": g["inputs"], "outputs": g["outputs"],
+                    "value_inputs": g.get("value_inputs", {}), "bounded_outputs": g.get("bounded_outputs", {})}
                    for g in meta["graphs"]],
     }
 
@@ -364,7 +401,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                   f"(lower bound {g['lower_bound'] / mib:.2f} MiB), IO {g['io_bytes'] / mib:.2f} MiB")
             for kind in ("inputs", "outputs"):
                 for t in g[kind]:
-                    print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}{list(t['shape'])} ({t['mem_type']})")
+                    shape = list(t["shape"])
+                    if t["name"] in g["bounded_outputs"]:  # an upper bound: the real size is known at run time
+                        axis = g["bounded_outputs"][t["name"]]
+                        shape[axis] = f"<={shape[axis]}"
+                    note = (f", value input compiled for {g['value_inputs'][t['name']]}"
+                            if t["name"] in g["value_inputs"] else "")
+                    print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}[{', '.join(map(str, shape))}] "
+                          f"({t['mem_type']}{note})")
         if "memory" in report:
             print(f"  {'memory':<24}{'weights':>12}{'spill-fill':>12}{'lower bound':>12}{'arena/bound':>12}"
                   f"{'IO':>12}")
@@ -390,6 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--backend", default="cpu")
     c.add_argument("--io-mem-type", default="raw", choices=["raw", "memhandle"])
     c.add_argument("--shape", action="append", default=[], help="[K:]NAME=1x3x224x224 (K: model index)")
+    c.add_argument("--value", action="append", default=[],
+                   help="[K:]NAME=1,2,3: compile for this value of an input that decides a shape or a branch")
     c.add_argument("--split", type=int, default=0, metavar="K",
                    help="cut the model into K context binaries in the directory -o, chained by an EPContext model")
     c.add_argument("--config", help="tuning configuration (JSON)")

@@ -13,6 +13,14 @@ class ShapeError(CtxrtError):
     """A shape or dtype does not match what the graph expects, or cannot be made static."""
 
 
+class ValueInputError(ShapeError):
+    """Graph inputs decide shapes (value inputs, DESIGN.md §9b) and no value was given for them."""
+
+    def __init__(self, message: str, names: list[str]) -> None:
+        super().__init__(message)
+        self.names = names
+
+
 class UnsupportedOpError(CtxrtError):
     """The model uses operators (or attributes) that ctxrt does not implement."""
 

@@ -19,3 +19,19 @@ PARAM_INPUTS: dict[str, dict[int, str]] = {
     "Clip": {1: "min", 2: "max"},
     "Tile": {1: "repeats"},
 }
+
+# Inputs that decide an output's shape but stay inputs (their kernels read them as constants): like the
+# parameter inputs above, they must be known at compile time, so a graph input reaching one is a value input.
+SHAPE_INPUTS: dict[str, set[int]] = {
+    "Range": {0, 1, 2},
+    "ConstantOfShape": {0},
+    "TopK": {1},
+    "OneHot": {1},
+    "Resize": {2, 3},
+    "Upsample": {1},
+    "NonMaxSuppression": {2},
+}
+
+# Inputs that choose a branch or a trip count. Control flow can decide them at run time, so only small
+# integer or boolean graph inputs reaching them are treated as value inputs (as TensorRT's shape tensors).
+BRANCH_INPUTS: dict[str, set[int]] = {"If": {0}, "Loop": {0, 1}}
