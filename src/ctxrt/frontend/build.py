@@ -110,7 +110,7 @@ def _body(st: Folder, proto: onnx.GraphProto, formal: list[Type], label: str) ->
     inputs = {**{mapping[v.name]: t for v, t in zip(proto.input, formal, strict=True)},
               **{c: st.types[c] for c in captures}}
     sub = Folder(st.scope, graph, inputs, {**{n: st.consts[n] for n in free if n in st.consts}, **inits}, label)
-    sub.settle({})
+    sub.settle(None)
     return build_graph(sub, label, body=True), captures
 
 

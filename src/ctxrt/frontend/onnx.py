@@ -76,17 +76,18 @@ def check_model(proto: onnx.ModelProto, source: Any) -> None:
 
 
 def declared_io(model: str | os.PathLike | bytes | onnx.ModelProto
-                ) -> tuple[list[tuple[str, np.dtype, list[int | str]]], list[tuple[str, np.dtype, list[int | str]]]]:
+                ) -> tuple[list[tuple[str, np.dtype | None, list[int | str]]],
+                           list[tuple[str, np.dtype | None, list[int | str]]]]:
     """The model's inputs (initializers excluded) and outputs as declared: (name, dtype, dims), a dim being
-    an int or its symbolic name ("?" when unnamed). Reads no weights."""
+    an int or its symbolic name ("?" when unnamed), the dtype None when not declared."""
     m = load_model(model)
     inits = {i.name for i in m.graph.initializer}
 
-    def one(vi: onnx.ValueInfoProto) -> tuple[str, np.dtype, list[int | str]]:
+    def one(vi: onnx.ValueInfoProto) -> tuple[str, np.dtype | None, list[int | str]]:
         tt = vi.type.tensor_type
         dims: list[int | str] = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
                                  for d in tt.shape.dim]
-        return vi.name, np_dtype(tt.elem_type, f"{vi.name!r}"), dims
+        return vi.name, np_dtype(tt.elem_type, f"{vi.name!r}") if tt.elem_type else None, dims
 
     return [one(v) for v in m.graph.input if v.name not in inits], [one(v) for v in m.graph.output]
 
@@ -139,7 +140,7 @@ class Folder:
         self.value_inputs: dict[str, np.ndarray] = {}
 
     # -- the loop ------------------------------------------------------------------------------------
-    def settle(self, feeds: Mapping[str, Any]) -> None:
+    def settle(self, feeds: Mapping[str, Any] | None) -> None:
         while True:
             self.infer()
             if self.fold_once() or self.rewrite_control() or self.take_values(feeds) or self.annotate():
@@ -283,22 +284,25 @@ class Folder:
             return None
         return trips if control.always_true(body, self.consts) else None
 
-    def take_values(self, feeds: Mapping[str, Any]) -> bool:
-        """Bake in the graph inputs that decide shapes or branches, from the feeds; name the ones missing."""
+    def take_values(self, feeds: Mapping[str, Any] | None) -> bool:
+        """Bake in the graph inputs that decide shapes or branches, from the feeds; name the ones missing.
+
+        Without feeds (None), an input deciding only a branch or a trip count may stay one: control flow
+        decides at run time. With feeds (a session compiling for a run), every value input is baked in."""
         shape, branch = values.trace(self.nodes)
-        free = [n for n in self.inputs if n not in self.consts]
+        free = [n for n in self.inputs if n not in self.consts and values.small_int(*self.inputs[n])]
         wanted = {n: shape[n] for n in free if n in shape}
-        wanted.update({n: branch[n] for n in free if n in branch and n not in wanted
-                       and values.small_int(*self.inputs[n])})
-        taken = [n for n in wanted if n in feeds]
+        wanted.update({n: branch[n] for n in free if n in branch and n not in wanted})
+        taken = [n for n in wanted if feeds and n in feeds]
         for n in taken:
             dt, s = self.inputs[n]
             self.consts[n] = self.value_inputs[n] = values.as_value(n, feeds[n], dt, s)
-        missing = {n: why for n, why in wanted.items() if n in shape and n not in feeds}
+        missing = {n: why for n, why in wanted.items() if (n in shape or feeds is not None) and n not in taken}
         if missing and not taken and not self.label:
             raise ValueInputError(
-                "; ".join(f"input {n!r} decides a shape ({why}): pass its value, e.g. --value {n}=1,2"
-                          for n, why in missing.items()), list(missing))
+                "; ".join(f"input {n!r} decides {'a shape' if n in shape else 'a branch'} ({why}): give its value "
+                          f"(--value {n}=... to compile, or in run --inputs)" for n, why in missing.items()),
+                list(missing))
         return bool(taken)
 
     def annotate(self) -> bool:
@@ -365,7 +369,7 @@ def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str
 
     `shapes` binds dynamic input dimensions (an unbound one is bound to 1, with a note on stderr); `values`
     bakes in input values (value inputs, DESIGN.md §9b); value inputs missing from `values` are taken from
-    `feeds` when given (a session compiling for a run's inputs)."""
+    `feeds` when given (a session compiling for a run's inputs: then every value input must be there)."""
     from ctxrt.frontend.build import bind_inputs, build_graph
 
     proto = load_model(model)
@@ -376,7 +380,7 @@ def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str
     inputs, baked = bind_inputs(proto, shapes or {}, values or {}, scope.notes)
     st = Folder(scope, proto.graph, inputs, baked)
     st.value_inputs.update(baked)
-    st.settle(feeds or {})
+    st.settle(feeds)
     graph = build_graph(st, name)
     if scope.notes:
         print("ctxrt: " + "; ".join(scope.notes), file=sys.stderr)

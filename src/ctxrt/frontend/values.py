@@ -1,10 +1,11 @@
 """Value inputs and data-dependent sizes, at the ONNX level (DESIGN.md §9b).
 
-A graph input whose value reaches a position that decides a shape (Reshape's shape, Slice's starts, ...: the
-tables of ir/canonical.py) is a *value input*: the compile specializes on its value. One that reaches a
-branch or a trip count (If's condition, Loop's M and cond) is one when it is a small integer or boolean
-tensor; otherwise control flow decides at run time. `trace` follows values backwards from those positions,
-through every op but Shape and Size (which read only a shape), and into subgraphs.
+A small integer or boolean graph input (as TensorRT's shape tensors) whose value reaches a position that
+decides a shape (Reshape's shape, Slice's starts, ...: the tables of ir/canonical.py) or a branch or a trip
+count (If's condition, Loop's M and cond) is a *value input*: the compile specializes on its value. A shape
+that comes from other data is an error; a branch from other data is decided at run time. `trace` follows
+values backwards from those positions, through every op but Shape and Size (which read only a shape), and
+into subgraphs.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ctxrt.errors import ShapeError
 from ctxrt.frontend.control import attr, free_vars, subgraphs
 from ctxrt.ir.canonical import BRANCH_INPUTS, PARAM_INPUTS, SHAPE_INPUTS
 
-# A branch-deciding input becomes a value input only if it is an integer/bool tensor of at most this size.
+# Value inputs are integer or boolean tensors of at most this many elements.
 BRANCH_VALUE_MAX = 64
 _SHAPE_ONLY = {"Shape", "Size"}
 

@@ -415,12 +415,12 @@ class IOBinding:
             self._check_value(name, decl[0], value, "output")
         self._outputs[name] = value
 
-    def _check_value(self, name: str, dtype: np.dtype, value: Tensor | np.ndarray, role: str) -> None:
+    def _check_value(self, name: str, dtype: np.dtype | None, value: Tensor | np.ndarray, role: str) -> None:
         if isinstance(value, Tensor):
             if value.session is not self.session:
                 raise RegistrationError(f"{role} {name!r}: the Tensor belongs to another session")
             value._check()
-        if value.dtype != dtype:
+        if dtype is not None and value.dtype != dtype:  # None: the model does not declare it
             raise ShapeError(f"{role} {name!r} expects {dtype}, got {value.dtype}")
 
     def clear_binding_inputs(self) -> None:
@@ -445,8 +445,9 @@ def _cut(array: np.ndarray, shape: tuple[int, ...] | None) -> np.ndarray:
     return array.copy() if shape is None else array[tuple(slice(0, d) for d in shape)].copy()
 
 
-def _node_arg(name: str, dt: np.dtype, dims: list[int | str]) -> NodeArg:
-    return NodeArg(name, list(dims), f"tensor({_ONNX_TYPES.get(dt.name, dt.name)})")
+def _node_arg(name: str, dt: np.dtype | None, dims: list[int | str]) -> NodeArg:
+    type_name = "undefined" if dt is None else _ONNX_TYPES.get(dt.name, dt.name)
+    return NodeArg(name, list(dims), f"tensor({type_name})")
 
 
 def _check_array(info: TensorInfo, dt: np.dtype, value: Any, role: str) -> None:

@@ -43,12 +43,13 @@ class _Selector:
         if n == 0:
             return 0
         count = int(np.count_nonzero(mask))
-        np.cumsum(mask, out=slot)
+        np.copyto(slot, mask)  # a cumsum from bool into int64 would cast through a temporary
+        np.add.accumulate(slot, out=slot)  # (np.cumsum grows a cache over its first thousand calls)
         np.subtract(slot, 1, out=slot)
         np.logical_not(mask, out=mask)
         np.copyto(slot, n, where=mask)  # unselected: the spare slot
         ramp.fill(1)
-        np.cumsum(ramp, out=ramp)
+        np.add.accumulate(ramp, out=ramp)
         np.subtract(ramp, 1, out=ramp)
         self.picked.put(slot, ramp)
         return count
@@ -85,24 +86,24 @@ def compress(spec: NodeSpec) -> Kernel:
         xshape, axis = (int(np.prod(xshape)),), 0
     m = min(clen, xshape[axis])
     dt = np.dtype(spec.inputs[0].dtype)
-    moved = (xshape[axis], *xshape[:axis], *xshape[axis + 1:])
-    rows = int(np.prod(moved[1:]))
+    rows = int(np.prod(xshape)) // xshape[axis] if xshape[axis] else 0
+    before = (slice(None),) * axis
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         x = ins[0].reshape(xshape)
         cond = ins[1].reshape(-1)[:m]
-        y = np.moveaxis(outs[0].reshape(*xshape[:axis], m, *xshape[axis + 1:]), axis, 0)
+        y = outs[0].reshape(*xshape[:axis], m, *xshape[axis + 1:])
         extent = outs[1]
         select = _Selector(scratch, m)
-        packed = scratch_view(scratch[4], (m * rows,), dt)  # the selected slices, contiguous along `axis`
+        packed = scratch_view(scratch[4], (m * rows,), dt)  # the selected slices, contiguous
 
         def run() -> None:
             np.not_equal(cond, 0, out=select.mask)
             count = select()
             part = packed[:count * rows].reshape(*xshape[:axis], count, *xshape[axis + 1:])
             np.take(x, select.picked[:count], axis=axis, out=part, mode="clip")
-            np.copyto(y[:count], np.moveaxis(part, axis, 0))
-            y[count:] = 0
+            np.copyto(y[(*before, slice(0, count))], part)
+            y[(*before, slice(count, None))] = 0
             extent[...] = count
         return run
     return BoundKernel(make, (*_select_scratch(m), max(1, m * rows * dt.itemsize)))
