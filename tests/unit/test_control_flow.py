@@ -12,7 +12,7 @@ from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
 import ctxrt
-from ctxrt.errors import UnsupportedOpError
+from ctxrt.errors import ShapeError, UnsupportedOpError, ValueInputError
 
 F = T.FLOAT
 RNG = np.random.default_rng(0)
@@ -84,6 +84,10 @@ def test_if_on_a_boolean_input_is_a_value_input_in_sessions() -> None:
               [vi("x", F, [2, 3]), vi("flag", T.BOOL, [])], [vi("y", F, [2, 3])])
     x = RNG.standard_normal((2, 3)).astype(np.float32)
     assert check(m, {"x": x, "flag": np.array(True)}) == ["If"]  # no value given: chosen at run time
+    baked = ctxrt.compile(m, values={"flag": False})  # --value flag=false: the else branch only
+    assert check(m, {"x": x, "flag": np.array(False)}, baked) == ["Neg"]
+    with pytest.raises(ShapeError, match="value input compiled for \\[False\\]"):
+        baked.graph().run({"x": x, "flag": np.array(True)})
     with ctxrt.InferenceSession(m.SerializeToString()) as sess:
         for flag in (True, False, True):
             feeds = {"x": x, "flag": np.array(flag)}
@@ -145,6 +149,20 @@ def test_loop_with_a_known_trip_count_is_unrolled() -> None:
     m = counting_loop("const")
     ops = check(m, {"x": RNG.standard_normal((3, 4)).astype(np.float32)})
     assert "Loop" not in ops and ops.count("Add") == 5
+
+
+def test_loop_trip_count_input_sizing_scan_outputs_is_a_value_input() -> None:
+    m = counting_loop("input")
+    with pytest.raises(ValueInputError, match="input 'M' decides a shape \\(Loop node 'loop' trip count"):
+        ctxrt.compile(m)
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    assert "Loop" not in check(m, {"x": x, "M": np.array(3, np.int64)}, ctxrt.compile(m, values={"M": 3}))
+    with ctxrt.InferenceSession(m.SerializeToString()) as sess:
+        for trips in (2, 4, 2):
+            feeds = {"x": x, "M": np.array(trips, np.int64)}
+            for got, want in zip(sess.run(None, feeds), ort_run(m, feeds), strict=True):
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        assert sess.stats["shape_variants_compiled"] == 2
 
 
 def test_loop_with_a_data_dependent_trip_count_runs_as_a_kernel() -> None:

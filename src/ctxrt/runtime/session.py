@@ -76,13 +76,7 @@ class InferenceSession:
         self._in_decl: dict[str, tuple[np.dtype, list[int | str]]]
         self._out_decl: dict[str, tuple[np.dtype, list[int | str]]]
         default = self._load(path_or_bytes, shapes, graph)
-        if self._source is not None:
-            from ctxrt.frontend.onnx import declared_io
-
-            ins, outs = declared_io(self._source)
-            self._in_decl = {n: (dt, dims) for n, dt, dims in ins}
-            self._out_decl = {n: (dt, dims) for n, dt, dims in outs}
-        else:
+        if self._source is None:
             self._in_decl = {t.name: (np.dtype(t.dtype), list(t.shape)) for t in default.inputs}
             self._out_decl = {t.name: (np.dtype(t.dtype), list(t.shape)) for t in default.outputs}
         if default is not None:
@@ -125,10 +119,12 @@ class InferenceSession:
 
     def _compile_default(self, shapes: Any, graph: str | None) -> Variant | None:
         """Compiled now when every dynamic dim is bound (declared or in `shapes`) and no input decides a
-        shape; otherwise at the first run, for its feeds."""
+        shape or a branch; otherwise at the first run, for its feeds."""
         from ctxrt.frontend.onnx import declared_io
 
-        ins, _ = declared_io(self._source)
+        ins, outs = declared_io(self._source)
+        self._in_decl = {n: (dt, dims) for n, dt, dims in ins}
+        self._out_decl = {n: (dt, dims) for n, dt, dims in outs}
         if any(isinstance(d, str) for name, _, dims in ins if name not in (shapes or {}) for d in dims):
             return None
         try:

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,6 +25,8 @@ from ctxrt.runtime.tensor import Tensor
 
 if TYPE_CHECKING:
     from ctxrt.runtime.session import InferenceSession
+
+_NO_SHAPES: Mapping[str, tuple[int, ...]] = MappingProxyType({})
 
 
 @dataclass
@@ -62,7 +65,7 @@ class Variant:
         self.plan_copies: list[tuple[Any, int]] = []
         # Value inputs (DESIGN.md §9b) and the values this variant was compiled for.
         self.values = [(n, a) for st in stages for n, a in st.graph.value_inputs.items() if n in self.in_info]
-        self.shapes: dict[str, tuple[int, ...]] = {}  # real shapes of the last run's bounded outputs
+        self.shapes: Mapping[str, tuple[int, ...]] = _NO_SHAPES  # real shapes of the last run's bounded outputs
 
     def matches(self, feeds: Mapping[str, Any]) -> bool:
         for info in self.inputs:
@@ -84,7 +87,7 @@ class Variant:
             real = graph.execute(ins, outs)
             if real:
                 shapes = dict(real) if shapes is None else {**shapes, **real}
-        self.shapes = shapes or {}
+        self.shapes = _NO_SHAPES if shapes is None else shapes
         for view, i in self.plan_copies:  # model outputs that later stages read: made in the chain buffer
             np.copyto(self.cur_out[i].array, view)
 
