@@ -16,9 +16,9 @@ class ShapeError(CtxrtError):
 class ValueInputError(ShapeError):
     """Graph inputs decide shapes (value inputs, DESIGN.md §9b) and no value was given for them."""
 
-    def __init__(self, message: str, names: list[str]) -> None:
+    def __init__(self, message: str, names: list[str] | None = None) -> None:
         super().__init__(message)
-        self.names = names
+        self.names = names or []
 
 
 class UnsupportedOpError(CtxrtError):

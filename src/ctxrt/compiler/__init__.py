@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ctxrt import progress
 from ctxrt.compiler.build import compile_graph
 from ctxrt.compiler.program import CompiledGraph
 from ctxrt.ir.graph import Graph as IRGraph
@@ -21,6 +22,7 @@ def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backe
     `values` bakes in value inputs; missing ones are taken from `feeds` when given (DESIGN.md §9b)."""
     from ctxrt.frontend.onnx import to_ir
 
+    progress.stage("reading and folding")
     return _passes(to_ir(model, set(backend.kernels), shapes, name, values, feeds))
 
 

@@ -32,7 +32,7 @@ def bind_inputs(proto: onnx.ModelProto, shapes: Shapes, given: Mapping[str, Any]
                 ) -> tuple[dict[str, Type], dict[str, np.ndarray]]:
     """Types of the model's inputs with every dim bound (--shape; --value for rank 0-1; else 1, noted), and
     the values given for value inputs as arrays of those types."""
-    from ctxrt.frontend.onnx import np_dtype
+    from ctxrt.frontend.onnx import check_size, np_dtype
 
     g = proto.graph
     inits = {i.name for i in g.initializer}
@@ -58,6 +58,7 @@ def bind_inputs(proto: onnx.ModelProto, shapes: Shapes, given: Mapping[str, Any]
                     raise ShapeError(f"input {vi.name!r} axis {axis} is fixed at {d.dim_value}, --shape gives {s}")
             if any(s <= 0 for s in shape):
                 raise ShapeError(f"input {vi.name!r}: dims must be positive, got {shape}")
+            check_size(f"input {vi.name!r} at --shape {'x'.join(map(str, shape))}", dt, shape)
         elif not tt.HasField("shape"):
             if vi.name not in given:
                 raise ShapeError(f"input {vi.name!r} has no shape; pass --shape {vi.name}=...")

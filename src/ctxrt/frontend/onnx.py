@@ -18,6 +18,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from ctxrt.errors import ModelError, ShapeError, UnsupportedOpError, ValueInputError
+from ctxrt.format.codec import MAX_TENSOR_BYTES
 from ctxrt.frontend import control, values
 from ctxrt.ir.dynamic import PASS_THROUGH
 from ctxrt.ir.graph import Graph
@@ -90,6 +91,15 @@ def declared_io(model: str | os.PathLike | bytes | onnx.ModelProto
         return vi.name, np_dtype(tt.elem_type, f"{vi.name!r}") if tt.elem_type else None, dims
 
     return [one(v) for v in m.graph.input if v.name not in inits], [one(v) for v in m.graph.output]
+
+
+def check_size(what: str, dt: np.dtype, shape: Iterable[int]) -> None:
+    nbytes = dt.itemsize
+    for d in shape:
+        nbytes *= int(d)  # Python ints: no overflow
+    if nbytes > MAX_TENSOR_BYTES:
+        raise ShapeError(f"{what} would take {nbytes / 2**40:.4g} TiB ({dt}), over ctxrt's limit of "
+                         f"{MAX_TENSOR_BYTES // 2**40} TiB per tensor")
 
 
 def np_dtype(elem_type: int, where: str) -> np.dtype:
@@ -177,7 +187,10 @@ class Folder:
             shape = None
             if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
                 shape = tuple(d.dim_value for d in tt.shape.dim)
-            self.types[vi.name] = (np_dtype(tt.elem_type, f"value {vi.name!r}"), shape)
+            dt = np_dtype(tt.elem_type, f"value {vi.name!r}")
+            if shape is not None:
+                check_size(f"value {vi.name!r} at these input shapes", dt, shape)
+            self.types[vi.name] = (dt, shape)
         self.types.update(self.fixed)
 
     def _in(self) -> str:
@@ -373,6 +386,9 @@ def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str
     from ctxrt.frontend.build import bind_inputs, build_graph
 
     proto = load_model(model)
+    if proto.graph.node and all(n.op_type == "EPContext" for n in proto.graph.node):
+        label = os.fspath(model) if isinstance(model, str | os.PathLike) else "this model"
+        raise ModelError(f"{label} is an EPContext model (already compiled): run or inspect it, not compile")
     check_model(proto)
     check_supported(control.all_nodes(proto.graph), supported, FOLD_ONLY | {"Scan"})
     scope = Scope(proto)
