@@ -14,6 +14,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ from ctxrt.cli_args import (
     shape_targets,
 )
 from ctxrt.cli_inspect import cmd_inspect
-from ctxrt.errors import CtxrtError
+from ctxrt.errors import CtxrtError, CtxrtWarning
 from ctxrt.format.atomic import StagedFiles, atomic_write, pause_point
 
 
@@ -70,17 +71,20 @@ def open_context(model: str, kind: str, shapes: dict[str, tuple[int, ...]], args
                  feeds: dict[str, np.ndarray] | None = None) -> Any:
     """A finalized context from a .onnx model (compiled in memory: with `feeds`, for their shapes and the
     values of its value inputs in them) or a .ctx binary."""
+    import ctxrt
     from ctxrt.runtime import get_backend
     from ctxrt.runtime.loader import compile_graphs, compile_to_context, context_from_binary
 
     with naming(model):
-        if kind == "onnx":
+        if kind != "onnx":
+            return context_from_binary(model, args.backend)
+        with _progress(args, f"compile {Path(model).name}"):
+            if feeds is None:
+                return ctxrt.compile(model, shapes=shapes, backend=args.backend)
             backend = get_backend(args.backend)
-            shapes = {**{k: v.shape for k, v in (feeds or {}).items()}, **shapes}
-            with _progress(args, f"compile {Path(model).name}"):
-                graphs, weights = compile_graphs([(model, shapes, "main")], backend, feeds=feeds)
-                return compile_to_context(graphs, weights, backend)
-        return context_from_binary(model, args.backend)
+            graphs, weights = compile_graphs([(model, {**{k: v.shape for k, v in feeds.items()}, **shapes}, "main")],
+                                             backend, feeds=feeds)
+            return compile_to_context(graphs, weights, backend)
 
 
 def _context_source(model: str, kind: str, shapes: dict[str, tuple[int, ...]], args: argparse.Namespace,
@@ -403,6 +407,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _tell(notes: list[warnings.WarningMessage]) -> None:
+    """After a command succeeded: ctxrt's notes one line each on stderr, other warnings as Python shows them."""
+    for w in notes:
+        if issubclass(w.category, CtxrtWarning):
+            print(f"ctxrt: {_one_line(w.message)}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
 def _one_line(e: BaseException) -> str:
     if isinstance(e, OSError) and e.filename:
         return f"{e.strerror or e}: {e.filename}"
@@ -412,7 +425,10 @@ def _one_line(e: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        code = args.func(args)
+        with warnings.catch_warnings(record=True) as notes:
+            warnings.simplefilter("always", CtxrtWarning)
+            code = args.func(args)
+        _tell(notes)
         sys.stdout.flush()  # a closed stdout fails here, not at exit
         return code
     except SystemExit as e:  # --help, --version

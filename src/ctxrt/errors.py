@@ -39,3 +39,8 @@ class RegistrationError(CtxrtError):
 
 class LifecycleError(CtxrtError):
     """A context or graph is used in the wrong state (before finalize, after free, ...)."""
+
+
+class CtxrtWarning(UserWarning):
+    """Something the user should know that is not an error (e.g. a dynamic dim bound to 1 by default).
+    `ctxrt` prints each as one line on stderr once the command succeeded."""

@@ -8,7 +8,7 @@ IR graph with a static shape and dtype on every value (frontend/build.py).
 from __future__ import annotations
 
 import os
-import sys
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -17,7 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from ctxrt.errors import ModelError, ShapeError, UnsupportedOpError, ValueInputError
+from ctxrt.errors import CtxrtWarning, ModelError, ShapeError, UnsupportedOpError, ValueInputError
 from ctxrt.format.codec import MAX_TENSOR_BYTES
 from ctxrt.frontend import control, values
 from ctxrt.ir.dynamic import PASS_THROUGH
@@ -380,7 +380,7 @@ def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str
           feeds: Mapping[str, Any] | None = None) -> Graph:
     """Load an ONNX model as an IR graph with static shapes, constants folded.
 
-    `shapes` binds dynamic input dimensions (an unbound one is bound to 1, with a note on stderr); `values`
+    `shapes` binds dynamic input dimensions (an unbound one is bound to 1, with a CtxrtWarning); `values`
     bakes in input values (value inputs, DESIGN.md §9b); value inputs missing from `values` are taken from
     `feeds` when given (a session compiling for a run's inputs: then every value input must be there)."""
     from ctxrt.frontend.build import bind_inputs, build_graph
@@ -399,5 +399,5 @@ def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str
     st.settle(feeds)
     graph = build_graph(st, name)
     if scope.notes:
-        print("ctxrt: " + "; ".join(scope.notes), file=sys.stderr)
+        warnings.warn("; ".join(scope.notes), CtxrtWarning, stacklevel=2)
     return graph
