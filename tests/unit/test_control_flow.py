@@ -119,6 +119,9 @@ def test_torch_cond_export_runs_both_branches_through_a_session(tmp_path) -> Non
             want = theirs.run(None, feed)[0]
             np.testing.assert_allclose(sess.run(None, feed)[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
         assert sess.stats["shape_variants_compiled"] == 2  # per batch size; the branch is chosen at run time
+        for v in sess._variants.values():
+            g = v.stages[0].graph
+            assert "If" in [s.op for s in g.compiled.steps] and g.spillfill_size <= 1.05 * g.lower_bound
 
 
 def counting_loop(trips_from: str, scan: bool = True):

@@ -16,6 +16,7 @@ from onnx import helper, numpy_helper
 
 from ctxrt.errors import ModelError, ShapeError, UnsupportedOpError
 from ctxrt.frontend import control, values
+from ctxrt.frontend.checks import check_supported
 from ctxrt.ir.canonical import PARAM_INPUTS
 from ctxrt.ir.dynamic import PASS_THROUGH
 from ctxrt.ir.graph import Graph, Node, Value
@@ -288,7 +289,7 @@ def _canonicalize(node: Node, consts: dict[str, np.ndarray]) -> None:
 def _check_settled(st: Folder, body: bool) -> None:
     """Everything that cannot be compiled, all at once: ops left unfolded, shape-deciding inputs computed at
     run time, readers of data-dependent sizes, control nodes whose inputs never got static shapes."""
-    from ctxrt.frontend.onnx import FOLD_ONLY, check_supported
+    from ctxrt.frontend.onnx import FOLD_ONLY
 
     problems = []
     for node in st.nodes:

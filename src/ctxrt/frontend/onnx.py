@@ -20,6 +20,7 @@ from onnx.reference import ReferenceEvaluator
 from ctxrt.errors import CtxrtWarning, ModelError, ShapeError, UnsupportedOpError, ValueInputError
 from ctxrt.format.codec import MAX_TENSOR_BYTES
 from ctxrt.frontend import control, values
+from ctxrt.frontend.checks import check_model, check_supported
 from ctxrt.ir.dynamic import PASS_THROUGH
 from ctxrt.ir.graph import Graph
 
@@ -44,30 +45,6 @@ def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.Model
         raise ModelError(f"no such model file: {model}") from e
     except Exception as e:  # protobuf raises DecodeError, onnx raises ValueError/OSError
         raise ModelError(f"cannot read ONNX model {model}: {e}") from e
-
-
-def check_model(proto: onnx.ModelProto) -> None:
-    """onnx.checker's verdict (e.g. an attribute the model's opset does not have) as a ModelError.
-
-    The checker runs on a copy whose initializers are empty stubs (it serializes what it checks: a 500 MB
-    model took 6 s). Like onnxruntime, graph inputs and outputs declared without an element type or a shape
-    are accepted (the checker wants both on the main graph)."""
-    g = proto.graph
-    light = onnx.GraphProto(name=g.name, node=g.node, input=g.input, output=g.output, value_info=g.value_info,
-                            sparse_initializer=g.sparse_initializer)
-    light.initializer.extend(onnx.TensorProto(name=t.name, data_type=t.data_type, dims=[0]) for t in g.initializer)
-    for vi in list(light.input) + list(light.output):
-        tt = vi.type.tensor_type
-        if vi.type.WhichOneof("value") in (None, "tensor_type"):
-            tt.elem_type = tt.elem_type
-            tt.shape.SetInParent()
-    model = onnx.ModelProto(ir_version=proto.ir_version, opset_import=proto.opset_import, graph=light,
-                            functions=proto.functions)
-    try:
-        onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as e:
-        detail = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
-        raise ModelError(f"onnx.checker rejects the model: {detail}") from e
 
 
 def declared_io(model: str | os.PathLike | bytes | onnx.ModelProto
@@ -361,18 +338,6 @@ def _bounded_axes(node: onnx.NodeProto) -> dict[int, int]:
 
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.type != onnx.AttributeProto.GRAPH}
     return BOUNDED[node.op_type](Node(node.op_type, node.name, list(node.input), list(node.output), attrs))
-
-
-def check_supported(nodes: Iterable[onnx.NodeProto], supported: set[str], extra: set[str]) -> None:
-    bad: dict[str, list[str]] = {}
-    for node in nodes:
-        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-        if node.domain not in ("", "ai.onnx") or node.op_type not in supported | extra:
-            bad.setdefault(key, []).append(node.name or "<unnamed>")
-    if bad:
-        listing = "; ".join(f"{op} ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
-                            for op, names in sorted(bad.items()))
-        raise UnsupportedOpError(f"unsupported operators: {listing}")
 
 
 def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str],
