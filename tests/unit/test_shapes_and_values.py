@@ -90,7 +90,7 @@ def test_compile_binds_an_unbound_dim_to_one_and_says_so(capsys, mlp, tmp_path) 
 
 
 def test_value_inputs_are_found_through_computation_and_named_when_missing(reshaper) -> None:
-    with pytest.raises(ValueInputError, match="input 'rest' decides a shape.*Reshape.*--value rest=") as e:
+    with pytest.raises(ValueInputError, match="input 'rest' is needed at compile time.*Reshape.*--value rest=") as e:
         ctxrt.compile(reshaper)
     assert set(e.value.names) == {"rest", "axes"}
 

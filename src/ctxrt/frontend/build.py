@@ -17,7 +17,7 @@ from onnx import helper, numpy_helper
 from ctxrt.errors import ModelError, ShapeError, UnsupportedOpError
 from ctxrt.frontend import control, values
 from ctxrt.frontend.checks import check_supported
-from ctxrt.ir.canonical import PARAM_INPUTS
+from ctxrt.ir.canonical import OUTPUTS_PRESENT, PARAM_INPUTS, SLOTTED_OUTPUTS
 from ctxrt.ir.dynamic import PASS_THROUGH
 from ctxrt.ir.graph import Graph, Node, Value
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ctxrt.frontend.onnx import Folder, Shapes, Type
 
 # Ops whose outputs after the first are optional extras (safe to drop when nobody reads them).
-_OPTIONAL_OUTPUTS = {"Dropout", "MaxPool", "BatchNormalization", "LayerNormalization"}
+_OPTIONAL_OUTPUTS = {"Dropout", "MaxPool", "BatchNormalization", "LayerNormalization", "LSTM", "GRU", "RNN"}
 _I64, _BOOL = np.dtype(np.int64), np.dtype(bool)
 
 
@@ -55,7 +55,7 @@ def bind_inputs(proto: onnx.ModelProto, shapes: Shapes, given: Mapping[str, Any]
             if tt.HasField("shape") and len(shape) != len(dims):
                 raise ShapeError(f"input {vi.name!r} has rank {len(dims)}, --shape gives {shape}")
             for axis, (d, s) in enumerate(zip(dims, shape, strict=False)):
-                if d.HasField("dim_value") and d.dim_value != s:
+                if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != s:
                     raise ShapeError(f"input {vi.name!r} axis {axis} is fixed at {d.dim_value}, --shape gives {s}")
             if any(s <= 0 for s in shape):
                 raise ShapeError(f"input {vi.name!r}: dims must be positive, got {shape}")
@@ -64,7 +64,8 @@ def bind_inputs(proto: onnx.ModelProto, shapes: Shapes, given: Mapping[str, Any]
             if vi.name not in given:
                 raise ShapeError(f"input {vi.name!r} has no shape; pass --shape {vi.name}=...")
             shape = values.as_value(vi.name, given[vi.name], dt, None).shape  # a value of unknown rank: 1-D
-        elif vi.name in given and len(dims) <= 1 and not all(d.HasField("dim_value") for d in dims):
+        elif vi.name in given and len(dims) <= 1 and not all(d.HasField("dim_value") and d.dim_value > 0
+                                                             for d in dims):
             shape = () if not dims else values.as_value(vi.name, given[vi.name], dt, None).shape
         else:
             shape = []
@@ -276,7 +277,10 @@ def _attr_value(a: onnx.AttributeProto, node: str) -> Any:
 
 
 def _canonicalize(node: Node, consts: dict[str, np.ndarray]) -> None:
-    """Move constant parameter inputs into attributes (one form per op for the kernels)."""
+    """Move constant parameter inputs into attributes (one form per op for the kernels); record which optional
+    outputs exist where a kernel cannot tell from the ones it is given."""
+    if node.op in SLOTTED_OUTPUTS:
+        node.attrs[OUTPUTS_PRESENT] = [int(bool(o)) for o in node.outputs]
     for pos, key in PARAM_INPUTS.get(node.op, {}).items():
         if pos < len(node.inputs) and node.inputs[pos]:
             value = consts[node.inputs[pos]]

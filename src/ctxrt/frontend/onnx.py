@@ -21,6 +21,7 @@ from ctxrt.errors import CtxrtWarning, ModelError, ShapeError, UnsupportedOpErro
 from ctxrt.format.codec import MAX_TENSOR_BYTES
 from ctxrt.frontend import control, values
 from ctxrt.frontend.checks import check_model, check_supported
+from ctxrt.ir.canonical import INFER_AS_IDENTITY
 from ctxrt.ir.dynamic import PASS_THROUGH
 from ctxrt.ir.graph import Graph
 
@@ -63,8 +64,8 @@ def declared_io(model: str | os.PathLike | bytes | onnx.ModelProto
 
     def one(vi: onnx.ValueInfoProto) -> tuple[str, np.dtype | None, list[int | str]]:
         tt = vi.type.tensor_type
-        dims: list[int | str] = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
-                                 for d in tt.shape.dim]
+        dims: list[int | str] = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
+                                 for d in tt.shape.dim]  # some exporters write -1 for a dynamic dim
         return vi.name, np_dtype(tt.elem_type, f"{vi.name!r}") if tt.elem_type else None, dims
 
     return [one(v) for v in m.graph.input if v.name not in inits], [one(v) for v in m.graph.output]
@@ -148,7 +149,12 @@ class Folder:
         outputs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in self.outputs]
         known = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(dt), shape)
                  for n, (dt, shape) in self.fixed.items() if n not in self.outputs]
-        return self.scope.make_model(helper.make_graph(self.nodes, "skeleton", inputs, outputs, initializer=inits,
+        nodes = []
+        for n in self.nodes:  # ops onnx cannot type: typed as copies of their inputs
+            pairs = INFER_AS_IDENTITY.get(n.op_type)
+            nodes += [helper.make_node("Identity", [n.input[j]], [n.output[k]]) for k, j in pairs.items()
+                      if k < len(n.output) and n.output[k]] if pairs else [n]
+        return self.scope.make_model(helper.make_graph(nodes, "skeleton", inputs, outputs, initializer=inits,
                                                        value_info=known))
 
     def infer(self) -> None:
@@ -290,7 +296,8 @@ class Folder:
         missing = {n: why for n, why in wanted.items() if (n in shape or feeds is not None) and n not in taken}
         if missing and not taken and not self.label:
             raise ValueInputError(
-                "; ".join(f"input {n!r} decides {'a shape' if n in shape else 'a branch'} ({why}): give its value "
+                "; ".join(f"input {n!r} {'is needed at compile time' if n in shape else 'decides a branch'} ({why}): "
+                          "give its value "
                           f"(--value {n}=... to compile, or in run --inputs)" for n, why in missing.items()),
                 list(missing))
         return bool(taken)
