@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec, TensorSpec
 from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Interval, Ref, Step, TensorInfo
 from ctxrt.errors import UnsupportedOpError
-from ctxrt.ir.graph import Graph, Node
+from ctxrt.ir.graph import Graph, Node, Value
 from ctxrt.planner import arena
 
 # Ops whose output is input 0 with another shape: a zero-copy view when possible.
@@ -23,14 +24,42 @@ INPLACE: dict[str, tuple[int, ...]] = {**{op: (0,) for op in _UNARY}, **{op: (0,
                                        "Where": (1, 2)}
 
 
-def node_spec(graph: Graph, node: Node) -> NodeSpec:
+def node_spec(graph: Graph, node: Node, options: Mapping[str, Any] | None = None) -> NodeSpec:
     ins = [graph.values[n] if n else None for n in node.inputs]
     return NodeSpec(
         node.op, node.name, node.attrs,
         [TensorSpec(v.shape, np.dtype(v.dtype)) if v else None for v in ins],
         [TensorSpec(graph.values[o].shape, np.dtype(graph.values[o].dtype)) for o in node.outputs if o],
         [v.const if v else None for v in ins],
-        graph.opset)
+        graph.opset, dict(options or {}))
+
+
+def choose_kernel(graph: Graph, node: Node, kernels: Mapping[str, KernelFactory],
+                  options: Mapping[str, Any] | None = None) -> Kernel:
+    """Build the node's kernel with the compile options. A kernel that made a choice the loader must repeat, or
+    constants of its own (transformed weights), gets them recorded: its choice in the node's attributes, its
+    constants as new constant values in place of the inputs they replace (`prepacked` lists [input index,
+    bytes of the original]). The kernel is then built again from the node as recorded, as the loader will."""
+    kernel = make_kernel(kernels, node_spec(graph, node, options))
+    if not kernel.attrs and not kernel.constants:
+        return kernel
+    attrs = {**node.attrs, **kernel.attrs}
+    packed = []
+    for i, array in sorted(kernel.constants.items()):
+        original = node.inputs[i]
+        packed.append([i, graph.values[original].nbytes if original else 0])
+        if array is None:
+            node.inputs[i] = ""
+            continue
+        name, k = f"{original or node.name}#{attrs.get('kernel', 'packed')}", 1
+        while name in graph.values:  # e.g. one weight prepacked differently for two nodes
+            name, k = f"{original or node.name}#{attrs.get('kernel', 'packed')}{k}", k + 1
+        graph.values[name] = Value(name, array.dtype, tuple(array.shape), array)
+        node.inputs[i] = name
+    if packed:
+        attrs["prepacked"] = packed
+    node.attrs = attrs
+    return make_kernel(kernels, node_spec(graph, node))
 
 
 def make_kernel(kernels: Mapping[str, KernelFactory], spec: NodeSpec) -> Kernel:
@@ -61,7 +90,8 @@ class _Storage:
         self.root[child] = self.find(parent)
 
 
-def compile_graph(graph: Graph, kernels: Mapping[str, KernelFactory], alignment: int = 64) -> CompiledGraph:
+def compile_graph(graph: Graph, kernels: Mapping[str, KernelFactory], alignment: int = 64,
+                  options: Mapping[str, Any] | None = None) -> CompiledGraph:
     inputs, outputs = set(graph.inputs), set(graph.outputs)
     last_use = {name: -1 for name in graph.values}
     for step, node in enumerate(graph.nodes):
@@ -95,8 +125,7 @@ def compile_graph(graph: Graph, kernels: Mapping[str, KernelFactory], alignment:
             share(out0, node.inputs[0])
             aliased.add(step)
             continue
-        spec = node_spec(graph, node)
-        kernel_of[step] = make_kernel(kernels, spec)
+        kernel_of[step] = choose_kernel(graph, node, kernels, options)
         if out0 in outputs:
             continue
         for i in INPLACE.get(node.op, ()):

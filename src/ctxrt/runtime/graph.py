@@ -112,6 +112,7 @@ class Graph:
             self._launches[k] = self._bind_step(k)
         self._bound = bound
         ctx.stats["recordings"] += 1
+        ctx._count_kernel_bytes()  # IO launches bound anew may hold constants of their own
 
     def _check_overlap(self, bound: tuple[MemHandle | None, ...]) -> None:
         """An output handle may not share bytes with any other IO handle: kernels would read what they
@@ -181,7 +182,8 @@ class Graph:
                     backend.copy_in(self._internal[info.name], v)
                     stats["copies_in"] += 1
                     stats["bytes_in"] += info.nbytes
-            backend.run(self._launches)
+            with ctx.threads:
+                backend.run(self._launches)
             for info in self.outputs:
                 v = outputs.get(info.name)
                 if v is not None and not isinstance(v, MemHandle):

@@ -1,12 +1,28 @@
-"""The NumPy backend's kernel table: op type -> factory, merged from the kernel modules."""
+"""The NumPy backend's kernel table: op type -> factory, merged from the kernel modules.
+
+A node the layout pass gave to oneDNN (attribute `kernel="onednn"`) is built by oneDNN's factory for its op;
+every other node by NumPy's.
+"""
 
 from __future__ import annotations
 
-from ctxrt.backends.cpu import elementwise, logic, nn, norm, reduce, shape
-from ctxrt.backends.kernel import KernelFactory
+from ctxrt.backends.cpu import elementwise, layout_ops, logic, nn, norm, reduce, shape
+from ctxrt.backends.cpu.onednn import kernels as onednn
+from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec
 
 KERNELS: dict[str, KernelFactory] = {}
-for _module in (elementwise, logic, reduce, shape, norm, nn):
+for _module in (elementwise, logic, reduce, shape, norm, nn, layout_ops):
     _dup = KERNELS.keys() & _module.KERNELS.keys()
     assert not _dup, f"ops registered twice: {_dup}"
     KERNELS.update(_module.KERNELS)
+
+
+def _routed(numpy: KernelFactory, provided: KernelFactory) -> KernelFactory:
+    def factory(spec: NodeSpec) -> Kernel:
+        return provided(spec) if spec.attr("kernel") == onednn.NAME else numpy(spec)
+    return factory
+
+
+for _op, _factory in onednn.KERNELS.items():
+    KERNELS[_op] = _routed(KERNELS[_op], _factory)
+KERNELS["Reorder"] = onednn.reorder  # only the layout pass makes Reorders, for oneDNN's layouts
