@@ -129,6 +129,9 @@ def _context_source(model: str, shapes: dict[str, tuple[int, ...]], backend: Any
 
 
 def _time(fn: Any, repeat: int) -> list[float]:
+    """Milliseconds of `repeat` runs after one untimed warm-up run (recording, first-touch page faults and
+    thread-pool start-up are not what a steady loop pays)."""
+    fn()
     times = []
     for _ in range(max(1, repeat)):
         t0 = time.perf_counter()
@@ -155,6 +158,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if len(args.model) > 1 or args.share_spillfill or _is_chain(args.model[0]):
         return _run_group(args, shapes)
     ctx = open_context(args.model[0], shapes, args.backend)
+    ctx.num_threads = _threads(args)
     g = ctx.graph(args.graph)
     feeds = load_inputs(args.inputs, g.inputs) if args.inputs else random_feeds(g.inputs)
     outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in g.outputs}
@@ -177,6 +181,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _threads(args: argparse.Namespace) -> int | None:
+    if args.threads < 0:
+        raise UsageError(f"--threads must be >= 0 (0: the cores other processes leave idle), got {args.threads}")
+    return args.threads or None
+
+
 def _run_group(args: argparse.Namespace, shapes: dict[str, tuple[int, ...]]) -> int:
     """Several models (or one chain of contexts), each context's graph run once per repeat, in order."""
     from ctxrt.runtime import get_backend
@@ -191,6 +201,8 @@ def _run_group(args: argparse.Namespace, shapes: dict[str, tuple[int, ...]]) -> 
     if chains:
         group = ContextGroup.from_epcontext(chains[0], backend, share_spillfill=args.share_spillfill)
         try:
+            for ctx in group.contexts:
+                ctx.num_threads = _threads(args)
             feeds = load_inputs(args.inputs, group.inputs) if args.inputs else random_feeds(group.inputs)
             outs: dict[str, np.ndarray] = {}
             times = _time(lambda: outs.update(group.run(feeds)), args.repeat)
@@ -203,6 +215,8 @@ def _run_group(args: argparse.Namespace, shapes: dict[str, tuple[int, ...]]) -> 
     sources = [_context_source(m, shapes, backend) for m in args.model]
     group = ContextGroup(sources, backend, share_spillfill=args.share_spillfill)
     try:
+        for ctx in group.contexts:
+            ctx.num_threads = _threads(args)
         runs = []
         labels = [Path(m).name for m in args.model]
         labels = [lb if labels.count(lb) == 1 else f"{lb}#{k}" for k, lb in enumerate(labels)]
@@ -246,6 +260,7 @@ def _group_report(args: argparse.Namespace, group: Any, outs: dict[str, np.ndarr
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from ctxrt.compiler import compile_options
     from ctxrt.runtime import get_backend
     from ctxrt.runtime.loader import compile_graphs, context_info, save_context
 
@@ -256,7 +271,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     backend = get_backend(args.backend)
     shapes = graph_shapes(args.shape, len(args.models))
     models = [(m, s, n) for m, s, n in zip(args.models, shapes, _graph_names(args.models), strict=True)]
-    graphs, weights = compile_graphs(models, backend, args.io_mem_type)
+    graphs, weights = compile_graphs(models, backend, args.io_mem_type, compile_options(args.prefer))
     out = save_context(args.output, graphs, weights, context_info(backend, args.models))
     if args.epcontext:
         from ctxrt.format import read_metadata
@@ -273,6 +288,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def _compile_split(args: argparse.Namespace) -> int:
     """MODEL.onnx --split K -o DIR/: DIR/MODEL_part{i}.ctx for each part and DIR/MODEL_ctx.onnx chaining them."""
+    from ctxrt.compiler import compile_options
     from ctxrt.format import read_metadata
     from ctxrt.frontend.epcontext import write_epcontext
     from ctxrt.runtime import get_backend
@@ -288,7 +304,8 @@ def _compile_split(args: argparse.Namespace) -> int:
     backend = get_backend(args.backend)
     model = args.models[0]
     stem = Path(model).name.removesuffix(".onnx")
-    parts, outputs = compile_split(model, graph_shapes(args.shape, 1)[0], backend, args.split, args.io_mem_type)
+    parts, outputs = compile_split(model, graph_shapes(args.shape, 1)[0], backend, args.split, args.io_mem_type,
+                                   compile_options(args.prefer))
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for i, (graph, weights) in enumerate(parts):
@@ -343,6 +360,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if args.plot:
             plot_arena([(f"{label}:{g['name']}" if len(binaries) > 1 else g["name"], g)
                         for r, (label, _) in zip(reports, binaries, strict=True) for g in r["memory"]], args.plot)
+    if args.kernels:
+        from ctxrt.runtime.report import graph_kernels
+
+        for r, (_, source) in zip(reports, binaries, strict=True):
+            r["kernels"] = graph_kernels(source)
     if args.json:
         for r in reports:
             for g in r.get("memory", []):
@@ -372,9 +394,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 ratio = g["spillfill"] / g["lower_bound"] if g["lower_bound"] else 1.0
                 print(f"  {g['name']:<24}{_mib(g['weights'])}{_mib(g['spillfill'])}{_mib(g['lower_bound'])}"
                       f"{ratio:>12.3f}{_mib(g['io'])}")
+        for g in report.get("kernels", []):
+            _print_kernels(g)
     if args.plot:
         print(f"wrote {args.plot}")
     return 0
+
+
+def _print_kernels(g: dict[str, Any]) -> None:
+    print(f"  kernels of {g['name']} ({_mib(g['prepacked_bytes']).strip()} of weights prepacked at compile time):")
+    for k in g["kernels"]:
+        print(f"    {k['op']:<20} {k['algorithm']:<48} x{k['count']}")
+    for r in g["reorders"]:
+        print(f"    reorder at step {r['step']}: {r['tensor']} {r['from']} -> {r['to']} ({r['bytes']} bytes)")
 
 
 def _mib(n: int) -> str:
@@ -393,6 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--split", type=int, default=0, metavar="K",
                    help="cut the model into K context binaries in the directory -o, chained by an EPContext model")
     c.add_argument("--config", help="tuning configuration (JSON)")
+    c.add_argument("--prefer", default="speed", choices=["speed", "memory"],
+                   help="memory: no kernel whose own constants (Winograd, prepacked weights) outgrow the weights")
     c.add_argument("--epcontext", action="store_true", help="also write OUT_ctx.onnx (EPContext model)")
     c.add_argument("--embed", action="store_true", help="embed the binary in the EPContext model")
     c.set_defaults(func=cmd_compile)
@@ -400,13 +434,17 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("file", metavar="FILE.ctx|FILE_ctx.onnx")
     i.add_argument("--memory", action="store_true", help="per graph: weights, spill-fill, lower bound, IO bytes")
     i.add_argument("--plot", metavar="FILE.png", help="draw each arena: one rectangle per tensor over (step, offset)")
+    i.add_argument("--kernels", action="store_true",
+                   help="per graph: the kernel each op runs, where reorders between layouts sit, prepacked bytes")
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
     r = sub.add_parser("run", help="run a model (.onnx compiled in memory), a .ctx or an EPContext model")
     r.add_argument("model", nargs="+", metavar="MODEL")
     r.add_argument("--inputs", help=".npz keyed by input name (default: seeded random inputs)")
     r.add_argument("--output", help="write outputs to this .npz")
-    r.add_argument("--repeat", type=int, default=1)
+    r.add_argument("--repeat", type=int, default=1, help="timed runs after one warm-up run (median reported)")
+    r.add_argument("--threads", type=int, default=0,
+                   help="threads of every pool (BLAS, OpenMP); 0: the cores other processes leave idle")
     r.add_argument("--shape", action="append", default=[], help="NAME=1x3x224x224 for dynamic inputs")
     r.add_argument("--backend", default="cpu")
     r.add_argument("--graph", help="graph to run in a multi-graph context (default: the first)")

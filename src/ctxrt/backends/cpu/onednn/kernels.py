@@ -142,10 +142,17 @@ def conv(spec: NodeSpec) -> Kernel:
     return OneDnnKernel(prim, args, kind, attrs, constants)
 
 
+# Weights formats tried, in order, when the one oneDNN prefers is padded and prefer="memory" (measured: given
+# ABcd16b16a, oneDNN 3.2 runs 1x1 convs over NHWC with its jit_1x1 kernel where brgconv wanted Acdb48a).
+_UNPADDED = {4: ("ABcd16b16a", "ABcd8b8a", "Acdb16a", "Acdb8a", "Acdb32a", "Acdb64a", "acdb", "abcd"),
+             5: ("aBCde16c16b", "aBCde8c8b", "Abcde16a", "Abcde8a", "abdec", "abcde")}
+
+
 def _choose_weights(spec: NodeSpec, make: Callable[[int | str], api.Primitive], wdims: tuple[int, ...]
                     ) -> tuple[api.Primitive, str]:
     """The primitive with the weights format oneDNN prefers; with `prefer="memory"`, one no larger than the
-    ONNX weights (the preferred one, if it is not padded, else plain ones), or UnsupportedOpError."""
+    ONNX weights (the preferred one if it is not padded, else the first of `_UNPADDED` with a fast
+    implementation), or UnsupportedOpError."""
     original = int(spec.consts[1].nbytes)
     prim = make(api.TAG_ANY)
     w_md = prim.md(api.Q_WEIGHTS_MD)
@@ -154,8 +161,10 @@ def _choose_weights(spec: NodeSpec, make: Callable[[int | str], api.Primitive], 
         if name is None:
             raise UnsupportedOpError(f"Conv {spec.name!r}: oneDNN chose a weights format with no tag name")
         return prim, name
-    for name in (("abcd", "acdb") if len(wdims) == 4 else ("abcde", "abdec")):
+    for name in _UNPADDED[len(wdims)]:
         try:
+            if api.Desc.make(wdims, name).nbytes > original:
+                continue
             prim = make(name)
         except CtxrtError:
             continue
