@@ -185,8 +185,8 @@ def test_prefer_memory_chooses_no_kernel_with_enlarged_constants() -> None:
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
     def growth(steps, consts) -> list[int]:
-        return [int(consts[s.inputs[i].key].nbytes) - int(orig) for s in steps for i, orig in s.attrs.get("prepacked", ())
-                if s.inputs[i] is not None]
+        return [int(consts[s.inputs[i].key].nbytes) - int(orig) for s in steps
+                for i, orig in s.attrs.get("prepacked", ()) if s.inputs[i] is not None]
 
     for onednn in (True, False):
         be = CpuBackend(onednn=onednn)

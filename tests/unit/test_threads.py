@@ -68,8 +68,10 @@ def test_session_options_set_the_threads_like_onnxruntime() -> None:
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     model = _model().SerializeToString()
-    for sess in (ctxrt.InferenceSession(model, so), ctxrt.InferenceSession(model, sess_options=ctxrt.SessionOptions(2))):
-        sess.run(None, {"x": np.ones((1, 8, 12, 12), np.float32)})
+    x = {"x": np.ones((1, 8, 12, 12), np.float32)}
+    for sess in (ctxrt.InferenceSession(model, so),
+                 ctxrt.InferenceSession(model, sess_options=ctxrt.SessionOptions(2))):
+        sess.run(None, x)
     assert ctxrt.InferenceSession(model, so)._current.contexts[0].num_threads == 1
     assert ctxrt.InferenceSession(model)._current.contexts[0].num_threads is None  # the default: measured
     with pytest.raises(ctxrt.CtxrtError, match="intra_op_num_threads"):

@@ -26,10 +26,10 @@ from ctxrt.compiler.program import TensorInfo
 from ctxrt.errors import CtxrtError, FormatError, LifecycleError, RegistrationError, ShapeError
 from ctxrt.runtime import get_backend
 from ctxrt.runtime.backend import Backend
-from ctxrt.runtime.options import is_session_options, threads_of
 from ctxrt.runtime.context import Context
 from ctxrt.runtime.graph import Graph
 from ctxrt.runtime.memhandle import MemHandle
+from ctxrt.runtime.options import is_session_options, threads_of
 from ctxrt.runtime.tensor import Tensor, TensorCache
 
 _ONNX_TYPES = {"float32": "float", "float16": "float16", "float64": "double", "bool": "bool", "int8": "int8",
