@@ -150,6 +150,9 @@ def _print_report(report: dict[str, Any], outs: dict[str, np.ndarray], n: int) -
             f"(lower bound {m['lower_bound'] / mib:.2f} MiB), IO {m['io'] / mib:.2f} MiB")
     if m.get("spillfill_saved"):
         line += f", {m['spillfill_saved'] / mib:.2f} MiB of spill-fill saved by sharing"
+    if "kernel" in m:
+        line += (f"; kernel constants {m['prepacked'] / mib:.2f} MiB in the weights (made at compile time), "
+                 f"{m['kernel'] / mib:.2f} MiB made at load")
     print(line)
 
 
@@ -171,7 +174,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         "latency_ms": statistics.median(times),
         "stats": dict(ctx.stats),
         "memory": {"weights": props["weights_buffer_size"], "spillfill": g.spillfill_size,
-                   "lower_bound": g.lower_bound, "io": ctx.stats["alloc_io_bytes"], "spillfill_saved": 0},
+                   "lower_bound": g.lower_bound, "io": ctx.stats["alloc_io_bytes"], "spillfill_saved": 0,
+                   **{k: v for k, v in ctx.memory().items() if k in ("prepacked", "kernel", "padding")}},
     }
     ctx.free()
     if args.json:

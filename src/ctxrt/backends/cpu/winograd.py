@@ -10,10 +10,9 @@ of tile rows (bands bound the scratch on large images):
    the zero border is rewritten every run, the arena being shared);
 2. rows of B^T: one small GEMM per tile row over a window of alpha rows of P: R[ty, xi, kk, tx, c];
 3. columns of B^T: one small GEMM per (tile row, xi): V[xi, nu, ty, tx, c];
-4. the product, alpha^2 GEMMs with U = G w G^T (made at compile time and stored in the context binary in
-   place of w): M[xi, nu] = U (K x C) @ V^T (C x tiles), or
-   with `tn` V (tiles x C) @ U (C x K), channels last; a bias is added to M[1, 1] alone, since
-   A^T e1 = (1, ..., 1) carries it to every output of a tile;
+4. the product, alpha^2 GEMMs with U = G w G^T (made at compile time, stored in the context binary in place
+   of w): M[xi, nu] = U (K x C) @ V^T (C x tiles), or with `tn` V (tiles x C) @ U (C x K), channels last;
+   a bias is added to M[1, 1] alone, since A^T e1 = (1, ..., 1) carries it to every output of a tile;
 5. rows of A^T: one GEMM over all of M: S[i, nu, ...];
 6. columns of A^T: one GEMM per i: Y[i, j, ...];
 7. to the output: each phase (i, j) copied to out[:, i::m, j::m], or with `tn` Y interleaved channels last
