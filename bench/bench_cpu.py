@@ -3,15 +3,16 @@ BERT, ctxrt with oneDNN's kernels and with NumPy's alone, on a quiet machine and
 on a core; then (with --memory) the three-model memory scenario of bench_memory.py.
 
     .venv/bin/python bench/bench_cpu.py [--models resnet50,shufflenet,...] [--repeat 10] [--rounds 3]
-                                        [--threads N] [--no-spin] [--memory] [--json]
+                                        [--threads N] [--ort-threads N] [--no-spin] [--memory] [--json]
 
 Per model the three engines (onnxruntime, ctxrt + oneDNN, ctxrt NumPy) run in `--rounds` rounds, the order
 rotated each round; in a round each engine gets one untimed run and `--repeat` timed runs after a 0.3 s pause
 (worker threads that spin after work would otherwise slow the engine that follows). An engine's figure is the
 median over rounds of its per-round medians; the table reports each ctxrt variant's ratio to onnxruntime from
 the same rounds. ctxrt runs with its default threads (the cores other processes leave idle) unless --threads
-is given; onnxruntime with its defaults. "spin" rows repeat the rounds while `python -c 'while True: pass'`
-runs: the ratio's growth there is what contention costs ctxrt relative to onnxruntime.
+is given; onnxruntime with its defaults unless --ort-threads is. "spin" rows repeat the rounds while
+`python -c 'while True: pass'` runs: the ratio's growth there is what contention costs ctxrt relative to
+onnxruntime.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def _feeds_for(name: str) -> tuple[Path, dict[str, np.ndarray]]:
     return model_and_feeds(name) if name in ("resnet50", "bert") else (zoo.light_model(name), zoo.light_feeds(name))
 
 
-def open_engines(name: str, threads: int | None) -> tuple[dict[str, Callable[[], Any]], dict[str, Any], list[Any]]:
+def open_engines(name: str, threads: int | None, ort_threads: int
+                 ) -> tuple[dict[str, Callable[[], Any]], dict[str, Any], list[Any]]:
     import onnxruntime as ort
 
     import ctxrt
@@ -66,7 +68,9 @@ def open_engines(name: str, threads: int | None) -> tuple[dict[str, Callable[[],
 
     path, feeds = _feeds_for(name)
     ort.set_default_logger_severity(3)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = ort_threads
+    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     runs: dict[str, Callable[[], Any]] = {"ort": lambda: sess.run(None, feeds)}
     info: dict[str, Any] = {}
     contexts = []
@@ -126,10 +130,11 @@ class Spinner:
         time.sleep(1.0)
 
 
-def measure(names: list[str], repeat: int, n_rounds: int, threads: int | None, spin: bool) -> dict[str, Any]:
+def measure(names: list[str], repeat: int, n_rounds: int, threads: int | None, ort_threads: int, spin: bool
+            ) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for name in names:
-        runs, info, contexts = open_engines(name, threads)
+        runs, info, contexts = open_engines(name, threads, ort_threads)
         try:
             for engine in runs:  # warm-up: first-touch pages, recordings, thread pools started
                 for _ in range(2):
@@ -172,6 +177,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeat", type=int, default=10, help="timed runs per engine per round")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="ctxrt's num_threads (0: its default)")
+    p.add_argument("--ort-threads", type=int, default=0,
+                   help="onnxruntime's intra_op_num_threads (0: its default); 1 and --threads 1 compare the engines' "
+                        "work per core, which a busy machine disturbs less")
     p.add_argument("--no-spin", action="store_true", help="skip the rounds with a spinning process")
     p.add_argument("--memory", action="store_true", help="also the three-model memory scenario (bench_memory.py)")
     p.add_argument("--json", action="store_true")
@@ -182,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"unknown models {unknown}" if unknown else "--repeat and --rounds must be >= 1")
     for name in names:
         _feeds_for(name)  # build and cache the models first
-    results = measure(names, args.repeat, args.rounds, args.threads or None, not args.no_spin)
+    results = measure(names, args.repeat, args.rounds, args.threads or None, args.ort_threads, not args.no_spin)
     memory = None
     if args.memory:
         import bench_memory

@@ -197,3 +197,27 @@ def test_prefer_memory_chooses_no_kernel_with_enlarged_constants() -> None:
                 assert all(d <= 0 for d in grown), grown
             else:
                 assert any(d > 0 for d in grown), "the speed choice no longer enlarges: the test lost its case"
+
+
+def test_matmul_bias_residual_and_gelu_fold_into_onednn_epilogue() -> None:
+    """A transformer's projection: MatMul, Add bias, Add residual, then Gelu: one oneDNN matmul with post-ops;
+    NumPy keeps four nodes."""
+    w, b = _w(32, 48), _w(48)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Add", ["r", "a"], ["s"]), helper.make_node("Gelu", ["s"], ["y"], domain="")]
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16, 32]),
+                                       helper.make_tensor_value_info("r", TensorProto.FLOAT, [2, 16, 48])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
+    feeds = {"x": RNG.standard_normal((2, 16, 32)).astype(np.float32),
+             "r": RNG.standard_normal((2, 16, 48)).astype(np.float32)}
+    want = ReferenceEvaluator(model).run(None, feeds)[0]
+    for onednn, ops in ((True, ["MatMul"]), (False, ["MatMul", "Add", "Add", "Gelu"])):
+        steps = _steps(model, onednn)
+        assert [s.op for s in steps] == ops
+        if onednn:
+            assert {k: steps[0].attrs.get(k) for k in ("kernel", "bias", "residual", "activation")} == \
+                {"kernel": "onednn", "bias": 1, "residual": 1, "activation": "Gelu"}
+        with ctxrt.compile(model, backend=CpuBackend(onednn=onednn)) as ctx:
+            np.testing.assert_allclose(ctx.graph().run(feeds)["y"], want, rtol=1e-4, atol=1e-5)

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 import ctxrt
+from ctxrt.backends.cpu import onednn
 from ctxrt.backends.cpu.onednn import api as onednn_api
-from ctxrt.backends.cpu.onednn import kernels as onednn_kernels
 from ctxrt.backends.cpu.registry import KERNELS
 from ctxrt.backends.cpu.threads import ThreadScope
 from ctxrt.backends.kernel import NodeSpec, TensorSpec
@@ -77,7 +77,9 @@ class CpuBackend:
 
     def lower(self, graph: IRGraph, options: Mapping[str, Any]) -> IRGraph:
         """The CPU's own passes, last before kernels are chosen: channel shuffles fused, then (with oneDNN)
-        layouts assigned."""
+        layouts assigned and MatMuls' bias, residual and activation folded into oneDNN's epilogue."""
+        from ctxrt.ir.layouts import PLAIN
+        from ctxrt.ir.passes.fuse_epilogue import FuseMatMulEpilogue
         from ctxrt.ir.passes.layout import AssignLayouts
         from ctxrt.ir.passes.shuffle import FuseChannelShuffle
 
@@ -87,9 +89,11 @@ class CpuBackend:
         probe = {**options, "probe": True}
 
         def supports(g: IRGraph, node: Node, src: Layout, dst: Layout) -> bool:
-            return onednn_kernels.supports(_spec(g, node, src, dst, probe))
+            return onednn.supports(_spec(g, node, src, dst, probe))
 
-        return AssignLayouts(self.layout, onednn_kernels.NAME, set(onednn_kernels.KERNELS), supports)(graph).graph
+        graph = AssignLayouts(self.layout, onednn.NAME, set(onednn.LAYOUT_OPS), set(onednn.PLAIN_OPS),
+                              supports)(graph).graph
+        return FuseMatMulEpilogue(onednn.NAME, lambda g, node: supports(g, node, PLAIN, PLAIN))(graph).graph
 
     def alloc_shared(self, nbytes: int, alignment: int = 64) -> CpuBuffer:
         return CpuBuffer(int(nbytes), int(alignment))
@@ -140,11 +144,12 @@ def _spec(graph: IRGraph, node: Node, src: Layout, dst: Layout, options: dict[st
         if not name:
             return None
         v = graph.values[name]
-        return TensorSpec(layout.physical(v.shape) if layout else tuple(v.shape), np.dtype(v.dtype))
+        stored = layout is not None and layout.name != "nchw"  # plain: the IR shape, whatever its rank
+        return TensorSpec(layout.physical(v.shape) if stored else tuple(v.shape), np.dtype(v.dtype))
 
     stored = {0: src, 3: dst if node.attrs.get("residual") else None}
     ins = [tensor(n, stored.get(i)) for i, n in enumerate(node.inputs)]
     outs = [tensor(n, dst if k == 0 else None) for k, n in enumerate(node.outputs) if n]
-    attrs = {**node.attrs, "kernel": onednn_kernels.NAME, "src_layout": src.name, "dst_layout": dst.name}
+    attrs = {**node.attrs, "kernel": onednn.NAME, "src_layout": src.name, "dst_layout": dst.name}
     consts = [graph.values[n].const if n else None for n in node.inputs]
     return NodeSpec(node.op, node.name, attrs, ins, outs, consts, graph.opset, options)

@@ -6,8 +6,7 @@ every other node by NumPy's.
 
 from __future__ import annotations
 
-from ctxrt.backends.cpu import elementwise, layout_ops, logic, nn, norm, reduce, shape
-from ctxrt.backends.cpu.onednn import kernels as onednn
+from ctxrt.backends.cpu import elementwise, layout_ops, logic, nn, norm, onednn, reduce, shape
 from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec
 
 KERNELS: dict[str, KernelFactory] = {}

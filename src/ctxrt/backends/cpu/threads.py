@@ -30,8 +30,9 @@ _BUSY_CORE = 0.5  # another process using this much of a core takes that core aw
 
 def passive_openmp() -> None:
     """Ask OpenMP runtimes not yet loaded for passive waits (sleeping, not spinning, between parallel regions).
-    libgomp reads the variable once, when it is loaded; a user's own setting is kept."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    libgomp reads the variable once, when it is loaded; a user's own setting (or spin count) is kept."""
+    if "GOMP_SPINCOUNT" not in os.environ:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def usable_cores() -> int:

@@ -15,7 +15,8 @@ made once per value. Graph inputs and outputs stay plain. Rules, in graph order:
   it is always kept plain, so it never needs a reorder.
 
 The chosen nodes get `kernel` (the provider's name), `src_layout` and `dst_layout` attributes; values in `L`
-get their stored shape (ctxrt/ir/layouts.py). Reorders are ordinary nodes: the planner gives their outputs
+get their stored shape (ctxrt/ir/layouts.py). Ops the provider runs on plain tensors (MatMul, Gemm) get only
+`kernel`, where it supports them. Reorders are ordinary nodes: the planner gives their outputs
 arena space like any tensor, and `ctxrt inspect --kernels` lists them.
 """
 
@@ -42,8 +43,11 @@ Supports = Callable[[Graph, Node, Layout, Layout], bool]
 
 
 class AssignLayouts(Pass):
-    def __init__(self, layout: Layout, provider: str, ops: set[str], supports: Supports) -> None:
-        self.layout, self.provider, self.ops, self.supports = layout, provider, set(ops), supports
+    """`ops`: what the provider runs in `layout`; `plain_ops`: what it runs on plain tensors (MatMul, Gemm)."""
+
+    def __init__(self, layout: Layout, provider: str, ops: set[str], plain_ops: set[str], supports: Supports) -> None:
+        self.layout, self.provider, self.supports = layout, provider, supports
+        self.ops, self.plain_ops = set(ops), set(plain_ops)
 
     def call(self, graph: Graph) -> PassResult:
         return PassResult(*_Assign(self, graph).run())
@@ -119,6 +123,10 @@ class _Assign:
         x = ins[0] if ins else ""
         if node.op in self.p.ops and self.is_act(x) and self.is_act(node.outputs[0]):
             self.provider_node(node)
+        elif node.op in self.p.plain_ops:
+            self.plain(node)
+            if self.p.supports(self.graph, node, PLAIN, PLAIN):
+                node.attrs = {**node.attrs, "kernel": self.p.provider}
         elif node.op in UNARY and self.is_act(x) and len(ins) == 1:
             self.emit(node, self.lay[x])
         elif node.op in BINARY and len(ins) > 1 and all(self.is_act(n) for n in ins) \

@@ -24,7 +24,7 @@ F32 = 3
 TAG_ANY = 1
 FORWARD_INFERENCE = 96
 CONVOLUTION_DIRECT = 1
-ELTWISE_RELU = 32
+ELTWISE_RELU, ELTWISE_GELU_TANH, ELTWISE_GELU_ERF = 32, 43, 49
 POOLING_MAX, POOLING_AVG_INCLUDE, POOLING_AVG_EXCLUDE = 511, 767, 1023
 LRN_ACROSS_CHANNELS = 2815
 BINARY_ADD = 131056
@@ -89,6 +89,7 @@ def _prototype(lib: ctypes.CDLL) -> None:
         "dnnl_lrn_forward_primitive_desc_create": [pp, vp, i, i, vp, vp, i64, f, f, f, vp],
         "dnnl_batch_normalization_forward_primitive_desc_create": [pp, vp, i, vp, vp, f, ctypes.c_uint, vp],
         "dnnl_reorder_primitive_desc_create": [pp, vp, vp, vp, vp, vp],
+        "dnnl_matmul_primitive_desc_create": [pp, vp, vp, vp, vp, vp, vp],
         "dnnl_primitive_desc_query": [vp, i, i, vp], "dnnl_primitive_desc_destroy": [vp],
         "dnnl_primitive_create": [pp, vp], "dnnl_primitive_destroy": [vp],
         "dnnl_primitive_execute": [vp, vp, i, ctypes.POINTER(ExecArg)],
@@ -248,22 +249,23 @@ class Memory:
 
 
 class Attr:
-    """Primitive attributes: a user-managed scratchpad (planned in the arena) and post-ops."""
+    """Primitive attributes: a user-managed scratchpad (planned in the arena) and post-ops: a binary add of a
+    tensor shaped like the output, then an element-wise op (ELTWISE_*)."""
 
-    def __init__(self, relu: bool = False, add: Desc | None = None) -> None:
+    def __init__(self, eltwise: int | None = None, add: Desc | None = None) -> None:
         lib = library()
         self.handle, ops = ctypes.c_void_p(), ctypes.c_void_p()
         check(lib.dnnl_primitive_attr_create(ctypes.byref(self.handle)), "attributes")
         check(lib.dnnl_primitive_attr_set_scratchpad_mode(self.handle, SCRATCHPAD_USER), "scratchpad mode")
         self.binary_index: int | None = None
-        if relu or add is not None:
+        if eltwise is not None or add is not None:
             check(lib.dnnl_post_ops_create(ctypes.byref(ops)), "post-ops")
             try:
-                if add is not None:  # y = conv + residual, then relu: the order of ONNX's fused epilogue
+                if add is not None:  # y = op + residual, then the activation: the order of the fused epilogue
                     check(lib.dnnl_post_ops_append_binary(ops, BINARY_ADD, add.handle), "binary add post-op")
                     self.binary_index = 0
-                if relu:
-                    check(lib.dnnl_post_ops_append_eltwise(ops, ELTWISE_RELU, 0.0, 0.0), "relu post-op")
+                if eltwise is not None:
+                    check(lib.dnnl_post_ops_append_eltwise(ops, eltwise, 0.0, 0.0), "eltwise post-op")
                 check(lib.dnnl_primitive_attr_set_post_ops(self.handle, ops), "set post-ops")
             finally:
                 lib.dnnl_post_ops_destroy(ops)

@@ -25,8 +25,6 @@ from ctxrt.backends.kernel import Kernel, NodeSpec
 from ctxrt.errors import CtxrtError, UnsupportedOpError
 from ctxrt.ir.layouts import LAYOUTS, PLAIN, Layout
 
-NAME = "onednn"
-
 
 def _layouts(spec: NodeSpec) -> tuple[Layout, Layout]:
     return LAYOUTS[spec.attr("src_layout", PLAIN.name)], LAYOUTS[spec.attr("dst_layout", PLAIN.name)]
@@ -80,7 +78,7 @@ class OneDnnKernel(Kernel):
         return self.prim.launch(args)
 
 
-def _create(fn: str, what: str, *args: Any, attr: api.Attr | None = None) -> api.Primitive:
+def create(fn: str, what: str, *args: Any, attr: api.Attr | None = None) -> api.Primitive:
     """`api.create` with OpenMP allowing every core, the last argument the attributes (default ones: a
     user-managed scratchpad). `attr` is held until the primitive exists."""
     attr = attr or api.Attr()
@@ -114,24 +112,25 @@ def conv(spec: NodeSpec) -> Kernel:
     src_md = api.Desc.make(x, _tag(src, x, dst))
     dst_md = api.Desc.make(y, _tag(dst, y, src))
     bias_md = api.Desc.make((m,), "a") if has_bias else None
-    attr = api.Attr(relu=act == "Relu", add=dst_md if residual else None)
+    attr = api.Attr(api.ELTWISE_RELU if act == "Relu" else None, add=dst_md if residual else None)
 
     def make(wfmt: int | str) -> api.Primitive:
         w_md = api.Desc.make(wdims, wfmt)
-        return _create("convolution_forward", f"Conv {spec.name!r}", api.FORWARD_INFERENCE, api.CONVOLUTION_DIRECT,
+        return create("convolution_forward", f"Conv {spec.name!r}", api.FORWARD_INFERENCE, api.CONVOLUTION_DIRECT,
                        src_md.handle, w_md.handle, bias_md.handle if bias_md else None, dst_md.handle,
                        api.Dims(*strides), api.Dims(*dil), api.Dims(*pb), api.Dims(*pe), attr=attr)
 
     attrs: dict[str, Any] = {}
     constants: dict[int, np.ndarray | None] = {}
     if packed:
-        prim = _recreate(spec, make, wdims, packed)
+        prim = recreate(spec, make, wdims, packed)
     else:
-        prim, packed = _choose_weights(spec, make, wdims)
+        prim, packed = choose_weights(spec, make, wdims, int(spec.consts[1].nbytes))
         if not spec.options.get("probe"):  # the layout pass only asks whether oneDNN can
-            constants = {1: _prepack(spec.consts[1], wdims, prim.md(api.Q_WEIGHTS_MD))}
+            plain = "abcd" if len(wdims) == 4 else "abcde"
+            constants = {1: prepack(spec.consts[1], wdims, plain, prim.md(api.Q_WEIGHTS_MD))}
         attrs = {"weights_tag": packed, "weight_shape": [m, cg, kh, kw]}
-    _reject_reference(prim, spec)
+    reject_reference(prim, spec)
     args = [(api.ARG_SRC, "in", 0, src_md), (api.ARG_WEIGHTS, "in", 1, prim.md(api.Q_WEIGHTS_MD)),
             (api.ARG_DST, "out", 0, dst_md)]
     if bias_md is not None:
@@ -144,24 +143,23 @@ def conv(spec: NodeSpec) -> Kernel:
 
 # Weights formats tried, in order, when the one oneDNN prefers is padded and prefer="memory" (measured: given
 # ABcd16b16a, oneDNN 3.2 runs 1x1 convs over NHWC with its jit_1x1 kernel where brgconv wanted Acdb48a).
-_UNPADDED = {4: ("ABcd16b16a", "ABcd8b8a", "Acdb16a", "Acdb8a", "Acdb32a", "Acdb64a", "acdb", "abcd"),
-             5: ("aBCde16c16b", "aBCde8c8b", "Abcde16a", "Abcde8a", "abdec", "abcde")}
+UNPADDED = {4: ("ABcd16b16a", "ABcd8b8a", "Acdb16a", "Acdb8a", "Acdb32a", "Acdb64a", "acdb", "abcd"),
+            5: ("aBCde16c16b", "aBCde8c8b", "Abcde16a", "Abcde8a", "abdec", "abcde"), 2: ("ab", "ba")}
 
 
-def _choose_weights(spec: NodeSpec, make: Callable[[int | str], api.Primitive], wdims: tuple[int, ...]
-                    ) -> tuple[api.Primitive, str]:
+def choose_weights(spec: NodeSpec, make: Callable[[int | str], api.Primitive], wdims: tuple[int, ...],
+                   original: int) -> tuple[api.Primitive, str]:
     """The primitive with the weights format oneDNN prefers; with `prefer="memory"`, one no larger than the
-    ONNX weights (the preferred one if it is not padded, else the first of `_UNPADDED` with a fast
-    implementation), or UnsupportedOpError."""
-    original = int(spec.consts[1].nbytes)
+    ONNX weights (`original` bytes): the preferred one if it is not padded, else the first of `UNPADDED` with a
+    fast implementation; else UnsupportedOpError."""
     prim = make(api.TAG_ANY)
     w_md = prim.md(api.Q_WEIGHTS_MD)
     if w_md.nbytes <= original or spec.options.get("prefer", "speed") == "speed":
         name = w_md.tag_name(wdims)
         if name is None:
-            raise UnsupportedOpError(f"Conv {spec.name!r}: oneDNN chose a weights format with no tag name")
+            raise UnsupportedOpError(f"{spec.op} {spec.name!r}: oneDNN chose a weights format with no tag name")
         return prim, name
-    for name in _UNPADDED[len(wdims)]:
+    for name in UNPADDED[len(wdims)]:
         try:
             if api.Desc.make(wdims, name).nbytes > original:
                 continue
@@ -170,12 +168,12 @@ def _choose_weights(spec: NodeSpec, make: Callable[[int | str], api.Primitive], 
             continue
         if not prim.impl.startswith("ref"):
             return prim, name
-    raise UnsupportedOpError(f"Conv {spec.name!r}: oneDNN's weights format would be larger than the weights "
+    raise UnsupportedOpError(f"{spec.op} {spec.name!r}: oneDNN's weights format would be larger than the weights "
                              "(compiled with prefer='memory')")
 
 
-def _recreate(spec: NodeSpec, make: Callable[[int | str], api.Primitive], wdims: tuple[int, ...], name: str
-              ) -> api.Primitive:
+def recreate(spec: NodeSpec, make: Callable[[int | str], api.Primitive], wdims: tuple[int, ...], name: str
+             ) -> api.Primitive:
     """The primitive of a compiled node, reading weights stored in format `name`. Some implementations take
     only the format they choose themselves (given "any"), not the same format given by tag: ask for "any" and
     check that the choice is the stored format; a plain format chosen for prefer="memory" is given by tag."""
@@ -188,16 +186,16 @@ def _recreate(spec: NodeSpec, make: Callable[[int | str], api.Primitive], wdims:
     except CtxrtError:
         prim = None
     if prim is None or prim.impl.startswith("ref"):
-        raise UnsupportedOpError(f"Conv {spec.name!r}: oneDNN here does not read weights in the format the context "
-                                 f"was compiled with ({name}): another CPU or oneDNN version; compile it again here")
+        raise UnsupportedOpError(f"{spec.op} {spec.name!r}: oneDNN here does not read weights in the format the "
+                                 f"context was compiled with ({name}): another CPU or oneDNN version; compile it again")
     return prim
 
 
-def _prepack(weights: np.ndarray, wdims: tuple[int, ...], to: api.Desc) -> np.ndarray:
-    """The ONNX weights reordered into `to` (done at compile time; stored in the context binary)."""
+def prepack(weights: np.ndarray, wdims: tuple[int, ...], tag: str, to: api.Desc) -> np.ndarray:
+    """Weights stored as `tag` (over dims `wdims`) reordered into `to` (at compile time; stored in the binary)."""
     src = np.ascontiguousarray(weights, np.float32)
     out = np.zeros(to.nbytes // 4, np.float32)
-    plain = api.Desc.make(wdims, "abcd" if len(wdims) == 4 else "abcde")
+    plain = api.Desc.make(wdims, tag)
     prim = api.reorder(plain, to)
     if prim.scratchpad_bytes:
         raise UnsupportedOpError("oneDNN weight reorder needs a scratchpad")
@@ -205,7 +203,7 @@ def _prepack(weights: np.ndarray, wdims: tuple[int, ...], to: api.Desc) -> np.nd
     return out
 
 
-def _reject_reference(prim: api.Primitive, spec: NodeSpec) -> None:
+def reject_reference(prim: api.Primitive, spec: NodeSpec) -> None:
     """oneDNN's reference implementations are orders of magnitude slower than NumPy: never use them."""
     if prim.impl.startswith("ref"):
         raise UnsupportedOpError(f"{spec.op} {spec.name!r}: oneDNN has only its reference implementation "
@@ -223,10 +221,10 @@ def _pool(spec: NodeSpec, alg: int, kernel: tuple[int, int] | None = None) -> Ke
     if alg == api.POOLING_AVG_INCLUDE and spec.attr("auto_pad", "NOTSET") == "NOTSET" and pe != given:
         raise UnsupportedOpError(f"AveragePool {spec.name!r}: count_include_pad with ceil_mode is left to NumPy")
     src_md, dst_md = api.Desc.make(x, _tag(src, x, dst)), api.Desc.make(y, _tag(dst, y, src))
-    prim = _create("pooling_forward", f"{spec.op} {spec.name!r}", api.FORWARD_INFERENCE, alg, src_md.handle,
+    prim = create("pooling_forward", f"{spec.op} {spec.name!r}", api.FORWARD_INFERENCE, alg, src_md.handle,
                    dst_md.handle, api.Dims(*strides), api.Dims(*kernel), api.Dims(*dil), api.Dims(*pb),
                    api.Dims(*pe))
-    _reject_reference(prim, spec)
+    reject_reference(prim, spec)
     if prim.md(api.Q_WORKSPACE_MD).nbytes:
         raise UnsupportedOpError(f"{spec.op} {spec.name!r}: oneDNN asks for a workspace in inference")
     return OneDnnKernel(prim, [(api.ARG_SRC, "in", 0, src_md), (api.ARG_DST, "out", 0, dst_md)], "pool")
@@ -256,10 +254,10 @@ def lrn(spec: NodeSpec) -> Kernel:
     src, dst = _layouts(spec)
     x = src.logical(spec.inputs[0].shape)
     src_md, dst_md = api.Desc.make(x, src.tag), api.Desc.make(x, dst.tag)
-    prim = _create("lrn_forward", f"LRN {spec.name!r}", api.FORWARD_INFERENCE, api.LRN_ACROSS_CHANNELS,
+    prim = create("lrn_forward", f"LRN {spec.name!r}", api.FORWARD_INFERENCE, api.LRN_ACROSS_CHANNELS,
                    src_md.handle, dst_md.handle, size, float(spec.attr("alpha", 1e-4)),
                    float(spec.attr("beta", 0.75)), float(spec.attr("bias", 1.0)))
-    _reject_reference(prim, spec)
+    reject_reference(prim, spec)
     if prim.md(api.Q_WORKSPACE_MD).nbytes:
         raise UnsupportedOpError(f"LRN {spec.name!r}: oneDNN asks for a workspace in inference")
     return OneDnnKernel(prim, [(api.ARG_SRC, "in", 0, src_md), (api.ARG_DST, "out", 0, dst_md)], "lrn")
@@ -276,9 +274,9 @@ def batchnorm(spec: NodeSpec) -> Kernel:
     x = src.logical(spec.inputs[0].shape)
     src_md, dst_md = api.Desc.make(x, src.tag), api.Desc.make(x, dst.tag)
     flags = api.USE_GLOBAL_STATS | api.USE_SCALE | api.USE_SHIFT
-    prim = _create("batch_normalization_forward", f"BatchNormalization {spec.name!r}", api.FORWARD_INFERENCE,
+    prim = create("batch_normalization_forward", f"BatchNormalization {spec.name!r}", api.FORWARD_INFERENCE,
                    src_md.handle, dst_md.handle, float(spec.attr("epsilon", 1e-5)), flags)
-    _reject_reference(prim, spec)
+    reject_reference(prim, spec)
     vec = api.Desc.make((x[1],), "a")
     args = [(api.ARG_SRC, "in", 0, src_md), (api.ARG_DST, "out", 0, dst_md), (api.ARG_SCALE, "in", 1, vec),
             (api.ARG_SHIFT, "in", 2, vec), (api.ARG_MEAN, "in", 3, vec), (api.ARG_VARIANCE, "in", 4, vec)]
@@ -294,19 +292,3 @@ def reorder(spec: NodeSpec) -> Kernel:
     with threads.creation():
         prim = api.reorder(src_md, dst_md)
     return OneDnnKernel(prim, [(api.ARG_FROM, "in", 0, src_md), (api.ARG_TO, "out", 0, dst_md)], "reorder")
-
-
-KERNELS = {"Conv": conv, "MaxPool": maxpool, "AveragePool": avgpool, "GlobalAveragePool": global_avgpool,
-           "LRN": lrn, "BatchNormalization": batchnorm}
-
-
-def supports(spec: NodeSpec) -> bool:
-    """Whether oneDNN runs this node (as the layout pass would record it) with a fast implementation."""
-    factory = KERNELS.get(spec.op)
-    if factory is None or not api.available():
-        return False
-    try:
-        factory(spec)
-    except CtxrtError:
-        return False
-    return True
