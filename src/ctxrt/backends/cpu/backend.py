@@ -86,6 +86,9 @@ class CpuBackend:
         graph = FuseChannelShuffle()(graph).graph
         if not self.onednn:
             return graph
+        for node in graph.nodes:
+            if node.op == "ChannelShuffle" and graph.values[node.inputs[0]].dtype == np.float32:
+                node.attrs = {**node.attrs, "kernel": onednn.NAME}  # one strided reorder
         probe = {**options, "probe": True}
 
         def supports(g: IRGraph, node: Node, src: Layout, dst: Layout) -> bool:

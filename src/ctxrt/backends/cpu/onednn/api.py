@@ -79,6 +79,7 @@ def _prototype(lib: ctypes.CDLL) -> None:
     sig = {
         "dnnl_engine_create": [pp, i, sz], "dnnl_stream_create": [pp, vp, ctypes.c_uint],
         "dnnl_memory_desc_create_with_tag": [pp, i, Dims, i, i], "dnnl_memory_desc_destroy": [vp],
+        "dnnl_memory_desc_create_with_strides": [pp, i, Dims, i, Dims],
         "dnnl_memory_desc_clone": [pp, vp], "dnnl_memory_create": [pp, vp, vp, vp], "dnnl_memory_destroy": [vp],
         "dnnl_primitive_attr_create": [pp], "dnnl_primitive_attr_destroy": [vp],
         "dnnl_primitive_attr_set_scratchpad_mode": [vp, i], "dnnl_primitive_attr_set_post_ops": [vp, vp],
@@ -205,6 +206,14 @@ class Desc:
         value = tag(fmt) if isinstance(fmt, str) else fmt
         check(lib.dnnl_memory_desc_create_with_tag(ctypes.byref(md), len(dims), Dims(*dims), F32, value),
               f"memory descriptor {list(dims)} {fmt}")
+        return cls(md)
+
+    @classmethod
+    def strided(cls, dims: Sequence[int], strides: Sequence[int]) -> Desc:
+        """A float32 descriptor with explicit strides (in elements)."""
+        md = ctypes.c_void_p()
+        check(library().dnnl_memory_desc_create_with_strides(ctypes.byref(md), len(dims), Dims(*dims), F32,
+                                                             Dims(*strides)), f"memory descriptor {list(dims)}")
         return cls(md)
 
     @property
