@@ -35,7 +35,7 @@ def test_run_threads_and_repeat_with_a_warm_up(capsys, tmp_path) -> None:
     assert code == 0, err
     assert json.loads(out)["stats"]["runs"] == 3  # one untimed warm-up, two timed (median reported)
     code, _, err = _run(capsys, "run", model, "--threads", "-1")
-    assert code == 2 and "--threads must be >= 0" in err
+    assert code == 2 and "--threads: expected a whole number >= 0" in err
 
 
 def test_compile_prefer_memory_and_inspect_kernels(capsys, tmp_path) -> None:

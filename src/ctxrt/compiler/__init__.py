@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ctxrt import progress
 from ctxrt.compiler.build import compile_graph
 from ctxrt.compiler.program import CompiledGraph
 from ctxrt.errors import CtxrtError
@@ -20,6 +21,7 @@ def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backe
     """ONNX model -> IR graph with static shapes, after the default passes."""
     from ctxrt.frontend.onnx import to_ir
 
+    progress.stage("reading and folding")
     return run_passes(to_ir(model, set(backend.kernels), shapes, name), default_passes())
 
 

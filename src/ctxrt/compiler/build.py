@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ctxrt import progress
 from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec, TensorSpec
 from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Interval, Ref, Step, TensorInfo
 from ctxrt.errors import UnsupportedOpError
@@ -18,10 +19,12 @@ ALIAS_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 # Ops whose kernels stay correct when output 0 is the same memory as one of these inputs.
 _UNARY = {"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "Softplus", "Tanh", "Erf", "Gelu", "Sqrt", "Exp", "Log",
           "Neg", "Abs", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos", "Clip", "Softmax",
-          "LogSoftmax", "BatchNormalization", "LayerNormalization", "Not"}
+          "LogSoftmax", "BatchNormalization", "LayerNormalization", "InstanceNormalization",
+          "GroupNormalization", "Not", "HardSwish", "Elu", "Selu", "Celu", "Mish", "Softsign", "ThresholdedRelu",
+          "Swish", "PRelu"}
 _BINARY = {"Add", "Sub", "Mul", "Div", "Mod", "Pow", "Max", "Min", "Sum", "Mean"}
 INPLACE: dict[str, tuple[int, ...]] = {**{op: (0,) for op in _UNARY}, **{op: (0, 1) for op in _BINARY},
-                                       "Where": (1, 2)}
+                                       "Where": (1, 2), "Trilu": (0,), "ScatterND": (0,), "ScatterElements": (0,)}
 
 
 def node_spec(graph: Graph, node: Node, options: Mapping[str, Any] | None = None) -> NodeSpec:
@@ -119,7 +122,9 @@ def compile_graph(graph: Graph, kernels: Mapping[str, KernelFactory], alignment:
         store.join(child, root)
         root_last[root] = max(root_last[root], last_use[child])
 
+    progress.stage("kernels", len(graph.nodes), "node")
     for step, node in enumerate(graph.nodes):
+        progress.advance()
         out0 = node.outputs[0]
         if node.op in ALIAS_OPS and out0 not in outputs and home(node.inputs[0]) != CONST:
             share(out0, node.inputs[0])
@@ -156,6 +161,7 @@ def compile_graph(graph: Graph, kernels: Mapping[str, KernelFactory], alignment:
         for j, nbytes in enumerate(kernel.scratch):
             requests.append(arena.Request(f"{graph.nodes[step].name}#scratch{j}",
                                           arena.align(int(nbytes), alignment), step, step))
+    progress.stage("planning memory")
     plan = arena.plan(requests)
     arena.check(plan, alignment)
 

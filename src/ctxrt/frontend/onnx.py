@@ -16,7 +16,8 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from ctxrt.errors import ModelError, ShapeError, UnsupportedOpError
-from ctxrt.ir.canonical import PARAM_INPUTS
+from ctxrt.format.codec import MAX_TENSOR_BYTES
+from ctxrt.ir.canonical import INFER_AS_IDENTITY, OUTPUTS_PRESENT, PARAM_INPUTS, SLOTTED_OUTPUTS
 from ctxrt.ir.graph import Graph, Node, Value
 
 # Ops that never need a kernel when their inputs are known at compile time (they always fold here).
@@ -26,7 +27,7 @@ FOLD_ONLY = {"Shape", "Size", "Constant", "ConstantOfShape", "Range", "NonZero",
 _DATA_PROP_MAX = 64
 
 # Ops whose outputs after the first are optional extras (safe to drop when nobody reads them).
-_OPTIONAL_OUTPUTS = {"Dropout", "MaxPool", "BatchNormalization", "LayerNormalization"}
+_OPTIONAL_OUTPUTS = {"Dropout", "MaxPool", "BatchNormalization", "LayerNormalization", "LSTM", "GRU", "RNN"}
 
 Shapes = Mapping[str, Iterable[int]]
 
@@ -58,6 +59,15 @@ def declared_io(model: str | os.PathLike | bytes | onnx.ModelProto
         return vi.name, _np_dtype(tt.elem_type, f"{vi.name!r}"), dims
 
     return [one(v) for v in m.graph.input if v.name not in inits], [one(v) for v in m.graph.output]
+
+
+def _check_size(what: str, dt: np.dtype, shape: Iterable[int]) -> None:
+    nbytes = dt.itemsize
+    for d in shape:
+        nbytes *= int(d)  # Python ints: no overflow
+    if nbytes > MAX_TENSOR_BYTES:
+        raise ShapeError(f"{what} would take {nbytes / 2**40:.4g} TiB ({dt}), over ctxrt's limit of "
+                         f"{MAX_TENSOR_BYTES // 2**40} TiB per tensor")
 
 
 def _np_dtype(elem_type: int, where: str) -> np.dtype:
@@ -123,6 +133,8 @@ class _Folder:
                                          f"--shape gives {s}")
                 if any(s <= 0 for s in shape):
                     raise ShapeError(f"input {vi.name!r}: dims must be positive, got {shape}")
+                _check_size(f"input {vi.name!r} at --shape {'x'.join(map(str, shape))}",
+                            _np_dtype(tt.elem_type, f"input {vi.name!r}"), shape)
             else:
                 if not tt.HasField("shape"):
                     raise ShapeError(f"input {vi.name!r} has no shape; pass --shape {vi.name}=...")
@@ -153,7 +165,12 @@ class _Folder:
                 inputs.append(helper.make_tensor_value_info(
                     name, helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape))
         outputs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in self.outputs]
-        graph = helper.make_graph(self.nodes, "skeleton", inputs, outputs, initializer=inits)
+        nodes = []
+        for n in self.nodes:  # ops onnx cannot type: typed as copies of their inputs
+            pairs = INFER_AS_IDENTITY.get(n.op_type)
+            nodes += [helper.make_node("Identity", [n.input[j]], [n.output[k]]) for k, j in pairs.items()
+                      if k < len(n.output) and n.output[k]] if pairs else [n]
+        graph = helper.make_graph(nodes, "skeleton", inputs, outputs, initializer=inits)
         m = helper.make_model(graph, opset_imports=list(self.model.opset_import),
                               ir_version=max(self.model.ir_version, 4))
         return m
@@ -171,7 +188,10 @@ class _Folder:
             shape = None
             if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
                 shape = tuple(d.dim_value for d in tt.shape.dim)
-            self.types[vi.name] = (_np_dtype(tt.elem_type, f"value {vi.name!r}"), shape)
+            dt = _np_dtype(tt.elem_type, f"value {vi.name!r}")
+            if shape is not None:
+                _check_size(f"value {vi.name!r} at these input shapes", dt, shape)
+            self.types[vi.name] = (dt, shape)
 
     def shape_of(self, name: str) -> tuple[int, ...] | None:
         if name in self.consts:
@@ -254,6 +274,9 @@ def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str
           shapes: Shapes | None = None, name: str = "main") -> Graph:
     """Load an ONNX model as an IR graph with static shapes, constants folded."""
     proto = load_model(model)
+    if proto.graph.node and all(n.op_type == "EPContext" for n in proto.graph.node):
+        label = os.fspath(model) if isinstance(model, str | os.PathLike) else "this model"
+        raise ModelError(f"{label} is an EPContext model (already compiled): run or inspect it, not compile")
     check_supported(proto.graph.node, supported, FOLD_ONLY)
     st = _Folder(proto, shapes)
     st.infer()
@@ -297,7 +320,10 @@ def _build_graph(st: _Folder, name: str) -> Graph:
 
 
 def _canonicalize(node: Node, consts: dict[str, np.ndarray]) -> None:
-    """Move constant parameter inputs into attributes (one form per op for the kernels)."""
+    """Move constant parameter inputs into attributes (one form per op for the kernels); record which optional
+    outputs exist where a kernel cannot tell from the ones it is given."""
+    if node.op in SLOTTED_OUTPUTS:
+        node.attrs[OUTPUTS_PRESENT] = [int(bool(o)) for o in node.outputs]
     params = PARAM_INPUTS.get(node.op, {})
     for pos, key in params.items():
         if pos < len(node.inputs) and node.inputs[pos]:

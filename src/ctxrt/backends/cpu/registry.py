@@ -6,11 +6,29 @@ every other node by NumPy's.
 
 from __future__ import annotations
 
-from ctxrt.backends.cpu import elementwise, layout_ops, logic, nn, norm, onednn, reduce, shape
+from ctxrt.backends.cpu import (
+    activations,
+    convtranspose,
+    einsum,
+    elementwise,
+    layout_ops,
+    logic,
+    nn,
+    norm,
+    onednn,
+    reduce,
+    resize,
+    rnn_cells,
+    scatter,
+    select,
+    shape,
+    spatial,
+)
 from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec
 
 KERNELS: dict[str, KernelFactory] = {}
-for _module in (elementwise, logic, reduce, shape, norm, nn, layout_ops):
+for _module in (elementwise, activations, logic, reduce, shape, norm, nn, spatial, convtranspose, resize, rnn_cells,
+                select, scatter, einsum, layout_ops):
     _dup = KERNELS.keys() & _module.KERNELS.keys()
     assert not _dup, f"ops registered twice: {_dup}"
     KERNELS.update(_module.KERNELS)

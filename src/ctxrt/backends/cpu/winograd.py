@@ -75,7 +75,7 @@ def build(spec: NodeSpec, pads: tuple[int, int], tile: int | None = None) -> Win
         u = prepack(spec.consts[1], tile, dt, tn)
     kernel = WinogradConv(tile, n, c, h, w, k, oh, ow, pads, u, bias, has_bias, residual, relu, dt, tn=tn)
     if spec.attr("kernel") is None:
-        kernel.attrs = {"kernel": "winograd", "tile": tile, "tn": int(tn)}
+        kernel.attrs = {"kernel": "winograd", "tile": tile, "tn": int(tn), "weight_shape": list(spec.inputs[1].shape)}
         kernel.constants = {1: u}
     return kernel
 
