@@ -5,16 +5,19 @@ an im2col copy of kh * kw times the image. This kernel walks the image once, in 
 enough to stay in cache:
 
 1. the band's input rows, transposed to channels last and padded: P[y, x, c] (transposing copies in chunks of
-   pixels that fit in L1; the zero border rewritten every run, since the arena is shared);
+   pixels; the zero border rewritten every run, since the arena is shared);
 2. per tap (ky, kx): acc[oy, ox, :] += P[s*oy + d*ky, s*ox + d*kx, :] * w[:, ky, kx]: every operand's inner
    axis is the contiguous channel axis, so NumPy's loops are long and vectorized whatever the image width
    (a 7 x 7 image in NCHW gives loops of 7);
 3. the bias on the band (still channels last), then the band transposed back to the NCHW output, then the
    residual and the Relu on its rows.
 
-Measured on ShuffleNet's shapes (2 cores, in the same run as the im2col + batched GEMM it replaces): 544
-channels at 7 x 7: 97 us vs 227; 272 at 14 x 14: 205 vs 234; with oneDNN installed, its channels-last
-depthwise kernel (one pass in compiled code) runs these instead.
+NumPy cannot fuse a tap's multiply and add, so each tap costs two passes over the band: on large images the
+im2col copy + one batched GEMM per channel stays faster, and `eligible` keeps this kernel to outputs of at
+most `MAX_PIXELS` pixels. Measured at one thread, interleaved, on ShuffleNet's shapes (direct vs im2col):
+544 channels at 7 x 7: 140 us vs 405; 272 at 14 x 14: 250 vs 280; 136 at 28 x 28: 595 vs 402; 112 at 56 x 56,
+stride 2: 1,100 vs 714. With oneDNN installed, its channels-last depthwise kernel (one pass in compiled code)
+runs every one of these instead.
 """
 
 from __future__ import annotations
@@ -25,17 +28,19 @@ from ctxrt.backends.cpu.shared import relu_zeros
 from ctxrt.backends.kernel import Kernel, NodeSpec, scratch_view
 from ctxrt.errors import UnsupportedOpError
 
-_BAND_BUDGET = 256 << 10  # bytes of a band's padded input and accumulators
-_CHUNK = 32 << 10  # bytes of pixels per transposing copy (L1)
+_BAND_BUDGET = 1 << 20  # bytes of a band's padded input and accumulators (4x fewer NumPy calls than 256 KiB)
+_CHUNK = 256 << 10  # bytes of pixels per transposing copy
+MAX_PIXELS = 256  # output pixels per image up to which the direct kernel beats im2col + batched GEMMs
 
 
 def eligible(spec: NodeSpec) -> bool:
-    """One input and one output channel per group, 2-D, float, constant weights."""
+    """One input and one output channel per group, 2-D, float, constant weights, a small output."""
     n, c = spec.inputs[0].shape[:2]
     m, cg = spec.inputs[1].shape[:2]
     g = int(spec.attr("group", 1))
     return (g == c == m and cg == 1 and len(spec.inputs[0].shape) == 4 and spec.consts[1] is not None
-            and np.dtype(spec.outputs[0].dtype).kind == "f")
+            and np.dtype(spec.outputs[0].dtype).kind == "f"
+            and int(np.prod(spec.outputs[0].shape[2:])) <= MAX_PIXELS)
 
 
 def _window(spec: NodeSpec) -> tuple[int, int, int, int, int, int]:
