@@ -62,7 +62,8 @@ class Graph:
                                                                                      strict=False)):
                 raise FormatError(f"graph {self.name!r}, node {step.name!r} ({step.op}): its kernel needs scratch "
                                   f"{list(kernel.scratch)} bytes but the program plans {planned}: the context was "
-                                  "compiled by another version of ctxrt's kernels; compile it again")
+                                  "compiled by another version of ctxrt's kernels, or on a CPU with another core "
+                                  "count (oneDNN sizes some scratchpads by it); compile it again")
             self._kernels.append(kernel)
 
     def _prepare(self, arena: tuple[Any, int], internal: Mapping[str, Any], weights: Mapping[str, Any]) -> None:
