@@ -36,8 +36,10 @@ class SpyBackend(CpuBackend):
 
 
 def _model():
+    """Conv (oneDNN, with its fused Relu) -> MaxPool (oneDNN) -> Reshape -> Relu (NumPy: the spy)."""
     w = np.random.default_rng(0).standard_normal((16, 8, 3, 3)).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["a"]),
+             helper.make_node("MaxPool", ["a"], ["r"], kernel_shape=[2, 2], strides=[2, 2]),
              helper.make_node("Reshape", ["r", "s"], ["f"]), helper.make_node("Relu", ["f"], ["y"])]
     g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 12])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
@@ -56,11 +58,12 @@ def test_every_pool_holds_the_thread_count_during_a_run_and_gets_it_back_after(n
     assert be.seen, "the spy Relu did not run"
     apis = {p["filepath"]: p["user_api"] for p in threadpool_info()}
     assert {"blas", "openmp"} <= set(apis.values()), apis
-    cores = threads.usable_cores()
+    cap = threads.openmp_cap()
+    assert cap == threads.usable_cores()  # the primitives were made for this machine's cores
     for limits in be.seen:
         for path, value in limits.items():
-            # OpenMP never above the cores: oneDNN primitives were created (and their scratch sized) for those
-            assert value == (min(n, cores) if apis[path] == "openmp" else n), (path, limits)
+            # OpenMP never above what oneDNN's primitives were made for (their scratch is sized by it)
+            assert value == (min(n, cap) if apis[path] == "openmp" else n), (path, limits)
     assert after == before
 
 
@@ -109,3 +112,20 @@ def test_default_thread_scope_uses_the_monitor(monkeypatch) -> None:
     with scope:
         assert all(p.get() == 1 for p in threads.pools())
     assert scope.last == 1
+
+
+def test_onednn_primitives_keep_the_thread_count_they_were_compiled_for(monkeypatch) -> None:
+    """Compiled where 1 core was usable, loaded where 2 are: the primitives are made for 1 thread, as compiled
+    (their scratch was planned for that), and OpenMP gets no more than 1 in a run asking for 2."""
+    monkeypatch.setitem(threads._STATE, "openmp_cap", None)  # the cap is process-wide: restored after the test
+    from ctxrt.runtime.loader import compile_graphs, compile_to_context
+
+    be = SpyBackend()
+    monkeypatch.setattr(threads, "usable_cores", lambda: 1)
+    graphs, weights = compile_graphs([(_model(), None, "main")], be)
+    assert {s.attrs.get("threads") for s in graphs[0].steps if s.algorithm.startswith("onednn")} == {1}
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    with compile_to_context(graphs, weights, be, num_threads=2) as ctx:
+        ctx.graph().run({"x": np.ones((1, 8, 12, 12), np.float32)})
+    apis = {p["filepath"]: p["user_api"] for p in threadpool_info()}
+    assert all(v == (1 if apis[k] == "openmp" else 2) for limits in be.seen for k, v in limits.items()), be.seen

@@ -43,8 +43,9 @@ KERNELS = {"ChannelShuffle": channel_shuffle}
 
 
 def _onednn_shuffle(spec: NodeSpec, pre: int, g: int, q: int, post: int) -> Kernel:
+    from ctxrt.backends.cpu import threads
     from ctxrt.backends.cpu.onednn import api
-    from ctxrt.backends.cpu.onednn.kernels import OneDnnKernel, reject_reference
+    from ctxrt.backends.cpu.onednn.kernels import OneDnnKernel, creation_threads, reject_reference
 
     api.require(f"ChannelShuffle {spec.name!r}")
     if np.dtype(spec.inputs[0].dtype) != np.float32:
@@ -52,6 +53,7 @@ def _onednn_shuffle(spec: NodeSpec, pre: int, g: int, q: int, post: int) -> Kern
     dims = (pre, g, q, post)
     src = api.Desc.strided(dims, (g * q * post, q * post, post, 1))
     dst = api.Desc.strided(dims, (g * q * post, post, g * post, 1))
-    prim = api.reorder(src, dst)
+    with threads.creation(creation_threads(spec)):
+        prim = api.reorder(src, dst)
     reject_reference(prim, spec)
-    return OneDnnKernel(prim, [(api.ARG_FROM, "in", 0, src), (api.ARG_TO, "out", 0, dst)], "shuffle")
+    return OneDnnKernel(spec, prim, [(api.ARG_FROM, "in", 0, src), (api.ARG_TO, "out", 0, dst)], "shuffle")

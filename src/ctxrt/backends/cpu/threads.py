@@ -170,10 +170,9 @@ class ThreadScope:
 
     def __enter__(self) -> ThreadScope:
         n = self.last = self.count()
-        cores = monitor().cores
+        cap = openmp_cap()
         for pool in pools():
-            # oneDNN sizes some scratchpads by the OpenMP threads at primitive creation (`creation`): never more
-            want = min(n, cores) if pool.openmp else n
+            want = min(n, cap) if pool.openmp else n  # never more than oneDNN's primitives were made for
             old = pool.get()
             if old != want:
                 pool.set(want)
@@ -187,16 +186,23 @@ class ThreadScope:
 
 
 @contextlib.contextmanager
-def creation() -> Iterator[None]:
-    """Around creating oneDNN primitives: OpenMP allows as many threads as there are usable cores, the most
-    any run will use, since a primitive may size its scratchpad by that count."""
-    cores = usable_cores()
+def creation(n: int) -> Iterator[None]:
+    """Around creating a oneDNN primitive for `n` threads: OpenMP allows `n` while it is made (a primitive may
+    size its scratchpad, even choose its weights format, by that count), and no run of the process will give
+    OpenMP more (`openmp_cap`): running with more threads than a primitive was made for would overrun it."""
+    with _STATE_LOCK:
+        _STATE["openmp_cap"] = min(_STATE.get("openmp_cap") or n, n)
     changed = [(p, p.get()) for p in pools() if p.openmp]
     for pool, old in changed:
-        if old != cores:
-            pool.set(cores)
+        if old != n:
+            pool.set(n)
     try:
         yield
     finally:
         for pool, old in changed:
             pool.set(old)
+
+
+def openmp_cap() -> int:
+    """The most OpenMP threads a run may use: the fewest any oneDNN primitive of the process was made for."""
+    return _STATE.get("openmp_cap") or usable_cores()

@@ -8,8 +8,9 @@ the kernel's scratch. A Conv's weights are reordered into the format its primiti
 stored in the context binary in that format (the tag's name is recorded in `weights_tag`), so loading
 reorders nothing and the prepacked weights are memory-mapped and shared like any weight.
 
-Primitives are created while OpenMP allows as many threads as the process has cores (the most a run uses):
-some size their scratchpad by that count.
+A primitive is made for the OpenMP thread count recorded at compile time (`threads`: the compiling machine's
+cores): some choose their weights format and size their scratchpad by it, so the loaded primitive is the
+compiled one; no run gives OpenMP more threads than that (threads.openmp_cap).
 """
 
 from __future__ import annotations
@@ -57,17 +58,25 @@ def _window(spec: NodeSpec, x: tuple[int, ...], y: tuple[int, ...], kernel: tupl
     return strides, [d - 1 for d in dil], before, after
 
 
+def creation_threads(spec: NodeSpec) -> int:
+    """The OpenMP threads a node's primitive is made for: as recorded at compile time (`threads`), so that the
+    loaded primitive is the compiled one (weights format, scratchpad size); else this machine's cores."""
+    return int(spec.attr("threads") or threads.usable_cores())
+
+
 class OneDnnKernel(Kernel):
     """A primitive and how its arguments map to the node's inputs, outputs and scratch."""
 
-    def __init__(self, prim: api.Primitive, args: list[tuple[int, str, int, api.Desc]], algorithm: str,
-                 attrs: dict[str, Any] | None = None, constants: dict[int, np.ndarray | None] | None = None) -> None:
+    def __init__(self, spec: NodeSpec, prim: api.Primitive, args: list[tuple[int, str, int, api.Desc]],
+                 algorithm: str, attrs: dict[str, Any] | None = None,
+                 constants: dict[int, np.ndarray | None] | None = None) -> None:
         self.prim = prim
         self.args = args  # (oneDNN argument, "in" / "out", index, descriptor)
         sp = prim.scratchpad_bytes
         self.scratch = (sp,) if sp else ()
         self.algorithm = f"onednn:{algorithm}:{prim.impl}"
-        self.attrs = attrs or {}
+        recorded = {} if spec.attr("threads") else {"threads": creation_threads(spec)}
+        self.attrs = {**(attrs or {}), **recorded}
         self.constants = constants or {}
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Callable[[], None]:
@@ -78,12 +87,12 @@ class OneDnnKernel(Kernel):
         return self.prim.launch(args)
 
 
-def create(fn: str, what: str, *args: Any, attr: api.Attr | None = None) -> api.Primitive:
-    """`api.create` with OpenMP allowing every core, the last argument the attributes (default ones: a
+def create(spec: NodeSpec, fn: str, *args: Any, attr: api.Attr | None = None) -> api.Primitive:
+    """`api.create` for the node's creation threads, the last argument the attributes (default ones: a
     user-managed scratchpad). `attr` is held until the primitive exists."""
     attr = attr or api.Attr()
-    with threads.creation():
-        return api.create(fn, what, *args, attr.handle)
+    with threads.creation(creation_threads(spec)):
+        return api.create(fn, f"{spec.op} {spec.name!r}", *args, attr.handle)
 
 
 # -- Conv --------------------------------------------------------------------------------------------------
@@ -116,7 +125,7 @@ def conv(spec: NodeSpec) -> Kernel:
 
     def make(wfmt: int | str) -> api.Primitive:
         w_md = api.Desc.make(wdims, wfmt)
-        return create("convolution_forward", f"Conv {spec.name!r}", api.FORWARD_INFERENCE, api.CONVOLUTION_DIRECT,
+        return create(spec, "convolution_forward", api.FORWARD_INFERENCE, api.CONVOLUTION_DIRECT,
                        src_md.handle, w_md.handle, bias_md.handle if bias_md else None, dst_md.handle,
                        api.Dims(*strides), api.Dims(*dil), api.Dims(*pb), api.Dims(*pe), attr=attr)
 
@@ -138,7 +147,7 @@ def conv(spec: NodeSpec) -> Kernel:
     if residual:
         args.append((api.post_op_arg(attr.binary_index, api.ARG_SRC_1), "in", 3, dst_md))
     kind = "depthwise" if g > 1 and g == m == x[1] else "grouped" if g > 1 else "conv"
-    return OneDnnKernel(prim, args, kind, attrs, constants)
+    return OneDnnKernel(spec, prim, args, kind, attrs, constants)
 
 
 # Weights formats tried, in order, when the one oneDNN prefers is padded and prefer="memory" (measured: given
@@ -221,13 +230,13 @@ def _pool(spec: NodeSpec, alg: int, kernel: tuple[int, int] | None = None) -> Ke
     if alg == api.POOLING_AVG_INCLUDE and spec.attr("auto_pad", "NOTSET") == "NOTSET" and pe != given:
         raise UnsupportedOpError(f"AveragePool {spec.name!r}: count_include_pad with ceil_mode is left to NumPy")
     src_md, dst_md = api.Desc.make(x, _tag(src, x, dst)), api.Desc.make(y, _tag(dst, y, src))
-    prim = create("pooling_forward", f"{spec.op} {spec.name!r}", api.FORWARD_INFERENCE, alg, src_md.handle,
+    prim = create(spec, "pooling_forward", api.FORWARD_INFERENCE, alg, src_md.handle,
                    dst_md.handle, api.Dims(*strides), api.Dims(*kernel), api.Dims(*dil), api.Dims(*pb),
                    api.Dims(*pe))
     reject_reference(prim, spec)
     if prim.md(api.Q_WORKSPACE_MD).nbytes:
         raise UnsupportedOpError(f"{spec.op} {spec.name!r}: oneDNN asks for a workspace in inference")
-    return OneDnnKernel(prim, [(api.ARG_SRC, "in", 0, src_md), (api.ARG_DST, "out", 0, dst_md)], "pool")
+    return OneDnnKernel(spec, prim, [(api.ARG_SRC, "in", 0, src_md), (api.ARG_DST, "out", 0, dst_md)], "pool")
 
 
 def maxpool(spec: NodeSpec) -> Kernel:
@@ -254,13 +263,13 @@ def lrn(spec: NodeSpec) -> Kernel:
     src, dst = _layouts(spec)
     x = src.logical(spec.inputs[0].shape)
     src_md, dst_md = api.Desc.make(x, src.tag), api.Desc.make(x, dst.tag)
-    prim = create("lrn_forward", f"LRN {spec.name!r}", api.FORWARD_INFERENCE, api.LRN_ACROSS_CHANNELS,
+    prim = create(spec, "lrn_forward", api.FORWARD_INFERENCE, api.LRN_ACROSS_CHANNELS,
                    src_md.handle, dst_md.handle, size, float(spec.attr("alpha", 1e-4)),
                    float(spec.attr("beta", 0.75)), float(spec.attr("bias", 1.0)))
     reject_reference(prim, spec)
     if prim.md(api.Q_WORKSPACE_MD).nbytes:
         raise UnsupportedOpError(f"LRN {spec.name!r}: oneDNN asks for a workspace in inference")
-    return OneDnnKernel(prim, [(api.ARG_SRC, "in", 0, src_md), (api.ARG_DST, "out", 0, dst_md)], "lrn")
+    return OneDnnKernel(spec, prim, [(api.ARG_SRC, "in", 0, src_md), (api.ARG_DST, "out", 0, dst_md)], "lrn")
 
 
 def batchnorm(spec: NodeSpec) -> Kernel:
@@ -274,13 +283,13 @@ def batchnorm(spec: NodeSpec) -> Kernel:
     x = src.logical(spec.inputs[0].shape)
     src_md, dst_md = api.Desc.make(x, src.tag), api.Desc.make(x, dst.tag)
     flags = api.USE_GLOBAL_STATS | api.USE_SCALE | api.USE_SHIFT
-    prim = create("batch_normalization_forward", f"BatchNormalization {spec.name!r}", api.FORWARD_INFERENCE,
+    prim = create(spec, "batch_normalization_forward", api.FORWARD_INFERENCE,
                    src_md.handle, dst_md.handle, float(spec.attr("epsilon", 1e-5)), flags)
     reject_reference(prim, spec)
     vec = api.Desc.make((x[1],), "a")
     args = [(api.ARG_SRC, "in", 0, src_md), (api.ARG_DST, "out", 0, dst_md), (api.ARG_SCALE, "in", 1, vec),
             (api.ARG_SHIFT, "in", 2, vec), (api.ARG_MEAN, "in", 3, vec), (api.ARG_VARIANCE, "in", 4, vec)]
-    return OneDnnKernel(prim, args, "batchnorm")
+    return OneDnnKernel(spec, prim, args, "batchnorm")
 
 
 def reorder(spec: NodeSpec) -> Kernel:
@@ -289,6 +298,6 @@ def reorder(spec: NodeSpec) -> Kernel:
     src, dst = LAYOUTS[spec.attr("from")], LAYOUTS[spec.attr("to")]
     x = src.logical(spec.inputs[0].shape)
     src_md, dst_md = api.Desc.make(x, src.tag), api.Desc.make(x, dst.tag)
-    with threads.creation():
+    with threads.creation(creation_threads(spec)):
         prim = api.reorder(src_md, dst_md)
-    return OneDnnKernel(prim, [(api.ARG_FROM, "in", 0, src_md), (api.ARG_TO, "out", 0, dst_md)], "reorder")
+    return OneDnnKernel(spec, prim, [(api.ARG_FROM, "in", 0, src_md), (api.ARG_TO, "out", 0, dst_md)], "reorder")

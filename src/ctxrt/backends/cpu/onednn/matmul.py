@@ -66,8 +66,8 @@ def matmul(spec: NodeSpec) -> Kernel:
 
     def make(wfmt: int | str) -> api.Primitive:
         w_md = api.Desc.make((k, n), wfmt)
-        return create("matmul", f"{spec.op} {spec.name!r}", src_md.handle, w_md.handle,
-                      bias_md.handle if bias_md else None, dst_md.handle, attr=attr)
+        return create(spec, "matmul", src_md.handle, w_md.handle, bias_md.handle if bias_md else None,
+                      dst_md.handle, attr=attr)
 
     attrs: dict[str, Any] = {}
     constants: dict[int, np.ndarray | None] = {}
@@ -84,4 +84,4 @@ def matmul(spec: NodeSpec) -> Kernel:
         args.append((api.ARG_BIAS, "in", 2, bias_md))
     if residual:
         args.append((api.post_op_arg(attr.binary_index, api.ARG_SRC_1), "in", 3, dst_md))
-    return OneDnnKernel(prim, args, "matmul", attrs, constants)
+    return OneDnnKernel(spec, prim, args, "matmul", attrs, constants)
