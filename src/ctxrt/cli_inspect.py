@@ -36,7 +36,8 @@ def inspect_report(meta: dict[str, Any]) -> dict[str, Any]:
         "weights_size": meta["weights_size"], "spillfill_size": meta["max_spillfill_size"],
         "alignment": meta["alignment"], "tuning": meta["tuning"],
         "graphs": [{"name": g["name"], "spillfill_size": g["spillfill_size"], "lower_bound": g["lower_bound"],
-                    "io_bytes": g["io_bytes"], "inputs": g["inputs"], "outputs": g["outputs"]}
+                    "io_bytes": g["io_bytes"], "inputs": g["inputs"], "outputs": g["outputs"],
+                    "value_inputs": g.get("value_inputs", {}), "bounded_outputs": g.get("bounded_outputs", {})}
                    for g in meta["graphs"]],
     }
 
@@ -91,7 +92,9 @@ def _print_inspect(name: str, report: dict[str, Any]) -> None:
               f"(lower bound {g['lower_bound'] / mib:.2f} MiB), IO {g['io_bytes'] / mib:.2f} MiB")
         for kind in ("inputs", "outputs"):
             for t in g[kind]:
-                print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}{list(t['shape'])} ({t['mem_type']})")
+                print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}[{', '.join(_dims(t, g))}] ({t['mem_type']}"
+                      + (f", value input compiled for {g['value_inputs'][t['name']]})" if t["name"] in
+                         g["value_inputs"] else ")"))
     if "memory" in report:
         print(f"  {'memory':<24}{'weights':>12}{'spill-fill':>12}{'lower bound':>12}{'arena/bound':>12}{'IO':>12}")
         for g in report["memory"]:
@@ -108,6 +111,15 @@ def _print_kernels(g: dict[str, Any]) -> None:
         print(f"    {k['op']:<20} {k['algorithm']:<48} x{k['count']}")
     for r in g["reorders"]:
         print(f"    reorder at step {r['step']}: {r['tensor']} {r['from']} -> {r['to']} ({r['bytes']} bytes)")
+
+
+def _dims(t: dict[str, Any], g: dict[str, Any]) -> list[str]:
+    """The tensor's dims; an upper bound (the real size known at run time) as <=N."""
+    dims = [str(d) for d in t["shape"]]
+    axis = g["bounded_outputs"].get(t["name"])
+    if axis is not None:
+        dims[axis] = f"<={dims[axis]}"
+    return dims
 
 
 def _mib(n: int) -> str:

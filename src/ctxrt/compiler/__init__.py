@@ -17,12 +17,22 @@ from ctxrt.runtime.backend import Backend
 from ctxrt.runtime.context import Context
 
 
-def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backend, name: str = "main") -> IRGraph:
-    """ONNX model -> IR graph with static shapes, after the default passes."""
+def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backend, name: str = "main",
+          values: Mapping[str, Any] | None = None, feeds: Mapping[str, Any] | None = None) -> IRGraph:
+    """ONNX model -> IR graph with static shapes, after the default passes (on control-flow bodies too).
+    `values` bakes in value inputs; missing ones are taken from `feeds` when given (DESIGN.md §9b)."""
     from ctxrt.frontend.onnx import to_ir
 
     progress.stage("reading and folding")
-    return run_passes(to_ir(model, set(backend.kernels), shapes, name), default_passes())
+    return _passes(to_ir(model, set(backend.kernels), shapes, name, values, feeds))
+
+
+def _passes(graph: IRGraph) -> IRGraph:
+    for node in graph.nodes:
+        for key, value in node.attrs.items():
+            if isinstance(value, IRGraph):
+                node.attrs[key] = _passes(value)
+    return run_passes(graph, default_passes())
 
 
 PREFER = ("speed", "memory")
@@ -49,24 +59,28 @@ def compile_ir(graph: IRGraph, backend: Backend, options: Mapping[str, Any] | No
 
 
 def compile_model(model: Any, shapes: Mapping[str, Iterable[int]] | None = None, backend: Backend | None = None,
-                  name: str = "main", options: Mapping[str, Any] | None = None
+                  name: str = "main", values: Mapping[str, Any] | None = None,
+                  feeds: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None
                   ) -> tuple[CompiledGraph, dict[str, Any]]:
     """One ONNX model (path, bytes or ModelProto) -> (compiled graph, the constants it reads)."""
     backend = backend or get_backend("cpu")
-    return compile_ir(lower(model, shapes, backend, name), backend, options)
+    return compile_ir(lower(model, shapes, backend, name, values, feeds), backend, options)
 
 
 def compile(model: str | os.PathLike | bytes | Any, shapes: Mapping[str, Iterable[int]] | None = None,
-            backend: str | Backend = "cpu", defer_graph_init: bool = False, io_mem_type: str = "raw", *,
-            num_threads: int | None = None, prefer: str = "speed") -> Context:
+            backend: str | Backend = "cpu", defer_graph_init: bool = False, io_mem_type: str = "raw",
+            values: Mapping[str, Any] | None = None, *, num_threads: int | None = None,
+            prefer: str = "speed") -> Context:
     """Online prepare: compile an ONNX model in memory and return a Context (finalized unless deferred).
 
     `io_mem_type="memhandle"` tells the context its IO tensors will be passed as memory handles, so it
-    allocates no internal IO buffers (DESIGN.md §6). `num_threads`: threads its runs use (None: the cores
-    other processes leave idle). `prefer="memory"` keeps kernels whose own constants would be larger than the
-    weights (Winograd, prepacked layouts) out."""
+    allocates no internal IO buffers (DESIGN.md §6). `values` gives the values of value inputs (inputs that
+    decide shapes or branches, DESIGN.md §9b), e.g. {"shape": [2, -1]}: the graph is specialized on them.
+    `num_threads`: threads its runs use (None: the cores other processes leave idle). `prefer="memory"` keeps
+    kernels whose own constants would be larger than the weights (Winograd, prepacked layouts) out."""
     from ctxrt.runtime.loader import compile_graphs, compile_to_context
 
     be = get_backend(backend)
-    graphs, weights = compile_graphs([(model, shapes, "main")], be, io_mem_type, compile_options(prefer))
+    graphs, weights = compile_graphs([(model, shapes, "main", values)], be, io_mem_type,
+                                     options=compile_options(prefer))
     return compile_to_context(graphs, weights, be, defer_graph_init, num_threads)

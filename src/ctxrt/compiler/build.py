@@ -9,8 +9,9 @@ import numpy as np
 
 from ctxrt import progress
 from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec, TensorSpec
-from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Interval, Ref, Step, TensorInfo
-from ctxrt.errors import UnsupportedOpError
+from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, Body, CompiledGraph, Interval, Ref, Step, TensorInfo
+from ctxrt.errors import CtxrtError, UnsupportedOpError
+from ctxrt.ir.dynamic import PASS_THROUGH, bounded_outputs
 from ctxrt.ir.graph import Graph, Node, Value
 from ctxrt.planner import arena
 
@@ -71,7 +72,7 @@ def make_kernel(kernels: Mapping[str, KernelFactory], spec: NodeSpec) -> Kernel:
         raise UnsupportedOpError(f"unsupported operators: {spec.op} ({spec.name})")
     try:
         return factory(spec)
-    except UnsupportedOpError:
+    except CtxrtError:
         raise
     except Exception as e:
         shapes = [s.shape if s else None for s in spec.inputs]
@@ -95,12 +96,19 @@ class _Storage:
 
 def compile_graph(graph: Graph, kernels: Mapping[str, KernelFactory], alignment: int = 64,
                   options: Mapping[str, Any] | None = None) -> CompiledGraph:
+    """Kernels (chosen with the compile `options`), storage and the arena plan of one graph. Every node whose
+    kernel cannot be built (op, attribute value, rank, ...) is reported in one UnsupportedOpError, before
+    anything is planned. Bodies of control nodes get no options: their kernels make no compile-time choices."""
+    errors = _compile_bodies(graph, kernels, alignment)
     inputs, outputs = set(graph.inputs), set(graph.outputs)
     last_use = {name: -1 for name in graph.values}
     for step, node in enumerate(graph.nodes):
         for n in node.inputs:
             if n:
                 last_use[n] = step
+    bounded = _bounded(graph)
+    for name in outputs & bounded.keys():  # the real size is read after the last step
+        last_use[bounded[name][0]] = len(graph.nodes)
 
     store = _Storage()
     kernel_of: dict[int, Kernel] = {}
@@ -130,7 +138,13 @@ def compile_graph(graph: Graph, kernels: Mapping[str, KernelFactory], alignment:
             share(out0, node.inputs[0])
             aliased.add(step)
             continue
-        kernel_of[step] = choose_kernel(graph, node, kernels, options)
+        if any(isinstance(v, Graph) for v in node.attrs.values()):
+            continue  # its body did not compile: reported with the rest
+        try:
+            kernel_of[step] = choose_kernel(graph, node, kernels, options)
+        except UnsupportedOpError as e:
+            errors.append(str(e))
+            continue
         if out0 in outputs:
             continue
         for i in INPLACE.get(node.op, ()):
@@ -142,6 +156,9 @@ def compile_graph(graph: Graph, kernels: Mapping[str, KernelFactory], alignment:
                 share(out0, src)
                 break
 
+    if errors:
+        raise UnsupportedOpError(errors[0] if len(errors) == 1 else
+                                 f"{len(errors)} nodes cannot be compiled: " + "; ".join(errors))
     # Lifetimes of arena roots (aliases and in-place results extend them) and scratch.
     requests: list[arena.Request] = []
     first: dict[str, int] = {}
@@ -191,7 +208,46 @@ def compile_graph(graph: Graph, kernels: Mapping[str, KernelFactory], alignment:
         [TensorInfo(n, graph.values[n].shape, np.dtype(graph.values[n].dtype).str) for n in graph.outputs],
         steps, plan.size, plan.lower_bound, alignment, plan.strategy,
         [Interval(a.key, a.offset, a.size, a.first, a.last) for a in plan.allocations.values()],
-        const_names)
+        const_names, {n: v for n, v in graph.value_inputs.items() if n in inputs},
+        {n: (axis, ref(extent)) for n, (extent, axis) in bounded.items() if n in outputs})
+
+
+def _compile_bodies(graph: Graph, kernels: Mapping[str, KernelFactory], alignment: int) -> list[str]:
+    """Compile the IR bodies of control nodes into Body programs (their errors are returned, to be reported
+    with the graph's). The weights a body reads become inputs of its node, named in `captures`, so they are
+    stored with the graph's and its kernels see them as constants."""
+    errors = []
+    for node in graph.nodes:
+        for key, sub in list(node.attrs.items()):
+            if not isinstance(sub, Graph):
+                continue
+            try:
+                compiled = compile_graph(sub, kernels, alignment)
+            except UnsupportedOpError as e:
+                errors.append(f"in {node.op} node {node.name!r} {key}: {e}")
+                continue
+            node.attrs[key] = Body(compiled.inputs, compiled.outputs, compiled.steps, compiled.spillfill_size,
+                                   alignment)
+            for name in compiled.const_names:
+                v = sub.values[name]
+                graph.values.setdefault(name, Value(name, v.dtype, v.shape, v.const))
+                if name not in node.attrs["captures"]:
+                    node.attrs["captures"].append(name)
+                    node.inputs.append(name)
+    return errors
+
+
+def _bounded(graph: Graph) -> dict[str, tuple[str, int]]:
+    """Values whose size along one axis is an upper bound: name -> (the value holding the real size, axis)."""
+    out: dict[str, tuple[str, int]] = {}
+    for node in graph.nodes:
+        for pos, axis in bounded_outputs(node).items():
+            out[node.outputs[pos]] = (node.outputs[-1], axis)
+        src = node.inputs[0] if node.inputs else ""
+        if node.op in PASS_THROUGH and src in out:
+            extent, axis = out[src]
+            out[node.outputs[0]] = (extent, PASS_THROUGH[node.op](node.attrs, axis, len(graph.values[src].shape)))
+    return out
 
 
 def _check_outputs_written(graph: Graph, steps: list[Step]) -> None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from ctxrt.backends.cpu import (
     activations,
+    control,
     convtranspose,
+    dynamic,
     einsum,
     elementwise,
     layout_ops,
@@ -28,7 +30,7 @@ from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec
 
 KERNELS: dict[str, KernelFactory] = {}
 for _module in (elementwise, activations, logic, reduce, shape, norm, nn, spatial, convtranspose, resize, rnn_cells,
-                select, scatter, einsum, layout_ops):
+                select, scatter, einsum, control, dynamic, layout_ops):
     _dup = KERNELS.keys() & _module.KERNELS.keys()
     assert not _dup, f"ops registered twice: {_dup}"
     KERNELS.update(_module.KERNELS)
