@@ -39,3 +39,6 @@ class Backend(Protocol):
     def run(self, launches: list[Callable[[], None]]) -> None: ...
 
     def device_id(self) -> dict[str, str]: ...
+
+    # Optional: `threads(num_threads)` -> a context manager entered around each run that holds the host's
+    # thread pools to `num_threads` (None: a default the backend chooses). Backends without host pools omit it.

@@ -38,9 +38,11 @@ def _namespaced(g: CompiledGraph, weights: Mapping[str, np.ndarray], prefix: str
 
 
 def compile_graphs(models: Sequence[tuple[Any, ...]], backend: Backend, io_mem_type: str = "raw",
-                   feeds: Mapping[str, Any] | None = None) -> tuple[list[CompiledGraph], dict[str, np.ndarray]]:
+                   feeds: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None
+                   ) -> tuple[list[CompiledGraph], dict[str, np.ndarray]]:
     """(model, shapes, graph name[, values]) for each graph -> compiled graphs and all their weights. Value
-    inputs (DESIGN.md §9b) are baked in from `values`, or from `feeds` when given."""
+    inputs (DESIGN.md §9b) are baked in from `values`, or from `feeds` when given. `options`: from
+    `ctxrt.compiler.compile_options` (default: prefer speed)."""
     from ctxrt.compiler import compile_model
 
     if io_mem_type not in IO_MEM_TYPES:
@@ -52,7 +54,8 @@ def compile_graphs(models: Sequence[tuple[Any, ...]], backend: Backend, io_mem_t
     for model, shapes, name, *rest in models:
         with progress.part(name) if len(models) > 1 else contextlib.nullcontext():
             try:
-                g, w = compile_model(model, shapes, backend, name, rest[0] if rest else None, feeds)
+                g, w = compile_model(model, shapes, backend, name, rest[0] if rest else None, feeds,
+                                     options)
             except CtxrtError as e:  # with several models, say which one
                 if len(models) == 1:
                     raise
@@ -67,7 +70,8 @@ def compile_graphs(models: Sequence[tuple[Any, ...]], backend: Backend, io_mem_t
 
 
 def compile_split(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backend, k: int,
-                  io_mem_type: str = "raw", values: Mapping[str, Any] | None = None
+                  io_mem_type: str = "raw", values: Mapping[str, Any] | None = None,
+                  options: Mapping[str, Any] | None = None
                   ) -> tuple[list[tuple[CompiledGraph, dict[str, np.ndarray]]], list[str]]:
     """One model cut into K parts (compiler/split.py), each compiled as its own graph. The tensors passed
     between parts are prepared as memhandle (the chain passes them as handles); the model's own inputs
@@ -86,7 +90,7 @@ def compile_split(model: Any, shapes: Mapping[str, Iterable[int]] | None, backen
     parts = []
     for i, part in enumerate(split_graph(whole, k)):
         with progress.part(f"part {i + 1}/{k}"):
-            g, w = compile_ir(part, backend)
+            g, w = compile_ir(part, backend, options)
         mem = [[TensorInfo(t.name, t.shape, t.dtype, io_mem_type if t.name in ends else "memhandle") for t in ts]
                for ts in (g.inputs, g.outputs)]
         parts.append((replace(g, inputs=mem[0], outputs=mem[1]), w))
@@ -109,8 +113,9 @@ def save_context(path: str | os.PathLike, graphs: list[CompiledGraph], weights: 
 
 
 def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backend = "cpu",
-                        defer_graph_init: bool = False) -> Context:
-    """Create a context from a context binary (a path, memory-mapped; or its bytes)."""
+                        defer_graph_init: bool = False, num_threads: int | None = None) -> Context:
+    """Create a context from a context binary (a path, memory-mapped; or its bytes). `num_threads`: the
+    threads its runs use (None: the cores other processes leave idle)."""
     from ctxrt.format import ContextFile
 
     be = get_backend(backend)
@@ -122,14 +127,15 @@ def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backen
         block = f.weights_block()  # read-only view of the mapped weights section, checksum verified once
         table = {name: WeightEntry(int(e[0]), int(e[1]), str(e[2]), tuple(int(d) for d in e[3]))
                  for name, e in meta["weights"].items()}
-        return Context(f.graphs(), table, block, be, defer_graph_init=defer_graph_init, info=meta, keepalive=f)
+        return Context(f.graphs(), table, block, be, defer_graph_init=defer_graph_init, info=meta, keepalive=f,
+                       num_threads=num_threads)
     except BaseException:
         f.close()
         raise
 
 
 def compile_to_context(graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray], backend: Backend,
-                       defer_graph_init: bool = False) -> Context:
+                       defer_graph_init: bool = False, num_threads: int | None = None) -> Context:
     table, block = pack(weights)
     block.flags.writeable = False
-    return Context(graphs, table, block, backend, defer_graph_init=defer_graph_init)
+    return Context(graphs, table, block, backend, defer_graph_init=defer_graph_init, num_threads=num_threads)
