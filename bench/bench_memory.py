@@ -12,6 +12,10 @@ reads its resident set size (the baseline), loads the models, runs each twice, a
   onnxruntime running the same three parts (cut out of the ONNX model with onnx.utils.extract_model at
   ctxrt's cut points) as three sessions, feeding each part's outputs to the next.
 
+Shared libraries count in the baseline for both engines: onnxruntime's import loads its library, and ctxrt's
+child loads oneDNN's (libdnnl, when installed) before reading it. A row with NumPy's kernels alone (contexts
+compiled without oneDNN) is there for reference.
+
 "Beyond weights" is peak RSS - baseline - the models' weight bytes: activations, scratch, IO buffers,
 pre-packed weight copies and allocator overhead. The goal is ctxrt <= 0.5x onnxruntime there.
 
@@ -69,6 +73,7 @@ def prepare() -> dict[str, Any]:
 
     WORK.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {"ctx": [], "onnx": []}
+    out["ctx_numpy"] = []
     for name in THREE:
         path, feeds = _model(name)
         ctx = WORK / f"{path.stem}.ctx"
@@ -76,6 +81,15 @@ def prepare() -> dict[str, Any]:
             assert cli(["compile", str(path), "-o", str(ctx), *_shape_args(feeds)]) == 0
         out["ctx"].append(str(ctx))
         out["onnx"].append(str(path))
+        numpy_ctx = WORK / f"{path.stem}_numpy.ctx"  # NumPy's kernels only (no oneDNN): for comparison
+        if _stale(numpy_ctx, path):
+            from ctxrt.backends.cpu.backend import CpuBackend
+            from ctxrt.compiler import compile_graphs, save_context
+
+            be = CpuBackend(onednn=False)
+            graphs, weights = compile_graphs([(str(path), {k: v.shape for k, v in feeds.items()}, path.stem)], be)
+            save_context(numpy_ctx, graphs, weights, be, [str(path)])
+        out["ctx_numpy"].append(str(numpy_ctx))
     bert, feeds = _model("bert")
     split = WORK / f"{bert.stem}_split3"
     wrapper = split / f"{bert.stem}_ctx.onnx"
@@ -127,15 +141,18 @@ def child(mode: str, files: dict[str, Any]) -> dict[str, Any]:
     if mode.startswith("ctxrt"):
         import ctxrt  # noqa: F401
         import ctxrt.frontend.epcontext  # noqa: F401
+        from ctxrt.backends.cpu.onednn import api
         from ctxrt.runtime.group import ContextGroup
 
+        api.library()  # a shared library, loaded before the baseline as onnxruntime's is by its import
         base = _rss_now()
         if mode == "ctxrt-split":
             group = ContextGroup.from_epcontext(files["split"])
             for _ in range(2):
                 group.run(feeds["bert"])
         else:
-            group = ContextGroup(files["ctx"], share_spillfill=mode == "ctxrt-shared")
+            group = ContextGroup(files["ctx_numpy" if mode.endswith("numpy") else "ctx"],
+                                 share_spillfill=mode.startswith("ctxrt-shared"))
             for _ in range(2):
                 for ctx, name in zip(group.contexts, THREE, strict=True):
                     ctx.graph().run(feeds[name])
@@ -179,7 +196,7 @@ def main() -> None:
         return
     files = prepare()
     scenarios = {
-        "ResNet-50 + BERT-6 + SqueezeNet": ["ctxrt-shared", "ctxrt-unshared", "ort-3"],
+        "ResNet-50 + BERT-6 + SqueezeNet": ["ctxrt-shared", "ctxrt-unshared", "ctxrt-shared-numpy", "ort-3"],
         "BERT-6 split in 3": ["ctxrt-split", "ort-split"],
     }
     results = {s: {m: measure(m, files) for m in modes} for s, modes in scenarios.items()}
@@ -188,6 +205,7 @@ def main() -> None:
         return
     print(f"$ {shlex.join(sys.orig_argv)}\n")
     labels = {"ctxrt-shared": "ctxrt, shared spill-fill", "ctxrt-unshared": "ctxrt, one spill-fill each",
+              "ctxrt-shared-numpy": "ctxrt without oneDNN, shared spill-fill",
               "ort-3": "onnxruntime, 3 sessions", "ctxrt-split": "ctxrt chain, shared spill-fill",
               "ort-split": "onnxruntime, 3 part sessions"}
     rows = []

@@ -19,11 +19,12 @@ from ctxrt.runtime.graph import Graph  # noqa: E402
 from ctxrt.runtime.group import ContextGroup  # noqa: E402
 from ctxrt.runtime.loader import context_from_binary  # noqa: E402
 from ctxrt.runtime.memhandle import MemHandle  # noqa: E402
+from ctxrt.runtime.options import SessionOptions  # noqa: E402
 from ctxrt.runtime.session import InferenceSession, IOBinding  # noqa: E402
 from ctxrt.runtime.tensor import Tensor  # noqa: E402
 
 __all__ = ["compile", "context_from_binary", "read_metadata", "Context", "ContextGroup", "Graph", "MemHandle",
-           "InferenceSession", "IOBinding", "Tensor",
+           "InferenceSession", "IOBinding", "SessionOptions", "Tensor",
            "CtxrtError", "FormatError",
            "LifecycleError", "ModelError",
            "PlanError", "RegistrationError", "ShapeError", "UnsupportedOpError", "__version__"]

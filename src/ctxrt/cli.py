@@ -28,6 +28,7 @@ from ctxrt.cli_args import (
     load_inputs,
     model_kind,
     naming,
+    non_negative_int,
     not_an_input,
     output_dir,
     output_file,
@@ -112,6 +113,9 @@ def _context_source(model: str, kind: str, shapes: dict[str, tuple[int, ...]], a
 
 
 def _time(fn: Any, repeat: int) -> list[float]:
+    """Milliseconds of `repeat` runs after one untimed warm-up run (recording, first-touch page faults and
+    thread-pool start-up are not what a steady loop pays)."""
+    fn()
     times = []
     for k in range(repeat):
         t0 = time.perf_counter()
@@ -138,6 +142,9 @@ def _print_report(report: dict[str, Any], outs: dict[str, np.ndarray], n: int) -
             f"(lower bound {m['lower_bound'] / mib:.2f} MiB), IO {m['io'] / mib:.2f} MiB")
     if m.get("spillfill_saved"):
         line += f", {m['spillfill_saved'] / mib:.2f} MiB of spill-fill saved by sharing"
+    if "kernel" in m:
+        line += (f"; kernel constants {m['prepacked'] / mib:.2f} MiB in the weights (made at compile time), "
+                 f"{m['kernel'] / mib:.2f} MiB made at load")
     print(line)
 
 
@@ -187,6 +194,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     given = read_inputs(args.inputs) if args.inputs else None
     ctx = open_context(model, kinds[0], shapes[0], args, given if kinds[0] == "onnx" else None)
     try:
+        ctx.num_threads = args.threads or None
         with naming(model):
             g = ctx.graph(args.graph)
         feeds = load_inputs(args.inputs, g.inputs, given) if args.inputs else random_feeds(g.inputs,
@@ -202,7 +210,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             "latency_ms": statistics.median(times),
             "stats": dict(ctx.stats),
             "memory": {"weights": props["weights_buffer_size"], "spillfill": g.spillfill_size,
-                       "lower_bound": g.lower_bound, "io": ctx.stats["alloc_io_bytes"], "spillfill_saved": 0},
+                       "lower_bound": g.lower_bound, "io": ctx.stats["alloc_io_bytes"], "spillfill_saved": 0,
+                       **{k: v for k, v in ctx.memory().items() if k in ("prepacked", "kernel", "padding")}},
         }
     finally:
         ctx.free()
@@ -222,6 +231,8 @@ def _run_chain(args: argparse.Namespace) -> int:
         group = ContextGroup.from_epcontext(model, args.backend, share_spillfill=args.share_spillfill,
                                             graph=args.graph)
     try:
+        for ctx in group.contexts:
+            ctx.num_threads = args.threads or None
         feeds = load_inputs(args.inputs, group.inputs) if args.inputs else random_feeds(group.inputs)
         outs: dict[str, np.ndarray] = {}
         times = _time(lambda: outs.update(group.run(feeds)), args.repeat)
@@ -239,7 +250,7 @@ def _run_group(args: argparse.Namespace, kinds: list[str], shapes: list[dict[str
 
     backend = get_backend(args.backend)
     sources = [_context_source(m, k, s, args, backend) for m, k, s in zip(args.model, kinds, shapes, strict=True)]
-    group = ContextGroup(sources, backend, share_spillfill=args.share_spillfill)
+    group = ContextGroup(sources, backend, share_spillfill=args.share_spillfill, num_threads=args.threads or None)
     try:
         runs = []
         labels = [Path(m).name for m in args.model]
@@ -299,7 +310,7 @@ def _check_compile_args(args: argparse.Namespace) -> None:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     from ctxrt.backends import get_backend
-    from ctxrt.compiler import compile_graphs, save_context
+    from ctxrt.compiler import compile_graphs, compile_options, save_context
 
     _check_compile_args(args)
     if args.split is not None:
@@ -317,7 +328,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     label = args.models[0] if len(args.models) == 1 else f"{len(args.models)} models"
     with _progress(args, f"compile {Path(label).name}"):
         with naming(args.models[0]) if len(args.models) == 1 else contextlib.nullcontext():
-            graphs, weights = compile_graphs(models, backend, args.io_mem_type)
+            graphs, weights = compile_graphs(models, backend, args.io_mem_type, options=compile_options(args.prefer))
         if args.epcontext:
             written = _write_with_epcontext(args, out, graphs, weights, backend)
         else:
@@ -345,7 +356,7 @@ def _compile_split(args: argparse.Namespace) -> int:
     """MODEL.onnx --split K -o DIR: DIR/MODEL_part{i}.ctx for each part and DIR/MODEL_ctx.onnx chaining them,
     all written or none."""
     from ctxrt.backends import get_backend
-    from ctxrt.compiler import compile_split, save_context
+    from ctxrt.compiler import compile_options, compile_split, save_context
     from ctxrt.format import read_metadata
     from ctxrt.frontend.epcontext import write_epcontext
 
@@ -356,7 +367,8 @@ def _compile_split(args: argparse.Namespace) -> int:
     with _progress(args, f"split {Path(model).name}"):
         with naming(model):
             parts, outputs = compile_split(model, graph_shapes(args.shape, 1)[0], backend, args.split,
-                                           args.io_mem_type, graph_values(args.value, 1)[0])
+                                           args.io_mem_type, graph_values(args.value, 1)[0],
+                                           compile_options(args.prefer))
         with StagedFiles(out_dir) as stage:
             written = []
             for i, (graph, weights) in enumerate(parts):
@@ -394,6 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--split", type=positive_int, metavar="K",
                    help="cut the model into K context binaries in the directory -o, chained by an EPContext model")
     c.add_argument("--config", help="tuning configuration (JSON)")
+    c.add_argument("--prefer", default="speed", choices=["speed", "memory"],
+                   help="memory: no kernel whose own constants (Winograd, prepacked weights) outgrow the weights")
     c.add_argument("--epcontext", action="store_true", help="also write OUT_ctx.onnx (EPContext model)")
     c.add_argument("--embed", action="store_true", help="embed the binary in the EPContext model")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -402,6 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("file", metavar="FILE.ctx|FILE_ctx.onnx")
     i.add_argument("--memory", action="store_true", help="per graph: weights, spill-fill, lower bound, IO bytes")
     i.add_argument("--plot", metavar="FILE.png", help="draw each arena: one rectangle per tensor over (step, offset)")
+    i.add_argument("--kernels", action="store_true",
+                   help="per graph: the kernel each op runs, where reorders between layouts sit, prepacked bytes")
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
     r = sub.add_parser("run", help="run a model (.onnx compiled in memory), a .ctx or an EPContext model")
@@ -409,7 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--inputs", help=".npz keyed by input name (default: seeded random inputs)")
     r.add_argument("--output", metavar="OUT.npz", help="write outputs to this .npz")
     r.add_argument("--repeat", type=positive_int, default=1, metavar="N",
-                   help="run N times (N >= 1); the latency reported is the median")
+                   help="run N times (N >= 1) after one warm-up run; the latency reported is the median")
+    r.add_argument("--threads", type=non_negative_int, default=0, metavar="N",
+                   help="threads of every pool (BLAS, OpenMP); 0: the cores other processes leave idle")
     r.add_argument("--shape", action="append", default=[],
                    help="[K:]NAME=1x3x224x224 for dynamic inputs of .onnx models (K: model index)")
     r.add_argument("--backend", help="cpu, opencl or opencl:N (default: the backend a .ctx was compiled for; cpu "

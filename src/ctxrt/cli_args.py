@@ -40,6 +40,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (--threads, where 0 means the default)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
 def parse_shape(text: str, option: str = "--shape") -> tuple[str, tuple[int, ...]]:
     """NAME=DxDx...xD with every D a whole number >= 1."""
     name, sep, dims = text.rpartition("=")

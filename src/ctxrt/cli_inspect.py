@@ -1,5 +1,5 @@
-"""`ctxrt inspect`: a context binary's (or an EPContext model's binaries') metadata, and with --memory or
---plot its arenas."""
+"""`ctxrt inspect`: a context binary's (or an EPContext model's binaries') metadata, with --memory or --plot its
+arenas, with --kernels the kernel of each op and where reorders sit."""
 
 from __future__ import annotations
 
@@ -65,6 +65,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
             for r, (_, source) in zip(reports, binaries, strict=True):
                 r["memory"] = graph_memory(source)
+        if args.kernels:
+            from ctxrt.runtime.report import graph_kernels
+
+            for r, (_, source) in zip(reports, binaries, strict=True):
+                r["kernels"] = graph_kernels(source)
     if args.plot:
         from ctxrt.runtime.report import plot_arena
 
@@ -109,6 +114,16 @@ def _print_inspect(name: str, report: dict[str, Any]) -> None:
             ratio = g["spillfill"] / g["lower_bound"] if g["lower_bound"] else 1.0
             print(f"  {g['name']:<24}{_mib(g['weights'])}{_mib(g['spillfill'])}{_mib(g['lower_bound'])}"
                   f"{ratio:>12.3f}{_mib(g['io'])}")
+    for g in report.get("kernels", []):
+        _print_kernels(g)
+
+
+def _print_kernels(g: dict[str, Any]) -> None:
+    print(f"  kernels of {g['name']} ({_mib(g['prepacked_bytes']).strip()} of weights prepacked at compile time):")
+    for k in g["kernels"]:
+        print(f"    {k['op']:<20} {k['algorithm']:<48} x{k['count']}")
+    for r in g["reorders"]:
+        print(f"    reorder at step {r['step']}: {r['tensor']} {r['from']} -> {r['to']} ({r['bytes']} bytes)")
 
 
 def _dims(t: dict[str, Any], g: dict[str, Any]) -> list[str]:

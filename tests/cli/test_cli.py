@@ -20,7 +20,7 @@ def test_run_json_has_the_contract_keys(capsys, model) -> None:
     report = json.loads(out)
     assert report["outputs"] == {"y": [8]}
     assert report["latency_ms"] >= 0
-    assert report["stats"]["runs"] == 3 and report["stats"]["copies_in"] == 3
+    assert report["stats"]["runs"] == 4 and report["stats"]["copies_in"] == 4  # one warm-up run, then 3 timed
     assert {"weights", "spillfill", "lower_bound", "io", "spillfill_saved"} <= set(report["memory"])
 
 

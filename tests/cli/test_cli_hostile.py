@@ -82,6 +82,8 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("compile --epcontext", ["compile", "q_ctx.onnx", "-o", "q.ctx", "--epcontext"], ["q_ctx.onnx", "overwrite"]),
     ("compile --shape", ["compile", "a.onnx", "b.onnx", "-o", "o.ctx", "--shape", "x=1x9"], ["a.onnx", "9"]),
     ("compile --quiet", ["compile", "m.onnx", "-o", "o.ctx", "--quiet=1"], ["--quiet", "1"]),
+    ("compile --prefer", ["compile", "m.onnx", "-o", "o.ctx", "--prefer", "fast"], ["--prefer", "'fast'"]),
+    ("compile --prefer", ["compile", "m.onnx", "-o", "o.ctx", "--prefer"], ["--prefer"]),
     # -- inspect -------------------------------------------------------------------------------------
     ("inspect FILE", ["inspect"], ["FILE"]),
     ("inspect FILE", ["inspect", "nothere.ctx"], ["nothere.ctx", "no such file"]),
@@ -99,6 +101,8 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("inspect --plot", ["inspect", "w_flipped.ctx", "--plot", "a.png"], ["w_flipped.ctx", "checksum"]),
     ("inspect --plot", ["inspect", "binary.png", "--plot", "binary.png"], ["--plot binary.png", "overwrite"]),
     ("inspect --json", ["inspect", "m.ctx", "--json=1"], ["--json", "1"]),
+    ("inspect --kernels", ["inspect", "m.ctx", "--kernels=1"], ["--kernels", "1"]),
+    ("inspect --kernels", ["inspect", "w_flipped.ctx", "--kernels"], ["w_flipped.ctx", "checksum"]),
     # -- run -----------------------------------------------------------------------------------------
     ("run MODEL", ["run"], ["MODEL"]),
     ("run MODEL", ["run", "nothere.onnx"], ["nothere.onnx", "no such file"]),
@@ -144,6 +148,9 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("run --share-spillfill", ["run", "m.ctx", "--share-spillfill=1"], ["--share-spillfill", "1"]),
     ("run --json", ["run", "m.ctx", "--json=yes"], ["--json", "yes"]),
     ("run --quiet", ["run", "m.ctx", "--quiet=1"], ["--quiet", "1"]),
+    ("run --threads", ["run", "m.ctx", "--threads", "-1"], ["--threads", "'-1'", ">= 0"]),
+    ("run --threads", ["run", "m.ctx", "--threads", "two"], ["--threads", "'two'"]),
+    ("run --threads", ["run", "m.ctx", "--threads", "1.5"], ["--threads", "'1.5'"]),
     # -- devices -------------------------------------------------------------------------------------
     ("devices --json", ["devices", "--json=1"], ["--json", "1"]),
     ("devices --json", ["devices", "gpu"], ["gpu"]),

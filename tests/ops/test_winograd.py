@@ -11,6 +11,8 @@ from onnx import helper
 from ctxrt.backends.cpu import nn, winograd
 from ctxrt.backends.kernel import NodeSpec, TensorSpec
 
+COMPILING = {"prefer": "speed"}  # kernels choose Winograd and fold biases at compile time only
+
 
 def _w(*shape: int) -> np.ndarray:
     return (rand(*shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
@@ -25,7 +27,7 @@ def _spec(x: tuple[int, ...], w: np.ndarray, pads: list[int], bias: np.ndarray |
         ins.append(TensorSpec(bias.shape, bias.dtype))
         consts.append(bias)
     return NodeSpec("Conv", "c", {"kernel_shape": [3, 3], "pads": pads}, ins,
-                    [TensorSpec((n, w.shape[0], oh, ow), np.dtype(np.float32))], consts)
+                    [TensorSpec((n, w.shape[0], oh, ow), np.dtype(np.float32))], consts, options=COMPILING)
 
 
 # (x, w, pads): shapes the policy sends to Winograd, odd and even sizes, padding 0, 1 and asymmetric.
@@ -87,7 +89,8 @@ def test_winograd_kernel_layouts_and_bands(m: int, tn: bool, budget: int) -> Non
     assert ref_kernel.algorithm == "im2col_gemm"
     want = np.empty((n, k, oh, ow), np.float32)
     ref_kernel.bind([x, w, b, res], [want], [np.zeros(s, np.uint8) for s in ref_kernel.scratch])()
-    kernel = winograd.WinogradConv(m, n, c, h, wd, k, oh, ow, pads, w, b, True, True, True, np.dtype(np.float32),
+    u = winograd.prepack(w, m, np.dtype(np.float32), tn)
+    kernel = winograd.WinogradConv(m, n, c, h, wd, k, oh, ow, pads, u, b, True, True, True, np.dtype(np.float32),
                                    tn=tn, budget=budget)
     assert budget > 1 or kernel.band < kernel.th
     got = np.full_like(want, np.nan)
@@ -107,8 +110,10 @@ def test_conv_constant_bias_folded_into_the_gemm(shape) -> None:
     if kk == 1:  # the folded 1x1 copies its input above a row of ones: one scratch buffer
         spec = NodeSpec("Conv", "c", {"kernel_shape": [1, 1]}, [TensorSpec(x.shape, x.dtype),
                         TensorSpec(w.shape, w.dtype), TensorSpec(b.shape, b.dtype)],
-                        [TensorSpec((n, k, h, wd), x.dtype)], [None, w, b])
-        assert len(nn.conv(spec).scratch) == 1
+                        [TensorSpec((n, k, h, wd), x.dtype)], [None, w, b], options=COMPILING)
+        kernel = nn.conv(spec)
+        assert len(kernel.scratch) == 1 and kernel.attrs["kernel"] == "im2col_fold"
+        assert kernel.constants[1].shape == (1, k, c + 1) and kernel.constants[2] is None
     node = helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[kk // 2] * 4, strides=[1, 1] if kk == 1 else [2, 2])
     check(node, {"x": x}, {"w": w, "b": b}, rtol=1e-4, atol=1e-5)
 

@@ -84,3 +84,7 @@ class Backend(Protocol):
 
     def device_id(self) -> dict[str, str]:
         """backend, device, driver, ctxrt version: keys for caches of built or tuned things."""
+
+    # Optional: `threads(num_threads)` -> a context manager entered around each run that holds the host's
+    # thread pools to `num_threads` (None: a default the backend chooses). Backends without host pools omit it;
+    # `lower(graph, options)` -> the backend's own IR passes, run last before kernels are chosen.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,9 @@ class NodeSpec:
     outputs: list[TensorSpec]
     consts: list[np.ndarray | None] = field(default_factory=list)
     opset: int = 17
+    # Compile options (e.g. {"prefer": "memory"}); empty when a context is loaded: a kernel whose choice
+    # depends on them records that choice in `Kernel.attrs`, which the loader passes back as attributes.
+    options: dict[str, Any] = field(default_factory=dict)
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
@@ -56,6 +60,16 @@ class Kernel:
 
     scratch: tuple[int, ...] = ()
     algorithm: str = "default"
+    # A choice made at compile time that the loader must repeat (provider, tile size, layout...): the compiler
+    # adds these to the node's attributes, stored in the binary.
+    attrs: dict[str, Any] = {}
+    # Kernel-private constants made at compile time (transformed or prepacked weights), by the index of the
+    # input each replaces (None: the input is no longer read). They are stored in the weights section instead
+    # of the originals, so they are memory-mapped and shared like any weight.
+    constants: dict[int, np.ndarray | None] = {}
+    # Bytes of constants the kernel made for itself when it was built (e.g. per-channel scale rows), counted in
+    # the context's memory as kernel-private; None: found by `built_constants_bytes`.
+    private_bytes: int | None = None
     programs: tuple[Any, ...] = ()
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
@@ -84,3 +98,47 @@ def scratch_view(buf: np.ndarray, shape: tuple[int, ...], dtype: np.dtype | type
     dt = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
     return buf[:n].view(dt).reshape(shape)
+
+
+def held_constants_bytes(objects: list[Any], shared: set[int] = frozenset()) -> int:
+    """Bytes of the arrays that kernels and their launches hold (in attributes, in their functions' closures, in
+    lists, tuples and dicts of them), counted once per allocation: constants they made for themselves. Not
+    counted: read-only arrays (weights, constants shared by every kernel of the process) and views of
+    allocations whose id is in `shared` (the context's buffers: arena, IO, weights). A kernel that sets
+    `private_bytes` is taken at its word and not searched."""
+    seen: set[int] = set()
+    owners: dict[int, int] = {}
+    declared = 0
+
+    def visit(obj: Any, depth: int) -> None:
+        if id(obj) in seen or depth > 6:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, np.ndarray):
+            root = obj
+            while isinstance(root.base, np.ndarray):
+                root = root.base
+            if root.base is None and root.flags.writeable and id(root) not in shared:
+                owners[id(root)] = root.nbytes
+        elif isinstance(obj, (list, tuple)):
+            for item in obj:
+                visit(item, depth + 1)
+        elif isinstance(obj, dict):
+            for item in obj.values():
+                visit(item, depth + 1)
+        elif isinstance(obj, functools.partial):
+            visit([obj.func, obj.args, obj.keywords], depth + 1)
+        elif callable(obj) and hasattr(obj, "__closure__"):
+            for cell in obj.__closure__ or ():
+                visit(cell.cell_contents, depth + 1)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            for item in vars(obj).values():
+                visit(item, depth + 1)
+
+    for obj in objects:
+        if isinstance(obj, Kernel) and obj.private_bytes is not None:
+            declared += obj.private_bytes
+            seen.add(id(obj))
+        else:
+            visit(obj, 0)
+    return declared + sum(owners.values())

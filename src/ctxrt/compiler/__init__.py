@@ -11,6 +11,7 @@ from ctxrt.backends import Backend, get_backend, supported_ops
 from ctxrt.compiler.build import compile_graph
 from ctxrt.compiler.prepare import compile_graphs, compile_split, context_info, context_to_bytes, save_context
 from ctxrt.compiler.program import CompiledGraph
+from ctxrt.errors import CtxrtError
 from ctxrt.ir.graph import Graph as IRGraph
 from ctxrt.ir.passes import default_passes, run_passes
 from ctxrt.runtime.context import Context
@@ -34,33 +35,56 @@ def _passes(graph: IRGraph) -> IRGraph:
     return run_passes(graph, default_passes())
 
 
-def compile_ir(graph: IRGraph, backend: Backend) -> tuple[CompiledGraph, dict[str, Any]]:
-    compiled = compile_graph(graph, backend)
+PREFER = ("speed", "memory")
+
+
+def compile_options(prefer: str = "speed") -> dict[str, Any]:
+    """The options kernels see at compile time. `prefer="memory"`: no kernel whose own constants (transformed
+    or prepacked weights) are larger than the weights they replace."""
+    if prefer not in PREFER:
+        raise CtxrtError(f"prefer must be one of {PREFER}, got {prefer!r}")
+    return {"prefer": prefer}
+
+
+def compile_ir(graph: IRGraph, backend: Backend, options: Mapping[str, Any] | None = None
+               ) -> tuple[CompiledGraph, dict[str, Any]]:
+    """IR graph -> (compiled graph, the constants it reads). The backend's own lowering (e.g. the CPU's layout
+    pass) runs first, on each graph that becomes a program (so a split model's parts keep plain IO)."""
+    options = dict(options or compile_options())
+    own = getattr(backend, "lower", None)  # backends without layouts or providers to choose have none
+    if own is not None:
+        graph = own(graph, options)
+    compiled = compile_graph(graph, backend, options)
     return compiled, {n: graph.values[n].const for n in compiled.const_names}
 
 
 def compile_model(model: Any, shapes: Mapping[str, Iterable[int]] | None = None, backend: Backend | None = None,
                   name: str = "main", values: Mapping[str, Any] | None = None,
-                  feeds: Mapping[str, Any] | None = None) -> tuple[CompiledGraph, dict[str, Any]]:
+                  feeds: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None
+                  ) -> tuple[CompiledGraph, dict[str, Any]]:
     """One ONNX model (path, bytes or ModelProto) -> (compiled graph, the constants it reads)."""
     backend = backend or get_backend("cpu")
-    return compile_ir(lower(model, shapes, backend, name, values, feeds), backend)
+    return compile_ir(lower(model, shapes, backend, name, values, feeds), backend, options)
 
 
 def compile(model: str | os.PathLike | bytes | Any, shapes: Mapping[str, Iterable[int]] | None = None,
             backend: str | Backend = "cpu", defer_graph_init: bool = False, io_mem_type: str = "raw",
-            values: Mapping[str, Any] | None = None) -> Context:
+            values: Mapping[str, Any] | None = None, *, num_threads: int | None = None,
+            prefer: str = "speed") -> Context:
     """Online prepare: compile an ONNX model in memory and return a Context (finalized unless deferred).
 
     `io_mem_type="memhandle"` tells the context its IO tensors will be passed as memory handles, so it
     allocates no internal IO buffers (DESIGN.md §6). `values` gives the values of value inputs (inputs that
-    decide shapes or branches, DESIGN.md §9b), e.g. {"shape": [2, -1]}: the graph is specialized on them."""
+    decide shapes or branches, DESIGN.md §9b), e.g. {"shape": [2, -1]}: the graph is specialized on them.
+    `num_threads`: threads its runs use (None: the cores other processes leave idle). `prefer="memory"` keeps
+    kernels whose own constants would be larger than the weights (Winograd, prepacked layouts) out."""
     from ctxrt.runtime.loader import compile_to_context
 
     be = get_backend(backend)
-    graphs, weights = compile_graphs([(model, shapes, "main", values)], be, io_mem_type)
-    return compile_to_context(graphs, weights, be, defer_graph_init)
+    graphs, weights = compile_graphs([(model, shapes, "main", values)], be, io_mem_type,
+                                     options=compile_options(prefer))
+    return compile_to_context(graphs, weights, be, defer_graph_init, num_threads)
 
 
-__all__ = ["compile", "compile_graphs", "compile_ir", "compile_model", "compile_split", "context_info",
-           "context_to_bytes", "lower", "save_context"]
+__all__ = ["compile", "compile_graphs", "compile_ir", "compile_model", "compile_options", "compile_split",
+           "context_info", "context_to_bytes", "lower", "save_context"]

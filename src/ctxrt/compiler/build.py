@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -28,14 +29,43 @@ INPLACE: dict[str, tuple[int, ...]] = {**{op: (0,) for op in _UNARY}, **{op: (0,
                                        "Where": (1, 2), "Trilu": (0,), "ScatterND": (0,), "ScatterElements": (0,)}
 
 
-def node_spec(graph: Graph, node: Node) -> NodeSpec:
+def node_spec(graph: Graph, node: Node, options: Mapping[str, Any] | None = None) -> NodeSpec:
     ins = [graph.values[n] if n else None for n in node.inputs]
     return NodeSpec(
         node.op, node.name, node.attrs,
         [TensorSpec(v.shape, np.dtype(v.dtype)) if v else None for v in ins],
         [TensorSpec(graph.values[o].shape, np.dtype(graph.values[o].dtype)) for o in node.outputs if o],
         [v.const if v else None for v in ins],
-        graph.opset)
+        graph.opset, dict(options or {}))
+
+
+def choose_kernel(graph: Graph, node: Node, backend: Backend, options: Mapping[str, Any] | None = None
+                  ) -> tuple[Kernel, str]:
+    """(the node's kernel built with the compile options, the backend that runs it). A kernel that made a choice
+    the loader must repeat, or constants of its own (transformed weights), gets them recorded: its choice in the
+    node's attributes, its constants as new constant values in place of the inputs they replace (`prepacked`
+    lists [input index, bytes of the original]). The kernel is then built again from the node as recorded, on
+    the same backend, as the loader will."""
+    kernel, placement = select_kernel(backend, node_spec(graph, node, options))
+    if not kernel.attrs and not kernel.constants:
+        return kernel, placement
+    attrs = {**node.attrs, **kernel.attrs}
+    packed = []
+    for i, array in sorted(kernel.constants.items()):
+        original = node.inputs[i]
+        packed.append([i, graph.values[original].nbytes if original else 0])
+        if array is None:
+            node.inputs[i] = ""
+            continue
+        name, k = f"{original or node.name}#{attrs.get('kernel', 'packed')}", 1
+        while name in graph.values:  # e.g. one weight prepacked differently for two nodes
+            name, k = f"{original or node.name}#{attrs.get('kernel', 'packed')}{k}", k + 1
+        graph.values[name] = Value(name, array.dtype, tuple(array.shape), array)
+        node.inputs[i] = name
+    if packed:
+        attrs["prepacked"] = packed
+    node.attrs = attrs
+    return select_kernel(backend, node_spec(graph, node), placement)
 
 
 class _Storage:
@@ -53,10 +83,11 @@ class _Storage:
         self.root[child] = self.find(parent)
 
 
-def compile_graph(graph: Graph, backend: Backend) -> CompiledGraph:
-    """Kernels (on the backend's device, else on its fallback: the step records which), storage and the arena
-    plan of one graph. Every node whose kernel cannot be built (op, attribute value, rank, ...) is reported in
-    one UnsupportedOpError, before anything is planned."""
+def compile_graph(graph: Graph, backend: Backend, options: Mapping[str, Any] | None = None) -> CompiledGraph:
+    """Kernels (chosen with the compile `options`, on the backend's device, else on its fallback: the step
+    records which), storage and the arena plan of one graph. Every node whose kernel cannot be built (op,
+    attribute value, rank, ...) is reported in one UnsupportedOpError, before anything is planned. Bodies of
+    control nodes get no options: their kernels make no compile-time choices."""
     alignment = backend.alignment
     errors = _compile_bodies(graph, backend)
     inputs, outputs = set(graph.inputs), set(graph.outputs)
@@ -101,7 +132,7 @@ def compile_graph(graph: Graph, backend: Backend) -> CompiledGraph:
         if any(isinstance(v, Graph) for v in node.attrs.values()):
             continue  # its body did not compile: reported with the rest
         try:
-            kernel_of[step], placement[step] = select_kernel(backend, node_spec(graph, node))
+            kernel_of[step], placement[step] = choose_kernel(graph, node, backend, options)
         except UnsupportedOpError as e:
             errors.append(str(e))
             continue

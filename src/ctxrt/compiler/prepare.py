@@ -36,9 +36,11 @@ def _namespaced(g: CompiledGraph, weights: Mapping[str, np.ndarray], prefix: str
 
 
 def compile_graphs(models: Sequence[tuple[Any, ...]], backend: Backend, io_mem_type: str = "raw",
-                   feeds: Mapping[str, Any] | None = None) -> tuple[list[CompiledGraph], dict[str, np.ndarray]]:
+                   feeds: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None
+                   ) -> tuple[list[CompiledGraph], dict[str, np.ndarray]]:
     """(model, shapes, graph name[, values]) for each graph -> compiled graphs and all their weights. Value
-    inputs (DESIGN.md §9b) are baked in from `values`, or from `feeds` when given."""
+    inputs (DESIGN.md §9b) are baked in from `values`, or from `feeds` when given. `options`: from
+    `ctxrt.compiler.compile_options` (default: prefer speed)."""
     from ctxrt.compiler import compile_model
 
     if io_mem_type not in IO_MEM_TYPES:
@@ -50,7 +52,8 @@ def compile_graphs(models: Sequence[tuple[Any, ...]], backend: Backend, io_mem_t
     for model, shapes, name, *rest in models:
         with progress.part(name) if len(models) > 1 else contextlib.nullcontext():
             try:
-                g, w = compile_model(model, shapes, backend, name, rest[0] if rest else None, feeds)
+                g, w = compile_model(model, shapes, backend, name, rest[0] if rest else None, feeds,
+                                     options)
             except CtxrtError as e:  # with several models, say which one
                 if len(models) == 1:
                     raise
@@ -65,7 +68,8 @@ def compile_graphs(models: Sequence[tuple[Any, ...]], backend: Backend, io_mem_t
 
 
 def compile_split(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backend, k: int,
-                  io_mem_type: str = "raw", values: Mapping[str, Any] | None = None
+                  io_mem_type: str = "raw", values: Mapping[str, Any] | None = None,
+                  options: Mapping[str, Any] | None = None
                   ) -> tuple[list[tuple[CompiledGraph, dict[str, np.ndarray]]], list[str]]:
     """One model cut into K parts (compiler/split.py), each compiled as its own graph. The tensors passed
     between parts are prepared as memhandle (the chain passes them as handles); the model's own inputs
@@ -84,7 +88,7 @@ def compile_split(model: Any, shapes: Mapping[str, Iterable[int]] | None, backen
     parts = []
     for i, part in enumerate(split_graph(whole, k)):
         with progress.part(f"part {i + 1}/{k}"):
-            g, w = compile_ir(part, backend)
+            g, w = compile_ir(part, backend, options)
         mem = [[TensorInfo(t.name, t.shape, t.dtype, io_mem_type if t.name in ends else "memhandle") for t in ts]
                for ts in (g.inputs, g.outputs)]
         parts.append((replace(g, inputs=mem[0], outputs=mem[1]), w))

@@ -6,6 +6,7 @@ finalize -> execute graphs -> free.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from collections import Counter
@@ -15,11 +16,19 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends import Backend
+from ctxrt.backends.kernel import held_constants_bytes
 from ctxrt.compiler.program import CompiledGraph
 from ctxrt.errors import LifecycleError, RegistrationError
 from ctxrt.format import weights as wts
 from ctxrt.runtime.graph import Graph, io_buffer_layout
 from ctxrt.runtime.memhandle import MemHandle, check_descriptor, handle_key
+
+
+def _root(a: np.ndarray) -> Any:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
 
 # What each shared buffer is registered as, across all contexts: buffer -> {(role, context id)}.
 _ROLES: weakref.WeakKeyDictionary[Any, set[tuple[str, int]]] = weakref.WeakKeyDictionary()
@@ -34,7 +43,8 @@ class Context:
 
     def __init__(self, graphs: list[CompiledGraph], weight_table: Mapping[str, wts.WeightEntry],
                  weight_block: np.ndarray, backend: Backend, *, defer_graph_init: bool = False,
-                 info: Mapping[str, Any] | None = None, keepalive: Any = None) -> None:
+                 info: Mapping[str, Any] | None = None, keepalive: Any = None,
+                 num_threads: int | None = None) -> None:
         self.backend = backend
         self.info = dict(info or {})
         self._table = dict(weight_table)
@@ -51,6 +61,8 @@ class Context:
         self._registered: dict[str, tuple[Any, int]] = {}  # role -> (buffer, offset)
         self.arena: tuple[Any, int] | None = None
         self._handles: dict[tuple, MemHandle] = {}
+        self.threads: Any = contextlib.nullcontext()
+        self.num_threads = num_threads
         if not defer_graph_init:
             self.finalize()
 
@@ -62,6 +74,20 @@ class Context:
             "max_spillfill_buffer_size": max((g.spillfill_size for g in self._graphs.values()), default=0),
             "buffer_start_alignment": self.backend.alignment,
         }
+
+    @property
+    def num_threads(self) -> int | None:
+        """Threads every host pool (BLAS, OpenMP) uses during this context's runs; None: the cores other
+        processes leave idle, measured as it runs. May be changed between runs."""
+        return self._num_threads
+
+    @num_threads.setter
+    def num_threads(self, value: int | None) -> None:
+        make = getattr(self.backend, "threads", None)  # a backend without host thread pools has none to set
+        scope = make(value) if make is not None else contextlib.nullcontext()
+        with self.lock:
+            self._num_threads = getattr(scope, "num_threads", value)
+            self.threads = scope
 
     @property
     def graph_names(self) -> list[str]:
@@ -135,6 +161,7 @@ class Context:
         buf = self.backend.alloc_device(nbytes)
         self._owned.append(buf)
         self.stats[f"alloc_{category}_bytes"] += nbytes
+        self.stats["alloc_padding_bytes"] += getattr(buf, "allocated", nbytes) - nbytes  # alignment slack
         return buf
 
     def _place_weights(self) -> None:
@@ -165,6 +192,8 @@ class Context:
             raise LifecycleError("context is already finalized")
         be = self.backend
         self._place_weights()
+        self.stats["weights_bytes"] = int(self._block.nbytes)
+        self.stats["weights_prepacked_bytes"] = self._prepacked_bytes()
         if "spillfill" in self._registered:
             self.arena = self._registered["spillfill"]
         else:
@@ -183,7 +212,41 @@ class Context:
                 internal = {name: be.view(buf, off, info.shape, info.dtype)
                             for (name, off, _), info in zip(layout, raw, strict=True)}
             g._prepare(self.arena, internal, self.weights)
+        self._count_kernel_bytes()
         self.finalized = True
+
+    def _count_kernel_bytes(self) -> None:
+        """Constants the kernels made for themselves when built or bound (after finalize and each recording)."""
+        buffers = [b for b in self._owned] + [b for b, _ in self._registered.values()] + \
+            [h.buffer for h in self._handles.values()]
+        shared = {id(_root(w)) for w in self.host_weights.values()}  # the weights, whichever buffer holds them
+        shared.update(id(_root(b.array)) for b in buffers if getattr(b, "array", None) is not None)
+        shared.update(id(g._host.staging) for g in self._graphs.values()  # CPU partitions' staging (counted apart)
+                      if g._host is not None and g._host.staging is not None)
+        self.stats["alloc_kernel_bytes"] = held_constants_bytes(
+            [obj for g in self._graphs.values() for obj in (*g._kernels, *g._launches) if obj is not None], shared)
+
+    def _prepacked_bytes(self) -> int:
+        """Bytes of the weights section that kernels made for themselves at compile time (transformed or
+        prepacked weights, recorded in their node's `prepacked` attribute), each stored block counted once."""
+        blocks = {}
+        for g in self._graphs.values():
+            for step in g.compiled.steps:
+                for i, _ in step.attrs.get("prepacked", ()):
+                    ref = step.inputs[i] if i < len(step.inputs) else None
+                    if ref is not None and ref.key in self._table:
+                        entry = self._table[ref.key]
+                        blocks[entry.offset] = entry.nbytes
+        return sum(blocks.values())
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this context holds, by category: `weights` (the weights section, memory-mapped from the binary
+        or copied into a registered buffer; `prepacked` of them are kernel-private constants made at compile
+        time), `spillfill`, `io` and `kernel` (constants kernels made when they were built) it allocated."""
+        s = self.stats
+        return {"weights": s["weights_bytes"], "prepacked": s["weights_prepacked_bytes"],
+                "spillfill": s["alloc_spillfill_bytes"], "io": s["alloc_io_bytes"], "kernel": s["alloc_kernel_bytes"],
+                "padding": s["alloc_padding_bytes"]}
 
     # -- memory handles (DESIGN.md §1, §6) ----------------------------------------------------------
     def mem_register(self, buffer: Any, offset: int, shape: Any, dtype: Any) -> MemHandle:

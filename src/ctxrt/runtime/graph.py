@@ -80,7 +80,8 @@ class Graph:
                                                                                      strict=False)):
                 raise FormatError(f"graph {self.name!r}, node {step.name!r} ({step.op}): its kernel needs scratch "
                                   f"{list(kernel.scratch)} bytes but the program plans {planned}: the context was "
-                                  "compiled by another version of ctxrt's kernels; compile it again")
+                                  "compiled by another version of ctxrt's kernels, or on a CPU with another core "
+                                  "count (oneDNN sizes some scratchpads by it); compile it again")
             self._kernels.append(kernel)
 
     def _prepare(self, arena: tuple[Any, int], internal: Mapping[str, Any], weights: Mapping[str, Any]) -> None:
@@ -142,6 +143,7 @@ class Graph:
             self._launches[k] = self._bind_step(k)
         self._bound = bound
         ctx.stats["recordings"] += 1
+        ctx._count_kernel_bytes()  # IO launches bound anew may hold constants of their own
 
     def _check_overlap(self, bound: tuple[MemHandle | None, ...]) -> None:
         """An output handle may not share bytes with any other IO handle: kernels would read what they
@@ -216,7 +218,8 @@ class Graph:
                     backend.copy_in(self._internal[info.name], v)
                     stats["copies_in"] += 1
                     stats["bytes_in"] += info.nbytes
-            backend.run(self._launches)
+            with ctx.threads:
+                backend.run(self._launches)
             for info in self.outputs:
                 v = outputs.get(info.name)
                 if v is not None and not isinstance(v, MemHandle):

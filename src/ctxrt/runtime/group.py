@@ -83,9 +83,11 @@ class ContextGroup:
     """Several contexts, one spill-fill buffer of the largest size, the largest context loaded first."""
 
     def __init__(self, sources: Sequence[Source], backend: str | Backend = "cpu",
-                 spillfill_sizes: Sequence[int] | None = None, share_spillfill: bool = True) -> None:
+                 spillfill_sizes: Sequence[int] | None = None, share_spillfill: bool = True,
+                 num_threads: int | None = None) -> None:
         """`spillfill_sizes`: each context's max spill-fill size when known (EPContext max_size); else read
-        from each binary's metadata. `share_spillfill=False` gives each context its own buffer (to compare)."""
+        from each binary's metadata. `share_spillfill=False` gives each context its own buffer (to compare).
+        `num_threads`: the threads every context's runs use (None: the cores other processes leave idle)."""
         from ctxrt.format import read_metadata
         from ctxrt.runtime.loader import context_from_binary
 
@@ -115,7 +117,7 @@ class ContextGroup:
         self.freed = False
         try:
             for k in self.load_order:
-                ctx = context_from_binary(self.sources[k], be, defer_graph_init=True)
+                ctx = context_from_binary(self.sources[k], be, defer_graph_init=True, num_threads=num_threads)
                 self.contexts[k] = ctx
                 ctx.lock = self.lock
                 actual = ctx.properties["max_spillfill_buffer_size"]

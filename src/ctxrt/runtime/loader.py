@@ -15,10 +15,10 @@ from ctxrt.runtime.context import Context
 
 
 def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backend = "cpu",
-                        defer_graph_init: bool = False) -> Context:
+                        defer_graph_init: bool = False, num_threads: int | None = None) -> Context:
     """Create a context from a context binary (a path, memory-mapped; or its bytes). Device programs stored
     in it are loaded instead of built (a binary made for another device is rebuilt from its stored source,
-    with one warning)."""
+    with one warning). `num_threads`: the threads its runs use (None: the cores other processes leave idle)."""
     from ctxrt.format import ContextFile
 
     be = get_backend(backend)
@@ -33,14 +33,15 @@ def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backen
         block = f.weights_block()  # read-only view of the mapped weights section, checksum verified once
         table = {name: WeightEntry(int(e[0]), int(e[1]), str(e[2]), tuple(int(d) for d in e[3]))
                  for name, e in meta["weights"].items()}
-        return Context(f.graphs(), table, block, be, defer_graph_init=defer_graph_init, info=meta, keepalive=f)
+        return Context(f.graphs(), table, block, be, defer_graph_init=defer_graph_init, info=meta, keepalive=f,
+                       num_threads=num_threads)
     except BaseException:
         f.close()
         raise
 
 
 def compile_to_context(graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray], backend: Backend,
-                       defer_graph_init: bool = False) -> Context:
+                       defer_graph_init: bool = False, num_threads: int | None = None) -> Context:
     table, block = pack(weights)
     block.flags.writeable = False
-    return Context(graphs, table, block, backend, defer_graph_init=defer_graph_init)
+    return Context(graphs, table, block, backend, defer_graph_init=defer_graph_init, num_threads=num_threads)

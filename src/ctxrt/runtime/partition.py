@@ -67,7 +67,8 @@ class HostSteps:
                 end += 1
             self._plan(k, end, last_read)
             k = end + 1
-        self._staging: np.ndarray | None = None
+        self.staging: np.ndarray | None = None  # the host allocation, once a tensor needs it
+        self._aligned: np.ndarray | None = None
 
     def _plan(self, a: int, b: int, last_read: dict[Root, int]) -> None:
         sizes: dict[Root, int] = {}
@@ -111,12 +112,12 @@ class HostSteps:
 
     def _staging_array(self) -> np.ndarray:
         """The graph's host staging, allocated once, the first time a tensor without a host view needs it."""
-        if self._staging is None:
-            raw = np.empty(self.staging_size + _ALIGN, np.uint8)
-            start = -raw.ctypes.data % _ALIGN
-            self._staging = raw[start:start + self.staging_size]
+        if self._aligned is None:
+            self.staging = np.empty(self.staging_size + _ALIGN, np.uint8)
+            start = -self.staging.ctypes.data % _ALIGN
+            self._aligned = self.staging[start:start + self.staging_size]
             self.ctx.stats["alloc_staging_bytes"] += self.staging_size
-        return self._staging
+        return self._aligned
 
     def bind(self, k: int, kernel: Kernel, view: Callable[[Ref], Any]) -> Launch:
         """Step k's CPU kernel bound to host arrays, with the partition's sync and copies around it."""

@@ -67,3 +67,30 @@ def plot_arena(graphs: list[tuple[str, dict[str, Any]]], path: str | os.PathLike
     finally:
         plt.close(fig)
     return path
+
+
+def graph_kernels(source: str | os.PathLike | bytes) -> list[dict[str, Any]]:
+    """Per graph of a context binary: how many nodes each (op, kernel) runs, where the layout pass put its
+    reorders (step, tensor, layouts, bytes), and the bytes of weights kernels prepacked at compile time. The
+    weights' checksum is verified, as when the binary is loaded to run."""
+    from collections import Counter
+
+    from ctxrt.format import ContextFile
+
+    with ContextFile.open(source) as f:
+        f.weights_block()
+        table = f.metadata["weights"]
+        out = []
+        for g in f.graphs():
+            counts = Counter((s.op, s.algorithm) for s in g.steps)
+            prepacked = {table[s.inputs[i].key][0]: int(table[s.inputs[i].key][1]) for s in g.steps
+                         for i, _ in s.attrs.get("prepacked", ()) if i < len(s.inputs) and s.inputs[i] is not None}
+            out.append({
+                "name": g.name,
+                "kernels": [{"op": op, "algorithm": alg, "count": n} for (op, alg), n in sorted(counts.items())],
+                "reorders": [{"step": k, "name": s.name, "tensor": s.inputs[0].key, "from": s.attrs.get("from"),
+                              "to": s.attrs.get("to"), "bytes": s.outputs[0].nbytes}
+                             for k, s in enumerate(g.steps) if s.op == "Reorder"],
+                "prepacked_bytes": sum(prepacked.values()),
+            })
+        return out

@@ -24,6 +24,7 @@ from ctxrt.backends import Backend, get_backend
 from ctxrt.compiler.program import TensorInfo
 from ctxrt.errors import CtxrtError, LifecycleError, RegistrationError, ShapeError, ValueInputError
 from ctxrt.runtime.context import Context
+from ctxrt.runtime.options import is_session_options, threads_of
 from ctxrt.runtime.tensor import Tensor, TensorCache
 from ctxrt.runtime.variant import Stage, Variant, array_of, compile_variant
 
@@ -52,14 +53,18 @@ class InferenceSession:
     `enable_tensor_cache=False` destroys a run's tensors after it; `enable_pinning=False` stops preferring
     last run's tensor for each input and output (both only to measure what they save); `max_shape_variants`
     bounds how many input-shape variants of an ONNX model stay compiled (each holds its own weights and
-    arena; the least recently used is freed first)."""
+    arena; the least recently used is freed first). `sess_options` (ctxrt.SessionOptions or onnxruntime's,
+    also accepted second, in onnxruntime's order): `intra_op_num_threads` sets the threads of every run."""
 
     def __init__(self, path_or_bytes: str | os.PathLike | bytes, backend: str | Backend = "cpu", *,
-                 shapes: Mapping[str, Sequence[int]] | None = None, graph: str | None = None,
+                 sess_options: Any = None, shapes: Mapping[str, Sequence[int]] | None = None, graph: str | None = None,
                  cache_dir: str | os.PathLike | None = None, tensor_cache_bytes: int | None = None,
                  enable_tensor_cache: bool = True, enable_pinning: bool = True, max_shape_variants: int = 4) -> None:
         if max_shape_variants < 1:
             raise CtxrtError(f"max_shape_variants must be >= 1, got {max_shape_variants}")
+        if sess_options is None and is_session_options(backend):  # onnxruntime's order: (model, sess_options)
+            backend, sess_options = "cpu", backend
+        self._num_threads = threads_of(sess_options)
         self._max_variants = max_shape_variants
         self.backend = get_backend(backend)
         self._lock = threading.RLock()

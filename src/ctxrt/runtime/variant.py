@@ -45,6 +45,8 @@ class Variant:
                  inputs: list[TensorInfo], outputs: list[TensorInfo], links: dict[tuple[int, str], MemHandle],
                  group: Any = None) -> None:
         self.session, self.contexts, self.stages, self.group = session, contexts, stages, group
+        for ctx in contexts:
+            ctx.num_threads = session._num_threads  # the session's sess_options.intra_op_num_threads
         self.inputs, self.outputs, self.links = inputs, outputs, links
         self.in_info = {t.name: t for t in inputs}
         self.out_info = {t.name: t for t in outputs}

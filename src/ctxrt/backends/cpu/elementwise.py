@@ -229,7 +229,9 @@ def _table(kind: str) -> tuple[np.ndarray, np.ndarray, np.float32]:
     v = np.array([f(k / _STEPS) for k in range(int(end * _STEPS) + 2)])
     if kind == "gelu":
         v[-2:] = 0.0  # |x| >= 8 (clamped): Phi(-8) = 6e-16 times a clamped t, so GELU(x) = max(x, 0)
-    return v.astype(np.float32), np.append(np.diff(v), 0.0).astype(np.float32), np.float32(end * _STEPS)
+    values, slopes = v.astype(np.float32), np.append(np.diff(v), 0.0).astype(np.float32)
+    values.flags.writeable = slopes.flags.writeable = False  # shared by every kernel: no context's own memory
+    return values, slopes, np.float32(end * _STEPS)
 
 
 def _lookup(x: np.ndarray, table: tuple[np.ndarray, np.ndarray, np.float32], t: np.ndarray, f: np.ndarray,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ctxrt.backends.cpu import winograd
+from ctxrt.backends.cpu import depthwise, winograd
+from ctxrt.backends.cpu.shared import relu_zeros
 from ctxrt.backends.kernel import FnKernel, Kernel, NodeSpec, scratch_view
 from ctxrt.errors import UnsupportedOpError
 
@@ -101,12 +102,6 @@ def _windows(p: np.ndarray, kernel, strides, dil, out_hw) -> np.ndarray:
                       (sc, sh * dil[0], sw * dil[1], sh * strides[0], sw * strides[1]), writeable=False)
 
 
-def relu_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """A zeros row that broadcasts over `shape`'s leading axes. NumPy's maximum against a scalar is not
-    vectorized; against an array it is (4x faster measured on 800K floats)."""
-    return np.zeros((1,) * (len(shape) - 1) + tuple(shape[-1:]), dtype)
-
-
 _COL_BUDGET = 2 << 20  # bytes of im2col columns (or of 1x1 input columns) per GEMM block
 _POOL_BUDGET = 256 << 10  # bytes of a pool's row-reduced scratch: pooled in blocks of channels
 _FOLD_MIN = 1 << 20  # bytes of conv output (per image) from which a constant bias is folded into the GEMM
@@ -132,38 +127,52 @@ class _Bound(Kernel):
 
 
 def conv(spec: NodeSpec) -> Kernel:
+    """Winograd, a direct depthwise kernel, or im2col + GEMM. Choices that change the weights (Winograd's
+    transform, a bias folded into the GEMM) are made at compile time, recorded in the `kernel` attribute, and
+    their weights stored in the binary in the form the kernel reads (`Kernel.constants`)."""
+    recorded = spec.attr("kernel")
+    if recorded == "winograd":  # input 1 holds the transformed weights
+        _, _, pads, _ = _window(spec, (3, 3))
+        return winograd.build(spec, (pads[0], pads[1]))
     n, c, h, w = spec.inputs[0].shape
-    m, cg, kh, kw = spec.inputs[1].shape
+    m, cg, kh, kw = spec.attr("weight_shape") or spec.inputs[1].shape
     g = int(spec.attr("group", 1))
     strides, dil, pb, pe = _window(spec, (kh, kw))
     oh, ow = spec.outputs[0].shape[2:]
-    k, p = cg * kh * kw, oh * ow
     dt = np.dtype(spec.outputs[0].dtype)
     wconst = spec.consts[1]
-    wmat = None if wconst is None else np.ascontiguousarray(wconst).reshape(g, m // g, k)
+    compiling = bool(spec.options) and recorded is None
+    if (compiling and spec.options.get("prefer", "speed") == "speed" and kh == kw == 3 and strides == dil == [1, 1]
+            and g == 1 and wconst is not None and n * oh * ow > 0):
+        tile = winograd.choose(c, m, oh, ow, dt)
+        if tile is not None:  # its transformed weights are 16/9 or 36/9 the size: not with prefer="memory"
+            return winograd.build(spec, (pb[0], pb[1]), tile)
+    if g > 1 and depthwise.eligible(spec):
+        return depthwise.conv(spec)
+    k, p = cg * kh * kw, oh * ow
+    wmat = None if wconst is None else np.ascontiguousarray(wconst).reshape(g, m // g, -1)
     bias = spec.consts[2] if len(spec.consts) > 2 else None
     has_bias = len(spec.inputs) > 2 and spec.inputs[2] is not None
     relu = _activation(spec)
     residual = bool(spec.attr("residual", 0))  # a 4th input added in the epilogue (FuseActivation)
     pointwise = kh == kw == 1 and strides == [1, 1] and pb == pe == [0, 0]
-    if kh == kw == 3 and strides == dil == [1, 1] and g == 1 and wconst is not None and n * oh * ow > 0:
-        tile = winograd.choose(c, m, oh, ow, dt)
-        if tile is not None:
-            return winograd.WinogradConv(tile, n, c, h, w, m, oh, ow, (pb[0], pb[1]), wconst, bias, has_bias,
-                                         residual, relu, dt, tn=winograd.prefer_tn(c, m))
     # Strided windows from a phase-split input where output rows are long enough for that to pay (ResNet-50's
     # 7x7 stride-2 stem, 112 columns: im2col copy 0.73 -> 0.48 ms; 3x3 stride 2 to 28 columns: no gain).
     phases = strides[1] if strides[1] > 1 and dil[1] == 1 and kw > 1 and ow >= _PHASE_MIN_COLS else 1
     pad = _Padded(spec, (kh, kw), strides, dil, pb, pe, 0.0, phases)
     # A constant bias rides in the GEMM as one more column of the weights against a row of ones below the
-    # im2col columns: a pass over the output saved, worth a copy of the weights where the output is large
-    # (1 MiB and up; a smaller one is still in cache for the pass). For a 1x1 conv that means copying the
-    # input under the ones, cheaper than the pass where the conv widens (ResNet-50's 64 -> 256 at 56x56:
-    # 0.93 -> 0.77 ms).
-    fold = (g == 1 and has_bias and bias is not None and wmat is not None and m * p * dt.itemsize >= _FOLD_MIN
-            and (not pointwise or 2 * c <= m))
-    if fold:
+    # im2col columns: a pass over the output saved where the output is large (1 MiB and up; a smaller one is
+    # still in cache for the pass). For a 1x1 conv that means copying the input under the ones, cheaper than
+    # the pass where the conv widens (ResNet-50's 64 -> 256 at 56x56: 0.93 -> 0.77 ms). The (M, K + 1) matrix
+    # is made at compile time and replaces the weights and the bias in the binary (the same bytes).
+    fold = recorded == "im2col_fold" or (
+        compiling and g == 1 and has_bias and bias is not None and wmat is not None
+        and m * p * dt.itemsize >= _FOLD_MIN and (not pointwise or 2 * c <= m))
+    attrs: dict = {}
+    constants: dict = {}
+    if fold and recorded is None:
         wmat = np.ascontiguousarray(np.concatenate([wmat, bias.astype(dt).reshape(1, m, 1)], axis=2))
+        attrs, constants = {"kernel": "im2col_fold", "weight_shape": [m, cg, kh, kw]}, {1: wmat, 2: None}
     kf = k + fold
     # im2col in blocks of output rows: a bounded column buffer (less arena, better cache use).
     row_bytes = g * kf * ow * dt.itemsize
@@ -236,7 +245,9 @@ def conv(spec: NodeSpec) -> Kernel:
         return run
 
     scratch = (col_bytes, pad.nbytes) if not pointwise else ((col_bytes,) if fold else ())
-    return _Bound(bind, scratch, "gemm_1x1" if pointwise else "im2col_gemm")
+    kernel = _Bound(bind, scratch, "gemm_1x1" if pointwise else "im2col_gemm")
+    kernel.attrs, kernel.constants = attrs, constants
+    return kernel
 
 
 def _pool_attrs(spec: NodeSpec):

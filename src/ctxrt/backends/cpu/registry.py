@@ -1,4 +1,8 @@
-"""The NumPy backend's kernel table: op type -> factory, merged from the kernel modules."""
+"""The NumPy backend's kernel table: op type -> factory, merged from the kernel modules.
+
+A node the layout pass gave to oneDNN (attribute `kernel="onednn"`) is built by oneDNN's factory for its op;
+every other node by NumPy's.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,11 @@ from ctxrt.backends.cpu import (
     dynamic,
     einsum,
     elementwise,
+    layout_ops,
     logic,
     nn,
     norm,
+    onednn,
     reduce,
     resize,
     rnn_cells,
@@ -20,11 +26,22 @@ from ctxrt.backends.cpu import (
     shape,
     spatial,
 )
-from ctxrt.backends.kernel import KernelFactory
+from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec
 
 KERNELS: dict[str, KernelFactory] = {}
 for _module in (elementwise, activations, logic, reduce, shape, norm, nn, spatial, convtranspose, resize, rnn_cells,
-                select, scatter, einsum, control, dynamic):
+                select, scatter, einsum, control, dynamic, layout_ops):
     _dup = KERNELS.keys() & _module.KERNELS.keys()
     assert not _dup, f"ops registered twice: {_dup}"
     KERNELS.update(_module.KERNELS)
+
+
+def _routed(numpy: KernelFactory, provided: KernelFactory) -> KernelFactory:
+    def factory(spec: NodeSpec) -> Kernel:
+        return provided(spec) if spec.attr("kernel") == onednn.NAME else numpy(spec)
+    return factory
+
+
+for _op, _factory in onednn.KERNELS.items():
+    KERNELS[_op] = _routed(KERNELS[_op], _factory)
+KERNELS["Reorder"] = onednn.reorder  # only the layout pass makes Reorders, for oneDNN's layouts

@@ -96,7 +96,7 @@ def _by_rank(spec: NodeSpec, nd: int, two_d: KernelFactory, n_d: KernelFactory) 
 
 
 def conv(spec: NodeSpec) -> Kernel:
-    w = spec.inputs[1].shape
+    w = tuple(spec.attr("weight_shape") or spec.inputs[1].shape)  # the ONNX shape of weights prepacked at compile
     nd = check_window(spec, tuple(w[2:]))
     g = int(spec.attr("group", 1))
     c = spec.inputs[0].shape[1]

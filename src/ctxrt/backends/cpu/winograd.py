@@ -10,9 +10,9 @@ of tile rows (bands bound the scratch on large images):
    the zero border is rewritten every run, the arena being shared);
 2. rows of B^T: one small GEMM per tile row over a window of alpha rows of P: R[ty, xi, kk, tx, c];
 3. columns of B^T: one small GEMM per (tile row, xi): V[xi, nu, ty, tx, c];
-4. the product, alpha^2 GEMMs with U = G w G^T (made at build): M[xi, nu] = U (K x C) @ V^T (C x tiles), or
-   with `tn` V (tiles x C) @ U (C x K), channels last; a bias is added to M[1, 1] alone, since
-   A^T e1 = (1, ..., 1) carries it to every output of a tile;
+4. the product, alpha^2 GEMMs with U = G w G^T (made at compile time, stored in the context binary in place
+   of w): M[xi, nu] = U (K x C) @ V^T (C x tiles), or with `tn` V (tiles x C) @ U (C x K), channels last;
+   a bias is added to M[1, 1] alone, since A^T e1 = (1, ..., 1) carries it to every output of a tile;
 5. rows of A^T: one GEMM over all of M: S[i, nu, ...];
 6. columns of A^T: one GEMM per i: Y[i, j, ...];
 7. to the output: each phase (i, j) copied to out[:, i::m, j::m], or with `tn` Y interleaved channels last
@@ -25,10 +25,13 @@ The transforms as GEMMs with alpha x alpha matrices run 2-4x faster than one Num
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ctxrt.backends.kernel import Kernel, scratch_view
+from ctxrt.backends.cpu.shared import relu_zeros
+from ctxrt.backends.kernel import Kernel, NodeSpec, scratch_view
 
 # Lavin & Gray (arXiv:1509.09308): y = A^T [(G g G^T) * (B^T d B)] A.
 _G = {2: np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]]),
@@ -39,6 +42,42 @@ _BT = {2: np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]]),
                     [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]])}
 _AT = {2: np.array([[1, 1, 1, 0], [0, 1, -1, -1]]),
        4: np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]])}
+
+
+@functools.cache
+def _matrices(m: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """B^T and A^T in `dtype`, read-only, shared by every kernel of the process."""
+    bt, at = _BT[m].astype(dtype), _AT[m].astype(dtype)
+    bt.flags.writeable = at.flags.writeable = False
+    return bt, at
+
+
+def prepack(w: np.ndarray, m: int, dtype: np.dtype, tn: bool) -> np.ndarray:
+    """The weights as the kernel reads them: U, or U transposed per tap with `tn` (done at compile time)."""
+    u = transform_weights(w, m, dtype)
+    return np.ascontiguousarray(u.transpose(0, 2, 1)) if tn else u
+
+
+def build(spec: NodeSpec, pads: tuple[int, int], tile: int | None = None) -> WinogradConv:
+    """The Winograd kernel of a Conv node: with `tile` (at compile time) from the ONNX weights, recording the
+    choice and the transformed weights that replace them; without, from a node compiled so."""
+    n, c, h, w = spec.inputs[0].shape
+    k, oh, ow = spec.outputs[0].shape[1:]
+    dt = np.dtype(spec.outputs[0].dtype)
+    bias = spec.consts[2] if len(spec.consts) > 2 else None
+    has_bias = len(spec.inputs) > 2 and spec.inputs[2] is not None
+    relu = spec.attr("activation") == "Relu"
+    residual = bool(spec.attr("residual", 0))
+    if tile is None:
+        tile, tn, u = int(spec.attr("tile")), bool(spec.attr("tn")), spec.consts[1]
+    else:
+        tn = prefer_tn(c, k)
+        u = prepack(spec.consts[1], tile, dt, tn)
+    kernel = WinogradConv(tile, n, c, h, w, k, oh, ow, pads, u, bias, has_bias, residual, relu, dt, tn=tn)
+    if spec.attr("kernel") is None:
+        kernel.attrs = {"kernel": "winograd", "tile": tile, "tn": int(tn), "weight_shape": list(spec.inputs[1].shape)}
+        kernel.constants = {1: u}
+    return kernel
 
 
 def transform_weights(w: np.ndarray, m: int, dtype: np.dtype) -> np.ndarray:
@@ -59,7 +98,7 @@ class WinogradConv(Kernel):
     """
 
     def __init__(self, m: int, n: int, c: int, h: int, w: int, k: int, oh: int, ow: int, pads: tuple[int, int],
-                 weights: np.ndarray, bias: np.ndarray | None, has_bias: bool, residual: bool, relu: bool,
+                 u: np.ndarray, bias: np.ndarray | None, has_bias: bool, residual: bool, relu: bool,
                  dtype: np.dtype, tn: bool = False, budget: int = 2 << 20) -> None:
         a = m + 2
         self.m, self.a = m, a
@@ -67,9 +106,8 @@ class WinogradConv(Kernel):
         self.top, self.left = pads
         self.bias, self.has_bias, self.residual, self.relu, self.tn = bias, has_bias, residual, relu, tn
         self.dt = dt = np.dtype(dtype)
-        u = transform_weights(weights, m, dt)
-        self.u = np.ascontiguousarray(u.transpose(0, 2, 1)) if tn else u
-        self.bt, self.at = _BT[m].astype(dt), _AT[m].astype(dt)
+        self.u = u  # (alpha^2, K, C), or (alpha^2, C, K) with tn: made at compile time (`prepack`)
+        self.bt, self.at = _matrices(m, dt)
         self.th, self.tw = th, tw = -(-oh // m), -(-ow // m)
         # Tile rows per band: within the budget, but at least 64 tiles, else U is streamed for too few columns.
         self.band = tb = min(th, max(budget // (a * a * tw * max(c, k) * dt.itemsize), -(-64 // tw), 1))
@@ -164,7 +202,7 @@ class WinogradConv(Kernel):
                 steps.append((tin, d["borders"], d["fills"], d["pwin"], d["r3"], d["r"], d["vt"], d["vg"],
                               d["mm"], d["mb"], d["mflat"], d["s"], d["sflat"], d["yflat"], inter, tout, flat,
                               res[:, o0:o1].reshape(k, -1) if res is not None else None,
-                              np.zeros((1, flat.shape[1]), dt) if relu else None))
+                              relu_zeros(flat.shape, dt) if relu else None))
 
         def run():
             for (tin, borders, fills, pwin, r3, r, vt, vg, mm, mb, mflat, s, sflat, yflat, inter, tout, flat,

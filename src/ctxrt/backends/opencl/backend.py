@@ -128,6 +128,11 @@ class OpenCLBackend:
     def sync(self) -> None:
         self.queue.finish()
 
+    def threads(self, num_threads: int | None) -> Any:
+        """Around each run: the host's pools (BLAS, OpenMP: CPU partitions) held as the cpu backend holds them;
+        PoCL's own worker threads are its own."""
+        return self.fallback.threads(num_threads)
+
     def device_id(self) -> dict[str, str]:
         info = self.info
         return {"backend": "opencl", "vendor": normalise(info.vendor), "device": info.name,

@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 
 class ClBuffer:
     """One cl.Buffer. Where the device shares memory with the host, the buffer is allocated host-visible
-    (ALLOC_HOST_PTR) and mapped once: `host` is that mapping, a uint8 array over the same memory the kernels
-    use (zero copy). Elsewhere `host` is None and the host reaches the bytes through counted copies."""
+    (ALLOC_HOST_PTR) and mapped once: `array` is that mapping, a uint8 array over the same memory the kernels
+    use (zero copy). Elsewhere `array` is None and the host reaches the bytes through counted copies."""
 
     def __init__(self, backend: OpenCLBackend, nbytes: int, alignment: int, host_visible: bool) -> None:
         cl = backend.cl
@@ -32,14 +32,14 @@ class ClBuffer:
         self.nbytes = nbytes
         self.alignment = alignment
         self.holders = 0  # registered memory handles and weights / spill-fill registrations using it
-        self.host: np.ndarray | None = None
+        self.array: np.ndarray | None = None
         self.address = 0  # device memory starts at a multiple of MEM_BASE_ADDR_ALIGN
         if backend.zero_copy:
             # Mapped once for the buffer's life: host writes and kernel reads meet in the same memory, the
             # queue being finished whenever the host touches it (run end, partition boundaries).
             mapped, _ = cl.enqueue_map_buffer(backend.queue, self.mem, cl.map_flags.READ | cl.map_flags.WRITE, 0,
                                               (max(nbytes, 1),), np.uint8, is_blocking=True)
-            self.host = mapped[:nbytes]
+            self.array = mapped[:nbytes]
             self.address = int(mapped.ctypes.data)
         backend.stats["buffers_created"] += 1
         backend.stats["buffer_bytes"] += nbytes
@@ -54,10 +54,10 @@ class ClBuffer:
         if self.holders:
             raise RegistrationError(f"cannot free a shared buffer that is still registered ({self.holders} memory "
                                     "handle(s) or context buffer registrations); deregister them first")
-        self.mem = self.host = None
+        self.mem = self.array = None
 
     def __repr__(self) -> str:
-        state = "released" if self.mem is None else ("mapped" if self.host is not None else "device")
+        state = "released" if self.mem is None else ("mapped" if self.array is not None else "device")
         return f"ClBuffer({self.nbytes} bytes, {state})"
 
 
@@ -83,8 +83,8 @@ class ClTensor:
     @property
     def host(self) -> np.ndarray | None:
         """A zero-copy host array over the tensor's bytes (one object per tensor), or None."""
-        if self._host is None and self.buffer.host is not None:
-            raw = self.buffer.host[self.offset:self.offset + self.nbytes]
+        if self._host is None and self.buffer.array is not None:
+            raw = self.buffer.array[self.offset:self.offset + self.nbytes]
             self._host = raw.view(self.dtype).reshape(self.shape)
         return self._host
 

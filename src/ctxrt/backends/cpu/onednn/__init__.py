@@ -1,0 +1,29 @@
+"""oneDNN as a kernel provider of the CPU backend (`pip install 'ctxrt[onednn]'`): which ops it runs, and the
+question the layout pass asks of it."""
+
+from __future__ import annotations
+
+from ctxrt.backends.cpu.onednn import api, kernels, matmul
+from ctxrt.backends.kernel import KernelFactory, NodeSpec
+from ctxrt.errors import CtxrtError
+
+NAME = "onednn"  # the `kernel` attribute of the nodes it runs
+# Ops it runs in the layout the pass chooses (channels-last or blocked), and ops it runs on plain matrices.
+LAYOUT_OPS: dict[str, KernelFactory] = {
+    "Conv": kernels.conv, "MaxPool": kernels.maxpool, "AveragePool": kernels.avgpool,
+    "GlobalAveragePool": kernels.global_avgpool, "LRN": kernels.lrn, "BatchNormalization": kernels.batchnorm}
+PLAIN_OPS: dict[str, KernelFactory] = {"MatMul": matmul.matmul, "Gemm": matmul.matmul}
+KERNELS = {**LAYOUT_OPS, **PLAIN_OPS}
+reorder = kernels.reorder
+
+
+def supports(spec: NodeSpec) -> bool:
+    """Whether oneDNN runs this node (as the layout pass would record it) with a fast implementation."""
+    factory = KERNELS.get(spec.op)
+    if factory is None or not api.available():
+        return False
+    try:
+        factory(spec)
+    except CtxrtError:
+        return False
+    return True

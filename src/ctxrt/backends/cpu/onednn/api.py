@@ -1,0 +1,352 @@
+"""The part of oneDNN 3.x's C API ctxrt uses, through ctypes: memory descriptors, primitive descriptors and
+primitives, memory objects over caller-owned memory, user-managed scratchpads.
+
+The library comes from PyPI's `onednn-cpu-gomp` wheel (`pip install 'ctxrt[onednn]'`), which installs
+`libdnnl.so.3` into the environment's `lib/`. Enum values are those of oneDNN 3.2's headers (`dnnl_types.h`);
+format tags are looked up by name through `dnnl_fmt_tag2str`, so a binary records names, not numbers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ctxrt.errors import CtxrtError, UnsupportedOpError
+
+# dnnl_types.h (oneDNN 3.2)
+F32 = 3
+TAG_ANY = 1
+FORWARD_INFERENCE = 96
+CONVOLUTION_DIRECT = 1
+ELTWISE_RELU, ELTWISE_GELU_TANH, ELTWISE_GELU_ERF = 32, 43, 49
+POOLING_MAX, POOLING_AVG_INCLUDE, POOLING_AVG_EXCLUDE = 511, 767, 1023
+LRN_ACROSS_CHANNELS = 2815
+BINARY_ADD = 131056
+SCRATCHPAD_USER = 1
+ENGINE_CPU = 1
+STREAM_DEFAULT = 1
+USE_GLOBAL_STATS, USE_SCALE, USE_SHIFT = 1, 2, 4
+ARG_SRC, ARG_SRC_1, ARG_DST, ARG_WEIGHTS, ARG_BIAS = 1, 2, 17, 33, 41
+ARG_FROM, ARG_TO = ARG_SRC, ARG_DST
+ARG_MEAN, ARG_VARIANCE, ARG_SCALE, ARG_SHIFT, ARG_SCRATCHPAD = 49, 50, 51, 52, 80
+ARG_POST_OP_BASE = 32768
+Q_IMPL_INFO, Q_WEIGHTS_MD, Q_WORKSPACE_MD, Q_SCRATCHPAD_MD = 8, 131, 135, 136
+MAX_NDIMS = 12
+_STATUS = {1: "out of memory", 2: "invalid arguments", 3: "unimplemented", 4: "last implementation reached",
+           5: "runtime error", 6: "not required", 7: "invalid graph", 8: "invalid graph op",
+           9: "invalid shape", 10: "invalid data type"}
+
+Dims = ctypes.c_int64 * MAX_NDIMS
+
+
+class ExecArg(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_int), ("memory", ctypes.c_void_p)]
+
+
+class OneDnnError(CtxrtError):
+    """A oneDNN call failed (status code in the message)."""
+
+
+def post_op_arg(index: int, arg: int) -> int:
+    """DNNL_ARG_ATTR_MULTIPLE_POST_OP(index) | arg: an argument of the post-op at `index`."""
+    return ARG_POST_OP_BASE * (index + 1) | arg
+
+
+# -- the library ---------------------------------------------------------------------------------------------
+_LOCK = threading.Lock()
+_STATE: dict[str, Any] = {}
+
+
+def _candidates() -> list[str]:
+    """Where the library may be: $CTXRT_ONEDNN_LIBRARY, the environment's lib/ (where the wheel puts it), the
+    system's loader path."""
+    paths = [os.environ.get("CTXRT_ONEDNN_LIBRARY", "")]
+    for prefix in dict.fromkeys((sys.prefix, sys.exec_prefix, sys.base_prefix)):
+        paths += [str(Path(prefix) / "lib" / name) for name in ("libdnnl.so.3", "libdnnl.so", "libdnnl.3.dylib")]
+    paths.append(ctypes.util.find_library("dnnl") or "")
+    return [p for p in paths if p]
+
+
+def _prototype(lib: ctypes.CDLL) -> None:
+    vp, i, f, i64, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64, ctypes.c_size_t
+    pp = ctypes.POINTER(ctypes.c_void_p)
+    sig = {
+        "dnnl_engine_create": [pp, i, sz], "dnnl_stream_create": [pp, vp, ctypes.c_uint],
+        "dnnl_memory_desc_create_with_tag": [pp, i, Dims, i, i], "dnnl_memory_desc_destroy": [vp],
+        "dnnl_memory_desc_create_with_strides": [pp, i, Dims, i, Dims],
+        "dnnl_memory_desc_clone": [pp, vp], "dnnl_memory_create": [pp, vp, vp, vp], "dnnl_memory_destroy": [vp],
+        "dnnl_primitive_attr_create": [pp], "dnnl_primitive_attr_destroy": [vp],
+        "dnnl_primitive_attr_set_scratchpad_mode": [vp, i], "dnnl_primitive_attr_set_post_ops": [vp, vp],
+        "dnnl_post_ops_create": [pp], "dnnl_post_ops_destroy": [vp],
+        "dnnl_post_ops_append_eltwise": [vp, i, f, f], "dnnl_post_ops_append_binary": [vp, i, vp],
+        "dnnl_convolution_forward_primitive_desc_create": [pp, vp, i, i, vp, vp, vp, vp, Dims, Dims, Dims, Dims, vp],
+        "dnnl_pooling_forward_primitive_desc_create": [pp, vp, i, i, vp, vp, Dims, Dims, Dims, Dims, Dims, vp],
+        "dnnl_lrn_forward_primitive_desc_create": [pp, vp, i, i, vp, vp, i64, f, f, f, vp],
+        "dnnl_batch_normalization_forward_primitive_desc_create": [pp, vp, i, vp, vp, f, ctypes.c_uint, vp],
+        "dnnl_reorder_primitive_desc_create": [pp, vp, vp, vp, vp, vp],
+        "dnnl_matmul_primitive_desc_create": [pp, vp, vp, vp, vp, vp, vp],
+        "dnnl_primitive_desc_query": [vp, i, i, vp], "dnnl_primitive_desc_destroy": [vp],
+        "dnnl_primitive_create": [pp, vp], "dnnl_primitive_destroy": [vp],
+        "dnnl_primitive_execute": [vp, vp, i, ctypes.POINTER(ExecArg)],
+    }
+    for name, args in sig.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, ctypes.c_int
+    lib.dnnl_primitive_desc_query_md.argtypes, lib.dnnl_primitive_desc_query_md.restype = [vp, i, i], vp
+    lib.dnnl_memory_desc_get_size.argtypes, lib.dnnl_memory_desc_get_size.restype = [vp], ctypes.c_size_t
+    lib.dnnl_memory_desc_equal.argtypes, lib.dnnl_memory_desc_equal.restype = [vp, vp], ctypes.c_int
+    lib.dnnl_fmt_tag2str.argtypes, lib.dnnl_fmt_tag2str.restype = [i], ctypes.c_char_p
+
+
+def _load() -> ctypes.CDLL | None:
+    from ctxrt.backends.cpu import threads
+
+    threads.passive_openmp()  # before libgomp is loaded with libdnnl: idle OpenMP workers sleep
+    for path in _candidates():
+        try:
+            lib = ctypes.CDLL(path)
+            _prototype(lib)
+        except (OSError, AttributeError):
+            continue
+        threads.refresh()  # libgomp's pool is there now: held to the context's thread count too
+        return lib
+    return None
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded libdnnl, or None where it is not installed."""
+    if "lib" not in _STATE:
+        with _LOCK:
+            if "lib" not in _STATE:
+                _STATE["lib"] = _load()
+    return _STATE["lib"]
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def require(what: str) -> ctypes.CDLL:
+    lib = library()
+    if lib is None:
+        raise UnsupportedOpError(f"{what} was compiled to run on oneDNN, which is not installed here: "
+                                 "pip install 'ctxrt[onednn]', or compile the model again where it is absent")
+    return lib
+
+
+def check(status: int, what: str) -> None:
+    if status:
+        error = UnsupportedOpError if status == 3 else OneDnnError
+        raise error(f"oneDNN {what}: {_STATUS.get(status, f'status {status}')}")
+
+
+def _engine_stream() -> tuple[ctypes.c_void_p, ctypes.c_void_p]:
+    if "engine" not in _STATE:
+        with _LOCK:
+            if "engine" not in _STATE:
+                lib = require("a kernel")
+                engine, stream = ctypes.c_void_p(), ctypes.c_void_p()
+                check(lib.dnnl_engine_create(ctypes.byref(engine), ENGINE_CPU, 0), "engine")
+                check(lib.dnnl_stream_create(ctypes.byref(stream), engine, STREAM_DEFAULT), "stream")
+                _STATE["stream"] = stream
+                _STATE["engine"] = engine
+    return _STATE["engine"], _STATE["stream"]
+
+
+def engine() -> ctypes.c_void_p:
+    return _engine_stream()[0]
+
+
+def stream() -> ctypes.c_void_p:
+    return _engine_stream()[1]
+
+
+# -- format tags by name -----------------------------------------------------------------------------------
+def tags() -> dict[str, int]:
+    """Format tag name (e.g. "aBcd16b") -> enum value of the loaded library."""
+    if "tags" not in _STATE:
+        lib = require("a kernel")
+        names: dict[str, int] = {}
+        for value in range(1, 4096):
+            raw = lib.dnnl_fmt_tag2str(value)
+            name = raw.decode() if raw else ""
+            if not name or name.startswith(("unknown", "undef")) or name in ("any", "format_tag_last"):
+                continue
+            names.setdefault(name, value)
+        _STATE["tags"] = names
+    return _STATE["tags"]
+
+
+def tag(name: str) -> int:
+    try:
+        return tags()[name]
+    except KeyError:
+        raise UnsupportedOpError(f"oneDNN here has no memory format {name!r}: the context was compiled with "
+                                 "another oneDNN version; compile it again") from None
+
+
+# -- objects -----------------------------------------------------------------------------------------------
+class Desc:
+    """An owned memory descriptor (or a borrowed one, owned by a primitive descriptor)."""
+
+    def __init__(self, handle: ctypes.c_void_p | int, owned: bool = True, keep: Any = None) -> None:
+        self.handle = ctypes.c_void_p(handle) if isinstance(handle, int) else handle
+        self.owned, self._keep = owned, keep
+
+    @classmethod
+    def make(cls, dims: Sequence[int], fmt: int | str) -> Desc:
+        lib = library()
+        md = ctypes.c_void_p()
+        value = tag(fmt) if isinstance(fmt, str) else fmt
+        check(lib.dnnl_memory_desc_create_with_tag(ctypes.byref(md), len(dims), Dims(*dims), F32, value),
+              f"memory descriptor {list(dims)} {fmt}")
+        return cls(md)
+
+    @classmethod
+    def strided(cls, dims: Sequence[int], strides: Sequence[int]) -> Desc:
+        """A float32 descriptor with explicit strides (in elements)."""
+        md = ctypes.c_void_p()
+        check(library().dnnl_memory_desc_create_with_strides(ctypes.byref(md), len(dims), Dims(*dims), F32,
+                                                             Dims(*strides)), f"memory descriptor {list(dims)}")
+        return cls(md)
+
+    @property
+    def nbytes(self) -> int:
+        return int(library().dnnl_memory_desc_get_size(self.handle)) if self.handle else 0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Desc) and bool(library().dnnl_memory_desc_equal(self.handle, other.handle))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def tag_name(self, dims: Sequence[int]) -> str | None:
+        """The name of the format tag that describes this descriptor (dims as given), or None."""
+        for name, value in tags().items():
+            try:
+                if Desc.make(dims, value) == self:
+                    return name
+            except CtxrtError:
+                continue
+        return None
+
+    def __del__(self) -> None:
+        if self.owned and self.handle and _STATE.get("lib") is not None:
+            _STATE["lib"].dnnl_memory_desc_destroy(self.handle)
+            self.handle = None
+
+
+class Memory:
+    """A memory object over memory the caller owns (an arena view, a weight): no copy, no allocation."""
+
+    def __init__(self, desc: Desc, address: int) -> None:
+        lib = library()
+        self.handle = ctypes.c_void_p()
+        self.desc = desc
+        check(lib.dnnl_memory_create(ctypes.byref(self.handle), desc.handle, engine(), ctypes.c_void_p(address)),
+              "memory object")
+
+    def __del__(self) -> None:
+        if self.handle and _STATE.get("lib") is not None:
+            _STATE["lib"].dnnl_memory_destroy(self.handle)
+            self.handle = None
+
+
+class Attr:
+    """Primitive attributes: a user-managed scratchpad (planned in the arena) and post-ops: a binary add of a
+    tensor shaped like the output, then an element-wise op (ELTWISE_*)."""
+
+    def __init__(self, eltwise: int | None = None, add: Desc | None = None) -> None:
+        lib = library()
+        self.handle, ops = ctypes.c_void_p(), ctypes.c_void_p()
+        check(lib.dnnl_primitive_attr_create(ctypes.byref(self.handle)), "attributes")
+        check(lib.dnnl_primitive_attr_set_scratchpad_mode(self.handle, SCRATCHPAD_USER), "scratchpad mode")
+        self.binary_index: int | None = None
+        if eltwise is not None or add is not None:
+            check(lib.dnnl_post_ops_create(ctypes.byref(ops)), "post-ops")
+            try:
+                if add is not None:  # y = op + residual, then the activation: the order of the fused epilogue
+                    check(lib.dnnl_post_ops_append_binary(ops, BINARY_ADD, add.handle), "binary add post-op")
+                    self.binary_index = 0
+                if eltwise is not None:
+                    check(lib.dnnl_post_ops_append_eltwise(ops, eltwise, 0.0, 0.0), "eltwise post-op")
+                check(lib.dnnl_primitive_attr_set_post_ops(self.handle, ops), "set post-ops")
+            finally:
+                lib.dnnl_post_ops_destroy(ops)
+
+    def __del__(self) -> None:
+        if self.handle and _STATE.get("lib") is not None:
+            _STATE["lib"].dnnl_primitive_attr_destroy(self.handle)
+            self.handle = None
+
+
+class Primitive:
+    """A primitive descriptor and the primitive made from it (created once, when a kernel is built)."""
+
+    def __init__(self, pd: ctypes.c_void_p, what: str) -> None:
+        lib = library()
+        self.pd, self.what = pd, what
+        self.handle = ctypes.c_void_p()
+        check(lib.dnnl_primitive_create(ctypes.byref(self.handle), pd), f"{what} primitive")
+
+    def md(self, query: int, index: int = 0) -> Desc:
+        """A memory descriptor the primitive uses (owned by it: valid while it lives)."""
+        return Desc(library().dnnl_primitive_desc_query_md(self.pd, query, index) or 0, owned=False, keep=self)
+
+    @property
+    def scratchpad_bytes(self) -> int:
+        return self.md(Q_SCRATCHPAD_MD).nbytes
+
+    @property
+    def impl(self) -> str:
+        out = ctypes.c_char_p()
+        check(library().dnnl_primitive_desc_query(self.pd, Q_IMPL_INFO, 0, ctypes.byref(out)), "impl info")
+        return (out.value or b"").decode()
+
+    def launch(self, args: Sequence[tuple[int, Memory]]):
+        """A zero-argument launch running the primitive on these memory objects (kept alive by the launch)."""
+        lib, strm = library(), stream()
+        packed = (ExecArg * len(args))(*[ExecArg(a, m.handle) for a, m in args])
+        execute, handle, n, keep = lib.dnnl_primitive_execute, self.handle, len(args), (self, args)
+
+        def run() -> None:
+            status = execute(handle, strm, n, packed)
+            if status:
+                check(status, f"{keep[0].what} execution")
+        return run
+
+    def __del__(self) -> None:
+        lib = _STATE.get("lib")
+        if lib is not None:
+            if self.handle:
+                lib.dnnl_primitive_destroy(self.handle)
+            if self.pd:
+                lib.dnnl_primitive_desc_destroy(self.pd)
+        self.handle = self.pd = None
+
+
+def create(fn: str, what: str, *args: Any) -> Primitive:
+    """Make a primitive descriptor with `dnnl_<fn>_primitive_desc_create(&pd, engine, *args)`, then the
+    primitive. An unsupported combination raises UnsupportedOpError."""
+    lib = library()
+    pd = ctypes.c_void_p()
+    check(getattr(lib, f"dnnl_{fn}_primitive_desc_create")(ctypes.byref(pd), engine(), *args), what)
+    try:
+        return Primitive(pd, what)
+    except BaseException:
+        lib.dnnl_primitive_desc_destroy(pd)
+        raise
+
+
+def reorder(src: Desc, dst: Desc) -> Primitive:
+    lib = library()
+    pd = ctypes.c_void_p()
+    attr = Attr()
+    check(lib.dnnl_reorder_primitive_desc_create(ctypes.byref(pd), src.handle, engine(), dst.handle, engine(),
+                                                 attr.handle), "reorder")
+    return Primitive(pd, "reorder")

@@ -1,0 +1,303 @@
+"""oneDNN kernels for the nodes the layout pass gave to oneDNN (`kernel="onednn"`, `src_layout`, `dst_layout`):
+Conv (grouped and depthwise too; bias, residual add and Relu fused as post-ops), MaxPool, AveragePool,
+GlobalAveragePool, LRN, BatchNormalization, and Reorder between layouts.
+
+Built once, when a context is finalized: the primitive, then memory objects wrapping the arena views, IO
+tensors and weights it reads and writes (no copies). Its scratchpad is user-managed: planned in the arena as
+the kernel's scratch. A Conv's weights are reordered into the format its primitive chose at compile time and
+stored in the context binary in that format (the tag's name is recorded in `weights_tag`), so loading
+reorders nothing and the prepacked weights are memory-mapped and shared like any weight.
+
+A primitive is made for the OpenMP thread count recorded at compile time (`threads`: the compiling machine's
+cores): some choose their weights format and size their scratchpad by it, so the loaded primitive is the
+compiled one; no run gives OpenMP more threads than that (threads.openmp_cap).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ctxrt.backends.cpu import threads
+from ctxrt.backends.cpu.onednn import api
+from ctxrt.backends.kernel import Kernel, NodeSpec
+from ctxrt.errors import CtxrtError, UnsupportedOpError
+from ctxrt.ir.layouts import LAYOUTS, PLAIN, Layout
+
+
+def _layouts(spec: NodeSpec) -> tuple[Layout, Layout]:
+    return LAYOUTS[spec.attr("src_layout", PLAIN.name)], LAYOUTS[spec.attr("dst_layout", PLAIN.name)]
+
+
+def _tag(layout: Layout, logical: tuple[int, ...], other: Layout) -> str:
+    """The format tag of a value in `layout`; a one-pixel value marked plain takes the other side's tag (the
+    same bytes), so that both sides of the primitive have one format."""
+    if layout is PLAIN and logical[2] * logical[3] == 1:
+        return other.tag
+    return layout.tag
+
+
+def _window(spec: NodeSpec, x: tuple[int, ...], y: tuple[int, ...], kernel: tuple[int, ...]
+            ) -> tuple[list[int], list[int], list[int], list[int]]:
+    """(strides, dilations as oneDNN counts them (d - 1), pads before, pads after making the output size)."""
+    strides = list(spec.attr("strides") or [1, 1])
+    dil = list(spec.attr("dilations") or [1, 1])
+    auto = spec.attr("auto_pad", "NOTSET")
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        total = [max(0, (o - 1) * s + (k - 1) * d + 1 - i)
+                 for o, s, k, d, i in zip(y[2:], strides, kernel, dil, x[2:], strict=True)]
+        before = [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in total]
+    elif auto == "VALID":
+        before = [0, 0]
+    else:
+        before = list((spec.attr("pads") or [0, 0, 0, 0])[:2])
+    after = [(o - 1) * s + (k - 1) * d + 1 - i - b
+             for o, s, k, d, i, b in zip(y[2:], strides, kernel, dil, x[2:], before, strict=True)]
+    return strides, [d - 1 for d in dil], before, after
+
+
+def creation_threads(spec: NodeSpec) -> int:
+    """The OpenMP threads a node's primitive is made for: as recorded at compile time (`threads`), so that the
+    loaded primitive is the compiled one (weights format, scratchpad size); else this machine's cores."""
+    return int(spec.attr("threads") or threads.usable_cores())
+
+
+class OneDnnKernel(Kernel):
+    """A primitive and how its arguments map to the node's inputs, outputs and scratch."""
+
+    def __init__(self, spec: NodeSpec, prim: api.Primitive, args: list[tuple[int, str, int, api.Desc]],
+                 algorithm: str, attrs: dict[str, Any] | None = None,
+                 constants: dict[int, np.ndarray | None] | None = None) -> None:
+        self.prim = prim
+        self.args = args  # (oneDNN argument, "in" / "out", index, descriptor)
+        sp = prim.scratchpad_bytes
+        self.scratch = (sp,) if sp else ()
+        self.algorithm = f"onednn:{algorithm}:{prim.impl}"
+        recorded = {} if spec.attr("threads") else {"threads": creation_threads(spec)}
+        self.attrs = {**(attrs or {}), **recorded}
+        self.constants = constants or {}
+
+    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Callable[[], None]:
+        places = {"in": ins, "out": outs}
+        args = [(arg, api.Memory(md, places[side][i].ctypes.data)) for arg, side, i, md in self.args]
+        if self.scratch:
+            args.append((api.ARG_SCRATCHPAD, api.Memory(self.prim.md(api.Q_SCRATCHPAD_MD), scratch[0].ctypes.data)))
+        return self.prim.launch(args)
+
+
+def create(spec: NodeSpec, fn: str, *args: Any, attr: api.Attr | None = None) -> api.Primitive:
+    """`api.create` for the node's creation threads, the last argument the attributes (default ones: a
+    user-managed scratchpad). `attr` is held until the primitive exists."""
+    attr = attr or api.Attr()
+    with threads.creation(creation_threads(spec)):
+        return api.create(fn, f"{spec.op} {spec.name!r}", *args, attr.handle)
+
+
+# -- Conv --------------------------------------------------------------------------------------------------
+def _weights_dims(m: int, cg: int, kh: int, kw: int, g: int) -> tuple[int, ...]:
+    return (m, cg, kh, kw) if g == 1 else (g, m // g, cg, kh, kw)
+
+
+def conv(spec: NodeSpec) -> Kernel:
+    api.require(f"Conv {spec.name!r}")
+    src, dst = _layouts(spec)
+    x, y = src.logical(spec.inputs[0].shape), dst.logical(spec.outputs[0].shape)
+    packed = spec.attr("weights_tag")
+    m, cg, kh, kw = spec.attr("weight_shape") if packed else spec.inputs[1].shape
+    g = int(spec.attr("group", 1))
+    if spec.consts[1] is None:
+        raise UnsupportedOpError(f"Conv {spec.name!r}: oneDNN kernels need constant weights")
+    if np.dtype(spec.outputs[0].dtype) != np.float32:
+        raise UnsupportedOpError(f"Conv {spec.name!r}: oneDNN kernels here are float32 only")
+    act = spec.attr("activation")
+    if act not in (None, "Relu"):
+        raise UnsupportedOpError(f"Conv {spec.name!r}: fused activation {act!r} is not supported by oneDNN here")
+    strides, dil, pb, pe = _window(spec, x, y, (kh, kw))
+    has_bias = len(spec.inputs) > 2 and spec.inputs[2] is not None
+    residual = bool(spec.attr("residual", 0))
+    wdims = _weights_dims(m, cg, kh, kw, g)
+    src_md = api.Desc.make(x, _tag(src, x, dst))
+    dst_md = api.Desc.make(y, _tag(dst, y, src))
+    bias_md = api.Desc.make((m,), "a") if has_bias else None
+    attr = api.Attr(api.ELTWISE_RELU if act == "Relu" else None, add=dst_md if residual else None)
+
+    def make(wfmt: int | str) -> api.Primitive:
+        w_md = api.Desc.make(wdims, wfmt)
+        return create(spec, "convolution_forward", api.FORWARD_INFERENCE, api.CONVOLUTION_DIRECT,
+                       src_md.handle, w_md.handle, bias_md.handle if bias_md else None, dst_md.handle,
+                       api.Dims(*strides), api.Dims(*dil), api.Dims(*pb), api.Dims(*pe), attr=attr)
+
+    attrs: dict[str, Any] = {}
+    constants: dict[int, np.ndarray | None] = {}
+    if packed:
+        prim = recreate(spec, make, wdims, packed)
+    else:
+        prim, packed = choose_weights(spec, make, wdims, int(spec.consts[1].nbytes))
+        if not spec.options.get("probe"):  # the layout pass only asks whether oneDNN can
+            plain = "abcd" if len(wdims) == 4 else "abcde"
+            constants = {1: prepack(spec.consts[1], wdims, plain, prim.md(api.Q_WEIGHTS_MD))}
+        attrs = {"weights_tag": packed, "weight_shape": [m, cg, kh, kw]}
+    reject_reference(prim, spec)
+    args = [(api.ARG_SRC, "in", 0, src_md), (api.ARG_WEIGHTS, "in", 1, prim.md(api.Q_WEIGHTS_MD)),
+            (api.ARG_DST, "out", 0, dst_md)]
+    if bias_md is not None:
+        args.append((api.ARG_BIAS, "in", 2, bias_md))
+    if residual:
+        args.append((api.post_op_arg(attr.binary_index, api.ARG_SRC_1), "in", 3, dst_md))
+    kind = "depthwise" if g > 1 and g == m == x[1] else "grouped" if g > 1 else "conv"
+    return OneDnnKernel(spec, prim, args, kind, attrs, constants)
+
+
+# Weights formats tried, in order, when the one oneDNN prefers is padded and prefer="memory" (measured: given
+# ABcd16b16a, oneDNN 3.2 runs 1x1 convs over NHWC with its jit_1x1 kernel where brgconv wanted Acdb48a).
+UNPADDED = {4: ("ABcd16b16a", "ABcd8b8a", "Acdb16a", "Acdb8a", "Acdb32a", "Acdb64a", "acdb", "abcd"),
+            5: ("aBCde16c16b", "aBCde8c8b", "Abcde16a", "Abcde8a", "abdec", "abcde"), 2: ("ab", "ba")}
+
+
+def choose_weights(spec: NodeSpec, make: Callable[[int | str], api.Primitive], wdims: tuple[int, ...],
+                   original: int) -> tuple[api.Primitive, str]:
+    """The primitive with the weights format oneDNN prefers; with `prefer="memory"`, one no larger than the
+    ONNX weights (`original` bytes): the preferred one if it is not padded, else the first of `UNPADDED` with a
+    fast implementation; else UnsupportedOpError."""
+    prim = make(api.TAG_ANY)
+    w_md = prim.md(api.Q_WEIGHTS_MD)
+    if w_md.nbytes <= original or spec.options.get("prefer", "speed") == "speed":
+        name = w_md.tag_name(wdims)
+        if name is None:
+            raise UnsupportedOpError(f"{spec.op} {spec.name!r}: oneDNN chose a weights format with no tag name")
+        return prim, name
+    for name in UNPADDED[len(wdims)]:
+        try:
+            if api.Desc.make(wdims, name).nbytes > original:
+                continue
+            prim = make(name)
+        except CtxrtError:
+            continue
+        if not prim.impl.startswith("ref"):
+            return prim, name
+    raise UnsupportedOpError(f"{spec.op} {spec.name!r}: oneDNN's weights format would be larger than the weights "
+                             "(compiled with prefer='memory')")
+
+
+def recreate(spec: NodeSpec, make: Callable[[int | str], api.Primitive], wdims: tuple[int, ...], name: str
+             ) -> api.Primitive:
+    """The primitive of a compiled node, reading weights stored in format `name`. Some implementations take
+    only the format they choose themselves (given "any"), not the same format given by tag: ask for "any" and
+    check that the choice is the stored format; a plain format chosen for prefer="memory" is given by tag."""
+    want = api.Desc.make(wdims, name)
+    prim = make(api.TAG_ANY)
+    if prim.md(api.Q_WEIGHTS_MD) == want:
+        return prim
+    try:
+        prim = make(name)
+    except CtxrtError:
+        prim = None
+    if prim is None or prim.impl.startswith("ref"):
+        raise UnsupportedOpError(f"{spec.op} {spec.name!r}: oneDNN here does not read weights in the format the "
+                                 f"context was compiled with ({name}): another CPU or oneDNN version; compile it again")
+    return prim
+
+
+def prepack(weights: np.ndarray, wdims: tuple[int, ...], tag: str, to: api.Desc) -> np.ndarray:
+    """Weights stored as `tag` (over dims `wdims`) reordered into `to` (at compile time; stored in the binary)."""
+    src = np.ascontiguousarray(weights, np.float32)
+    out = np.zeros(to.nbytes // 4, np.float32)
+    plain = api.Desc.make(wdims, tag)
+    prim = api.reorder(plain, to)
+    if prim.scratchpad_bytes:
+        raise UnsupportedOpError("oneDNN weight reorder needs a scratchpad")
+    prim.launch([(api.ARG_FROM, api.Memory(plain, src.ctypes.data)), (api.ARG_TO, api.Memory(to, out.ctypes.data))])()
+    return out
+
+
+def reject_reference(prim: api.Primitive, spec: NodeSpec) -> None:
+    """oneDNN's reference implementations are orders of magnitude slower than NumPy: never use them."""
+    if prim.impl.startswith("ref"):
+        raise UnsupportedOpError(f"{spec.op} {spec.name!r}: oneDNN has only its reference implementation "
+                                 f"for these layouts ({spec.attr('src_layout')} -> {spec.attr('dst_layout')})")
+
+
+# -- pools, LRN, BatchNormalization ---------------------------------------------------------------------------
+def _pool(spec: NodeSpec, alg: int, kernel: tuple[int, int] | None = None) -> Kernel:
+    api.require(f"{spec.op} {spec.name!r}")
+    src, dst = _layouts(spec)
+    x, y = src.logical(spec.inputs[0].shape), dst.logical(spec.outputs[0].shape)
+    kernel = kernel or tuple(spec.attr("kernel_shape"))
+    strides, dil, pb, pe = _window(spec, x, y, kernel)
+    given = list((spec.attr("pads") or [0, 0, 0, 0])[2:])
+    if alg == api.POOLING_AVG_INCLUDE and spec.attr("auto_pad", "NOTSET") == "NOTSET" and pe != given:
+        raise UnsupportedOpError(f"AveragePool {spec.name!r}: count_include_pad with ceil_mode is left to NumPy")
+    src_md, dst_md = api.Desc.make(x, _tag(src, x, dst)), api.Desc.make(y, _tag(dst, y, src))
+    prim = create(spec, "pooling_forward", api.FORWARD_INFERENCE, alg, src_md.handle,
+                   dst_md.handle, api.Dims(*strides), api.Dims(*kernel), api.Dims(*dil), api.Dims(*pb),
+                   api.Dims(*pe))
+    reject_reference(prim, spec)
+    if prim.md(api.Q_WORKSPACE_MD).nbytes:
+        raise UnsupportedOpError(f"{spec.op} {spec.name!r}: oneDNN asks for a workspace in inference")
+    return OneDnnKernel(spec, prim, [(api.ARG_SRC, "in", 0, src_md), (api.ARG_DST, "out", 0, dst_md)], "pool")
+
+
+def maxpool(spec: NodeSpec) -> Kernel:
+    if len(spec.outputs) > 1:
+        raise UnsupportedOpError(f"MaxPool {spec.name!r}: the Indices output is not supported")
+    return _pool(spec, api.POOLING_MAX)
+
+
+def avgpool(spec: NodeSpec) -> Kernel:
+    include = bool(spec.attr("count_include_pad", 0))
+    return _pool(spec, api.POOLING_AVG_INCLUDE if include else api.POOLING_AVG_EXCLUDE)
+
+
+def global_avgpool(spec: NodeSpec) -> Kernel:
+    src, _ = _layouts(spec)
+    return _pool(spec, api.POOLING_AVG_EXCLUDE, tuple(src.logical(spec.inputs[0].shape)[2:]))
+
+
+def lrn(spec: NodeSpec) -> Kernel:
+    api.require(f"LRN {spec.name!r}")
+    size = int(spec.attr("size"))
+    if size % 2 == 0:
+        raise UnsupportedOpError(f"LRN {spec.name!r}: oneDNN centres even windows differently from ONNX")
+    src, dst = _layouts(spec)
+    x = src.logical(spec.inputs[0].shape)
+    src_md, dst_md = api.Desc.make(x, src.tag), api.Desc.make(x, dst.tag)
+    prim = create(spec, "lrn_forward", api.FORWARD_INFERENCE, api.LRN_ACROSS_CHANNELS,
+                   src_md.handle, dst_md.handle, size, float(spec.attr("alpha", 1e-4)),
+                   float(spec.attr("beta", 0.75)), float(spec.attr("bias", 1.0)))
+    reject_reference(prim, spec)
+    if prim.md(api.Q_WORKSPACE_MD).nbytes:
+        raise UnsupportedOpError(f"LRN {spec.name!r}: oneDNN asks for a workspace in inference")
+    return OneDnnKernel(spec, prim, [(api.ARG_SRC, "in", 0, src_md), (api.ARG_DST, "out", 0, dst_md)], "lrn")
+
+
+def batchnorm(spec: NodeSpec) -> Kernel:
+    api.require(f"BatchNormalization {spec.name!r}")
+    if any(c is None for c in spec.consts[1:5]) or len(spec.outputs) > 1:
+        raise UnsupportedOpError(f"BatchNormalization {spec.name!r}: oneDNN here needs constant parameters "
+                                 "and one output")
+    if any(np.dtype(s.dtype) != np.float32 for s in spec.inputs[1:5]):
+        raise UnsupportedOpError(f"BatchNormalization {spec.name!r}: oneDNN here needs float32 parameters")
+    src, dst = _layouts(spec)
+    x = src.logical(spec.inputs[0].shape)
+    src_md, dst_md = api.Desc.make(x, src.tag), api.Desc.make(x, dst.tag)
+    flags = api.USE_GLOBAL_STATS | api.USE_SCALE | api.USE_SHIFT
+    prim = create(spec, "batch_normalization_forward", api.FORWARD_INFERENCE,
+                   src_md.handle, dst_md.handle, float(spec.attr("epsilon", 1e-5)), flags)
+    reject_reference(prim, spec)
+    vec = api.Desc.make((x[1],), "a")
+    args = [(api.ARG_SRC, "in", 0, src_md), (api.ARG_DST, "out", 0, dst_md), (api.ARG_SCALE, "in", 1, vec),
+            (api.ARG_SHIFT, "in", 2, vec), (api.ARG_MEAN, "in", 3, vec), (api.ARG_VARIANCE, "in", 4, vec)]
+    return OneDnnKernel(spec, prim, args, "batchnorm")
+
+
+def reorder(spec: NodeSpec) -> Kernel:
+    """Between layouts (`from`, `to` attributes)."""
+    api.require(f"Reorder {spec.name!r}")
+    src, dst = LAYOUTS[spec.attr("from")], LAYOUTS[spec.attr("to")]
+    x = src.logical(spec.inputs[0].shape)
+    src_md, dst_md = api.Desc.make(x, src.tag), api.Desc.make(x, dst.tag)
+    with threads.creation(creation_threads(spec)):
+        prim = api.reorder(src_md, dst_md)
+    return OneDnnKernel(spec, prim, [(api.ARG_FROM, "in", 0, src_md), (api.ARG_TO, "out", 0, dst_md)], "reorder")

@@ -1,0 +1,87 @@
+"""oneDNN's matmul for MatMul and Gemm nodes whose right-hand matrix is a constant (a layer's weights): the
+weights prepacked at compile time into the format its brgemm kernel reads; the bias, a residual add and a Relu
+or GELU (FuseActivation's, FuseMatMulEpilogue's) as post-ops of the primitive. Measured at one thread against
+NumPy's SGEMM (OpenBLAS) on a MiniLM layer's shapes: 128 x 384 by 384 x 1536 1.49 ms vs 2.38, 1536 -> 384
+1.40 vs 1.95, 384 -> 384 0.37 vs 0.49. A single row (a classifier at batch 1) is a GEMV that NumPy streams as
+fast: left to NumPy.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ctxrt.backends.cpu.onednn import api
+from ctxrt.backends.cpu.onednn.kernels import OneDnnKernel, choose_weights, create, prepack, recreate
+from ctxrt.backends.kernel import Kernel, NodeSpec
+from ctxrt.errors import UnsupportedOpError
+
+MIN_ROWS = 8  # fewer rows of A: a GEMV, as fast in NumPy
+_ELTWISE = {("Relu", "none"): api.ELTWISE_RELU, ("Gelu", "none"): api.ELTWISE_GELU_ERF,
+            ("Gelu", "tanh"): api.ELTWISE_GELU_TANH}
+
+
+def _shapes(spec: NodeSpec) -> tuple[int, int, int, bool]:
+    """(rows of A, K, N, whether B is stored (N, K)) or UnsupportedOpError."""
+    what = f"{spec.op} {spec.name!r}"
+    a, b = spec.inputs[0], spec.inputs[1]
+    if spec.consts[1] is None or len(b.shape) != 2 or spec.consts[0] is not None:
+        raise UnsupportedOpError(f"{what}: oneDNN here multiplies activations by constant 2-D weights only")
+    if any(np.dtype(t.dtype) != np.float32 for t in (a, b, spec.outputs[0])):
+        raise UnsupportedOpError(f"{what}: oneDNN here is float32 only")
+    if spec.op == "Gemm" and (spec.attr("transA", 0) or float(spec.attr("alpha", 1.0)) != 1.0
+                              or float(spec.attr("beta", 1.0)) != 1.0):
+        raise UnsupportedOpError(f"{what}: transA, alpha or beta other than 1 are left to NumPy")
+    transposed = bool(spec.attr("transB", 0))
+    n, k = b.shape if transposed else b.shape[::-1]
+    rows = math.prod(a.shape[:-1])
+    if len(a.shape) < 2 or a.shape[-1] != k or rows < MIN_ROWS:
+        raise UnsupportedOpError(f"{what}: {rows} row(s): a GEMV, left to NumPy")
+    return rows, k, n, transposed
+
+
+def matmul(spec: NodeSpec) -> Kernel:
+    api.require(f"{spec.op} {spec.name!r}")
+    packed = spec.attr("weights_tag")
+    if packed:
+        k, n = spec.attr("weight_shape")
+        rows, transposed = math.prod(spec.inputs[0].shape[:-1]), False
+    else:
+        rows, k, n, transposed = _shapes(spec)
+    act = (spec.attr("activation"), spec.attr("approximate", "none"))
+    if act[0] is not None and act not in _ELTWISE:
+        raise UnsupportedOpError(f"{spec.op} {spec.name!r}: fused activation {act} is not supported by oneDNN here")
+    # Gemm's C, or the bias FuseMatMulEpilogue gave a MatMul; a residual from FuseActivation or from it
+    has_bias = (spec.op == "Gemm" or spec.attr("bias")) and len(spec.inputs) > 2 and spec.inputs[2] is not None
+    if has_bias and (spec.consts[2] is None or math.prod(spec.inputs[2].shape) != n):
+        raise UnsupportedOpError(f"{spec.op} {spec.name!r}: oneDNN here adds a constant bias of N values only")
+    residual = bool(spec.attr("residual")) and len(spec.inputs) > 3
+    if residual and math.prod(spec.inputs[3].shape) != rows * n:
+        raise UnsupportedOpError(f"{spec.op} {spec.name!r}: the residual must have the output's shape")
+    src_md, dst_md = api.Desc.make((rows, k), "ab"), api.Desc.make((rows, n), "ab")
+    bias_md = api.Desc.make((1, n), "ab") if has_bias else None
+    attr = api.Attr(_ELTWISE.get(act), add=dst_md if residual else None)
+
+    def make(wfmt: int | str) -> api.Primitive:
+        w_md = api.Desc.make((k, n), wfmt)
+        return create(spec, "matmul", src_md.handle, w_md.handle, bias_md.handle if bias_md else None,
+                      dst_md.handle, attr=attr)
+
+    attrs: dict[str, Any] = {}
+    constants: dict[int, np.ndarray | None] = {}
+    if packed:
+        prim = recreate(spec, make, (k, n), packed)
+    else:
+        prim, packed = choose_weights(spec, make, (k, n), int(spec.consts[1].nbytes))
+        if not spec.options.get("probe"):
+            constants = {1: prepack(spec.consts[1], (k, n), "ba" if transposed else "ab", prim.md(api.Q_WEIGHTS_MD))}
+        attrs = {"weights_tag": packed, "weight_shape": [k, n]}
+    args = [(api.ARG_SRC, "in", 0, src_md), (api.ARG_WEIGHTS, "in", 1, prim.md(api.Q_WEIGHTS_MD)),
+            (api.ARG_DST, "out", 0, dst_md)]
+    if bias_md is not None:
+        args.append((api.ARG_BIAS, "in", 2, bias_md))
+    if residual:
+        args.append((api.post_op_arg(attr.binary_index, api.ARG_SRC_1), "in", 3, dst_md))
+    return OneDnnKernel(spec, prim, args, "matmul", attrs, constants)

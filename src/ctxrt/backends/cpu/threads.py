@@ -1,0 +1,208 @@
+"""The host thread pools ctxrt drives (BLAS, OpenMP for oneDNN), held to one thread count per run.
+
+Why the default is measured, not fixed: OpenBLAS splits a GEMM across its threads and synchronises them
+several times per call, each waiting in a spin-and-yield loop. When another process keeps one of two cores
+busy, one of our threads shares a core with it and every synchronisation waits for a scheduler time slice:
+ResNet-50 went from 84 ms to 1,512 ms per run with 2 threads, but 194 ms with 1 (2 cores, a Python busy loop
+as the other process). So `num_threads=None` counts the cores other processes leave idle, sampled from
+/proc/stat at most every `_PERIOD` seconds, and uses that many (at least one). OpenMP's waiting threads are
+made passive (`OMP_WAIT_POLICY`, read when libgomp loads: see `passive_openmp`), so oneDNN's idle workers
+sleep instead of spinning against the thread still working.
+
+A run sets each pool's limit and restores the caller's setting afterwards: a user's own NumPy code keeps its
+threads. Limits are process-wide for OpenBLAS's pthreads build; contexts running at once in several Python
+threads with different settings see whichever was set last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+_PERIOD = 0.25  # seconds between /proc/stat samples
+_BUSY_CORE = 0.5  # another process using this much of a core takes that core away from us
+
+
+def passive_openmp() -> None:
+    """Ask OpenMP runtimes not yet loaded for passive waits (sleeping, not spinning, between parallel regions).
+    libgomp reads the variable once, when it is loaded; a user's own setting (or spin count) is kept."""
+    if "GOMP_SPINCOUNT" not in os.environ:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity), or the machine's count where affinity is unknown."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class CoreMonitor:
+    """How many cores other processes leave idle, from the system's busy time minus this process's own.
+
+    `available()` is cheap between samples (a clock read); a sample reads /proc/stat. Where /proc/stat cannot
+    be read, every usable core counts as available."""
+
+    def __init__(self, period: float = _PERIOD) -> None:
+        self.period = period
+        self.cores = usable_cores()
+        self._lock = threading.Lock()
+        self._tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._last: tuple[float, float, float] | None = self._sample()
+        self._value = self.cores
+
+    def _sample(self) -> tuple[float, float, float] | None:
+        """(wall seconds, busy core-seconds of the machine, core-seconds of this process)."""
+        try:
+            with open("/proc/stat", "rb") as f:
+                head = f.readline().split()
+        except OSError:
+            return None
+        if len(head) < 5 or head[0] != b"cpu":
+            return None
+        ticks = [int(v) for v in head[1:]]
+        busy = sum(ticks) - ticks[3] - (ticks[4] if len(ticks) > 4 else 0)  # all but idle and iowait
+        t = os.times()
+        return time.monotonic(), busy / self._tick, t.user + t.system
+
+    def available(self) -> int:
+        last = self._last
+        if last is None or time.monotonic() - last[0] < self.period or not self._lock.acquire(blocking=False):
+            return self._value
+        try:
+            now = self._sample()
+            if now is not None and now[0] > last[0]:
+                others = max(0.0, (now[1] - last[1]) - (now[2] - last[2])) / (now[0] - last[0])
+                self._value = max(1, min(self.cores, self.cores - int(others + 1 - _BUSY_CORE)))
+            self._last = now
+        finally:
+            self._lock.release()
+        return self._value
+
+
+class _Pool:
+    """One library's thread limit through direct ctypes calls (threadpoolctl's own setter ignores calls from
+    any Python thread but the first that set OpenBLAS's limit)."""
+
+    def __init__(self, name: str, get: Callable[[], int], set_: Callable[[int], Any], openmp: bool) -> None:
+        self.name, self.get, self.set, self.openmp = name, get, set_, openmp
+
+
+def _pools() -> list[_Pool]:
+    from threadpoolctl import ThreadpoolController
+
+    pools = []
+    for c in ThreadpoolController().lib_controllers:
+        lib = c.dynlib
+        openmp = c.user_api == "openmp" or getattr(c, "threading_layer", "") == "openmp"
+        if c.internal_api == "openblas" and not openmp:
+            affix = getattr(c, "_symbol_prefix", ""), getattr(c, "_symbol_suffix", "")
+            get = getattr(lib, f"{affix[0]}openblas_get_num_threads{affix[1]}", None)
+            set_ = getattr(lib, f"{affix[0]}openblas_set_num_threads{affix[1]}", None)
+        elif openmp:
+            get, set_ = getattr(lib, "omp_get_max_threads", None), getattr(lib, "omp_set_num_threads", None)
+        else:
+            get, set_ = c.get_num_threads, c.set_num_threads
+        if get is not None and set_ is not None:
+            if isinstance(set_, ctypes._CFuncPtr):
+                set_.argtypes, set_.restype = [ctypes.c_int], None
+            pools.append(_Pool(f"{c.internal_api}:{os.path.basename(c.filepath or '')}", get, set_, openmp))
+    return pools
+
+
+_STATE: dict[str, Any] = {"pools": None, "monitor": None}
+_STATE_LOCK = threading.Lock()
+
+
+def pools() -> list[_Pool]:
+    """The thread pools of the libraries loaded now (found once; `refresh` after loading another)."""
+    if _STATE["pools"] is None:
+        with _STATE_LOCK:
+            if _STATE["pools"] is None:
+                _STATE["pools"] = _pools()
+    return _STATE["pools"]
+
+
+def refresh() -> None:
+    """Look for thread pools again (a library with its own pool, e.g. libgomp through oneDNN, was loaded)."""
+    with _STATE_LOCK:
+        _STATE["pools"] = None
+
+
+def monitor() -> CoreMonitor:
+    if _STATE["monitor"] is None:
+        with _STATE_LOCK:
+            if _STATE["monitor"] is None:
+                _STATE["monitor"] = CoreMonitor()
+    return _STATE["monitor"]
+
+
+def check_num_threads(num_threads: Any) -> int | None:
+    """None or 0 (as onnxruntime's intra_op_num_threads = 0): chosen per run from the idle cores; else >= 1."""
+    from ctxrt.errors import CtxrtError
+
+    if num_threads is None or (isinstance(num_threads, int) and not isinstance(num_threads, bool)
+                               and num_threads == 0):
+        return None
+    if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 0:
+        raise CtxrtError(f"num_threads must be a positive int, or 0 / None for the default, got {num_threads!r}")
+    return num_threads
+
+
+class ThreadScope:
+    """Enter before a run, exit after it: every pool limited to the context's thread count, then restored.
+
+    Allocates nothing in steady state (the restore list is reused); not re-entrant."""
+
+    def __init__(self, num_threads: int | None = None) -> None:
+        self.num_threads = check_num_threads(num_threads)
+        self._restore: list[tuple[_Pool, int]] = []
+        self.last = 0  # the thread count of the latest run
+
+    def count(self) -> int:
+        return self.num_threads or monitor().available()
+
+    def __enter__(self) -> ThreadScope:
+        n = self.last = self.count()
+        cap = openmp_cap()
+        for pool in pools():
+            want = min(n, cap) if pool.openmp else n  # never more than oneDNN's primitives were made for
+            old = pool.get()
+            if old != want:
+                pool.set(want)
+                self._restore.append((pool, old))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for pool, old in self._restore:
+            pool.set(old)
+        self._restore.clear()
+
+
+@contextlib.contextmanager
+def creation(n: int) -> Iterator[None]:
+    """Around creating a oneDNN primitive for `n` threads: OpenMP allows `n` while it is made (a primitive may
+    size its scratchpad, even choose its weights format, by that count), and no run of the process will give
+    OpenMP more (`openmp_cap`): running with more threads than a primitive was made for would overrun it."""
+    with _STATE_LOCK:
+        _STATE["openmp_cap"] = min(_STATE.get("openmp_cap") or n, n)
+    changed = [(p, p.get()) for p in pools() if p.openmp]
+    for pool, old in changed:
+        if old != n:
+            pool.set(n)
+    try:
+        yield
+    finally:
+        for pool, old in changed:
+            pool.set(old)
+
+
+def openmp_cap() -> int:
+    """The most OpenMP threads a run may use: the fewest any oneDNN primitive of the process was made for."""
+    return _STATE.get("openmp_cap") or usable_cores()

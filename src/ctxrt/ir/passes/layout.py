@@ -1,0 +1,187 @@
+"""Assign each 4-D activation a memory layout and insert reorders only where a consumer needs another one.
+
+A kernel provider (oneDNN on the CPU) runs convolutions, pools, LRN and BatchNormalization fastest in one
+layout `L` (channels-last or blocked channels; plain NCHW was 2.5x slower than onnxruntime). Values flow in
+`L` through chains of those nodes and of layout-agnostic ones (element-wise ops over same-shape operands,
+Concat along channels, ChannelShuffle); every other consumer reads plain NCHW, through a `Reorder` node
+made once per value. Graph inputs and outputs stay plain. Rules, in graph order:
+
+- a provider node whose input is in `L` runs in `L` when the provider supports it there, else its input is
+  reordered to plain and a plain kernel runs it;
+- a Conv reading a plain input writes `L` when some consumer can take `L`: reading the plain input directly
+  where it has fewer than 8 channels (a network's first conv) and the provider has a kernel for that, else
+  through a reorder;
+- a value of one pixel per image (e.g. GlobalAveragePool's output) is stored identically in `L` and plain:
+  it is always kept plain, so it never needs a reorder.
+
+The chosen nodes get `kernel` (the provider's name), `src_layout` and `dst_layout` attributes; values in `L`
+get their stored shape (ctxrt/ir/layouts.py). Ops the provider runs on plain tensors (MatMul, Gemm) get only
+`kernel`, where it supports them. Reorders are ordinary nodes: the planner gives their outputs
+arena space like any tensor, and `ctxrt inspect --kernels` lists them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from ctxrt.ir.graph import Graph, Node, Value
+from ctxrt.ir.layouts import PLAIN, Layout, same_bytes
+from ctxrt.ir.passes.base import Pass, PassResult, check_topological
+
+# Element-wise ops whose output is laid out like their operands.
+UNARY = {"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "Softplus", "Tanh", "Erf", "Gelu", "Sqrt", "Exp", "Log",
+         "Neg", "Abs", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Clip", "Identity"}
+BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean"}
+CHANNEL_OPS = {"Concat", "ChannelShuffle"}  # along the channel axis: the attribute follows the layout
+SMALL_INPUT = 8  # channels under which a conv reads its plain input directly (a network's first conv)
+
+# supports(graph, node, src, dst): the provider runs `node` reading input 0 in `src`, writing `dst`.
+Supports = Callable[[Graph, Node, Layout, Layout], bool]
+
+
+class AssignLayouts(Pass):
+    """`ops`: what the provider runs in `layout`; `plain_ops`: what it runs on plain tensors (MatMul, Gemm)."""
+
+    def __init__(self, layout: Layout, provider: str, ops: set[str], plain_ops: set[str], supports: Supports) -> None:
+        self.layout, self.provider, self.supports = layout, provider, supports
+        self.ops, self.plain_ops = set(ops), set(plain_ops)
+
+    def call(self, graph: Graph) -> PassResult:
+        return PassResult(*_Assign(self, graph).run())
+
+    def ensures(self, graph: Graph) -> None:
+        check_topological(graph)
+
+
+class _Assign:
+    def __init__(self, p: AssignLayouts, graph: Graph) -> None:
+        self.p, self.graph, self.L = p, graph, p.layout
+        self.logical = {name: tuple(v.shape) for name, v in graph.values.items()}
+        self.lay: dict[str, Layout] = {name: PLAIN for name in graph.values}
+        self.copies: dict[tuple[str, str], str] = {}  # (value, layout name) -> its reordered copy
+        self.consumers = graph.consumers()
+        self.nodes: list[Node] = []
+
+    def run(self) -> tuple[Graph, bool]:
+        for node in self.graph.nodes:
+            self.visit(node)
+        changed = len(self.nodes) != len(self.graph.nodes) or any(
+            lay is not PLAIN and not same_bytes(self.logical[n], lay) for n, lay in self.lay.items())
+        self.finish_outputs()
+        values = dict(self.graph.values)
+        for name, lay in self.lay.items():
+            if lay is not PLAIN and name in values:
+                values[name] = replace(values[name], shape=lay.physical(self.logical[name]))
+        return replace(self.graph, nodes=self.nodes, values=values), changed
+
+    # -- helpers -------------------------------------------------------------------------------------------
+    def is_act(self, name: str) -> bool:
+        """A 4-D float32 activation (not a constant)."""
+        v = self.graph.values.get(name) if name else None
+        return v is not None and not v.is_const and len(self.logical[name]) == 4 and np.dtype(v.dtype) == np.float32
+
+    def can_take_l(self, name: str) -> bool:
+        """Whether some consumer of `name` could read it in L (by op kind; lookahead of one node)."""
+        return any(c.op in self.p.ops or c.op in UNARY or c.op in BINARY or c.op in CHANNEL_OPS
+                   for c in self.consumers.get(name, []))
+
+    def convert(self, name: str, to: Layout) -> str:
+        """`name` in layout `to`: itself, or the output of a Reorder made once and inserted here."""
+        src = self.lay[name]
+        if src is to or not name:
+            return name
+        key = (name, to.name)
+        if key not in self.copies:
+            out = f"{name}#{to.name}"
+            v = self.graph.values[name]
+            self.graph.values[out] = Value(out, v.dtype, self.logical[name])
+            self.logical[out], self.lay[out] = self.logical[name], to
+            self.nodes.append(Node("Reorder", f"{out}/reorder", [name], [out], {"from": src.name, "to": to.name},
+                                   "ctxrt"))
+            self.copies[key] = out
+        return self.copies[key]
+
+    def set_inputs(self, node: Node, layouts: dict[int, Layout]) -> None:
+        node.inputs = [self.convert(n, layouts[i]) if i in layouts else n for i, n in enumerate(node.inputs)]
+
+    def emit(self, node: Node, out: Layout) -> None:
+        for o in node.outputs:
+            if o:
+                self.lay[o] = out
+        self.nodes.append(node)
+
+    def plain(self, node: Node) -> None:
+        self.set_inputs(node, {i: PLAIN for i, n in enumerate(node.inputs) if n and self.lay[n] is not PLAIN})
+        self.emit(node, PLAIN)
+
+    # -- per node ------------------------------------------------------------------------------------------
+    def visit(self, node: Node) -> None:
+        L, ins = self.L, node.inputs
+        x = ins[0] if ins else ""
+        if node.op in self.p.ops and self.is_act(x) and self.is_act(node.outputs[0]):
+            self.provider_node(node)
+        elif node.op in self.p.plain_ops:
+            self.plain(node)
+            if self.p.supports(self.graph, node, PLAIN, PLAIN):
+                node.attrs = {**node.attrs, "kernel": self.p.provider}
+        elif node.op in UNARY and self.is_act(x) and len(ins) == 1:
+            self.emit(node, self.lay[x])
+        elif node.op in BINARY and len(ins) > 1 and all(self.is_act(n) for n in ins) \
+                and len({self.logical[n] for n in ins}) == 1 and any(self.lay[n] is L for n in ins):
+            self.set_inputs(node, dict.fromkeys(range(len(ins)), L))
+            self.emit(node, L)
+        elif node.op in CHANNEL_OPS and self.channel_op_in_l(node):
+            self.set_inputs(node, dict.fromkeys(range(len(ins)), L))
+            node.attrs = {**node.attrs, "axis": L.channel_axis}
+            self.emit(node, L)
+        else:
+            self.plain(node)
+
+    def channel_op_in_l(self, node: Node) -> bool:
+        L, ins = self.L, node.inputs
+        y = node.outputs[0]
+        if not all(self.is_act(n) and L.fits(self.logical[n]) for n in ins) or not L.fits(self.logical[y]):
+            return False
+        if node.op == "ChannelShuffle" and L.block:
+            return False  # a block mixes channels of several groups
+        if node.op == "Concat" and node.attrs.get("axis") not in (1, -3):
+            return False
+        return sum(self.lay[n] is L for n in ins) * 2 >= len(ins)  # most inputs are in L already
+
+    def provider_node(self, node: Node) -> None:
+        L, x, y = self.L, node.inputs[0], node.outputs[0]
+        dst = PLAIN if same_bytes(self.logical[y], L) else L
+        if self.lay[x] is L:
+            candidates = [L]
+        elif node.op == "Conv" and self.can_take_l(y) and L.fits(self.logical[y]):
+            candidates = [PLAIN, L] if self.logical[x][1] < SMALL_INPUT else [L]
+        else:
+            candidates = []
+        src = next((c for c in candidates if (c is PLAIN or L.fits(self.logical[x]))
+                    and self.p.supports(self.graph, node, c, dst)), None)
+        if src is None:
+            self.plain(node)
+            return
+        residual = {3: dst} if node.op == "Conv" and node.attrs.get("residual") and len(node.inputs) > 3 else {}
+        self.set_inputs(node, {0: src, **residual})
+        node.attrs = {**node.attrs, "kernel": self.p.provider, "src_layout": src.name, "dst_layout": dst.name}
+        self.emit(node, dst)
+
+    def finish_outputs(self) -> None:
+        """Graph outputs are plain: a value in L is renamed and reordered into the output's name at the end."""
+        for out in self.graph.outputs:
+            lay = self.lay.get(out, PLAIN)
+            if lay is PLAIN or same_bytes(self.logical[out], lay):
+                continue
+            inner = f"{out}#{lay.name}"
+            v = self.graph.values[out]
+            self.graph.values[inner] = Value(inner, v.dtype, self.logical[out])
+            self.logical[inner], self.lay[inner], self.lay[out] = self.logical[out], lay, PLAIN
+            for node in self.nodes:
+                node.inputs = [inner if n == out else n for n in node.inputs]
+                node.outputs = [inner if n == out else n for n in node.outputs]
+            self.nodes.append(Node("Reorder", f"{out}/reorder", [inner], [out], {"from": lay.name, "to": PLAIN.name},
+                                   "ctxrt"))

@@ -1,0 +1,222 @@
+"""The layout pass (ir/passes/layout.py) with oneDNN as the provider: where reorders go, which nodes oneDNN
+runs, that outputs match onnx.reference, and that kernel choices are recorded in the binary."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+import ctxrt
+from ctxrt.backends.cpu.backend import CpuBackend
+from ctxrt.backends.cpu.onednn import api
+from ctxrt.compiler import compile_graphs, compile_ir, compile_options, lower
+
+RNG = np.random.default_rng(0)
+
+
+def _w(*shape: int) -> np.ndarray:
+    return (RNG.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+
+
+def _model(nodes: list[onnx.NodeProto], inits: dict[str, np.ndarray], x: tuple[int, ...]) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def conv_chain() -> onnx.ModelProto:
+    """A plain conv chain: conv (3 input channels) -> relu -> conv -> maxpool -> conv + residual -> global pool."""
+    inits = {"w1": _w(16, 3, 3, 3), "b1": _w(16), "w2": _w(32, 16, 3, 3), "w3": _w(32, 32, 1, 1), "b3": _w(32)}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("MaxPool", ["c2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["p", "w3", "b3"], ["c3"]),
+             helper.make_node("Add", ["c3", "p"], ["s"]), helper.make_node("Relu", ["s"], ["r3"]),
+             helper.make_node("GlobalAveragePool", ["r3"], ["y"])]
+    return _model(nodes, inits, (1, 3, 32, 32))
+
+
+def chain_with_reshape() -> onnx.ModelProto:
+    """conv -> relu -> conv -> Reshape/Transpose/Reshape (no channel shuffle: plain only) -> conv -> relu -> conv."""
+    inits = {f"w{k}": _w(16, 16 if k > 1 else 8, 3, 3) for k in range(1, 5)}
+    inits.update(s1=np.array([1, 16, 8, 32], np.int64), s2=np.array([1, 16, 16, 16], np.int64))
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c2", "s1"], ["a"]),
+             helper.make_node("Transpose", ["a"], ["b"], perm=[0, 1, 3, 2]),
+             helper.make_node("Reshape", ["b", "s2"], ["c"]),
+             helper.make_node("Conv", ["c", "w3"], ["c3"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c3"], ["r3"]),
+             helper.make_node("Conv", ["r3", "w4"], ["y"], pads=[1, 1, 1, 1])]
+    return _model(nodes, inits, (1, 8, 16, 16))
+
+
+def _steps(model: onnx.ModelProto, onednn: bool, prefer: str = "speed"):
+    be = CpuBackend(onednn=onednn)
+    graph, _ = compile_ir(lower(model, None, be), be, compile_options(prefer))
+    return graph.steps
+
+
+def _reference(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    return ReferenceEvaluator(model).run(None, {"x": x})[0]
+
+
+def test_onednn_is_installed_for_these_tests() -> None:
+    assert api.available(), "pip install 'ctxrt[onednn]' (onednn-cpu-gomp 2023.2.0) to run the oneDNN tests"
+
+
+def test_no_reorder_inside_a_plain_conv_chain() -> None:
+    steps = _steps(conv_chain(), onednn=True)
+    reorders = [s for s in steps if s.op == "Reorder"]
+    # only the model's input is reordered (its first conv reads 3 channels); the global pool writes one pixel
+    # per image, stored alike in every layout: nothing is reordered back
+    assert len(reorders) == 1 and reorders[0].inputs[0].space == "input"
+    assert all(s.attrs.get("kernel") == "onednn" for s in steps if s.op in ("Conv", "MaxPool", "GlobalAveragePool"))
+    assert {s.attrs["dst_layout"] for s in steps if s.op == "Conv"} == {"nhwc"}
+    fused = [s for s in steps if s.op == "Conv" and s.attrs.get("residual")]  # Add + Relu in the conv's post-ops
+    assert len(fused) == 1 and fused[0].inputs[3].shape == (1, 8, 8, 32)  # the residual stored channels-last
+    assert not [s for s in _steps(conv_chain(), onednn=False) if s.op == "Reorder"]
+
+
+def test_reorders_only_around_a_plain_only_op() -> None:
+    steps = _steps(chain_with_reshape(), onednn=True)
+    reorders = [(s.attrs["from"], s.attrs["to"]) for s in steps if s.op == "Reorder"]
+    # the input in; out before the Reshape, in after it; the output out: none between the convs of each side
+    assert reorders == [("nchw", "nhwc"), ("nhwc", "nchw"), ("nchw", "nhwc"), ("nhwc", "nchw")]
+    ops = [s.op for s in steps]
+    assert ops[ops.index("Transpose") - 1] == "Reorder" and ops[ops.index("Transpose") + 1] == "Reorder"
+    assert [s.attrs.get("kernel") for s in steps if s.op == "Conv"] == ["onednn"] * 4
+
+
+@pytest.mark.parametrize("layout", ["nhwc", "nChw8c", "nChw16c"])
+@pytest.mark.parametrize("make", [conv_chain, chain_with_reshape])
+def test_layouts_match_the_reference(make, layout: str) -> None:
+    model = make()
+    x = RNG.standard_normal(tuple(d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim))
+    x = x.astype(np.float32)
+    with ctxrt.compile(model, backend=CpuBackend(onednn=True, layout=layout)) as ctx:
+        got = ctx.graph().run({"x": x})["y"]
+    want = _reference(model, x)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _shufflenet_block() -> onnx.ModelProto:
+    """ShuffleNet's unit: grouped 1x1 conv (4 groups of 6 channels), channel shuffle, depthwise 3x3, grouped 1x1."""
+    c, g = 24, 4
+    inits = {"w1": _w(c, c // g, 1, 1), "w2": _w(c, 1, 3, 3), "b2": _w(c), "w3": _w(c, c // g, 1, 1),
+             "s1": np.array([1, g, c // g, 14, 14], np.int64), "s2": np.array([1, c, 14, 14], np.int64)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], group=g),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Reshape", ["r1", "s1"], ["a"]),
+             helper.make_node("Transpose", ["a"], ["b"], perm=[0, 2, 1, 3, 4]),
+             helper.make_node("Reshape", ["b", "s2"], ["c"]),
+             helper.make_node("Conv", ["c", "w2", "b2"], ["c2"], group=c, pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c2", "w3"], ["y"], group=g)]
+    return _model(nodes, inits, (1, c, 14, 14))
+
+
+@pytest.mark.parametrize("onednn", [True, False])
+def test_channel_shuffle_fused_and_kept_channels_last(onednn: bool) -> None:
+    model = _shufflenet_block()
+    steps = _steps(model, onednn)
+    assert "Transpose" not in [s.op for s in steps] and "ChannelShuffle" in [s.op for s in steps]
+    reorders = [s for s in steps if s.op == "Reorder"]
+    assert len(reorders) == (2 if onednn else 0)  # the input in, the output out; none around the shuffle
+    assert ("direct_depthwise" in [s.algorithm for s in steps]) != onednn
+    x = RNG.standard_normal((1, 24, 14, 14)).astype(np.float32)
+    with ctxrt.compile(model, backend=CpuBackend(onednn=onednn)) as ctx:
+        got = ctx.graph().run({"x": x})["y"]
+    np.testing.assert_allclose(got, _reference(model, x), rtol=1e-4, atol=1e-5)
+
+
+def test_kernel_choice_recorded_in_the_binary_and_reloaded(tmp_path) -> None:
+    from ctxrt.compiler import context_info
+    from ctxrt.format import write_context
+    from ctxrt.runtime.report import graph_kernels
+
+    model, be = conv_chain(), CpuBackend(onednn=True)
+    graphs, weights = compile_graphs([(model, None, "main")], be)
+    path = tmp_path / "m.ctx"
+    write_context(path, graphs, weights, context_info(be, ["m.onnx"]))
+    report = graph_kernels(path)[0]
+    assert [r["from"] + ">" + r["to"] for r in report["reorders"]] == ["nchw>nhwc"]
+    assert all(k["algorithm"].startswith("onednn:") for k in report["kernels"] if k["op"] == "Conv")
+    assert report["prepacked_bytes"] > 0  # oneDNN's weight formats, made at compile time
+    x = RNG.standard_normal((1, 3, 32, 32)).astype(np.float32)
+    with ctxrt.context_from_binary(path) as ctx:
+        got = ctx.graph().run({"x": x})["y"]
+        assert ctx.stats["weights_prepacked_bytes"] == report["prepacked_bytes"]
+    np.testing.assert_allclose(got, _reference(model, x), rtol=1e-4, atol=1e-5)
+
+
+def test_binary_with_onednn_kernels_where_onednn_is_absent_is_a_clear_error(tmp_path, monkeypatch) -> None:
+    """Decided: a clear error at load (finalize), naming the node and the fix; no fallback, since the weights
+    are stored in oneDNN's formats."""
+    from ctxrt.compiler import context_info
+    from ctxrt.format import write_context
+
+    be = CpuBackend(onednn=True)
+    graphs, weights = compile_graphs([(conv_chain(), None, "main")], be)
+    path = tmp_path / "m.ctx"
+    write_context(path, graphs, weights, context_info(be, ["m.onnx"]))
+    monkeypatch.setitem(api._STATE, "lib", None)
+    with pytest.raises(ctxrt.UnsupportedOpError, match=r"oneDNN, which is not installed here: pip install"):
+        ctxrt.context_from_binary(path)
+    with pytest.raises(ctxrt.CtxrtError, match="oneDNN was asked for but is not installed"):
+        CpuBackend(onednn=True)
+    assert not CpuBackend().onednn  # the default without it: NumPy kernels
+
+
+def test_prefer_memory_chooses_no_kernel_with_enlarged_constants() -> None:
+    """A 1x1 conv 128 -> 512 channels: oneDNN prefers weights blocked by 48 output channels (padded to 528),
+    and with prefer="speed" a Winograd conv's transform is 4x its weights; with prefer="memory" neither."""
+    inits = {"w1": _w(512, 128, 1, 1), "w2": _w(64, 64, 3, 3)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"]), helper.make_node("Relu", ["a"], ["y1"]),
+             helper.make_node("Conv", ["x2", "w2"], ["y2"], pads=[1, 1, 1, 1])]
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128, 28, 28]),
+                                       helper.make_tensor_value_info("x2", TensorProto.FLOAT, [1, 64, 56, 56])],
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y1", "y2")],
+                          [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+    def growth(steps, consts) -> list[int]:
+        return [int(consts[s.inputs[i].key].nbytes) - int(orig) for s in steps
+                for i, orig in s.attrs.get("prepacked", ()) if s.inputs[i] is not None]
+
+    for onednn in (True, False):
+        be = CpuBackend(onednn=onednn)
+        for prefer in ("speed", "memory"):
+            graph, consts = compile_ir(lower(model, None, be), be, compile_options(prefer))
+            grown = growth(graph.steps, consts)
+            if prefer == "memory":
+                assert all(d <= 0 for d in grown), grown
+            else:
+                assert any(d > 0 for d in grown), "the speed choice no longer enlarges: the test lost its case"
+
+
+def test_matmul_bias_residual_and_gelu_fold_into_onednn_epilogue() -> None:
+    """A transformer's projection: MatMul, Add bias, Add residual, then Gelu: one oneDNN matmul with post-ops;
+    NumPy keeps four nodes."""
+    w, b = _w(32, 48), _w(48)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Add", ["r", "a"], ["s"]), helper.make_node("Gelu", ["s"], ["y"], domain="")]
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16, 32]),
+                                       helper.make_tensor_value_info("r", TensorProto.FLOAT, [2, 16, 48])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
+    feeds = {"x": RNG.standard_normal((2, 16, 32)).astype(np.float32),
+             "r": RNG.standard_normal((2, 16, 48)).astype(np.float32)}
+    want = ReferenceEvaluator(model).run(None, feeds)[0]
+    for onednn, ops in ((True, ["MatMul"]), (False, ["MatMul", "Add", "Add", "Gelu"])):
+        steps = _steps(model, onednn)
+        assert [s.op for s in steps] == ops
+        if onednn:
+            assert {k: steps[0].attrs.get(k) for k in ("kernel", "bias", "residual", "activation")} == \
+                {"kernel": "onednn", "bias": 1, "residual": 1, "activation": "Gelu"}
+        with ctxrt.compile(model, backend=CpuBackend(onednn=onednn)) as ctx:
+            np.testing.assert_allclose(ctx.graph().run(feeds)["y"], want, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,132 @@
+"""One thread setting for every pool a run drives (BLAS through threadpoolctl, OpenMP through oneDNN), the
+default measured from the cores other processes leave idle, and the caller's limits restored after a run."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from threadpoolctl import threadpool_info
+
+import ctxrt
+from ctxrt.backends.cpu import threads
+from ctxrt.backends.cpu.backend import CpuBackend
+from ctxrt.backends.cpu.registry import KERNELS
+from ctxrt.backends.kernel import FnKernel
+
+
+class SpyBackend(CpuBackend):
+    """Its Relu records every pool's thread limit while the run is under way."""
+
+    seen: list[dict[str, int]]
+
+    def __init__(self) -> None:
+        super().__init__(onednn=True)  # oneDNN loads libgomp: an OpenMP pool to hold too
+        self.seen = []
+
+        def relu(spec):
+            inner = KERNELS["Relu"](spec)
+
+            def run(i, o, s):
+                self.seen.append({p["filepath"]: p["num_threads"] for p in threadpool_info()})
+                inner.bind(i, o, s)()
+            return FnKernel(run)
+        self.kernels = {**KERNELS, "Relu": relu}
+
+
+def _model():
+    """Conv (oneDNN, with its fused Relu) -> MaxPool (oneDNN) -> Reshape -> Relu (NumPy: the spy)."""
+    w = np.random.default_rng(0).standard_normal((16, 8, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["a"]),
+             helper.make_node("MaxPool", ["a"], ["r"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Reshape", ["r", "s"], ["f"]), helper.make_node("Relu", ["f"], ["y"])]
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 12])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([1, -1], np.int64), "s")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_every_pool_holds_the_thread_count_during_a_run_and_gets_it_back_after(n: int) -> None:
+    be = SpyBackend()
+    x = np.ones((1, 8, 12, 12), np.float32)
+    with ctxrt.compile(_model(), backend=be, num_threads=n) as ctx:
+        before = {p["filepath"]: p["num_threads"] for p in threadpool_info()}
+        ctx.graph().run({"x": x})
+        after = {p["filepath"]: p["num_threads"] for p in threadpool_info()}
+    assert be.seen, "the spy Relu did not run"
+    apis = {p["filepath"]: p["user_api"] for p in threadpool_info()}
+    assert {"blas", "openmp"} <= set(apis.values()), apis
+    cap = threads.openmp_cap()
+    assert cap == threads.usable_cores()  # the primitives were made for this machine's cores
+    for limits in be.seen:
+        for path, value in limits.items():
+            # OpenMP never above what oneDNN's primitives were made for (their scratch is sized by it)
+            assert value == (min(n, cap) if apis[path] == "openmp" else n), (path, limits)
+    assert after == before
+
+
+def test_session_options_set_the_threads_like_onnxruntime() -> None:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    model = _model().SerializeToString()
+    x = {"x": np.ones((1, 8, 12, 12), np.float32)}
+    for sess in (ctxrt.InferenceSession(model, so),
+                 ctxrt.InferenceSession(model, sess_options=ctxrt.SessionOptions(2))):
+        sess.run(None, x)
+    assert ctxrt.InferenceSession(model, so)._current.contexts[0].num_threads == 1
+    assert ctxrt.InferenceSession(model)._current.contexts[0].num_threads is None  # the default: measured
+    with pytest.raises(ctxrt.CtxrtError, match="intra_op_num_threads"):
+        ctxrt.InferenceSession(model, sess_options=ctxrt.SessionOptions(-1))
+
+
+def test_bad_thread_counts_are_clear_errors() -> None:
+    for bad in (-1, 1.5, "2", True):
+        with pytest.raises(ctxrt.CtxrtError, match="num_threads"):
+            ctxrt.compile(_model(), num_threads=bad)
+
+
+def test_default_takes_away_the_cores_other_processes_use(monkeypatch) -> None:
+    """Four cores; the machine busy for 1.6 core-seconds per second more than this process: 2 left."""
+    mon = threads.CoreMonitor(period=0.0)
+    mon.cores = 4
+    samples = iter([(10.0, 100.0, 5.0), (11.0, 102.6, 6.0), (12.0, 103.7, 7.0), (13.0, 104.0, 7.3)])
+    monkeypatch.setattr(mon, "_sample", lambda: next(samples))
+    mon._last = mon._sample()
+    assert mon.available() == 2  # others: 2.6 - 1.0 = 1.6 cores
+    assert mon.available() == 4  # others: 1.1 - 1.0 = 0.1 core
+    assert mon.available() == 4  # others: 0.3 - 0.3 = 0
+
+
+def test_default_thread_scope_uses_the_monitor(monkeypatch) -> None:
+    class Busy:
+        cores = 2
+
+        @staticmethod
+        def available() -> int:
+            return 1
+
+    monkeypatch.setitem(threads._STATE, "monitor", Busy())
+    scope = threads.ThreadScope(None)
+    with scope:
+        assert all(p.get() == 1 for p in threads.pools())
+    assert scope.last == 1
+
+
+def test_onednn_primitives_keep_the_thread_count_they_were_compiled_for(monkeypatch) -> None:
+    """Compiled where 1 core was usable, loaded where 2 are: the primitives are made for 1 thread, as compiled
+    (their scratch was planned for that), and OpenMP gets no more than 1 in a run asking for 2."""
+    monkeypatch.setitem(threads._STATE, "openmp_cap", None)  # the cap is process-wide: restored after the test
+    from ctxrt.compiler import compile_graphs
+    from ctxrt.runtime.loader import compile_to_context
+
+    be = SpyBackend()
+    monkeypatch.setattr(threads, "usable_cores", lambda: 1)
+    graphs, weights = compile_graphs([(_model(), None, "main")], be)
+    assert {s.attrs.get("threads") for s in graphs[0].steps if s.algorithm.startswith("onednn")} == {1}
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    with compile_to_context(graphs, weights, be, num_threads=2) as ctx:
+        ctx.graph().run({"x": np.ones((1, 8, 12, 12), np.float32)})
+    apis = {p["filepath"]: p["user_api"] for p in threadpool_info()}
+    assert all(v == (1 if apis[k] == "openmp" else 2) for limits in be.seen for k, v in limits.items()), be.seen
