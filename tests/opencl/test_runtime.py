@@ -86,6 +86,19 @@ def test_steady_loop_with_fallback_creates_and_records_nothing(zero_copy) -> Non
         ctx.mem_deregister(y)
 
 
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["mapped", "copies"])
+def test_only_weights_device_kernels_read_are_uploaded(zero_copy) -> None:
+    """Gather (a CPU partition) reads its table from the host weights; only Add's bias goes to the device."""
+    table, bias = rand(1000, 16), rand(16)
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["g"]), helper.make_node("Add", ["g", "bias"], ["y"])]
+    feeds = {"ids": np.array([[3, 999, 0], [7, 7, 1]], np.int64)}
+    model = make_model(nodes, feeds, {"table": table, "bias": bias})
+    with ctxrt.compile(model, backend=OpenCLBackend(0, zero_copy=zero_copy)) as ctx:
+        assert [p["backend"] for p in ctx.graph().partitions] == ["cpu", "opencl"]
+        assert ctx.stats["alloc_weights_bytes"] == ctx.stats["weights_uploaded_bytes"] == bias.nbytes
+        np.testing.assert_allclose(ctx.graph().run(feeds)["y"], table[feeds["ids"]] + bias, rtol=1e-6)
+
+
 def test_inspect_shows_device_driver_and_partitions(tmp_path, capsys) -> None:
     model, _ = _mixed()
     src, out = tmp_path / "m.onnx", tmp_path / "m.ctx"

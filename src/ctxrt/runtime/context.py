@@ -17,7 +17,7 @@ import numpy as np
 
 from ctxrt.backends import Backend
 from ctxrt.backends.kernel import held_constants_bytes
-from ctxrt.compiler.program import CompiledGraph
+from ctxrt.compiler.program import CONST, CompiledGraph
 from ctxrt.errors import LifecycleError, RegistrationError
 from ctxrt.format import weights as wts
 from ctxrt.runtime.graph import Graph, io_buffer_layout
@@ -166,24 +166,36 @@ class Context:
 
     def _place_weights(self) -> None:
         """Weights in the registered buffer (copied), else used in place where the backend reads host memory
-        (the mapped file), else uploaded once into one device buffer."""
+        (the mapped file), else uploaded once into one device buffer: only those the device's kernels read (CPU
+        partitions read the host copy), packed at 64-byte offsets."""
         be, block, n = self.backend, self._block, int(self._block.nbytes)
+        where: dict[int, int] = {}  # offset in the weights section -> offset in the buffer holding it
         if "weights" in self._registered:
             buf, off = self._registered["weights"]
             be.copy_in(be.view(buf, off, (n,), np.uint8), block)
             self.stats["weights_copied_bytes"] += n
+            where = {e.offset: off + e.offset for e in self._table.values()}
+        elif (buf := be.wrap_host(block)) is not None:
+            where = {e.offset: e.offset for e in self._table.values()}
         else:
-            buf, off = be.wrap_host(block), 0
-            if buf is None:
-                buf = self._alloc(n, "weights")
-                be.copy_in(be.view(buf, 0, (n,), np.uint8), block)
-                self.stats["weights_uploaded_bytes"] += n
-        self.weights = {name: be.view(buf, off + e.offset, e.shape, e.dtype) for name, e in self._table.items()}
+            read = {r.key for g in self._graphs.values() for s in g.compiled.steps if s.backend in ("", be.name)
+                    for r in s.inputs if r is not None and r.space == CONST}
+            size, chunks = 0, {self._table[k].offset: self._table[k].nbytes for k in read}
+            for src in sorted(chunks):
+                where[src] = size
+                size += -(-max(chunks[src], 1) // 64) * 64
+            buf = self._alloc(size, "weights")
+            for src, dst in where.items():
+                be.copy_in(be.view(buf, dst, (chunks[src],), np.uint8), block[src:src + chunks[src]])
+                self.stats["weights_uploaded_bytes"] += chunks[src]
+        self.weights = {name: be.view(buf, where[e.offset], e.shape, e.dtype)
+                        for name, e in self._table.items() if e.offset in where}
         in_block = wts.views(self._table, block)
         self.host_weights = {}
-        for name, t in self.weights.items():
-            host = be.host_view(t)
-            self.host_weights[name] = in_block[name] if host is None else host
+        for name, host in in_block.items():
+            t = self.weights.get(name)
+            view = be.host_view(t) if t is not None else None
+            self.host_weights[name] = host if view is None else view
 
     def finalize(self) -> None:
         """Place weights, allocate what was not registered, build kernels and record every graph."""
