@@ -28,15 +28,15 @@ from bench_latency import model_and_feeds  # noqa: E402
 
 
 def _binary(name: str) -> Path:
-    from ctxrt.runtime import get_backend
-    from ctxrt.runtime.loader import compile_graphs, context_info, save_context
+    from ctxrt.backends import get_backend
+    from ctxrt.compiler import compile_graphs, save_context
 
     path, feeds = model_and_feeds(name)
     out = REPO / ".cache" / "models" / f"{path.stem}.ctx"
     if not out.exists() or out.stat().st_mtime < path.stat().st_mtime:
         be = get_backend("cpu")
         graphs, weights = compile_graphs([(path, {k: v.shape for k, v in feeds.items()}, "main")], be)
-        save_context(out, graphs, weights, context_info(be, [str(path)]))
+        save_context(out, graphs, weights, be, [str(path)])
     return out
 
 

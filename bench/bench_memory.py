@@ -84,11 +84,11 @@ def prepare() -> dict[str, Any]:
         numpy_ctx = WORK / f"{path.stem}_numpy.ctx"  # NumPy's kernels only (no oneDNN): for comparison
         if _stale(numpy_ctx, path):
             from ctxrt.backends.cpu.backend import CpuBackend
-            from ctxrt.runtime.loader import compile_graphs, context_info, save_context
+            from ctxrt.compiler import compile_graphs, save_context
 
             be = CpuBackend(onednn=False)
             graphs, weights = compile_graphs([(str(path), {k: v.shape for k, v in feeds.items()}, path.stem)], be)
-            save_context(numpy_ctx, graphs, weights, context_info(be, [str(path)]))
+            save_context(numpy_ctx, graphs, weights, be, [str(path)])
         out["ctx_numpy"].append(str(numpy_ctx))
     bert, feeds = _model("bert")
     split = WORK / f"{bert.stem}_split3"

@@ -1,4 +1,5 @@
-"""Shared test helpers: tests/ops (harness) and tests/models (zoo) are importable from every test folder."""
+"""Shared test helpers: tests/ops (harness) and tests/models (zoo) are importable from every test folder, and
+the `backend` fixture runs a test once per backend ("cpu", "opencl")."""
 
 import sys
 from pathlib import Path
@@ -10,6 +11,20 @@ for folder in ("ops", "models"):
 
 
 import pytest  # noqa: E402
+from harness import BACKENDS, skip_unless_available  # noqa: E402
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The name of a backend to run on; OpenCL tests skip (with the reason) where there is no device."""
+    skip_unless_available(request.param)
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def opencl() -> str:
+    skip_unless_available("opencl")
+    return "opencl"
 
 
 @pytest.fixture(scope="session")

@@ -37,6 +37,7 @@ from ctxrt.cli_args import (
     read_inputs,
     shape_targets,
 )
+from ctxrt.cli_devices import cmd_devices
 from ctxrt.cli_inspect import cmd_inspect
 from ctxrt.errors import CtxrtError, CtxrtWarning
 from ctxrt.format.atomic import StagedFiles, atomic_write, pause_point
@@ -73,8 +74,9 @@ def open_context(model: str, kind: str, shapes: dict[str, tuple[int, ...]], args
     """A finalized context from a .onnx model (compiled in memory: with `feeds`, for their shapes and the
     values of its value inputs in them) or a .ctx binary."""
     import ctxrt
-    from ctxrt.runtime import get_backend
-    from ctxrt.runtime.loader import compile_graphs, compile_to_context, context_from_binary
+    from ctxrt.backends import get_backend
+    from ctxrt.compiler import compile_graphs
+    from ctxrt.runtime.loader import compile_to_context, context_from_binary
 
     with naming(model):
         if kind != "onnx":
@@ -103,12 +105,11 @@ def _context_source(model: str, kind: str, shapes: dict[str, tuple[int, ...]], a
         if len(nodes) > 1:
             raise UsageError(f"{model} chains several context binaries: run it alone")
         return nodes[0].source if isinstance(nodes[0].source, bytes) else str(nodes[0].source)
-    from ctxrt.format import context_bytes
-    from ctxrt.runtime.loader import compile_graphs, context_info
+    from ctxrt.compiler import compile_graphs, context_to_bytes
 
     with naming(model), _progress(args, f"compile {Path(model).name}"):
         graphs, weights = compile_graphs([(model, shapes, "main")], backend)
-        return context_bytes(graphs, weights, context_info(backend, [model]))
+        return context_to_bytes(graphs, weights, backend, [model])
 
 
 def _time(fn: Any, repeat: int) -> list[float]:
@@ -163,11 +164,27 @@ def _check_run_args(args: argparse.Namespace, kinds: list[str]) -> list[dict[str
     return graph_shapes(args.shape, n)
 
 
+def _run_backend(model: str, kind: str) -> str:
+    """The backend a model runs on without --backend: the one its context binary was compiled for, cpu for an
+    ONNX model compiled in memory."""
+    if kind == "onnx":
+        return "cpu"
+    from ctxrt.format import read_metadata
+
+    with naming(model):
+        if kind == "epcontext":
+            from ctxrt.frontend.epcontext import read_epcontext
+
+            model = read_epcontext(model)[0].source
+        return str(read_metadata(model)["backend"])
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if args.output:
         not_an_input(f"--output {args.output}", output_file("--output", args.output, ".npz"),
                      [*args.model, args.inputs])
     kinds = [_run_kind(m) for m in args.model]
+    args.backend = args.backend or _run_backend(args.model[0], kinds[0])
     shapes = _check_run_args(args, kinds)
     if kinds[0] == "epcontext" and len(args.model) == 1:
         return _run_chain(args)
@@ -228,7 +245,7 @@ def _run_chain(args: argparse.Namespace) -> int:
 def _run_group(args: argparse.Namespace, kinds: list[str], shapes: list[dict[str, tuple[int, ...]]]) -> int:
     """Several models, each context's graph run once per repeat, in order (one spill-fill buffer with
     --share-spillfill)."""
-    from ctxrt.runtime import get_backend
+    from ctxrt.backends import get_backend
     from ctxrt.runtime.group import ContextGroup
 
     backend = get_backend(args.backend)
@@ -292,9 +309,8 @@ def _check_compile_args(args: argparse.Namespace) -> None:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from ctxrt.compiler import compile_options
-    from ctxrt.runtime import get_backend
-    from ctxrt.runtime.loader import compile_graphs, context_info, save_context
+    from ctxrt.backends import get_backend
+    from ctxrt.compiler import compile_graphs, compile_options, save_context
 
     _check_compile_args(args)
     if args.split is not None:
@@ -313,24 +329,23 @@ def cmd_compile(args: argparse.Namespace) -> int:
     with _progress(args, f"compile {Path(label).name}"):
         with naming(args.models[0]) if len(args.models) == 1 else contextlib.nullcontext():
             graphs, weights = compile_graphs(models, backend, args.io_mem_type, options=compile_options(args.prefer))
-        info = context_info(backend, args.models)
         if args.epcontext:
-            written = _write_with_epcontext(args, out, graphs, weights, info)
+            written = _write_with_epcontext(args, out, graphs, weights, backend)
         else:
-            written = [save_context(out, graphs, weights, info)]
+            written = [save_context(out, graphs, weights, backend, args.models)]
     print(f"wrote {' and '.join(map(str, written))}")
     return 0
 
 
 def _write_with_epcontext(args: argparse.Namespace, out: Path, graphs: list[Any], weights: dict[str, Any],
-                          info: dict[str, Any]) -> list[Path]:
+                          backend: Any) -> list[Path]:
     """OUT.ctx and OUT_ctx.onnx, both or neither."""
+    from ctxrt.compiler import save_context
     from ctxrt.format import read_metadata
     from ctxrt.frontend.epcontext import write_epcontext
-    from ctxrt.runtime.loader import save_context
 
     with StagedFiles(out.parent, out.name) as stage:
-        binary = save_context(stage.path(out.name), graphs, weights, info)
+        binary = save_context(stage.path(out.name), graphs, weights, backend, args.models)
         pause_point("staged")
         write_epcontext(stage.path(out.name.removesuffix(".ctx") + "_ctx.onnx"), [(binary, read_metadata(binary))],
                         embed=args.embed, source_model=Path(args.models[0]).name)
@@ -340,11 +355,10 @@ def _write_with_epcontext(args: argparse.Namespace, out: Path, graphs: list[Any]
 def _compile_split(args: argparse.Namespace) -> int:
     """MODEL.onnx --split K -o DIR: DIR/MODEL_part{i}.ctx for each part and DIR/MODEL_ctx.onnx chaining them,
     all written or none."""
-    from ctxrt.compiler import compile_options
+    from ctxrt.backends import get_backend
+    from ctxrt.compiler import compile_options, compile_split, save_context
     from ctxrt.format import read_metadata
     from ctxrt.frontend.epcontext import write_epcontext
-    from ctxrt.runtime import get_backend
-    from ctxrt.runtime.loader import compile_split, context_info, save_context
 
     out_dir = output_dir("-o", args.output)
     backend = get_backend(args.backend)
@@ -359,8 +373,7 @@ def _compile_split(args: argparse.Namespace) -> int:
             written = []
             for i, (graph, weights) in enumerate(parts):
                 with progress.part(f"part {i + 1}/{len(parts)}"):
-                    path = save_context(stage.path(f"{stem}_part{i}.ctx"), [graph], weights,
-                                        context_info(backend, [model]))
+                    path = save_context(stage.path(f"{stem}_part{i}.ctx"), [graph], weights, backend, [model])
                 written.append((path, read_metadata(path)))
                 pause_point("staged")
             write_epcontext(stage.path(f"{stem}_ctx.onnx"), written, embed=args.embed,
@@ -385,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("models", nargs="+", metavar="MODEL.onnx")
     c.add_argument("-o", "--output", required=True, metavar="OUT.ctx",
                    help="the context binary to write (a directory with --split)")
-    c.add_argument("--backend", default="cpu")
+    c.add_argument("--backend", default="cpu", help="cpu, opencl (device $CTXRT_OPENCL_DEVICE or 0) or opencl:N")
     c.add_argument("--io-mem-type", default="raw", choices=["raw", "memhandle"])
     c.add_argument("--shape", action="append", default=[], help="[K:]NAME=1x3x224x224 (K: model index)")
     c.add_argument("--value", action="append", default=[],
@@ -417,13 +430,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads of every pool (BLAS, OpenMP); 0: the cores other processes leave idle")
     r.add_argument("--shape", action="append", default=[],
                    help="[K:]NAME=1x3x224x224 for dynamic inputs of .onnx models (K: model index)")
-    r.add_argument("--backend", default="cpu")
+    r.add_argument("--backend", help="cpu, opencl or opencl:N (default: the backend a .ctx was compiled for; cpu "
+                   "for an ONNX model)")
     r.add_argument("--graph", help="graph to run in a multi-graph context or EPContext file (default: the first)")
     r.add_argument("--share-spillfill", action="store_true",
                    help="one spill-fill buffer of the largest size for every context (loaded largest first)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar while compiling .onnx models")
     r.set_defaults(func=cmd_run)
+    d = sub.add_parser("devices", help="list the backends and OpenCL devices (name, driver, compute units, memory)")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_devices)
     return p
 
 

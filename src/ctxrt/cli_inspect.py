@@ -30,16 +30,26 @@ def _binaries(path: str) -> list[tuple[str, str | bytes]]:
 
 
 def inspect_report(meta: dict[str, Any]) -> dict[str, Any]:
+    device = meta.get("device", {})  # files written before devices were recorded have none
     return {
         "format_version": meta["format_version"], "backend": meta["backend"], "hardware": meta["hardware"],
+        "device": device.get("device", meta["hardware"]), "driver": device.get("driver", ""),
         "producer": meta["producer"], "source_models": meta["source_models"],
         "weights_size": meta["weights_size"], "spillfill_size": meta["max_spillfill_size"],
         "alignment": meta["alignment"], "tuning": meta["tuning"],
         "graphs": [{"name": g["name"], "spillfill_size": g["spillfill_size"], "lower_bound": g["lower_bound"],
                     "io_bytes": g["io_bytes"], "inputs": g["inputs"], "outputs": g["outputs"],
-                    "value_inputs": g.get("value_inputs", {}), "bounded_outputs": g.get("bounded_outputs", {})}
+                    "value_inputs": g.get("value_inputs", {}), "bounded_outputs": g.get("bounded_outputs", {}),
+                    "partitions": g.get("partitions", [])}
                    for g in meta["graphs"]],
     }
+
+
+def _partitions_line(parts: list[dict[str, Any]]) -> str:
+    """`opencl 12 steps (Gemm 3, Add 4) | cpu 3 steps (Conv 3)`: which nodes run where, in order."""
+    def ops(p: dict[str, Any]) -> str:
+        return ", ".join(f"{op} {n}" for op, n in sorted(p["ops"].items(), key=lambda kv: -kv[1]))
+    return " | ".join(f"{p['backend']} {p['steps']} steps ({ops(p)})" for p in parts)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -83,8 +93,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def _print_inspect(name: str, report: dict[str, Any]) -> None:
     mib = 2 ** 20
+    driver = f", driver {report['driver']}" if report["driver"] else ""
     print(f"{name}: ctxrt context binary v{report['format_version']}, backend {report['backend']} "
-          f"({report['hardware']}), made by {report['producer']} from {', '.join(report['source_models'])}")
+          f"({report['device']}{driver}), made by {report['producer']} from {', '.join(report['source_models'])}")
     print(f"weights {report['weights_size'] / mib:.2f} MiB, max spill-fill {report['spillfill_size'] / mib:.2f} "
           f"MiB, buffer start alignment {report['alignment']}")
     for g in report["graphs"]:
@@ -95,6 +106,8 @@ def _print_inspect(name: str, report: dict[str, Any]) -> None:
                 print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}[{', '.join(_dims(t, g))}] ({t['mem_type']}"
                       + (f", value input compiled for {g['value_inputs'][t['name']]})" if t["name"] in
                          g["value_inputs"] else ")"))
+        if len(g["partitions"]) > 1 or any(p["backend"] != report["backend"] for p in g["partitions"]):
+            print(f"  partitions: {_partitions_line(g['partitions'])}")
     if "memory" in report:
         print(f"  {'memory':<24}{'weights':>12}{'spill-fill':>12}{'lower bound':>12}{'arena/bound':>12}{'IO':>12}")
         for g in report["memory"]:

@@ -42,5 +42,5 @@ class LifecycleError(CtxrtError):
 
 
 class CtxrtWarning(UserWarning):
-    """Something the user should know that is not an error (e.g. a dynamic dim bound to 1 by default).
-    `ctxrt` prints each as one line on stderr once the command succeeded."""
+    """Something the user should know that is not an error (e.g. a dynamic dim bound to 1 by default, programs
+    rebuilt for another device). `ctxrt` prints each as one line on stderr once the command succeeded."""

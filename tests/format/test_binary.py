@@ -95,6 +95,7 @@ def test_metadata_holds_everything_inspect_needs(ctx_path) -> None:
     first = meta["graphs"][0]
     assert first == {"name": "first", "opset": 17, "spillfill_size": 384, "lower_bound": 256, "io_bytes": 256,
                      "strategy": "greedy_by_size",
+                     "partitions": [{"backend": "cpu", "steps": 2, "ops": {"MatMul": 1, "Add": 1}}],
                      "inputs": [{"name": "x", "dtype": F32, "shape": [4, 8], "mem_type": "memhandle"}],
                      "outputs": [{"name": "y", "dtype": F32, "shape": [4, 8], "mem_type": "raw"}]}
     assert set(meta["weights"]) == {"w", "w_copy", "b1", "b2"}

@@ -15,10 +15,11 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
+from ctxrt.backends import get_backend
+from ctxrt.compiler import compile_graphs, context_info
 from ctxrt.errors import FormatError
 from ctxrt.format import ContextFile, context_bytes
-from ctxrt.runtime import get_backend
-from ctxrt.runtime.loader import compile_graphs, context_from_binary, context_info
+from ctxrt.runtime.loader import context_from_binary
 
 META, PROGRAMS, WEIGHTS = 1, 2, 3
 BODY = 3  # the extension code of a compiled body

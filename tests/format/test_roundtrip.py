@@ -12,10 +12,11 @@ import pytest
 import zoo  # tests/models is on sys.path (tests/conftest.py)
 
 import ctxrt
+from ctxrt.backends import get_backend
 from ctxrt.cli import main
+from ctxrt.compiler import compile_graphs, save_context
 from ctxrt.format import read_metadata
-from ctxrt.runtime import get_backend
-from ctxrt.runtime.loader import compile_graphs, context_from_binary, context_info, save_context
+from ctxrt.runtime.loader import context_from_binary
 
 CASES = [(name, None) for name in zoo.LIGHT] + [("bert", 16)]
 
@@ -36,7 +37,7 @@ def test_binary_runs_bit_for_bit_like_the_in_memory_compile(name, tmp_path) -> N
         want = {k: v.copy() for k, v in ctx.graph().run(feeds).items()}
     backend = get_backend("cpu")
     graphs, weights = compile_graphs([(path, shapes, "main")], backend)
-    out = save_context(tmp_path / "m.ctx", graphs, weights, context_info(backend, [str(path)]))
+    out = save_context(tmp_path / "m.ctx", graphs, weights, backend, [str(path)])
     del graphs, weights
     assert ctxrt.read_metadata(out)["graphs"][0]["name"] == "main"
     with ctxrt.context_from_binary(out) as ctx:

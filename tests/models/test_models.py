@@ -1,4 +1,5 @@
-"""Whole models through ctxrt against onnxruntime: the light zoo (random weights) and exported BERTs."""
+"""Whole models through ctxrt against onnxruntime, on every backend: the light zoo (random weights) and
+exported BERTs."""
 
 from __future__ import annotations
 
@@ -32,9 +33,9 @@ def ort_outputs(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarra
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
 
 
-def run_both(path: Path, feeds: dict[str, np.ndarray]) -> Run:
+def run_both(path: Path, feeds: dict[str, np.ndarray], backend: str = "cpu") -> Run:
     want = ort_outputs(path, feeds)  # its session is gone before ctxrt loads VGG-19's 548 MiB
-    ctx = ctxrt.compile(path, shapes={k: v.shape for k, v in feeds.items()})
+    ctx = ctxrt.compile(path, shapes={k: v.shape for k, v in feeds.items()}, backend=backend)
     try:
         g = ctx.graph()
         # copies: outputs may be views of buffers that ctx.free() releases
@@ -62,9 +63,9 @@ def assert_arena_near_bound(run: Run) -> None:
 # ---- light zoo: one module-scoped run per model, shared by its tests --------------------------------
 
 @pytest.fixture(scope="module", params=zoo.LIGHT)
-def light(request: pytest.FixtureRequest) -> Iterator[Run]:
+def light(request: pytest.FixtureRequest, backend: str) -> Iterator[Run]:
     # feeds from the name: reading inputs from the small source beats parsing VGG-19's 575 MB
-    yield run_both(zoo.light_model(request.param), zoo.light_feeds(request.param))
+    yield run_both(zoo.light_model(request.param), zoo.light_feeds(request.param), backend)
 
 
 def test_light_model_matches_onnxruntime(light: Run) -> None:
@@ -81,10 +82,10 @@ BERT_CASES = {"dynamo-b1": ("dynamo", 1), "legacy-b1": ("legacy", 1), "dynamo-b2
 
 
 @pytest.fixture(scope="module", params=list(BERT_CASES))
-def bert(request: pytest.FixtureRequest) -> Iterator[Run]:
+def bert(request: pytest.FixtureRequest, backend: str) -> Iterator[Run]:
     exporter, batch = BERT_CASES[request.param]
     path = zoo.bert_model(layers=2, hidden=64, heads=4, seq=SEQ, exporter=exporter)
-    yield run_both(path, zoo.bert_feeds(SEQ, batch=batch, pad=PAD))
+    yield run_both(path, zoo.bert_feeds(SEQ, batch=batch, pad=PAD), backend)
 
 
 def test_bert_matches_onnxruntime(bert: Run) -> None:
@@ -97,15 +98,17 @@ def test_bert_arena_within_5_percent_of_lower_bound(bert: Run) -> None:
 
 
 @pytest.mark.parametrize("name", ["squeezenet", "bert"])
-def test_steady_state_run_of_a_real_model_allocates_no_tensor_memory(name: str) -> None:
+def test_steady_state_run_of_a_real_model_allocates_no_tensor_memory(name: str, backend: str) -> None:
     if name == "bert":
         path, feeds = zoo.bert_model(layers=2, hidden=64, heads=4, seq=SEQ), zoo.bert_feeds(SEQ, pad=PAD)
     else:
         path = zoo.light_model(name)
         feeds = zoo.light_feeds(path)
-    with ctxrt.compile(path, shapes={k: v.shape for k, v in feeds.items()}) as ctx:
+    with ctxrt.compile(path, shapes={k: v.shape for k, v in feeds.items()}, backend=backend) as ctx:
         g = ctx.graph()
         outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in g.outputs}
+        made, recorded = ctx.backend.stats["buffers_created"], ctx.stats["recordings"]
         peak, growth = steady_state_allocation(lambda: g.execute(feeds, outs))
+        assert ctx.backend.stats["buffers_created"] == made and ctx.stats["recordings"] == recorded
     assert peak < ITERATOR_BUFFER, f"{peak} bytes allocated during steady-state runs"
     assert growth < 2048  # nothing accumulates from run to run

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -11,6 +12,26 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 RNG = np.random.default_rng(0)
+BACKENDS = ["cpu", "opencl"]
+BACKEND = "cpu"  # what `check` runs on: tests/ops/conftest.py sets it per test, once per backend
+
+
+@functools.cache
+def opencl_missing() -> str | None:
+    """Why OpenCL tests cannot run here, or None. CI must have a device (scripts/setup.sh installs PoCL)."""
+    from ctxrt.backends.opencl.device import opencl_devices
+
+    if opencl_devices():
+        return None
+    return ("no OpenCL device on this machine: install one (scripts/setup.sh does: apt-get install "
+            "pocl-opencl-icd, or pip install pocl-binary-distribution)")
+
+
+def skip_unless_available(name: str) -> None:
+    if name.startswith("opencl") and opencl_missing():
+        import pytest
+
+        pytest.skip(opencl_missing())
 
 
 def rand(*shape: int, dtype: Any = np.float32, low: float = -1.0, high: float = 1.0) -> np.ndarray:
@@ -36,10 +57,10 @@ def reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.n
     return [np.asarray(o) for o in ReferenceEvaluator(model).run(None, feeds)]
 
 
-def run_ctxrt(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+def run_ctxrt(model: onnx.ModelProto, feeds: dict[str, np.ndarray], backend: str | None = None) -> list[np.ndarray]:
     import ctxrt
 
-    ctx = ctxrt.compile(model)
+    ctx = ctxrt.compile(model, backend=backend or BACKEND)
     try:
         result = ctx.graph().run(feeds)
     finally:
@@ -137,6 +158,18 @@ def bind(op: str, ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict[str
                     [TensorSpec(y.shape, y.dtype) for y in outs], consts or [None] * len(ins), opset)
     kernel = KERNELS[op](spec)
     return kernel.bind(ins, outs, [np.empty(n, np.uint8) for n in kernel.scratch])
+
+
+def write(be: Any, tensor: Any, array: np.ndarray) -> None:
+    """Host array -> a backend's tensor (a memory handle's view, a view of a shared buffer)."""
+    be.copy_in(tensor, np.asarray(array))
+
+
+def read(be: Any, tensor: Any) -> np.ndarray:
+    """A backend's tensor -> a new host array."""
+    out = np.empty(tensor.shape, tensor.dtype)
+    be.copy_out(out, tensor)
+    return out
 
 
 def allocated(launch) -> int:

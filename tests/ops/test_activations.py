@@ -11,9 +11,9 @@ from harness import allocated, bind, check, make_model, rand, run_ctxrt
 from onnx import helper
 
 import ctxrt
+from ctxrt.backends import get_backend
 from ctxrt.compiler import lower
 from ctxrt.errors import UnsupportedOpError
-from ctxrt.runtime import get_backend
 
 EDGES = np.array([0.0, -0.0, 1e-8, -1e-8, 3.0, -3.0, 6.0, -6.0, 30.0, -30.0, 90.0, -90.0, 1e4, -1e4, np.nan])
 

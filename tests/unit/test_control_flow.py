@@ -268,14 +268,16 @@ def test_if_nested_in_a_loop(trips_from) -> None:
 
 
 def test_context_binary_with_subgraphs_round_trips(tmp_path) -> None:
-    from ctxrt.runtime.loader import compile_graphs, context_from_binary, context_info, save_context
+    from ctxrt.backends import get_backend
+    from ctxrt.compiler import compile_graphs, save_context
+    from ctxrt.runtime.loader import context_from_binary
 
-    be = ctxrt.runtime.get_backend("cpu")
+    be = get_backend("cpu")
     cases = [(data_if(), RNG.standard_normal((3, 4)).astype(np.float32)),
              (nested_loop("data"), np.array([0.5, 6.0, 2.0], np.float32))]
     for m, x in cases:
         graphs, weights = compile_graphs([(m, None, "main")], be)
-        path = save_context(tmp_path / "cf.ctx", graphs, weights, context_info(be, ["cf.onnx"]))
+        path = save_context(tmp_path / "cf.ctx", graphs, weights, be, ["cf.onnx"])
         loaded = context_from_binary(path)
         assert loaded.graph().compiled.steps == graphs[0].steps  # bodies decoded as they were written
         check(m, {"x": x}, loaded)

@@ -12,8 +12,7 @@ from onnx.reference import ReferenceEvaluator
 import ctxrt
 from ctxrt.backends.cpu.backend import CpuBackend
 from ctxrt.backends.cpu.onednn import api
-from ctxrt.compiler import compile_ir, compile_options, lower
-from ctxrt.runtime.loader import compile_graphs
+from ctxrt.compiler import compile_graphs, compile_ir, compile_options, lower
 
 RNG = np.random.default_rng(0)
 
@@ -135,8 +134,8 @@ def test_channel_shuffle_fused_and_kept_channels_last(onednn: bool) -> None:
 
 
 def test_kernel_choice_recorded_in_the_binary_and_reloaded(tmp_path) -> None:
+    from ctxrt.compiler import context_info
     from ctxrt.format import write_context
-    from ctxrt.runtime.loader import context_info
     from ctxrt.runtime.report import graph_kernels
 
     model, be = conv_chain(), CpuBackend(onednn=True)
@@ -157,8 +156,8 @@ def test_kernel_choice_recorded_in_the_binary_and_reloaded(tmp_path) -> None:
 def test_binary_with_onednn_kernels_where_onednn_is_absent_is_a_clear_error(tmp_path, monkeypatch) -> None:
     """Decided: a clear error at load (finalize), naming the node and the fix; no fallback, since the weights
     are stored in oneDNN's formats."""
+    from ctxrt.compiler import context_info
     from ctxrt.format import write_context
-    from ctxrt.runtime.loader import context_info
 
     be = CpuBackend(onednn=True)
     graphs, weights = compile_graphs([(conv_chain(), None, "main")], be)

@@ -118,7 +118,8 @@ def test_onednn_primitives_keep_the_thread_count_they_were_compiled_for(monkeypa
     """Compiled where 1 core was usable, loaded where 2 are: the primitives are made for 1 thread, as compiled
     (their scratch was planned for that), and OpenMP gets no more than 1 in a run asking for 2."""
     monkeypatch.setitem(threads._STATE, "openmp_cap", None)  # the cap is process-wide: restored after the test
-    from ctxrt.runtime.loader import compile_graphs, compile_to_context
+    from ctxrt.compiler import compile_graphs
+    from ctxrt.runtime.loader import compile_to_context
 
     be = SpyBackend()
     monkeypatch.setattr(threads, "usable_cores", lambda: 1)

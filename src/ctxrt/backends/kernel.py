@@ -52,8 +52,10 @@ class Kernel:
     """A kernel chosen for one node at fixed shapes.
 
     `scratch` lists the byte sizes of the scratch buffers it needs while it runs; the planner places
-    them in the arena. `bind` receives views (inputs, outputs, scratch as uint8 arrays) and returns a
-    zero-argument launch that computes outputs from inputs without allocating memory.
+    them in the arena. `bind` receives the backend's tensors (inputs, outputs, scratch as uint8 tensors)
+    and returns a zero-argument launch that computes outputs from inputs without allocating memory.
+    `programs` names the device programs the launch needs (keys of the backend's ProgramStore): they are
+    built or loaded once, before any kernel is bound, and stored in context binaries.
     """
 
     scratch: tuple[int, ...] = ()
@@ -68,6 +70,7 @@ class Kernel:
     # Bytes of constants the kernel made for itself when it was built (e.g. per-channel scale rows), counted in
     # the context's memory as kernel-private; None: found by `built_constants_bytes`.
     private_bytes: int | None = None
+    programs: tuple[Any, ...] = ()
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         raise NotImplementedError

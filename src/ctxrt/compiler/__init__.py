@@ -1,4 +1,4 @@
-"""Compile ONNX models into graphs bound to a memory plan."""
+"""Compile ONNX models into graphs bound to a memory plan (online prepare returns a Context)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ctxrt import progress
+from ctxrt.backends import Backend, get_backend, supported_ops
 from ctxrt.compiler.build import compile_graph
+from ctxrt.compiler.prepare import compile_graphs, compile_split, context_info, context_to_bytes, save_context
 from ctxrt.compiler.program import CompiledGraph
 from ctxrt.errors import CtxrtError
 from ctxrt.ir.graph import Graph as IRGraph
 from ctxrt.ir.passes import default_passes, run_passes
-from ctxrt.runtime import get_backend
-from ctxrt.runtime.backend import Backend
 from ctxrt.runtime.context import Context
 
 
@@ -24,7 +24,7 @@ def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backe
     from ctxrt.frontend.onnx import to_ir
 
     progress.stage("reading and folding")
-    return _passes(to_ir(model, set(backend.kernels), shapes, name, values, feeds))
+    return _passes(to_ir(model, supported_ops(backend), shapes, name, values, feeds))
 
 
 def _passes(graph: IRGraph) -> IRGraph:
@@ -54,7 +54,7 @@ def compile_ir(graph: IRGraph, backend: Backend, options: Mapping[str, Any] | No
     own = getattr(backend, "lower", None)  # backends without layouts or providers to choose have none
     if own is not None:
         graph = own(graph, options)
-    compiled = compile_graph(graph, backend.kernels, backend.alignment, options)
+    compiled = compile_graph(graph, backend, options)
     return compiled, {n: graph.values[n].const for n in compiled.const_names}
 
 
@@ -78,9 +78,13 @@ def compile(model: str | os.PathLike | bytes | Any, shapes: Mapping[str, Iterabl
     decide shapes or branches, DESIGN.md §9b), e.g. {"shape": [2, -1]}: the graph is specialized on them.
     `num_threads`: threads its runs use (None: the cores other processes leave idle). `prefer="memory"` keeps
     kernels whose own constants would be larger than the weights (Winograd, prepacked layouts) out."""
-    from ctxrt.runtime.loader import compile_graphs, compile_to_context
+    from ctxrt.runtime.loader import compile_to_context
 
     be = get_backend(backend)
     graphs, weights = compile_graphs([(model, shapes, "main", values)], be, io_mem_type,
                                      options=compile_options(prefer))
     return compile_to_context(graphs, weights, be, defer_graph_init, num_threads)
+
+
+__all__ = ["compile", "compile_graphs", "compile_ir", "compile_model", "compile_options", "compile_split",
+           "context_info", "context_to_bytes", "lower", "save_context"]

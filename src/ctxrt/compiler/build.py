@@ -8,9 +8,10 @@ from typing import Any
 import numpy as np
 
 from ctxrt import progress
-from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec, TensorSpec
+from ctxrt.backends import Backend, select_kernel
+from ctxrt.backends.kernel import Kernel, NodeSpec, TensorSpec
 from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, Body, CompiledGraph, Interval, Ref, Step, TensorInfo
-from ctxrt.errors import CtxrtError, UnsupportedOpError
+from ctxrt.errors import UnsupportedOpError
 from ctxrt.ir.dynamic import PASS_THROUGH, bounded_outputs
 from ctxrt.ir.graph import Graph, Node, Value
 from ctxrt.planner import arena
@@ -38,15 +39,16 @@ def node_spec(graph: Graph, node: Node, options: Mapping[str, Any] | None = None
         graph.opset, dict(options or {}))
 
 
-def choose_kernel(graph: Graph, node: Node, kernels: Mapping[str, KernelFactory],
-                  options: Mapping[str, Any] | None = None) -> Kernel:
-    """Build the node's kernel with the compile options. A kernel that made a choice the loader must repeat, or
-    constants of its own (transformed weights), gets them recorded: its choice in the node's attributes, its
-    constants as new constant values in place of the inputs they replace (`prepacked` lists [input index,
-    bytes of the original]). The kernel is then built again from the node as recorded, as the loader will."""
-    kernel = make_kernel(kernels, node_spec(graph, node, options))
+def choose_kernel(graph: Graph, node: Node, backend: Backend, options: Mapping[str, Any] | None = None
+                  ) -> tuple[Kernel, str]:
+    """(the node's kernel built with the compile options, the backend that runs it). A kernel that made a choice
+    the loader must repeat, or constants of its own (transformed weights), gets them recorded: its choice in the
+    node's attributes, its constants as new constant values in place of the inputs they replace (`prepacked`
+    lists [input index, bytes of the original]). The kernel is then built again from the node as recorded, on
+    the same backend, as the loader will."""
+    kernel, placement = select_kernel(backend, node_spec(graph, node, options))
     if not kernel.attrs and not kernel.constants:
-        return kernel
+        return kernel, placement
     attrs = {**node.attrs, **kernel.attrs}
     packed = []
     for i, array in sorted(kernel.constants.items()):
@@ -63,20 +65,7 @@ def choose_kernel(graph: Graph, node: Node, kernels: Mapping[str, KernelFactory]
     if packed:
         attrs["prepacked"] = packed
     node.attrs = attrs
-    return make_kernel(kernels, node_spec(graph, node))
-
-
-def make_kernel(kernels: Mapping[str, KernelFactory], spec: NodeSpec) -> Kernel:
-    factory = kernels.get(spec.op)
-    if factory is None:
-        raise UnsupportedOpError(f"unsupported operators: {spec.op} ({spec.name})")
-    try:
-        return factory(spec)
-    except CtxrtError:
-        raise
-    except Exception as e:
-        shapes = [s.shape if s else None for s in spec.inputs]
-        raise UnsupportedOpError(f"{spec.op} node {spec.name!r} with inputs {shapes}: {e}") from e
+    return select_kernel(backend, node_spec(graph, node), placement)
 
 
 class _Storage:
@@ -94,12 +83,13 @@ class _Storage:
         self.root[child] = self.find(parent)
 
 
-def compile_graph(graph: Graph, kernels: Mapping[str, KernelFactory], alignment: int = 64,
-                  options: Mapping[str, Any] | None = None) -> CompiledGraph:
-    """Kernels (chosen with the compile `options`), storage and the arena plan of one graph. Every node whose
-    kernel cannot be built (op, attribute value, rank, ...) is reported in one UnsupportedOpError, before
-    anything is planned. Bodies of control nodes get no options: their kernels make no compile-time choices."""
-    errors = _compile_bodies(graph, kernels, alignment)
+def compile_graph(graph: Graph, backend: Backend, options: Mapping[str, Any] | None = None) -> CompiledGraph:
+    """Kernels (chosen with the compile `options`, on the backend's device, else on its fallback: the step
+    records which), storage and the arena plan of one graph. Every node whose kernel cannot be built (op,
+    attribute value, rank, ...) is reported in one UnsupportedOpError, before anything is planned. Bodies of
+    control nodes get no options: their kernels make no compile-time choices."""
+    alignment = backend.alignment
+    errors = _compile_bodies(graph, backend)
     inputs, outputs = set(graph.inputs), set(graph.outputs)
     last_use = {name: -1 for name in graph.values}
     for step, node in enumerate(graph.nodes):
@@ -112,6 +102,7 @@ def compile_graph(graph: Graph, kernels: Mapping[str, KernelFactory], alignment:
 
     store = _Storage()
     kernel_of: dict[int, Kernel] = {}
+    placement: dict[int, str] = {}
     aliased: set[int] = set()
 
     def home(name: str) -> str:
@@ -141,7 +132,7 @@ def compile_graph(graph: Graph, kernels: Mapping[str, KernelFactory], alignment:
         if any(isinstance(v, Graph) for v in node.attrs.values()):
             continue  # its body did not compile: reported with the rest
         try:
-            kernel_of[step] = choose_kernel(graph, node, kernels, options)
+            kernel_of[step], placement[step] = choose_kernel(graph, node, backend, options)
         except UnsupportedOpError as e:
             errors.append(str(e))
             continue
@@ -199,9 +190,12 @@ def compile_graph(graph: Graph, kernels: Mapping[str, KernelFactory], alignment:
             a = plan.allocations[f"{node.name}#scratch{j}"]
             scratch.append(Ref(ARENA, a.key, a.offset, (a.size,), "|u1"))
         steps.append(Step(node.op, node.name, node.attrs, [ref(n) if n else None for n in node.inputs],
-                          [ref(o) for o in node.outputs if o], scratch, kernel.algorithm))
+                          [ref(o) for o in node.outputs if o], scratch, kernel.algorithm, placement[step]))
     _check_outputs_written(graph, steps)
     const_names = sorted({r.key for s in steps for r in s.inputs if r is not None and r.space == CONST})
+    programs: dict[Any, None] = {}  # ordered, unique
+    for kernel in kernel_of.values():
+        programs.update(dict.fromkeys(kernel.programs))
     return CompiledGraph(
         graph.name, graph.opset,
         [TensorInfo(n, graph.values[n].shape, np.dtype(graph.values[n].dtype).str) for n in graph.inputs],
@@ -209,25 +203,27 @@ def compile_graph(graph: Graph, kernels: Mapping[str, KernelFactory], alignment:
         steps, plan.size, plan.lower_bound, alignment, plan.strategy,
         [Interval(a.key, a.offset, a.size, a.first, a.last) for a in plan.allocations.values()],
         const_names, {n: v for n, v in graph.value_inputs.items() if n in inputs},
-        {n: (axis, ref(extent)) for n, (extent, axis) in bounded.items() if n in outputs})
+        {n: (axis, ref(extent)) for n, (extent, axis) in bounded.items() if n in outputs}, list(programs))
 
 
-def _compile_bodies(graph: Graph, kernels: Mapping[str, KernelFactory], alignment: int) -> list[str]:
+def _compile_bodies(graph: Graph, backend: Backend) -> list[str]:
     """Compile the IR bodies of control nodes into Body programs (their errors are returned, to be reported
-    with the graph's). The weights a body reads become inputs of its node, named in `captures`, so they are
-    stored with the graph's and its kernels see them as constants."""
+    with the graph's), for the backend that runs the control node (its kernel runs the body: on OpenCL, If
+    and Loop run in CPU partitions, their bodies on the cpu backend). The weights a body reads become inputs of
+    its node, named in `captures`, so they are stored with the graph's and its kernels see them as constants."""
     errors = []
     for node in graph.nodes:
         for key, sub in list(node.attrs.items()):
             if not isinstance(sub, Graph):
                 continue
+            runs_it = _runner(backend, node.op)
             try:
-                compiled = compile_graph(sub, kernels, alignment)
+                compiled = compile_graph(sub, runs_it)
             except UnsupportedOpError as e:
                 errors.append(f"in {node.op} node {node.name!r} {key}: {e}")
                 continue
             node.attrs[key] = Body(compiled.inputs, compiled.outputs, compiled.steps, compiled.spillfill_size,
-                                   alignment)
+                                   runs_it.alignment)
             for name in compiled.const_names:
                 v = sub.values[name]
                 graph.values.setdefault(name, Value(name, v.dtype, v.shape, v.const))
@@ -235,6 +231,16 @@ def _compile_bodies(graph: Graph, kernels: Mapping[str, KernelFactory], alignmen
                     node.attrs["captures"].append(name)
                     node.inputs.append(name)
     return errors
+
+
+def _runner(backend: Backend, op: str) -> Backend:
+    """The first backend of the fallback chain with a kernel for `op` (the one that will run the node)."""
+    be: Backend | None = backend
+    while be is not None:
+        if op in be.kernels:
+            return be
+        be = be.fallback
+    return backend  # none: the node's own error reports it
 
 
 def _bounded(graph: Graph) -> dict[str, tuple[str, int]]:

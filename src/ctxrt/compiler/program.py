@@ -41,6 +41,7 @@ class Step:
     outputs: list[Ref]
     scratch: list[Ref]
     algorithm: str = "default"
+    backend: str = ""  # the backend that runs it: the context's, or its fallback (a CPU partition)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,18 @@ class CompiledGraph:
     value_inputs: dict[str, np.ndarray] = field(default_factory=dict)
     # Outputs whose size along one axis is an upper bound: name -> (axis, ref of the int64 real size).
     extents: dict[str, tuple[int, Ref]] = field(default_factory=dict)
+    programs: list[Any] = field(default_factory=list)  # device programs its kernels need (not in PROGRAMS)
 
     @property
     def io_bytes(self) -> int:
         return sum(t.nbytes for t in self.inputs + self.outputs)
+
+    def partitions(self) -> list[dict[str, Any]]:
+        """Runs of consecutive steps on one backend, in order: `{backend, steps, ops}` (ops: count by type)."""
+        out: list[dict[str, Any]] = []
+        for s in self.steps:
+            if not out or out[-1]["backend"] != s.backend:
+                out.append({"backend": s.backend, "steps": 0, "ops": {}})
+            out[-1]["steps"] += 1
+            out[-1]["ops"][s.op] = out[-1]["ops"].get(s.op, 0) + 1
+        return out

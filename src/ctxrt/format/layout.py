@@ -152,7 +152,7 @@ def parse_table(header_bytes: bytes, table: bytes, header: Header) -> dict[int, 
         if s.end > header.file_size:
             raise FormatError(f"{s.label} extends past the end of the file: offset {offset} + length "
                               f"{length} > {header.file_size}")
-        if kind in (META, PROGRAMS) and length > MAX_MSGPACK_SECTION:
+        if kind in (META, PROGRAMS, KERNELS) and length > MAX_MSGPACK_SECTION:
             raise FormatError(f"{s.label}: length {length} exceeds {MAX_MSGPACK_SECTION}")
         sections[kind] = s
     for kind in REQUIRED_KINDS:

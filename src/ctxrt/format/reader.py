@@ -111,6 +111,15 @@ class ContextFile:
             self._graphs = schema.graphs_from(codec.decode(raw, "PROGRAMS", keep_ext=True), self.metadata)
         return list(self._graphs)
 
+    def programs(self) -> dict[str, Any] | None:
+        """The KERNELS section (device programs: binaries, sources, the device they were built for), decoded
+        and checked; None when the file has none (a cpu context)."""
+        if layout.KERNELS not in self.sections:
+            return None
+        raw = self._section(layout.KERNELS)
+        layout.check_crc(self.sections[layout.KERNELS], raw)
+        return schema.check_kernels(codec.decode(raw, "KERNELS"))
+
     def weights_section(self) -> tuple[memoryview, int]:
         """The raw weights section (read-only) and its offset in the file, for copying into a buffer."""
         raw = self._section(layout.WEIGHTS)

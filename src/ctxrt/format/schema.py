@@ -6,6 +6,7 @@ reader would refuse.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,8 @@ def check_meta(value: Any, weights_size: int) -> dict[str, Any]:
         as_str(s, f"META source_models[{i}]")
     as_pow2(m["alignment"], "META alignment")
     check_depth(as_map(m["tuning"], "META tuning"), "META tuning")
+    if "device" in m:  # optional: files written before devices were recorded have none
+        str_map(m["device"], "META device")
     if as_int(m["weights_size"], "META weights_size") != weights_size:
         raise FormatError(f"META weights_size {m['weights_size']} differs from the WEIGHTS section's "
                           f"length {weights_size}")
@@ -108,6 +111,12 @@ def graph_meta(value: Any, where: str) -> dict[str, Any]:
         if info is None or not info.shape:
             raise FormatError(f"{where} bounded_outputs: {name!r} is not an output with at least one axis")
         as_int(axis, f"{where} bounded_outputs[{name!r}]", 0, len(info.shape) - 1)
+    for i, part in enumerate(as_list(g.get("partitions", []), f"{where} partitions")):  # optional
+        p = as_map(part, f"{where} partitions[{i}]")
+        as_str(field(p, "backend", where), f"{where} partitions[{i}] backend")
+        as_int(field(p, "steps", where), f"{where} partitions[{i}] steps")
+        for op, n in as_map(field(p, "ops", where), f"{where} partitions[{i}] ops").items():
+            as_int(n, f"{where} partitions[{i}] ops[{op!r}]")
     return g
 
 
@@ -146,6 +155,38 @@ def value_inputs(g: dict[str, Any], inputs: dict[str, TensorInfo], where: str) -
     return out
 
 
+def str_map(value: Any, where: str) -> dict[str, str]:
+    m = as_map(value, where)
+    for k, v in m.items():
+        as_str(v, f"{where}[{k!r}]")
+    return m
+
+
+# -- KERNELS ---------------------------------------------------------------------------------------
+
+PROGRAM_KEYS = ("name", "source_hash", "options", "source", "binary")
+
+
+def check_kernels(value: Any) -> dict[str, Any]:
+    """Decoded KERNELS: `{device: {str: str}, programs: [{name, source_hash, options, source, binary}]}`. Each
+    source must hash to its source_hash (SHA-256, hex), so a binary is never paired with another source."""
+    k = as_map(value, "KERNELS")
+    str_map(field(k, "device", "KERNELS"), "KERNELS device")
+    seen = set()
+    for i, entry in enumerate(as_list(field(k, "programs", "KERNELS"), "KERNELS programs")):
+        where = f"KERNELS programs[{i}]"
+        p = as_map(entry, where)
+        name, digest, options, source = (as_str(field(p, key, where), f"{where} {key}") for key in PROGRAM_KEYS[:4])
+        if not isinstance(field(p, "binary", where), bytes):
+            raise FormatError(f"{where} binary: expected bytes, got {type(p['binary']).__name__}")
+        if hashlib.sha256(source.encode()).hexdigest() != digest:
+            raise FormatError(f"{where} ({name}): its source does not match its source_hash")
+        if (digest, options) in seen:
+            raise FormatError(f"{where} ({name}): a second program for the same source and options")
+        seen.add((digest, options))
+    return k
+
+
 def tensor_info(value: Any, where: str) -> TensorInfo:
     t = as_map(value, where)
     dt = as_dtype(field(t, "dtype", where), f"{where} dtype")
@@ -176,11 +217,11 @@ def graphs_from(value: Any, meta: dict[str, Any]) -> list[CompiledGraph]:
     if len(programs) != len(metas):
         raise FormatError(f"PROGRAMS has {len(programs)} graphs but META lists {len(metas)}")
     weights = {name: entry[1] for name, entry in meta["weights"].items()}
-    return [_graph(p, g, weights, f"PROGRAMS[{i}]") for i, (p, g) in enumerate(zip(programs, metas,
-                                                                                   strict=True))]
+    return [_graph(p, g, weights, meta["backend"], f"PROGRAMS[{i}]")
+            for i, (p, g) in enumerate(zip(programs, metas, strict=True))]
 
 
-def _graph(value: Any, g: dict[str, Any], weights: dict[str, int], where: str) -> CompiledGraph:
+def _graph(value: Any, g: dict[str, Any], weights: dict[str, int], backend: str, where: str) -> CompiledGraph:
     p = as_map(value, where)
     if field(p, "name", where) != g["name"]:
         raise FormatError(f"{where} name {p['name']!r} does not match META's {g['name']!r}")
@@ -194,7 +235,7 @@ def _graph(value: Any, g: dict[str, Any], weights: dict[str, int], where: str) -
             raise FormatError(f"{where} const_names: {n!r} is not in the weights table")
     places = _Places(g["spillfill_size"], alignment, {t.name: _size(t) for t in inputs},
                      {t.name: _size(t) for t in outputs}, weights)
-    steps = [_step(s, places, f"{where} steps[{i}]")
+    steps = [_step(s, places, f"{where} steps[{i}]", backend=backend)
              for i, s in enumerate(as_list(field(p, "steps", where), f"{where} steps"))]
     intervals = [_interval(v, places.arena, f"{where} intervals[{i}]")
                  for i, v in enumerate(as_list(field(p, "intervals", where), f"{where} intervals"))]
@@ -216,8 +257,10 @@ def _size(t: TensorInfo) -> int:
     return nbytes(t.shape, np.dtype(t.dtype))
 
 
-def _step(value: Any, places: _Places, where: str, depth: int = 0) -> Step:
+def _step(value: Any, places: _Places, where: str, depth: int = 0, backend: str = "") -> Step:
+    """A step; `backend` runs it unless it names another (older files name none: they ran on one)."""
     s = as_map(value, where)
+    backend = as_str(s.get("backend", backend), f"{where} backend")
     refs = {}
     for key in ("inputs", "outputs", "scratch"):
         items = as_list(field(s, key, where), f"{where} {key}")
@@ -225,15 +268,16 @@ def _step(value: Any, places: _Places, where: str, depth: int = 0) -> Step:
                      for i, r in enumerate(items)]
     attrs = as_map(field(s, "attrs", where), f"{where} attrs")
     check_depth(attrs, f"{where} attrs")
-    attrs = {k: _body(v, refs, attrs, f"{where} attrs[{k!r}]", depth + 1)
+    attrs = {k: _body(v, refs, attrs, f"{where} attrs[{k!r}]", depth + 1, backend)
              if isinstance(v, msgpack.ExtType) and v.code == EXT_BODY else _attr(v, f"{where} attrs[{k!r}]")
              for k, v in attrs.items()}
     return Step(as_str(field(s, "op", where), f"{where} op"), as_str(field(s, "name", where), f"{where} name"),
                 attrs, refs["inputs"], refs["outputs"], refs["scratch"],
-                as_str(field(s, "algorithm", where), f"{where} algorithm"))
+                as_str(field(s, "algorithm", where), f"{where} algorithm"), backend)
 
 
-def _body(ext: msgpack.ExtType, refs: dict[str, list[Any]], attrs: dict[str, Any], where: str, depth: int) -> Body:
+def _body(ext: msgpack.ExtType, refs: dict[str, list[Any]], attrs: dict[str, Any], where: str, depth: int,
+          backend: str) -> Body:
     """A control-flow body: its refs must lie inside its own arena (at most the step's scratch), its inputs and
     outputs, or the step's captured inputs (the last len(captures) inputs of the step, named by `captures`)."""
     if depth > MAX_BODY_DEPTH:
@@ -253,7 +297,7 @@ def _body(ext: msgpack.ExtType, refs: dict[str, list[Any]], attrs: dict[str, Any
     captured = refs["inputs"][len(refs["inputs"]) - len(captures):]
     places = _Places(arena, alignment, {t.name: _size(t) for t in inputs}, {t.name: _size(t) for t in outputs},
                      {n: r.nbytes for n, r in zip(captures, captured, strict=True) if r is not None})
-    steps = [_step(s, places, f"{where} steps[{i}]", depth)
+    steps = [_step(s, places, f"{where} steps[{i}]", depth, backend)
              for i, s in enumerate(as_list(field(b, "steps", where), f"{where} steps"))]
     return Body(inputs, outputs, steps, arena, alignment)
 

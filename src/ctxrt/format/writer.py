@@ -3,8 +3,10 @@
     w = ContextWriter(info)            # NEW
     w.add_graph(g) ...                 # GRAPHS (one or more)
     w.add_weights(weights)             # WEIGHTS: deduplicated, laid out, checksummed
-    w.finish()                         # READY: META and PROGRAMS encoded and read back through the reader's checks
-    w.write_to(f)                      # DONE: header, table, META, PROGRAMS, aligned weights, streamed
+    w.add_programs(programs)           # KERNELS (optional): device program binaries and their sources
+    w.finish()                         # READY: META, PROGRAMS (and KERNELS) encoded and read back through the
+                                       #        reader's checks
+    w.write_to(f)                      # DONE: header, table, META, PROGRAMS, aligned weights, KERNELS, streamed
 
 Each call refuses to run out of order, so a half-built context can never reach a file.
 """
@@ -28,15 +30,16 @@ from ctxrt.format.atomic import atomic_write
 from ctxrt.format.weights import plan_weights
 
 INFO_REQUIRED = {"backend": str, "hardware": str, "producer": str, "alignment": int}
-INFO_OPTIONAL = {"source_models": list, "tuning": dict}
+INFO_OPTIONAL = {"source_models": list, "tuning": dict, "device": dict}
 
 
 class State(enum.Enum):
     NEW = 0
     GRAPHS = 1
     WEIGHTS = 2
-    READY = 3
-    DONE = 4
+    KERNELS = 3
+    READY = 4
+    DONE = 5
 
 
 class ContextWriter:
@@ -54,7 +57,7 @@ class ContextWriter:
         self.chunks: list[tuple[int, np.ndarray]] = []  # (offset in the section, uint8 bytes), unique only
         self.weights_size = 0
         self.weights_crc = 0
-        self.head = self.meta = self.programs = b""
+        self.head = self.meta = self.programs = self.kernels = b""
         self.sections: dict[int, layout.Section] = {}
 
     def _advance(self, allowed: tuple[State, ...], to: State, call: str) -> None:
@@ -79,20 +82,29 @@ class ContextWriter:
             pos = offset + raw.nbytes
         self.weights_size, self.weights_crc = size, crc
 
+    def add_programs(self, programs: Mapping[str, Any]) -> None:
+        """The device programs (`{"device": {...}, "programs": [...]}`, docs/format.md) for the KERNELS section."""
+        self._advance((State.WEIGHTS,), State.KERNELS, "add_programs")
+        try:
+            self.kernels = msgpack.packb(dict(programs), use_bin_type=True)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise FormatError(f"cannot encode the device programs: {e}") from e
+        schema.check_kernels(codec.decode(self.kernels, "KERNELS"))
+
     def finish(self) -> None:
-        self._advance((State.WEIGHTS,), State.READY, "finish")
+        self._advance((State.WEIGHTS, State.KERNELS), State.READY, "finish")
         meta = {"format_version": layout.FORMAT_VERSION, **self.info, "weights_size": self.weights_size,
                 "max_spillfill_size": max(g.spillfill_size for g in self.graphs),
-                "graphs": [_graph_meta(g) for g in self.graphs], "weights": self.table}
+                "graphs": [_graph_meta(g, self.info["backend"]) for g in self.graphs], "weights": self.table}
         try:
             self.meta = msgpack.packb(meta, use_bin_type=True)  # META is plain data: no numpy extensions
-            self.programs = codec.encode([_program(g) for g in self.graphs])
+            self.programs = codec.encode([_program(g, self.info["backend"]) for g in self.graphs])
         except (TypeError, ValueError, OverflowError) as e:
             raise FormatError(f"cannot encode context metadata or programs: {e}") from e
         # Read back what would be written: a file this writer makes always passes the reader's checks.
         checked = schema.check_meta(codec.decode(self.meta, "META"), self.weights_size)
         schema.graphs_from(codec.decode(self.programs, "PROGRAMS", keep_ext=True), checked)
-        table_end = layout.HEADER.size + 3 * layout.ENTRY.size
+        table_end = layout.HEADER.size + (4 if self.kernels else 3) * layout.ENTRY.size
         meta_at = layout.align(table_end, layout.SECTION_ALIGNMENT[layout.META])
         programs_at = layout.align(meta_at + len(self.meta), layout.SECTION_ALIGNMENT[layout.PROGRAMS])
         weights_at = layout.align(programs_at + len(self.programs), layout.PAGE)
@@ -103,11 +115,15 @@ class ContextWriter:
             layout.WEIGHTS: layout.Section(layout.WEIGHTS, layout.PAGE, weights_at, self.weights_size,
                                            self.weights_crc),
         }
+        if self.kernels:
+            kernels_at = layout.align(self.sections[layout.WEIGHTS].end, layout.PAGE)
+            self.sections[layout.KERNELS] = layout.Section(layout.KERNELS, layout.PAGE, kernels_at,
+                                                           len(self.kernels), layout.crc32(self.kernels))
         self.head = layout.pack_head(list(self.sections.values()), self.size)
 
     @property
     def size(self) -> int:
-        return self.sections[layout.WEIGHTS].end
+        return max(s.end for s in self.sections.values())
 
     def write_to(self, f: BinaryIO) -> None:
         self._advance((State.READY,), State.DONE, "write_to")
@@ -122,6 +138,10 @@ class ContextWriter:
         f.write(bytes(self.sections[layout.WEIGHTS].offset - pos))
         progress.advance(self.sections[layout.WEIGHTS].offset)
         self._write_weights(f)
+        if self.kernels:
+            f.write(bytes(self.sections[layout.KERNELS].offset - self.sections[layout.WEIGHTS].end))
+            f.write(self.kernels)
+            progress.advance(self.sections[layout.KERNELS].end - self.sections[layout.WEIGHTS].end)
 
     def _write_weights(self, f: BinaryIO) -> None:
         pos = 0
@@ -147,10 +167,11 @@ def _io(infos: list[Any]) -> list[dict[str, Any]]:
     return [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "mem_type": t.mem_type} for t in infos]
 
 
-def _graph_meta(g: CompiledGraph) -> dict[str, Any]:
+def _graph_meta(g: CompiledGraph, backend: str) -> dict[str, Any]:
     meta = {"name": g.name, "opset": g.opset, "inputs": _io(g.inputs), "outputs": _io(g.outputs),
             "spillfill_size": g.spillfill_size, "lower_bound": g.lower_bound, "io_bytes": g.io_bytes,
-            "strategy": g.strategy}
+            "strategy": g.strategy,
+            "partitions": [{**p, "backend": p["backend"] or backend} for p in g.partitions()]}
     if g.value_inputs:  # optional keys: files without value inputs or bounded outputs stay as they were
         meta["value_inputs"] = {k: np.asarray(v).reshape(-1).tolist() for k, v in g.value_inputs.items()}
     if g.extents:
@@ -162,22 +183,23 @@ def _ref(r: Ref | None) -> list[Any] | None:
     return None if r is None else [r.space, r.key, r.offset, list(r.shape), r.dtype]
 
 
-def _step(s: Step) -> dict[str, Any]:
-    attrs = {k: _body(v) if isinstance(v, Body) else v for k, v in s.attrs.items()}
+def _step(s: Step, backend: str) -> dict[str, Any]:
+    """A step; its backend defaults to the context's (a body's steps run on their control node's)."""
+    attrs = {k: _body(v, s.backend or backend) if isinstance(v, Body) else v for k, v in s.attrs.items()}
     return {"op": s.op, "name": s.name, "attrs": attrs, "inputs": [_ref(r) for r in s.inputs],
             "outputs": [_ref(r) for r in s.outputs], "scratch": [_ref(r) for r in s.scratch],
-            "algorithm": s.algorithm}
+            "algorithm": s.algorithm, "backend": s.backend or backend}
 
 
-def _body(b: Body) -> msgpack.ExtType:
+def _body(b: Body, backend: str) -> msgpack.ExtType:
     """A compiled body as an extension value whose payload is itself MessagePack (docs/format.md)."""
-    value = {"inputs": _io(b.inputs), "outputs": _io(b.outputs), "steps": [_step(s) for s in b.steps],
+    value = {"inputs": _io(b.inputs), "outputs": _io(b.outputs), "steps": [_step(s, backend) for s in b.steps],
              "arena_size": b.arena_size, "alignment": b.alignment}
     return msgpack.ExtType(codec.EXT_BODY, codec.encode(value))
 
 
-def _program(g: CompiledGraph) -> dict[str, Any]:
-    out = {"name": g.name, "alignment": g.alignment, "steps": [_step(s) for s in g.steps],
+def _program(g: CompiledGraph, backend: str) -> dict[str, Any]:
+    out = {"name": g.name, "alignment": g.alignment, "steps": [_step(s, backend) for s in g.steps],
            "intervals": [[i.key, i.offset, i.size, i.first, i.last] for i in g.intervals],
            "const_names": list(g.const_names)}
     if g.extents:
@@ -185,27 +207,29 @@ def _program(g: CompiledGraph) -> dict[str, Any]:
     return out
 
 
-def _writer(graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray], info: Mapping[str, Any]
-            ) -> ContextWriter:
+def _writer(graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray], info: Mapping[str, Any],
+            programs: Mapping[str, Any] | None) -> ContextWriter:
     w = ContextWriter(info)
     for g in graphs:
         w.add_graph(g)
     w.add_weights(weights)
+    if programs is not None:
+        w.add_programs(programs)
     w.finish()
     return w
 
 
-def context_bytes(graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray], info: Mapping[str, Any]
-                  ) -> bytes:
+def context_bytes(graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray], info: Mapping[str, Any],
+                  programs: Mapping[str, Any] | None = None) -> bytes:
     """The context binary as bytes (for embedding, e.g. in an EPContext node)."""
     buf = io.BytesIO()
-    _writer(graphs, weights, info).write_to(buf)
+    _writer(graphs, weights, info, programs).write_to(buf)
     return buf.getvalue()
 
 
 def write_context(path: str | os.PathLike[str], graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray],
-                  info: Mapping[str, Any]) -> None:
+                  info: Mapping[str, Any], programs: Mapping[str, Any] | None = None) -> None:
     """Write a context binary atomically (format/atomic.py): the file at `path` is whole or absent."""
-    w = _writer(graphs, weights, info)
+    w = _writer(graphs, weights, info, programs)
     with atomic_write(path) as f:
         w.write_to(f)

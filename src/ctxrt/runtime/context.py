@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from ctxrt.backends import Backend
 from ctxrt.backends.kernel import held_constants_bytes
-from ctxrt.compiler.program import CompiledGraph
+from ctxrt.compiler.program import CONST, CompiledGraph
 from ctxrt.errors import LifecycleError, RegistrationError
 from ctxrt.format import weights as wts
-from ctxrt.runtime.backend import Backend
 from ctxrt.runtime.graph import Graph, io_buffer_layout
 from ctxrt.runtime.memhandle import MemHandle, check_descriptor, handle_key
 
@@ -50,7 +50,8 @@ class Context:
         self._table = dict(weight_table)
         self._block = weight_block  # read-only mmap of the file's weights section, or the packed block
         self._keepalive = keepalive  # e.g. the open ContextFile whose mmap backs the weights
-        self.weights: dict[str, np.ndarray] = {}
+        self.weights: dict[str, Any] = {}  # the backend's tensors: what device kernels read
+        self.host_weights: dict[str, np.ndarray] = {}  # host arrays: for kernel factories and CPU partitions
         self._graphs = {g.name: Graph(self, g) for g in graphs}
         self.lock = threading.RLock()
         self.stats: Counter[str] = Counter()
@@ -132,6 +133,7 @@ class Context:
         if (buf.address + offset) % align:
             raise RegistrationError(f"{role} buffer start (address + offset {offset}) is not aligned to "
                                     f"buffer_start_alignment {align}")
+        self.backend.view(buf, offset, (need,), np.uint8)  # a buffer of this context's backend
         roles = buffer_roles(buf)
         if any(r == "io" for r, _ in roles):
             raise RegistrationError(f"{role} buffer is also used for IO memory handles")
@@ -156,11 +158,44 @@ class Context:
 
     # -- finalize / free ----------------------------------------------------------------------------
     def _alloc(self, nbytes: int, category: str) -> Any:
-        buf = self.backend.alloc_shared(nbytes, self.backend.alignment)
+        buf = self.backend.alloc_device(nbytes)
         self._owned.append(buf)
         self.stats[f"alloc_{category}_bytes"] += nbytes
         self.stats["alloc_padding_bytes"] += getattr(buf, "allocated", nbytes) - nbytes  # alignment slack
         return buf
+
+    def _place_weights(self) -> None:
+        """Weights in the registered buffer (copied), else used in place where the backend reads host memory
+        (the mapped file), else uploaded once into one device buffer: only those the device's kernels read (CPU
+        partitions read the host copy), packed at 64-byte offsets."""
+        be, block, n = self.backend, self._block, int(self._block.nbytes)
+        where: dict[int, int] = {}  # offset in the weights section -> offset in the buffer holding it
+        if "weights" in self._registered:
+            buf, off = self._registered["weights"]
+            be.copy_in(be.view(buf, off, (n,), np.uint8), block)
+            self.stats["weights_copied_bytes"] += n
+            where = {e.offset: off + e.offset for e in self._table.values()}
+        elif (buf := be.wrap_host(block)) is not None:
+            where = {e.offset: e.offset for e in self._table.values()}
+        else:
+            read = {r.key for g in self._graphs.values() for s in g.compiled.steps if s.backend in ("", be.name)
+                    for r in s.inputs if r is not None and r.space == CONST}
+            size, chunks = 0, {self._table[k].offset: self._table[k].nbytes for k in read}
+            for src in sorted(chunks):
+                where[src] = size
+                size += -(-max(chunks[src], 1) // 64) * 64
+            buf = self._alloc(size, "weights")
+            for src, dst in where.items():
+                be.copy_in(be.view(buf, dst, (chunks[src],), np.uint8), block[src:src + chunks[src]])
+                self.stats["weights_uploaded_bytes"] += chunks[src]
+        self.weights = {name: be.view(buf, where[e.offset], e.shape, e.dtype)
+                        for name, e in self._table.items() if e.offset in where}
+        in_block = wts.views(self._table, block)
+        self.host_weights = {}
+        for name, host in in_block.items():
+            t = self.weights.get(name)
+            view = be.host_view(t) if t is not None else None
+            self.host_weights[name] = host if view is None else view
 
     def finalize(self) -> None:
         """Place weights, allocate what was not registered, build kernels and record every graph."""
@@ -168,14 +203,7 @@ class Context:
         if self.finalized:
             raise LifecycleError("context is already finalized")
         be = self.backend
-        if "weights" in self._registered:
-            buf, off = self._registered["weights"]
-            dst = be.view(buf, off, (self._block.nbytes,), np.uint8)
-            be.copy_in(dst, self._block)
-            self.stats["weights_copied_bytes"] += int(self._block.nbytes)
-            self.weights = wts.views(self._table, dst)
-        else:
-            self.weights = wts.views(self._table, self._block)
+        self._place_weights()
         self.stats["weights_bytes"] = int(self._block.nbytes)
         self.stats["weights_prepacked_bytes"] = self._prepacked_bytes()
         if "spillfill" in self._registered:
@@ -183,7 +211,10 @@ class Context:
         else:
             self.arena = (self._alloc(self.properties["max_spillfill_buffer_size"], "spillfill"), 0)
         for g in self._graphs.values():
-            g._build_kernels(self.weights)
+            g._build_kernels(self.host_weights)
+        if be.programs is not None:  # every device program built (or loaded from the binary) once, here
+            be.programs.prepare(dict.fromkeys(k for g in self._graphs.values() for k in g.programs), self.stats)
+        for g in self._graphs.values():
             # Internal IO buffers for tensors prepared as raw (DESIGN.md §6); memhandle ones get none now.
             raw = [t for t in g.inputs + g.outputs if t.mem_type == "raw"]
             internal = {}
@@ -200,8 +231,10 @@ class Context:
         """Constants the kernels made for themselves when built or bound (after finalize and each recording)."""
         buffers = [b for b in self._owned] + [b for b, _ in self._registered.values()] + \
             [h.buffer for h in self._handles.values()]
-        shared = {id(_root(w)) for w in self.weights.values()}  # the weights block, whichever buffer holds it
+        shared = {id(_root(w)) for w in self.host_weights.values()}  # the weights, whichever buffer holds them
         shared.update(id(_root(b.array)) for b in buffers if getattr(b, "array", None) is not None)
+        shared.update(id(g._host.staging) for g in self._graphs.values()  # CPU partitions' staging (counted apart)
+                      if g._host is not None and g._host.staging is not None)
         self.stats["alloc_kernel_bytes"] = held_constants_bytes(
             [obj for g in self._graphs.values() for obj in (*g._kernels, *g._launches) if obj is not None], shared)
 
@@ -284,7 +317,7 @@ class Context:
                 self._drop_handle(h)
             for g in self._graphs.values():
                 g._release()
-            self.weights, self.arena, self._keepalive = {}, None, None
+            self.weights, self.host_weights, self.arena, self._keepalive = {}, {}, None, None
             self.finalized = False
             self.freed = True
 

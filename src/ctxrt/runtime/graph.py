@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ctxrt.backends import select_kernel
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, TensorSpec
-from ctxrt.compiler.build import make_kernel
 from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Ref, TensorInfo
 from ctxrt.errors import FormatError, LifecycleError, RegistrationError, ShapeError
 from ctxrt.runtime.memhandle import MemHandle
+from ctxrt.runtime.partition import HostSteps
 
 if TYPE_CHECKING:
     from ctxrt.runtime.context import Context
@@ -37,6 +38,7 @@ class Graph:
         self._bound: tuple[MemHandle | None, ...] | None = None  # IO bindings the launches are recorded for
         self._io_order: list[str] = []
         self._io_steps: list[int] = []
+        self._host: HostSteps | None = None  # steps on the backend's fallback (CPU partitions), if any
         # Value inputs (DESIGN.md §9b): (name, the value compiled for); bounded outputs: (name, axis, size view).
         self.value_inputs: dict[str, np.ndarray] = dict(compiled.value_inputs)
         self._values = [(t, compiled.value_inputs[t.name]) for t in self.inputs if t.name in compiled.value_inputs]
@@ -50,9 +52,20 @@ class Graph:
     def lower_bound(self) -> int:
         return self.compiled.lower_bound
 
+    @property
+    def partitions(self) -> list[dict[str, Any]]:
+        """Runs of consecutive steps on one backend (`{backend, steps, ops}`): which nodes run where."""
+        return self.compiled.partitions()
+
+    @property
+    def programs(self) -> list[Any]:
+        """The device programs this graph's kernels need (built once, at finalize)."""
+        return list(dict.fromkeys(p for k in self._kernels for p in k.programs))
+
     # -- preparation (at finalize) -------------------------------------------------------------
-    def _build_kernels(self, weights: Mapping[str, Any]) -> None:
-        kernels = self.ctx.backend.kernels
+    def _build_kernels(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Instantiate every step's kernel on the backend the step was compiled for; `weights` are host arrays."""
+        backend = self.ctx.backend
         self._kernels = []
         for step in self.compiled.steps:
             spec = NodeSpec(step.op, step.name, step.attrs,
@@ -61,7 +74,7 @@ class Graph:
                             [weights[r.key] if r is not None and r.space == CONST else None
                              for r in step.inputs],
                             self.compiled.opset)
-            kernel = make_kernel(kernels, spec)
+            kernel, _ = select_kernel(backend, spec, step.backend or None)
             planned = [r.nbytes for r in step.scratch]
             if len(kernel.scratch) != len(planned) or any(n > p for n, p in zip(kernel.scratch, planned,
                                                                                      strict=False)):
@@ -85,8 +98,11 @@ class Graph:
             return self._views[r.key].reshape(r.shape)
 
         self._view = view
-        self._extents = [(self._info[name], axis, view(r)) for name, (axis, r) in self.compiled.extents.items()]
+        self._extents = [(self._info[name], axis, self._host_scalar(view(r)))
+                         for name, (axis, r) in self.compiled.extents.items()]
         self._internal = dict(internal)
+        host = [s.backend not in ("", backend.name) for s in self.compiled.steps]
+        self._host = HostSteps(self.ctx, self.compiled.steps, host) if any(host) else None
         self._io_order = [t.name for t in self.inputs + self.outputs]
         self._io_steps = [k for k, step in enumerate(self.compiled.steps)
                           if any(r is not None and r.space in (INPUT, OUTPUT) for r in step.inputs + step.outputs)]
@@ -97,7 +113,15 @@ class Graph:
         if all(name in self._internal for name in self._io_order):
             self._record((None,) * len(self._io_order))
 
+    def _host_scalar(self, tensor: Any) -> tuple[Any, np.ndarray, bool]:
+        """(tensor, a host array holding its value after a run, whether that needs a copy): a zero-copy host view
+        where the backend has one, else a host array the value is copied into."""
+        host = self.ctx.backend.host_view(tensor)
+        return (tensor, host, False) if host is not None else (tensor, np.zeros(tensor.shape, tensor.dtype), True)
+
     def _bind_step(self, k: int) -> Launch:
+        if self._host is not None and self._host.runs(k):
+            return self._host.bind(k, self._kernels[k], self._view)
         step, view = self.compiled.steps[k], self._view
         return self._kernels[k].bind([view(r) if r else None for r in step.inputs], [view(r) for r in step.outputs],
                                      [view(r) for r in step.scratch])
@@ -205,11 +229,21 @@ class Graph:
             stats["runs"] += 1
             if not self._extents:
                 return _NO_SHAPES
-            return {info.name: info.shape[:axis] + (int(size),) + info.shape[axis + 1:]
-                    for info, axis, size in self._extents}
+            shapes = {}
+            for info, axis, (tensor, host, copy) in self._extents:
+                if copy:
+                    backend.copy_out(host, tensor)
+                shapes[info.name] = info.shape[:axis] + (int(host),) + info.shape[axis + 1:]
+            return shapes
 
     def _check_value(self, info: TensorInfo, fed: np.ndarray | MemHandle, value: np.ndarray) -> None:
-        got = fed.view if isinstance(fed, MemHandle) else fed
+        if isinstance(fed, MemHandle):
+            got = self.ctx.backend.host_view(fed.view)
+            if got is None:
+                got = np.empty(fed.shape, fed.dtype)
+                self.ctx.backend.copy_out(got, fed.view)
+        else:
+            got = fed
         if not np.array_equal(got, value):
             raise ShapeError(f"input {info.name!r} is a value input compiled for {value.reshape(-1).tolist()}; got "
                              f"{np.asarray(got).reshape(-1).tolist()[:16]} (it decides a shape or a branch: compile "
@@ -235,6 +269,7 @@ class Graph:
 
     def _release(self) -> None:
         self._launches, self._views, self._internal, self._kernels, self._bound = [], {}, {}, [], None
+        self._host = None
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once and return new arrays for every output (of their real shapes, see `execute`)."""

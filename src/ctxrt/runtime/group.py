@@ -23,11 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from ctxrt.backends import Backend, get_backend
 from ctxrt.compiler.program import TensorInfo
 from ctxrt.errors import CtxrtError, FormatError, LifecycleError, ShapeError
 from ctxrt.planner import arena as planner
-from ctxrt.runtime import get_backend
-from ctxrt.runtime.backend import Backend
 from ctxrt.runtime.context import Context
 from ctxrt.runtime.memhandle import MemHandle
 
@@ -250,7 +249,7 @@ class ContextGroup:
             for n in want:  # outputs that later nodes also read live in the chain buffer
                 h = self._chain_handles.get((next(k for k, s in enumerate(self.steps) if n in s.outputs), n))
                 if h is not None:
-                    np.copyto(results[n], h.view)
+                    self.backend.copy_out(results[n], h.view)
         return results
 
     # -- accounting and release ---------------------------------------------------------------------

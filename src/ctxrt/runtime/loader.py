@@ -1,121 +1,24 @@
-"""Offline prepare and loading: several models into one context binary, and contexts from binaries."""
+"""Contexts from context binaries (offline prepare's output) and from graphs compiled in memory."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import platform
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 
-import ctxrt
-from ctxrt import progress
-from ctxrt.compiler.program import CONST, CompiledGraph, TensorInfo
-from ctxrt.errors import CtxrtError, FormatError, UnsupportedOpError
+from ctxrt.backends import Backend, get_backend
+from ctxrt.compiler.program import CompiledGraph
+from ctxrt.errors import FormatError
 from ctxrt.format.weights import WeightEntry, pack
-from ctxrt.ir.dynamic import bounded_outputs
-from ctxrt.runtime import get_backend
-from ctxrt.runtime.backend import Backend
 from ctxrt.runtime.context import Context
-
-IO_MEM_TYPES = ("raw", "memhandle")
-
-
-def _namespaced(g: CompiledGraph, weights: Mapping[str, np.ndarray], prefix: str
-                ) -> tuple[CompiledGraph, dict[str, np.ndarray]]:
-    """Prefix constant names with the graph name: two models may use one name for different tensors.
-    Identical contents are still stored once (the weights block dedups by content)."""
-    def ren(r):
-        return replace(r, key=f"{prefix}/{r.key}") if r is not None and r.space == CONST else r
-
-    steps = [replace(s, inputs=[ren(r) for r in s.inputs]) for s in g.steps]
-    return (replace(g, steps=steps, const_names=[f"{prefix}/{n}" for n in g.const_names]),
-            {f"{prefix}/{k}": v for k, v in weights.items()})
-
-
-def compile_graphs(models: Sequence[tuple[Any, ...]], backend: Backend, io_mem_type: str = "raw",
-                   feeds: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None
-                   ) -> tuple[list[CompiledGraph], dict[str, np.ndarray]]:
-    """(model, shapes, graph name[, values]) for each graph -> compiled graphs and all their weights. Value
-    inputs (DESIGN.md §9b) are baked in from `values`, or from `feeds` when given. `options`: from
-    `ctxrt.compiler.compile_options` (default: prefer speed)."""
-    from ctxrt.compiler import compile_model
-
-    if io_mem_type not in IO_MEM_TYPES:
-        raise CtxrtError(f"io_mem_type must be one of {IO_MEM_TYPES}, got {io_mem_type!r}")
-    names = [m[2] for m in models]
-    if len(set(names)) != len(names):
-        raise CtxrtError(f"graph names must be unique, got {names}")
-    graphs, weights = [], {}
-    for model, shapes, name, *rest in models:
-        with progress.part(name) if len(models) > 1 else contextlib.nullcontext():
-            try:
-                g, w = compile_model(model, shapes, backend, name, rest[0] if rest else None, feeds,
-                                     options)
-            except CtxrtError as e:  # with several models, say which one
-                if len(models) == 1:
-                    raise
-                label = os.fspath(model) if isinstance(model, str | os.PathLike) else f"graph {name!r}"
-                raise type(e)(f"{label}: {e}") from e
-        g, w = _namespaced(g, w, name) if len(models) > 1 else (g, w)
-        mem = [TensorInfo(t.name, t.shape, t.dtype, io_mem_type) for t in g.inputs], \
-              [TensorInfo(t.name, t.shape, t.dtype, io_mem_type) for t in g.outputs]
-        graphs.append(replace(g, inputs=mem[0], outputs=mem[1]))
-        weights.update(w)
-    return graphs, weights
-
-
-def compile_split(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backend, k: int,
-                  io_mem_type: str = "raw", values: Mapping[str, Any] | None = None,
-                  options: Mapping[str, Any] | None = None
-                  ) -> tuple[list[tuple[CompiledGraph, dict[str, np.ndarray]]], list[str]]:
-    """One model cut into K parts (compiler/split.py), each compiled as its own graph. The tensors passed
-    between parts are prepared as memhandle (the chain passes them as handles); the model's own inputs
-    and outputs as `io_mem_type`. Returns the parts and the model's output names."""
-    from ctxrt.compiler import compile_ir, lower
-    from ctxrt.compiler.split import split_graph
-
-    if io_mem_type not in IO_MEM_TYPES:
-        raise CtxrtError(f"io_mem_type must be one of {IO_MEM_TYPES}, got {io_mem_type!r}")
-    whole = lower(model, shapes, backend, values=values)
-    dynamic = [n.name for n in whole.nodes if bounded_outputs(n)]
-    if dynamic and k > 1:
-        raise UnsupportedOpError(f"--split: nodes {dynamic[:5]} have outputs of data-dependent size, which cannot "
-                                 "cross context binaries")
-    ends = set(whole.inputs) | set(whole.outputs)
-    parts = []
-    for i, part in enumerate(split_graph(whole, k)):
-        with progress.part(f"part {i + 1}/{k}"):
-            g, w = compile_ir(part, backend, options)
-        mem = [[TensorInfo(t.name, t.shape, t.dtype, io_mem_type if t.name in ends else "memhandle") for t in ts]
-               for ts in (g.inputs, g.outputs)]
-        parts.append((replace(g, inputs=mem[0], outputs=mem[1]), w))
-    return parts, list(whole.outputs)
-
-
-def context_info(backend: Backend, source_models: Sequence[str], tuning: Mapping[str, Any] | None = None
-                 ) -> dict[str, Any]:
-    return {"backend": backend.name, "hardware": platform.machine(), "producer": f"ctxrt {ctxrt.__version__}",
-            "source_models": [os.path.basename(str(s)) for s in source_models],
-            "alignment": backend.alignment, "tuning": dict(tuning or {})}
-
-
-def save_context(path: str | os.PathLike, graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray],
-                 info: Mapping[str, Any]) -> Path:
-    from ctxrt.format import write_context
-
-    write_context(path, graphs, dict(weights), dict(info))
-    return Path(path)
 
 
 def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backend = "cpu",
                         defer_graph_init: bool = False, num_threads: int | None = None) -> Context:
-    """Create a context from a context binary (a path, memory-mapped; or its bytes). `num_threads`: the
-    threads its runs use (None: the cores other processes leave idle)."""
+    """Create a context from a context binary (a path, memory-mapped; or its bytes). Device programs stored
+    in it are loaded instead of built (a binary made for another device is rebuilt from its stored source,
+    with one warning). `num_threads`: the threads its runs use (None: the cores other processes leave idle)."""
     from ctxrt.format import ContextFile
 
     be = get_backend(backend)
@@ -124,6 +27,9 @@ def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backen
         meta = f.metadata
         if meta["backend"] != be.name:
             raise FormatError(f"context binary was compiled for backend {meta['backend']!r}, not {be.name!r}")
+        programs = f.programs()
+        if programs is not None and be.programs is not None:
+            be.programs.load(programs, "<bytes>" if isinstance(source, bytes) else os.fspath(source))
         block = f.weights_block()  # read-only view of the mapped weights section, checksum verified once
         table = {name: WeightEntry(int(e[0]), int(e[1]), str(e[2]), tuple(int(d) for d in e[3]))
                  for name, e in meta["weights"].items()}

@@ -20,10 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from ctxrt.backends import Backend, get_backend
 from ctxrt.compiler.program import TensorInfo
 from ctxrt.errors import CtxrtError, LifecycleError, RegistrationError, ShapeError, ValueInputError
-from ctxrt.runtime import get_backend
-from ctxrt.runtime.backend import Backend
 from ctxrt.runtime.context import Context
 from ctxrt.runtime.options import is_session_options, threads_of
 from ctxrt.runtime.tensor import Tensor, TensorCache
@@ -233,7 +232,7 @@ class InferenceSession:
                         v.cur_in[i] = x
                         continue
                     t = own_in[i] = cache.acquire(info.shape, v.in_dt[i], v.last_in[i] if pin else None)
-                    np.copyto(t.array, x)
+                    t.write(x)
                     counters["copies_in"] += 1
                     v.cur_in[i] = v.last_in[i] = t
                 for i, info in enumerate(v.outputs):
@@ -242,7 +241,7 @@ class InferenceSession:
                 v.execute()
                 counters["session_runs"] += 1
                 shapes = v.shapes  # outputs of data-dependent size: their real shape
-                results = [_cut(v.cur_out[v.out_index[n]].array, shapes.get(n)) for n in names]
+                results = [_cut(v.cur_out[v.out_index[n]], shapes.get(n)) for n in names]
                 counters["copies_out"] += len(names)
             finally:  # back to the cache, also when the run failed halfway
                 for i, t in enumerate(own_in):
@@ -286,7 +285,7 @@ class InferenceSession:
                     else:
                         _check_array(info, v.in_dt[i], x, "input")
                         t = own_in[i] = cache.acquire(info.shape, v.in_dt[i], v.last_in[i] if pin else None)
-                        np.copyto(t.array, x)
+                        t.write(x)
                         self._counters["copies_in"] += 1
                         v.last_in[i] = x = t
                     v.cur_in[i] = x
@@ -439,12 +438,15 @@ class IOBinding:
     def copy_outputs_to_cpu(self) -> list[np.ndarray]:
         """Copies of the outputs, of their real shapes (an output of data-dependent size is a Tensor of its
         upper bound, its data in the leading part)."""
-        return [_cut(self._results[n].array, self._shapes.get(n)) for n in self._outputs if n in self._results]
+        return [_cut(self._results[n], self._shapes.get(n)) for n in self._outputs if n in self._results]
 
 
-def _cut(array: np.ndarray, shape: tuple[int, ...] | None) -> np.ndarray:
-    """A copy of the array, or of its leading part of the given shape."""
-    return array.copy() if shape is None else array[tuple(slice(0, d) for d in shape)].copy()
+def _cut(t: Tensor, shape: tuple[int, ...] | None) -> np.ndarray:
+    """A copy of the tensor, or of its leading part of the given shape."""
+    if shape is None:
+        return t.numpy()
+    part = tuple(slice(0, d) for d in shape)
+    return (t.array[part] if t.array is not None else t.numpy()[part]).copy()
 
 
 def _node_arg(name: str, dt: np.dtype | None, dims: list[int | str]) -> NodeArg:

@@ -24,11 +24,13 @@ if TYPE_CHECKING:
 
 
 class Tensor:
-    """A device-resident tensor of one session. `numpy()` returns a copy; `array` is the live view (on the
-    CPU backend) whose contents change when a run writes the tensor."""
+    """A device-resident tensor of one session (a buffer of the session's backend). `numpy()` returns a copy,
+    `write(array)` copies into it; `view` is the backend's tensor; `array` is a zero-copy host view whose
+    contents change when a run writes the tensor, where the backend has one (cpu, OpenCL on memory shared
+    with the host), else None."""
 
-    __slots__ = ("session", "shape", "dtype", "nbytes", "buffer", "array", "_handles", "destroyed", "cached",
-                 "__weakref__")
+    __slots__ = ("session", "shape", "dtype", "nbytes", "buffer", "view", "array", "_handles", "destroyed",
+                 "cached", "__weakref__")
 
     def __init__(self, session: InferenceSession, shape: tuple[int, ...], dtype: np.dtype) -> None:
         session._check_open()
@@ -38,7 +40,8 @@ class Tensor:
         self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         be = session.backend
         self.buffer = be.alloc_shared(max(self.nbytes, 1), be.alignment)
-        self.array = be.view(self.buffer, 0, shape, dtype)
+        self.view = be.view(self.buffer, 0, shape, dtype)
+        self.array: np.ndarray | None = be.host_view(self.view)
         self._handles: dict[int, MemHandle] = {}
         self.destroyed = False
         self.cached = False  # made by the session's cache (not by the user)
@@ -59,12 +62,18 @@ class Tensor:
     def from_numpy(cls, array: np.ndarray, session: InferenceSession) -> Tensor:
         array = np.asarray(array)
         t = cls.empty(array.shape, array.dtype, session)
-        np.copyto(t.array, array)
+        t.write(array)
         return t
 
     def numpy(self) -> np.ndarray:
         self._check()
-        return self.array.copy()
+        out = np.empty(self.shape, self.dtype)
+        self.session.backend.copy_out(out, self.view)
+        return out
+
+    def write(self, value: Any) -> None:
+        """Copy a host array (or another tensor's `view`) of this shape and dtype into the tensor."""
+        self.session.backend.copy_in(self.view, value)
 
     def handle(self, ctx: Context) -> MemHandle:
         """This tensor's memory handle in `ctx` (registered once, then reused: what keeps a graph pinned)."""
@@ -90,7 +99,7 @@ class Tensor:
                 h.context.mem_deregister(h)
         self._handles.clear()
         self.buffer.release()
-        self.array = None  # type: ignore[assignment]
+        self.view = self.array = None
         self.destroyed = True
 
     def __repr__(self) -> str:

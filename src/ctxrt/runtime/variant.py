@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ctxrt.backends import Backend
 from ctxrt.compiler.program import TensorInfo
 from ctxrt.errors import FormatError, RegistrationError
-from ctxrt.runtime.backend import Backend
 from ctxrt.runtime.context import Context
 from ctxrt.runtime.graph import Graph
 from ctxrt.runtime.memhandle import MemHandle
@@ -91,7 +91,7 @@ class Variant:
                 shapes = dict(real) if shapes is None else {**shapes, **real}
         self.shapes = _NO_SHAPES if shapes is None else shapes
         for view, i in self.plan_copies:  # model outputs that later stages read: made in the chain buffer
-            np.copyto(self.cur_out[i].array, view)
+            self.cur_out[i].write(view)
 
     def _make_plan(self) -> None:
         session = self.session
@@ -135,7 +135,10 @@ def _same(a: list[Any], b: list[Any]) -> bool:
 
 
 def array_of(x: Any) -> Any:
-    return x.array if isinstance(x, Tensor) else x
+    """A feed's values as a host array: a Tensor's zero-copy view where there is one, else a copy."""
+    if not isinstance(x, Tensor):
+        return x
+    return x.array if x.array is not None else x.numpy()
 
 
 def compile_variant(source: Path | bytes, shapes: Mapping[str, Any] | None, feeds: Mapping[str, Any] | None,
@@ -143,7 +146,8 @@ def compile_variant(source: Path | bytes, shapes: Mapping[str, Any] | None, feed
     """Online prepare with memhandle IO; value inputs are taken from `feeds`. With `cache_dir`, the binary is
     kept under a key of the model, the options, the shapes and the values of the model's value inputs (whose
     names are learned at its first compile and kept beside the binaries)."""
-    from ctxrt.runtime.loader import compile_graphs, compile_to_context, context_from_binary, context_info, save_context
+    from ctxrt.compiler import compile_graphs, save_context
+    from ctxrt.runtime.loader import compile_to_context, context_from_binary
 
     shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
     feeds = {k: array_of(v) for k, v in (feeds or {}).items()}
@@ -179,7 +183,7 @@ def compile_variant(source: Path | bytes, shapes: Mapping[str, Any] | None, feed
     names = sorted(graphs[0].value_inputs)
     names_file.write_text(json.dumps(names))
     cached = path_for(names)
-    save_context(cached, graphs, weights, context_info(backend, ["<bytes>" if isinstance(source, bytes) else source]))
+    save_context(cached, graphs, weights, backend, ["<bytes>" if isinstance(source, bytes) else source])
     return context_from_binary(cached, backend)
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import platform
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -20,6 +23,18 @@ from ctxrt.ir.graph import Node
 from ctxrt.ir.layouts import Layout
 
 _UFUNC_BUFSIZE = 1024
+
+
+@contextlib.contextmanager
+def small_ufunc_buffers() -> Iterator[None]:
+    """NumPy's ufunc iterator buffers strided and broadcast operands in chunks of `bufsize` elements, allocating
+    those buffers each call: 1024 keeps them at a few KiB (the default 8192 costs up to 64 KiB a call) at no
+    measurable speed cost. Every run of NumPy kernels (here, and CPU partitions of other backends) uses it."""
+    old = np.setbufsize(_UFUNC_BUFSIZE)
+    try:
+        yield
+    finally:
+        np.setbufsize(old)
 
 
 class CpuBuffer:
@@ -52,6 +67,14 @@ class CpuBuffer:
     def released(self) -> bool:
         return self.array is None
 
+    @classmethod
+    def wrap(cls, block: np.ndarray) -> CpuBuffer:
+        """Host bytes (e.g. a mapped weights section) as a buffer, in place: nothing is copied."""
+        buf = cls.__new__(cls)
+        buf.array, buf.nbytes, buf.allocated, buf.alignment = block, int(block.nbytes), int(block.nbytes), 64
+        buf.address, buf.holders = int(block.ctypes.data), 0
+        return buf
+
 
 class CpuBackend:
     """NumPy kernels, and oneDNN's for convolution chains where it is installed (`pip install 'ctxrt[onednn]'`).
@@ -63,9 +86,13 @@ class CpuBackend:
     name = "cpu"
     alignment = 64
     kernels = KERNELS
+    fallback = None  # every op ctxrt supports has a NumPy kernel
+    programs = None  # nothing is built: NumPy kernels are Python
 
     def __init__(self, onednn: bool | None = None, layout: str = "nhwc") -> None:
         from ctxrt.ir.layouts import LAYOUTS, PLAIN
+
+        self.stats: Counter[str] = Counter()  # buffers made (a steady loop makes none)
 
         if layout not in LAYOUTS or LAYOUTS[layout] is PLAIN:
             raise CtxrtError(f"layout must be one of {[k for k, v in LAYOUTS.items() if v is not PLAIN]}, "
@@ -99,12 +126,20 @@ class CpuBackend:
         return FuseMatMulEpilogue(onednn.NAME, lambda g, node: supports(g, node, PLAIN, PLAIN))(graph).graph
 
     def alloc_shared(self, nbytes: int, alignment: int = 64) -> CpuBuffer:
-        return CpuBuffer(int(nbytes), int(alignment))
+        buf = CpuBuffer(int(nbytes), int(alignment))
+        self.stats["buffers_created"] += 1
+        self.stats["buffer_bytes"] += buf.nbytes
+        return buf
 
     def alloc_device(self, nbytes: int) -> CpuBuffer:
-        return CpuBuffer(int(nbytes), self.alignment)
+        return self.alloc_shared(nbytes, self.alignment)
+
+    def wrap_host(self, block: np.ndarray) -> CpuBuffer:
+        return CpuBuffer.wrap(block)
 
     def view(self, buf: CpuBuffer, offset: int, shape: tuple[int, ...], dtype: np.dtype | str) -> np.ndarray:
+        if not isinstance(buf, CpuBuffer):
+            raise RegistrationError(f"the cpu backend needs its own buffers (alloc_shared), got {type(buf).__name__}")
         if buf.array is None:
             raise RegistrationError("buffer was released")
         dt = np.dtype(dtype)
@@ -114,6 +149,9 @@ class CpuBackend:
                                     f"{buf.nbytes} bytes")
         return buf.array[offset:offset + n].view(dt).reshape(shape)
 
+    def host_view(self, tensor: np.ndarray) -> np.ndarray:
+        return tensor
+
     def copy_in(self, dst: np.ndarray, src: np.ndarray) -> None:
         np.copyto(dst, src, casting="no")
 
@@ -121,15 +159,13 @@ class CpuBackend:
         np.copyto(dst, src, casting="no")
 
     def run(self, launches: list[Callable[[], None]]) -> None:
-        """Replay recorded launches. NumPy's ufunc iterator buffers strided and broadcast operands in
-        chunks of `bufsize` elements, allocating those buffers each call: 1024 keeps them at a few KiB
-        (the default 8192 costs up to 64 KiB a call) at no measurable speed cost."""
-        old = np.setbufsize(_UFUNC_BUFSIZE)
-        try:
+        """Replay recorded launches."""
+        with small_ufunc_buffers():
             for launch in launches:
                 launch()
-        finally:
-            np.setbufsize(old)
+
+    def sync(self) -> None:
+        """NumPy kernels are done when their launch returns."""
 
     def threads(self, num_threads: int | None) -> ThreadScope:
         """What a context enters around each run: BLAS and OpenMP held to `num_threads` (None: the idle cores)."""
@@ -138,6 +174,20 @@ class CpuBackend:
     def device_id(self) -> dict[str, str]:
         return {"backend": "cpu", "device": platform.machine(), "driver": f"numpy {np.__version__}",
                 "ctxrt": ctxrt.__version__}
+
+    @staticmethod
+    def describe() -> dict[str, Any]:
+        """This backend as `ctxrt devices` lists it."""
+        return {"backend": "cpu", "index": None, "name": platform.processor() or platform.machine(),
+                "vendor": "", "driver": f"numpy {np.__version__}", "compute_units": os.cpu_count() or 1,
+                "global_memory": _physical_memory(), "unified_memory": True}
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX
+        return 0
 
 
 def _spec(graph: IRGraph, node: Node, src: Layout, dst: Layout, options: dict[str, Any]) -> NodeSpec:

@@ -1,0 +1,158 @@
+"""The OpenCL kernel contract (docs/opencl.md): a kernel is a `.cl` file, a `ClKernel` subclass that says
+which program it needs and how to launch it, and a tunable `Space` declared as data.
+
+    class Foo(ClKernel):
+        source = "foo.cl"                           # kernels/foo.cl, shipped as package data
+        space = Space(params={"WGS": (64, 128, 256), "VW": (1, 2, 4)},
+                      defaults={"cpu": {"WGS": 64, "VW": 4}, "gpu": {"WGS": 256, "VW": 1}},
+                      work_group=lambda p: p["WGS"])
+        def __init__(self, spec, backend, params=None):
+            super().__init__(spec, backend, params)     # resolves and checks the parameters
+            ...                                          # decline what it cannot do: UnsupportedOpError
+        def defines(self):                          # the -D build options: dtypes and parameters
+            return {"T": "float", **self.params}
+        def bind(self, ins, outs, scratch):         # ClTensors in; a launch that only enqueues
+            k = self.kernel("foo", ins[0].mem, np.uint64(ins[0].offset), ...)
+            return self.launch(k, (n,), (self.params["WGS"],))
+
+Registered in registry.py as `{op: factory(spec, backend)}`. A tuner needs nothing kernel-specific: it
+expands `space.candidates(problem, device)` (pruned by the constraints, the work-group limit and local
+memory), builds `type(kernel)(spec, backend, params)` for each, and times its launch, which returns the
+OpenCL event (profiling info when the backend's queue profiles).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from ctxrt.backends.kernel import Kernel, Launch, NodeSpec
+from ctxrt.backends.opencl.device import DeviceInfo
+from ctxrt.backends.opencl.program import ProgramKey
+from ctxrt.errors import UnsupportedOpError
+
+if TYPE_CHECKING:
+    from ctxrt.backends.opencl.backend import OpenCLBackend
+
+Params = Mapping[str, Any]
+# A constraint sees a configuration and the problem (sizes the kernel instance declares) and says if it is valid.
+Constraint = Callable[[Params, Mapping[str, int]], bool]
+
+
+@dataclass(frozen=True)
+class Space:
+    """A kernel's tunable parameters as data (CLBlast style): candidates per name, the constraints that prune
+    them before anything runs, and defaults per device type and kernel variant ("cpu:nt", else "cpu", else
+    "default": the first key present wins, as CLBlast's database falls back level by level). `work_group` gives a
+    configuration's local size, `local_memory` its bytes of local memory for a problem."""
+
+    params: Mapping[str, tuple[Any, ...]]
+    defaults: Mapping[str, Params]
+    constraints: tuple[Constraint, ...] = ()
+    work_group: Callable[[Params], tuple[int, ...]] = field(default=lambda p: (1,))
+    local_memory: Callable[[Params, Mapping[str, int]], int] = field(default=lambda p, problem: 0)
+
+    def default(self, device: DeviceInfo, variant: str = "") -> dict[str, Any]:
+        for key in (f"{device.type}:{variant}", device.type, "default"):
+            if key in self.defaults:
+                return dict(self.defaults[key])
+        raise KeyError("a Space needs a 'default' entry")
+
+    def why_invalid(self, p: Params, problem: Mapping[str, int], device: DeviceInfo) -> str | None:
+        """None when `p` can run on `device` for `problem`, else the reason."""
+        unknown = set(p) ^ set(self.params)
+        if unknown:
+            return f"parameters {sorted(unknown)} do not match the space's {sorted(self.params)}"
+        for name, value in p.items():
+            if value not in self.params[name]:
+                return f"{name}={value!r} is not one of {self.params[name]}"
+        wg = self.work_group(p)
+        if int(np.prod(wg)) > device.max_work_group_size or any(
+                n > m for n, m in zip(wg, device.max_work_item_sizes, strict=False)):
+            return f"work-group {wg} exceeds the device's {device.max_work_group_size} work-items"
+        local = self.local_memory(p, problem)
+        if local > device.local_memory:
+            return f"{local} bytes of local memory exceed the device's {device.local_memory}"
+        for c in self.constraints:
+            if not c(p, problem):
+                return f"a constraint of the space refuses {dict(p)}"
+        return None
+
+    def candidates(self, problem: Mapping[str, int], device: DeviceInfo) -> Iterator[dict[str, Any]]:
+        """Every valid configuration, in declaration order."""
+        names = list(self.params)
+        for values in itertools.product(*(self.params[n] for n in names)):
+            p = dict(zip(names, values, strict=True))
+            if self.why_invalid(p, problem, device) is None:
+                yield p
+
+    def digest(self) -> str:
+        """Hash of the candidates (not the constraints' code): part of a tuned kernel's signature."""
+        return hashlib.sha256(json.dumps({k: list(v) for k, v in self.params.items()}, sort_keys=True,
+                                         default=str).encode()).hexdigest()[:16]
+
+
+# numpy dtype -> OpenCL C type
+CL_TYPES = {"float32": "float", "float64": "double", "int8": "char", "uint8": "uchar", "int16": "short",
+            "uint16": "ushort", "int32": "int", "uint32": "uint", "int64": "long", "uint64": "ulong",
+            "bool": "uchar"}
+
+
+class ClKernel(Kernel):
+    """An OpenCL kernel for one node at fixed shapes with resolved tunable parameters."""
+
+    source: ClassVar[str]
+    space: ClassVar[Space]
+
+    def __init__(self, spec: NodeSpec, backend: OpenCLBackend, params: Params | None = None) -> None:
+        self.spec = spec
+        self.backend = backend
+        self.params: dict[str, Any] = (self.space.default(backend.info, self.variant()) if params is None
+                                       else dict(params))
+        why = self.space.why_invalid(self.params, self.problem(), backend.info)
+        if why is not None:
+            raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: OpenCL {type(self).__name__}: {why}")
+
+    def problem(self) -> dict[str, int]:
+        """The sizes constraints are checked against (e.g. M, N, K)."""
+        return {}
+
+    def variant(self) -> str:
+        """Which defaults of the space fit this problem (e.g. "nt" for a GEMM with B stored [N, K])."""
+        return ""
+
+    def defines(self) -> dict[str, Any]:
+        """Build options as macros; together with the source they name the program."""
+        return dict(self.params)
+
+    @property
+    def programs(self) -> tuple[ProgramKey, ...]:  # type: ignore[override]
+        return (ProgramKey.make(self.source, self.defines()),)
+
+    def cl_type(self, dtype: np.dtype) -> str:
+        """The OpenCL type of a dtype this device can compute in; declines (falls back) otherwise."""
+        name = np.dtype(dtype).name
+        if name not in CL_TYPES or (name == "float64" and not self.backend.info.fp64):
+            raise UnsupportedOpError(f"{self.spec.op} node {self.spec.name!r}: no OpenCL kernel for {name} on "
+                                     f"{self.backend.info.name}")
+        return CL_TYPES[name]
+
+    def kernel(self, name: str, *args: Any) -> Any:
+        """A kernel object of this kernel's program with its arguments set once (one per launch)."""
+        (key,) = self.programs
+        k = self.backend.cl.Kernel(self.backend.programs.get(key), name)
+        k.set_args(*args)
+        return k
+
+    def launch(self, k: Any, global_size: tuple[int, ...], local_size: tuple[int, ...]) -> Launch:
+        """A launch that enqueues `k` and returns its event. The global size is rounded up to whole work-groups
+        (kernels bound-check their indices)."""
+        gsize = tuple(-(-g // w) * w for g, w in zip(global_size, local_size, strict=True))
+        enqueue, queue = self.backend.cl.enqueue_nd_range_kernel, self.backend.queue
+        return lambda: enqueue(queue, k, gsize, local_size)

@@ -1,0 +1,157 @@
+/* Batched GEMM for Gemm and MatMul: Y[b] = act(alpha * A[b] @ B[b] + beta * C).
+ *
+ * Register-tiled: a work-group computes a TM x TN tile of Y, each work-item WM x WN outputs of it, at rows
+ * ly + i * RM and columns lx + j * RN (RM = TM / WM and RN = TN / WN work-items per dim), so neighbouring
+ * work-items touch neighbouring columns (coalesced on GPUs, vectorised across work-items by PoCL).
+ * LOCAL=1 stages TM x TK of A and TK x TN of B in local memory per step of K (GPUs); LOCAL=0 reads A and B
+ * from global memory and relies on caches (CPUs). Odd sizes: rows and columns past M and N are clamped on
+ * load and never stored; K is bound-checked.
+ *
+ * KV > 1 (with LOCAL=0, A [M, K] and B [N, K]: NT GEMMs, GEMVs against stored weights) accumulates dot
+ * products of KV-wide vectors along K instead, both operands read contiguously by each work-item.
+ *
+ * Build options: T (float or double), TM TN TK WM WN LOCAL KV (tunable), A_T (A stored [K, M]), B_T (B stored
+ * [N, K]), HAS_C (add beta * C, C read with strides scm, scn: 0 where it broadcasts), RELU (fused
+ * activation), FP64. Batches: get_global_id(2) over up to 4 dims (int4 bdims, s0 innermost) with the
+ * element strides of A and B per batch dim (0 where they broadcast); Y is contiguous.
+ */
+#ifdef FP64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#endif
+
+#define RM (TM / WM)
+#define RN (TN / WN)
+#if A_T
+#define A_AT(m, k) A[(k) * lda + (m)]
+#else
+#define A_AT(m, k) A[(m) * lda + (k)]
+#endif
+#if B_T
+#define B_AT(k, n) B[(n) * ldb + (k)]
+#else
+#define B_AT(k, n) B[(k) * ldb + (n)]
+#endif
+#define CAT(a, b) a##b
+#define VEC(t, n) CAT(t, n)
+#define VLOAD(n) CAT(vload, n)
+#if KV == 4
+#define HSUM(v) dot(v, (VEC(T, 4))(1))
+#elif KV == 8
+#define HSUM(v) dot((v).lo + (v).hi, (VEC(T, 4))(1))
+#elif KV == 16
+#define HSUM(v) dot((v).lo.lo + (v).lo.hi + (v).hi.lo + (v).hi.hi, (VEC(T, 4))(1))
+#endif
+#define BATCH(c) { const int q = r / bdims.c; const int x = r - q * bdims.c; r = q; \
+                   ba += (long)x * bsa.c; bb += (long)x * bsb.c; }
+
+__kernel __attribute__((reqd_work_group_size(RN, RM, 1)))
+void gemm(const int M, const int N, const int K,
+          __global const char* a_, const ulong oa, const int lda,
+          __global const char* b_, const ulong ob, const int ldb,
+          __global const char* c_, const ulong oc, const int scm, const int scn,
+          __global char* y_, const ulong oy, const T alpha, const T beta,
+          const int4 bdims, const int4 bsa, const int4 bsb)
+{
+    const int lx = get_local_id(0), ly = get_local_id(1);
+    const int n0 = get_group_id(0) * TN, m0 = get_group_id(1) * TM;
+    int r = get_global_id(2);
+    long ba = 0, bb = 0;
+    BATCH(s0) BATCH(s1) BATCH(s2) BATCH(s3)
+    __global const T* A = (__global const T*)(a_ + oa) + ba;
+    __global const T* B = (__global const T*)(b_ + ob) + bb;
+    __global T* Y = (__global T*)(y_ + oy) + (long)get_global_id(2) * M * N;
+
+    T acc[WM][WN];
+    for (int i = 0; i < WM; i++)
+        for (int j = 0; j < WN; j++)
+            acc[i][j] = (T)0;
+
+#if LOCAL
+    __local T As[TK][TM];
+    __local T Bs[TK][TN];
+    const int lid = ly * RN + lx;
+    for (int k0 = 0; k0 < K; k0 += TK) {
+        for (int t = lid; t < TM * TK; t += RM * RN) {
+#if A_T
+            const int mm = t % TM, kk = t / TM;  /* m fastest: contiguous in A[K, M] */
+#else
+            const int kk = t % TK, mm = t / TK;
+#endif
+            const int m = min(m0 + mm, M - 1), k = k0 + kk;
+            As[kk][mm] = k < K ? A_AT(m, k) : (T)0;
+        }
+        for (int t = lid; t < TK * TN; t += RM * RN) {
+#if B_T
+            const int kk = t % TK, nn = t / TK;  /* k fastest: contiguous in B[N, K] */
+#else
+            const int nn = t % TN, kk = t / TN;
+#endif
+            const int n = min(n0 + nn, N - 1), k = k0 + kk;
+            Bs[kk][nn] = k < K ? B_AT(k, n) : (T)0;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int kk = 0; kk < TK; kk++) {
+            T av[WM], bv[WN];
+            for (int i = 0; i < WM; i++) av[i] = As[kk][ly + i * RM];
+            for (int j = 0; j < WN; j++) bv[j] = Bs[kk][lx + j * RN];
+            for (int i = 0; i < WM; i++)
+                for (int j = 0; j < WN; j++)
+                    acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+#else
+    int rows[WM], cols[WN];
+    for (int i = 0; i < WM; i++) rows[i] = min(m0 + ly + i * RM, M - 1);
+    for (int j = 0; j < WN; j++) cols[j] = min(n0 + lx + j * RN, N - 1);
+    int k = 0;
+#if KV > 1
+    /* A [M, K] and B [N, K] are both contiguous along K: dot products of KV-wide vectors */
+    {
+        VEC(T, KV) vacc[WM][WN];
+        for (int i = 0; i < WM; i++)
+            for (int j = 0; j < WN; j++)
+                vacc[i][j] = (VEC(T, KV))(0);
+        for (; k + KV <= K; k += KV) {
+            VEC(T, KV) av[WM], bv[WN];
+            for (int i = 0; i < WM; i++) av[i] = VLOAD(KV)(0, A + rows[i] * lda + k);
+            for (int j = 0; j < WN; j++) bv[j] = VLOAD(KV)(0, B + cols[j] * ldb + k);
+            for (int i = 0; i < WM; i++)
+                for (int j = 0; j < WN; j++)
+                    vacc[i][j] = fma(av[i], bv[j], vacc[i][j]);
+        }
+        for (int i = 0; i < WM; i++)
+            for (int j = 0; j < WN; j++)
+                acc[i][j] = HSUM(vacc[i][j]);
+    }
+#endif
+    for (; k < K; k++) {
+        T av[WM], bv[WN];
+        for (int i = 0; i < WM; i++) av[i] = A_AT(rows[i], k);
+        for (int j = 0; j < WN; j++) bv[j] = B_AT(k, cols[j]);
+        for (int i = 0; i < WM; i++)
+            for (int j = 0; j < WN; j++)
+                acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+    }
+#endif
+
+#if HAS_C
+    __global const T* C = (__global const T*)(c_ + oc);
+#endif
+    for (int i = 0; i < WM; i++) {
+        const int m = m0 + ly + i * RM;
+        if (m >= M) break;
+        for (int j = 0; j < WN; j++) {
+            const int n = n0 + lx + j * RN;
+            if (n >= N) break;
+            T v = alpha * acc[i][j];
+#if HAS_C
+            v += beta * C[m * scm + n * scn];
+#endif
+#if RELU
+            v = max(v, (T)0);
+#endif
+            Y[m * N + n] = v;
+        }
+    }
+}

@@ -1,0 +1,16 @@
+"""The OpenCL backend's kernel table: op type -> factory(spec, backend), merged from the kernel modules.
+
+An op missing here (or whose factory declines a node with UnsupportedOpError) runs on the cpu backend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ctxrt.backends.kernel import Kernel
+from ctxrt.backends.opencl import elementwise, gemm
+
+KERNELS: dict[str, Callable[..., Kernel]] = {}
+for _module in (elementwise, gemm):
+    _dup = KERNELS.keys() & _module.KERNELS.keys()
+    assert not _dup, f"ops registered twice: {_dup}"
+    KERNELS.update(_module.KERNELS)
