@@ -1,23 +1,41 @@
-"""The `ctxrt` command. Errors are one line on stderr with exit status 2, never a traceback."""
+"""The `ctxrt` command (DESIGN.md §10).
+
+Every bad input is one line on stderr and exit status 2 (130 for Ctrl-C), never a traceback; arguments
+are checked (cli_args.py) before any work starts; a command that fails or is interrupted leaves no output
+file behind (format/atomic.py). Each subcommand is a `cmd_*` function; `build_parser` declares them.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ctxrt import progress
+from ctxrt.cli_args import (
+    UsageError,
+    graph_shapes,
+    load_inputs,
+    model_kind,
+    naming,
+    not_an_input,
+    output_dir,
+    output_file,
+    positive_int,
+    random_feeds,
+    shape_targets,
+)
+from ctxrt.cli_inspect import cmd_inspect
 from ctxrt.errors import CtxrtError
-
-
-class UsageError(CtxrtError):
-    """Bad command-line arguments."""
+from ctxrt.format.atomic import StagedFiles, atomic_write, pause_point
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,115 +43,76 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
-    name, sep, dims = text.rpartition("=")
-    try:
-        if not sep or not name:
-            raise ValueError
-        shape = tuple(int(d) for d in dims.lower().split("x"))
-    except ValueError:
-        raise UsageError(f"--shape expects NAME=DxDx...D (e.g. data=1x3x224x224), got {text!r}") from None
-    return name, shape
+def _progress(args: argparse.Namespace, label: str) -> contextlib.AbstractContextManager[None]:
+    """A progress bar on stderr while the block runs: only on a terminal, and not with --quiet."""
+    return progress.showing(label, not args.quiet and sys.stderr.isatty())
 
 
-def random_feeds(inputs: Sequence[Any], seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded inputs: normal floats; integers and booleans in {0, 1} (valid ids and masks)."""
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for info in inputs:
-        dt = np.dtype(info.dtype)
-        if dt.kind == "f":
-            feeds[info.name] = rng.standard_normal(info.shape).astype(dt)
-        else:
-            feeds[info.name] = rng.integers(0, 2, size=info.shape).astype(dt)
-    return feeds
-
-
-def load_inputs(path: str, inputs: Sequence[Any]) -> dict[str, np.ndarray]:
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            feeds = {k: data[k] for k in data.files}
-    except (OSError, ValueError) as e:
-        raise UsageError(f"cannot read inputs {path}: {e}") from e
-    names = [i.name for i in inputs]
-    if set(feeds) != set(names):
-        raise UsageError(f"{path} has arrays {sorted(feeds)}; the model's inputs are {names}")
-    return feeds
-
-
-def graph_shapes(specs: Sequence[str], n_models: int) -> list[dict[str, tuple[int, ...]]]:
-    """--shape NAME=DIMS applies to every model; K:NAME=DIMS to the K-th (0-based) only."""
-    per: list[dict[str, tuple[int, ...]]] = [{} for _ in range(n_models)]
-    for spec in specs:
-        head, colon, rest = spec.partition(":")
-        if colon and head.isdigit() and "=" in rest:
-            k = int(head)
-            if k >= n_models:
-                raise UsageError(f"--shape {spec}: there are only {n_models} models")
-            name, shape = parse_shape(rest)
-            per[k][name] = shape
-        else:
-            name, shape = parse_shape(spec)
-            for d in per:
-                d[name] = shape
-    return per
-
-
-def _graph_names(models: Sequence[str]) -> list[str]:
+def _graph_names(models: list[str]) -> list[str]:
     stems = [Path(m).name.removesuffix(".onnx") for m in models]
     return [s if stems.count(s) == 1 else f"{s}_{i}" for i, s in enumerate(stems)]
 
 
-def open_context(model: str, shapes: dict[str, tuple[int, ...]], backend: str) -> Any:
-    """A finalized context from a .onnx model (compiled in memory), a .ctx binary or an EPContext model
-    that points at one context binary."""
+# -- run -----------------------------------------------------------------------------------------------
+def _run_kind(model: str) -> str:
+    """'ctx', 'onnx' (compiled in memory) or 'epcontext'."""
+    kind = model_kind("", model)
+    if kind == "onnx":
+        from ctxrt.frontend.epcontext import is_epcontext
+
+        return "epcontext" if is_epcontext(model) else "onnx"
+    return kind
+
+
+def open_context(model: str, kind: str, shapes: dict[str, tuple[int, ...]], args: argparse.Namespace) -> Any:
+    """A finalized context from a .onnx model (compiled in memory) or a .ctx binary."""
     import ctxrt
     from ctxrt.runtime.loader import context_from_binary
 
-    if model.endswith(".onnx"):
-        from ctxrt.frontend.epcontext import is_epcontext, read_epcontext
-
-        if Path(model).is_file() and is_epcontext(model):
-            nodes = read_epcontext(model)
-            return context_from_binary(nodes[0].source, backend)
-        return ctxrt.compile(model, shapes=shapes, backend=backend)
-    return context_from_binary(model, backend)
+    with naming(model):
+        if kind == "onnx":
+            with _progress(args, f"compile {Path(model).name}"):
+                return ctxrt.compile(model, shapes=shapes, backend=args.backend)
+        return context_from_binary(model, args.backend)
 
 
-def _is_chain(model: str) -> bool:
-    """An EPContext model whose nodes point at more than one context binary (e.g. a split model)."""
-    if not model.endswith(".onnx") or not Path(model).is_file():
-        return False
-    from ctxrt.frontend.epcontext import is_epcontext, read_epcontext
-
-    if not is_epcontext(model):
-        return False
-    return len({n.source if isinstance(n.source, bytes) else str(n.source) for n in read_epcontext(model)}) > 1
-
-
-def _context_source(model: str, shapes: dict[str, tuple[int, ...]], backend: Any) -> str | bytes:
-    """What a ContextGroup loads for `model`: a .ctx path, an EPContext model's binary, or (for a .onnx
+def _context_source(model: str, kind: str, shapes: dict[str, tuple[int, ...]], args: argparse.Namespace,
+                    backend: Any) -> str | bytes:
+    """What a ContextGroup loads for `model`: a .ctx path, an EPContext model's one binary, or (for a .onnx
     model) a context binary compiled in memory."""
-    if not model.endswith(".onnx"):
+    if kind == "ctx":
         return model
-    from ctxrt.frontend.epcontext import is_epcontext, read_epcontext
+    if kind == "epcontext":
+        from ctxrt.frontend.epcontext import read_epcontext
+        from ctxrt.runtime.group import epcontext_model
 
-    if Path(model).is_file() and is_epcontext(model):
-        source = read_epcontext(model)[0].source
-        return source if isinstance(source, bytes) else str(source)
+        with naming(model):
+            nodes = epcontext_model(read_epcontext(model), None, model)
+        if len(nodes) > 1:
+            raise UsageError(f"{model} chains several context binaries: run it alone")
+        return nodes[0].source if isinstance(nodes[0].source, bytes) else str(nodes[0].source)
     from ctxrt.compiler import compile_graphs, context_to_bytes
 
-    graphs, weights = compile_graphs([(model, shapes, "main")], backend)
-    return context_to_bytes(graphs, weights, backend, [model])
+    with naming(model), _progress(args, f"compile {Path(model).name}"):
+        graphs, weights = compile_graphs([(model, shapes, "main")], backend)
+        return context_to_bytes(graphs, weights, backend, [model])
 
 
 def _time(fn: Any, repeat: int) -> list[float]:
     times = []
-    for _ in range(max(1, repeat)):
+    for k in range(repeat):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
+        if k == 0:
+            pause_point("running")
     return times
+
+
+def _save_outputs(path: str | None, outs: dict[str, np.ndarray]) -> None:
+    if path:
+        with atomic_write(path) as f:
+            np.savez(f, **{k.replace(":", "/"): v for k, v in outs.items()})
 
 
 def _print_report(report: dict[str, Any], outs: dict[str, np.ndarray], n: int) -> None:
@@ -149,26 +128,51 @@ def _print_report(report: dict[str, Any], outs: dict[str, np.ndarray], n: int) -
     print(line)
 
 
+def _check_run_args(args: argparse.Namespace, kinds: list[str]) -> list[dict[str, tuple[int, ...]]]:
+    """Per model, the --shape values for it. A --shape that only models of fixed shapes (.ctx, EPContext)
+    would get is an error, not ignored."""
+    n = len(args.model)
+    for spec in args.shape:
+        targets, _ = shape_targets(spec, n)
+        if all(kinds[k] != "onnx" for k in targets):
+            raise UsageError(f"--shape {spec}: {args.model[targets[0]]} has fixed shapes; --shape applies to "
+                             ".onnx models compiled at run time (compile it again with --shape)")
+    if args.graph and n > 1:
+        raise UsageError("--graph applies to a single model, not to several models")
+    if args.inputs and n > 1:
+        raise UsageError("--inputs applies to a single model; several models run on random inputs")
+    return graph_shapes(args.shape, n)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    shapes = dict(parse_shape(s) for s in args.shape)
-    if len(args.model) > 1 or args.share_spillfill or _is_chain(args.model[0]):
-        return _run_group(args, shapes)
-    ctx = open_context(args.model[0], shapes, args.backend)
-    g = ctx.graph(args.graph)
-    feeds = load_inputs(args.inputs, g.inputs) if args.inputs else random_feeds(g.inputs)
-    outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in g.outputs}
-    times = _time(lambda: g.execute(feeds, outs), args.repeat)
     if args.output:
-        np.savez(args.output, **outs)
-    props = ctx.properties
-    report = {
-        "outputs": {k: list(v.shape) for k, v in outs.items()},
-        "latency_ms": statistics.median(times),
-        "stats": dict(ctx.stats),
-        "memory": {"weights": props["weights_buffer_size"], "spillfill": g.spillfill_size,
-                   "lower_bound": g.lower_bound, "io": ctx.stats["alloc_io_bytes"], "spillfill_saved": 0},
-    }
-    ctx.free()
+        not_an_input(f"--output {args.output}", output_file("--output", args.output, ".npz"),
+                     [*args.model, args.inputs])
+    kinds = [_run_kind(m) for m in args.model]
+    shapes = _check_run_args(args, kinds)
+    if kinds[0] == "epcontext" and len(args.model) == 1:
+        return _run_chain(args)
+    if len(args.model) > 1 or args.share_spillfill:
+        return _run_group(args, kinds, shapes)
+    model = args.model[0]
+    ctx = open_context(model, kinds[0], shapes[0], args)
+    try:
+        with naming(model):
+            g = ctx.graph(args.graph)
+        feeds = load_inputs(args.inputs, g.inputs) if args.inputs else random_feeds(g.inputs)
+        outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in g.outputs}
+        times = _time(lambda: g.execute(feeds, outs), args.repeat)
+        _save_outputs(args.output, outs)
+        props = ctx.properties
+        report = {
+            "outputs": {k: list(v.shape) for k, v in outs.items()},
+            "latency_ms": statistics.median(times),
+            "stats": dict(ctx.stats),
+            "memory": {"weights": props["weights_buffer_size"], "spillfill": g.spillfill_size,
+                       "lower_bound": g.lower_bound, "io": ctx.stats["alloc_io_bytes"], "spillfill_saved": 0},
+        }
+    finally:
+        ctx.free()
     if args.json:
         print(json.dumps(report))
     else:
@@ -176,37 +180,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_group(args: argparse.Namespace, shapes: dict[str, tuple[int, ...]]) -> int:
-    """Several models (or one chain of contexts), each context's graph run once per repeat, in order."""
+def _run_chain(args: argparse.Namespace) -> int:
+    """One model of an EPContext file (its nodes chained, or one node), the nodes run in order per repeat."""
+    from ctxrt.runtime.group import ContextGroup
+
+    model = args.model[0]
+    with naming(model):
+        group = ContextGroup.from_epcontext(model, args.backend, share_spillfill=args.share_spillfill,
+                                            graph=args.graph)
+    try:
+        feeds = load_inputs(args.inputs, group.inputs) if args.inputs else random_feeds(group.inputs)
+        outs: dict[str, np.ndarray] = {}
+        times = _time(lambda: outs.update(group.run(feeds)), args.repeat)
+        lower = max(s.context.graph(s.graph).lower_bound for s in group.steps)
+        return _group_report(args, group, outs, times, lower)
+    finally:
+        group.free()
+
+
+def _run_group(args: argparse.Namespace, kinds: list[str], shapes: list[dict[str, tuple[int, ...]]]) -> int:
+    """Several models, each context's graph run once per repeat, in order (one spill-fill buffer with
+    --share-spillfill)."""
     from ctxrt.backends import get_backend
     from ctxrt.runtime.group import ContextGroup
 
     backend = get_backend(args.backend)
-    chains = [m for m in args.model if _is_chain(m)]
-    if chains and len(args.model) > 1:
-        raise UsageError(f"{chains[0]} chains several context binaries: run it alone")
-    if args.graph and (len(args.model) > 1 or chains):
-        raise UsageError("--graph applies to a single model, not to several models or a chain")
-    if chains:
-        group = ContextGroup.from_epcontext(chains[0], backend, share_spillfill=args.share_spillfill)
-        try:
-            feeds = load_inputs(args.inputs, group.inputs) if args.inputs else random_feeds(group.inputs)
-            outs: dict[str, np.ndarray] = {}
-            times = _time(lambda: outs.update(group.run(feeds)), args.repeat)
-            lower = max(s.context.graph(s.graph).lower_bound for s in group.steps)
-            return _group_report(args, group, outs, times, lower)
-        finally:
-            group.free()
-    if args.inputs and len(args.model) > 1:
-        raise UsageError("--inputs applies to a single model; several models run on random inputs")
-    sources = [_context_source(m, shapes, backend) for m in args.model]
+    sources = [_context_source(m, k, s, args, backend) for m, k, s in zip(args.model, kinds, shapes, strict=True)]
     group = ContextGroup(sources, backend, share_spillfill=args.share_spillfill)
     try:
         runs = []
         labels = [Path(m).name for m in args.model]
         labels = [lb if labels.count(lb) == 1 else f"{lb}#{k}" for k, lb in enumerate(labels)]
-        for label, ctx in zip(labels, group.contexts, strict=True):
-            g = ctx.graph(args.graph)
+        for model, label, ctx in zip(args.model, labels, group.contexts, strict=True):
+            with naming(model):
+                g = ctx.graph(args.graph)
             feeds = load_inputs(args.inputs, g.inputs) if args.inputs else random_feeds(g.inputs)
             outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in g.outputs}
             prefix = f"{label}:" if len(args.model) > 1 else ""
@@ -225,8 +232,7 @@ def _run_group(args: argparse.Namespace, shapes: dict[str, tuple[int, ...]]) -> 
 
 def _group_report(args: argparse.Namespace, group: Any, outs: dict[str, np.ndarray], times: list[float],
                   lower_bound: int) -> int:
-    if args.output:
-        np.savez(args.output, **{k.replace(":", "/"): v for k, v in outs.items()})
+    _save_outputs(args.output, outs)
     memory = group.memory()
     report = {
         "outputs": {k: list(v.shape) for k, v in outs.items()},
@@ -244,152 +250,96 @@ def _group_report(args: argparse.Namespace, group: Any, outs: dict[str, np.ndarr
     return 0
 
 
+# -- compile -------------------------------------------------------------------------------------------
+def _check_compile_args(args: argparse.Namespace) -> None:
+    if args.config:
+        raise UsageError("--config (tuning) is not implemented yet")
+    if args.embed and not (args.epcontext or args.split):
+        raise UsageError("--embed puts the binary inside the EPContext model: add --epcontext (or --split K)")
+    for m in args.models:
+        if model_kind("", m) == "ctx":
+            raise UsageError(f"{m} is a context binary (already compiled); compile takes ONNX models")
+    if args.split is not None and len(args.models) != 1:
+        raise UsageError("--split takes one model")
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     from ctxrt.backends import get_backend
     from ctxrt.compiler import compile_graphs, save_context
 
-    if args.config:
-        raise UsageError("--config (tuning) is not implemented yet")
-    if args.split:
+    _check_compile_args(args)
+    if args.split is not None:
         return _compile_split(args)
+    out = output_file("-o", args.output, ".ctx")
+    not_an_input(f"-o {args.output}", out, args.models)
+    if args.epcontext:
+        wrapper = out.with_name(out.name.removesuffix(".ctx") + "_ctx.onnx")
+        not_an_input(f"-o {args.output} --epcontext: {wrapper}", wrapper, args.models)
     backend = get_backend(args.backend)
     shapes = graph_shapes(args.shape, len(args.models))
     models = [(m, s, n) for m, s, n in zip(args.models, shapes, _graph_names(args.models), strict=True)]
-    graphs, weights = compile_graphs(models, backend, args.io_mem_type)
-    out = save_context(args.output, graphs, weights, backend, args.models)
-    if args.epcontext:
-        from ctxrt.format import read_metadata
-        from ctxrt.frontend.epcontext import write_epcontext
-
-        wrapper = out.with_name(out.name.removesuffix(".ctx") + "_ctx.onnx")
-        write_epcontext(wrapper, [(out, read_metadata(out))], embed=args.embed,
-                        source_model=Path(args.models[0]).name)
-        print(f"wrote {out} and {wrapper}")
-    else:
-        print(f"wrote {out}")
+    label = args.models[0] if len(args.models) == 1 else f"{len(args.models)} models"
+    with _progress(args, f"compile {Path(label).name}"):
+        with naming(args.models[0]) if len(args.models) == 1 else contextlib.nullcontext():
+            graphs, weights = compile_graphs(models, backend, args.io_mem_type)
+        if args.epcontext:
+            written = _write_with_epcontext(args, out, graphs, weights, backend)
+        else:
+            written = [save_context(out, graphs, weights, backend, args.models)]
+    print(f"wrote {' and '.join(map(str, written))}")
     return 0
 
 
+def _write_with_epcontext(args: argparse.Namespace, out: Path, graphs: list[Any], weights: dict[str, Any],
+                          backend: Any) -> list[Path]:
+    """OUT.ctx and OUT_ctx.onnx, both or neither."""
+    from ctxrt.compiler import save_context
+    from ctxrt.format import read_metadata
+    from ctxrt.frontend.epcontext import write_epcontext
+
+    with StagedFiles(out.parent, out.name) as stage:
+        binary = save_context(stage.path(out.name), graphs, weights, backend, args.models)
+        pause_point("staged")
+        write_epcontext(stage.path(out.name.removesuffix(".ctx") + "_ctx.onnx"), [(binary, read_metadata(binary))],
+                        embed=args.embed, source_model=Path(args.models[0]).name)
+        return stage.commit()
+
+
 def _compile_split(args: argparse.Namespace) -> int:
-    """MODEL.onnx --split K -o DIR/: DIR/MODEL_part{i}.ctx for each part and DIR/MODEL_ctx.onnx chaining them."""
+    """MODEL.onnx --split K -o DIR: DIR/MODEL_part{i}.ctx for each part and DIR/MODEL_ctx.onnx chaining them,
+    all written or none."""
     from ctxrt.backends import get_backend
     from ctxrt.compiler import compile_split, save_context
     from ctxrt.format import read_metadata
     from ctxrt.frontend.epcontext import write_epcontext
 
-    if len(args.models) != 1:
-        raise UsageError("--split takes one model")
-    if args.split < 1:
-        raise UsageError(f"--split needs K >= 1, got {args.split}")
-    out_dir = Path(args.output)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"--split writes several files: -o must be a directory, {out_dir} is a file")
+    out_dir = output_dir("-o", args.output)
     backend = get_backend(args.backend)
     model = args.models[0]
     stem = Path(model).name.removesuffix(".onnx")
-    parts, outputs = compile_split(model, graph_shapes(args.shape, 1)[0], backend, args.split, args.io_mem_type)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for i, (graph, weights) in enumerate(parts):
-        path = save_context(out_dir / f"{stem}_part{i}.ctx", [graph], weights, backend, [model])
-        written.append((path, read_metadata(path)))
-    wrapper = out_dir / f"{stem}_ctx.onnx"
-    write_epcontext(wrapper, written, embed=args.embed, source_model=Path(model).name, outputs=outputs)
-    for path, meta in written:
+    with _progress(args, f"split {Path(model).name}"):
+        with naming(model):
+            parts, outputs = compile_split(model, graph_shapes(args.shape, 1)[0], backend, args.split,
+                                           args.io_mem_type)
+        with StagedFiles(out_dir) as stage:
+            written = []
+            for i, (graph, weights) in enumerate(parts):
+                with progress.part(f"part {i + 1}/{len(parts)}"):
+                    path = save_context(stage.path(f"{stem}_part{i}.ctx"), [graph], weights, backend, [model])
+                written.append((path, read_metadata(path)))
+                pause_point("staged")
+            write_epcontext(stage.path(f"{stem}_ctx.onnx"), written, embed=args.embed,
+                            source_model=Path(model).name, outputs=outputs)
+            final = stage.commit()
+    for path, (_, meta) in zip(final, written, strict=False):
         g = meta["graphs"][0]
         print(f"wrote {path}: {len(g['inputs'])} inputs, {len(g['outputs'])} outputs, weights "
               f"{meta['weights_size'] / 2**20:.2f} MiB, spill-fill {meta['max_spillfill_size'] / 2**20:.2f} MiB")
-    print(f"wrote {wrapper}")
+    print(f"wrote {final[-1]}")
     return 0
 
 
-def _binaries(path: str) -> list[tuple[str, str | bytes]]:
-    """(label, source) of every context binary `path` names: itself, or each one its EPContext nodes use."""
-    if not path.endswith(".onnx"):
-        return [(path, path)]
-    from ctxrt.frontend.epcontext import read_epcontext
-
-    out: list[tuple[str, str | bytes]] = []
-    for node in read_epcontext(path):
-        source = node.source if isinstance(node.source, bytes) else str(node.source)
-        if all(source != s for _, s in out):
-            out.append((node.name if isinstance(source, bytes) else Path(source).name, source))
-    return out
-
-
-def inspect_report(meta: dict[str, Any]) -> dict[str, Any]:
-    device = meta.get("device", {})  # files written before devices were recorded have none
-    return {
-        "format_version": meta["format_version"], "backend": meta["backend"], "hardware": meta["hardware"],
-        "device": device.get("device", meta["hardware"]), "driver": device.get("driver", ""),
-        "producer": meta["producer"], "source_models": meta["source_models"],
-        "weights_size": meta["weights_size"], "spillfill_size": meta["max_spillfill_size"],
-        "alignment": meta["alignment"], "tuning": meta["tuning"],
-        "graphs": [{"name": g["name"], "spillfill_size": g["spillfill_size"], "lower_bound": g["lower_bound"],
-                    "io_bytes": g["io_bytes"], "inputs": g["inputs"], "outputs": g["outputs"],
-                    "partitions": g.get("partitions", [])}
-                   for g in meta["graphs"]],
-    }
-
-
-def _partitions_line(parts: list[dict[str, Any]]) -> str:
-    """`opencl 12 steps (Gemm 3, Add 4) | cpu 3 steps (Conv 3)`: which nodes run where, in order."""
-    def ops(p: dict[str, Any]) -> str:
-        return ", ".join(f"{op} {n}" for op, n in sorted(p["ops"].items(), key=lambda kv: -kv[1]))
-    return " | ".join(f"{p['backend']} {p['steps']} steps ({ops(p)})" for p in parts)
-
-
-def cmd_inspect(args: argparse.Namespace) -> int:
-    from ctxrt.format import read_metadata
-
-    binaries = _binaries(args.file)
-    reports = [inspect_report(read_metadata(source)) for _, source in binaries]
-    if args.memory or args.plot:
-        from ctxrt.runtime.report import graph_memory, plot_arena
-
-        for r, (_, source) in zip(reports, binaries, strict=True):
-            r["memory"] = graph_memory(source)
-        if args.plot:
-            plot_arena([(f"{label}:{g['name']}" if len(binaries) > 1 else g["name"], g)
-                        for r, (label, _) in zip(reports, binaries, strict=True) for g in r["memory"]], args.plot)
-    if args.json:
-        for r in reports:
-            for g in r.get("memory", []):
-                del g["intervals"]
-        report = dict(reports[0])
-        if len(reports) > 1:
-            report["contexts"] = reports
-        print(json.dumps(report))
-        return 0
-    mib = 2 ** 20
-    for (label, _), report in zip(binaries, reports, strict=True):
-        name = args.file if len(binaries) == 1 else f"{args.file} [{label}]"
-        driver = f", driver {report['driver']}" if report["driver"] else ""
-        print(f"{name}: ctxrt context binary v{report['format_version']}, backend {report['backend']} "
-              f"({report['device']}{driver}), made by {report['producer']} from "
-              f"{', '.join(report['source_models'])}")
-        print(f"weights {report['weights_size'] / mib:.2f} MiB, max spill-fill {report['spillfill_size'] / mib:.2f} "
-              f"MiB, buffer start alignment {report['alignment']}")
-        for g in report["graphs"]:
-            print(f"graph {g['name']}: spill-fill {g['spillfill_size'] / mib:.2f} MiB "
-                  f"(lower bound {g['lower_bound'] / mib:.2f} MiB), IO {g['io_bytes'] / mib:.2f} MiB")
-            for kind in ("inputs", "outputs"):
-                for t in g[kind]:
-                    print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}{list(t['shape'])} ({t['mem_type']})")
-            if len(g["partitions"]) > 1 or any(p["backend"] != report["backend"] for p in g["partitions"]):
-                print(f"  partitions: {_partitions_line(g['partitions'])}")
-        if "memory" in report:
-            print(f"  {'memory':<24}{'weights':>12}{'spill-fill':>12}{'lower bound':>12}{'arena/bound':>12}"
-                  f"{'IO':>12}")
-            for g in report["memory"]:
-                ratio = g["spillfill"] / g["lower_bound"] if g["lower_bound"] else 1.0
-                print(f"  {g['name']:<24}{_mib(g['weights'])}{_mib(g['spillfill'])}{_mib(g['lower_bound'])}"
-                      f"{ratio:>12.3f}{_mib(g['io'])}")
-    if args.plot:
-        print(f"wrote {args.plot}")
-    return 0
-
-
+# -- devices -------------------------------------------------------------------------------------------
 def cmd_devices(args: argparse.Namespace) -> int:
     """The backends and OpenCL devices of this machine (`--backend opencl:N` picks device N)."""
     from ctxrt.backends import list_devices
@@ -411,24 +361,26 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2 ** 20:>8.2f} MiB"
-
-
+# -- parser and entry point ----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    import ctxrt
+
     p = _Parser(prog="ctxrt", description="Compile and run ONNX models with planned memory.")
+    p.add_argument("--version", action="version", version=f"ctxrt {ctxrt.__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     c = sub.add_parser("compile", help="offline prepare: write a context binary")
     c.add_argument("models", nargs="+", metavar="MODEL.onnx")
-    c.add_argument("-o", "--output", required=True, metavar="OUT.ctx")
+    c.add_argument("-o", "--output", required=True, metavar="OUT.ctx",
+                   help="the context binary to write (a directory with --split)")
     c.add_argument("--backend", default="cpu", help="cpu, opencl (device $CTXRT_OPENCL_DEVICE or 0) or opencl:N")
     c.add_argument("--io-mem-type", default="raw", choices=["raw", "memhandle"])
     c.add_argument("--shape", action="append", default=[], help="[K:]NAME=1x3x224x224 (K: model index)")
-    c.add_argument("--split", type=int, default=0, metavar="K",
+    c.add_argument("--split", type=positive_int, metavar="K",
                    help="cut the model into K context binaries in the directory -o, chained by an EPContext model")
     c.add_argument("--config", help="tuning configuration (JSON)")
     c.add_argument("--epcontext", action="store_true", help="also write OUT_ctx.onnx (EPContext model)")
     c.add_argument("--embed", action="store_true", help="embed the binary in the EPContext model")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     c.set_defaults(func=cmd_compile)
     i = sub.add_parser("inspect", help="print a context binary's metadata (reads only its header)")
     i.add_argument("file", metavar="FILE.ctx|FILE_ctx.onnx")
@@ -439,15 +391,18 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a model (.onnx compiled in memory), a .ctx or an EPContext model")
     r.add_argument("model", nargs="+", metavar="MODEL")
     r.add_argument("--inputs", help=".npz keyed by input name (default: seeded random inputs)")
-    r.add_argument("--output", help="write outputs to this .npz")
-    r.add_argument("--repeat", type=int, default=1)
-    r.add_argument("--shape", action="append", default=[], help="NAME=1x3x224x224 for dynamic inputs")
+    r.add_argument("--output", metavar="OUT.npz", help="write outputs to this .npz")
+    r.add_argument("--repeat", type=positive_int, default=1, metavar="N",
+                   help="run N times (N >= 1); the latency reported is the median")
+    r.add_argument("--shape", action="append", default=[],
+                   help="[K:]NAME=1x3x224x224 for dynamic inputs of .onnx models (K: model index)")
     r.add_argument("--backend", default="cpu", help="cpu, opencl or opencl:N (a .ctx runs on the backend it was "
                    "compiled for)")
-    r.add_argument("--graph", help="graph to run in a multi-graph context (default: the first)")
+    r.add_argument("--graph", help="graph to run in a multi-graph context or EPContext file (default: the first)")
     r.add_argument("--share-spillfill", action="store_true",
                    help="one spill-fill buffer of the largest size for every context (loaded largest first)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
+    r.add_argument("-q", "--quiet", action="store_true", help="no progress bar while compiling .onnx models")
     r.set_defaults(func=cmd_run)
     d = sub.add_parser("devices", help="list the backends and OpenCL devices (name, driver, compute units, memory)")
     d.add_argument("--json", action="store_true")
@@ -455,19 +410,38 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.filename:
+        return f"{e.strerror or e}: {e.filename}"
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return args.func(args)
-    except CtxrtError as e:
-        print(f"ctxrt: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # unreadable / unwritable files named on the command line
-        print(f"ctxrt: error: {e.strerror or e}: {e.filename or ''}", file=sys.stderr)
-        return 2
+        code = args.func(args)
+        sys.stdout.flush()  # a closed stdout fails here, not at exit
+        return code
+    except SystemExit as e:  # --help, --version
+        return e.code if isinstance(e.code, int) else 0
     except KeyboardInterrupt:
         print("ctxrt: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout's reader left (`ctxrt inspect ... | head -1`): not an error to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except (CtxrtError, OSError) as e:  # OSError: files named on the command line (their names, never temporaries)
+        print(f"ctxrt: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except MemoryError as e:
+        print(f"ctxrt: error: not enough memory: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        if os.environ.get("CTXRT_TRACEBACK"):
+            raise
+        print(f"ctxrt: internal error (a bug in ctxrt; CTXRT_TRACEBACK=1 shows where): {type(e).__name__}: "
+              f"{_one_line(e)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

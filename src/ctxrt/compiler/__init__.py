@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ctxrt import progress
 from ctxrt.backends import Backend, get_backend, supported_ops
 from ctxrt.compiler.build import compile_graph
 from ctxrt.compiler.prepare import compile_graphs, compile_split, context_info, context_to_bytes, save_context
@@ -19,6 +20,7 @@ def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backe
     """ONNX model -> IR graph with static shapes, after the default passes."""
     from ctxrt.frontend.onnx import to_ir
 
+    progress.stage("reading and folding")
     return run_passes(to_ir(model, supported_ops(backend), shapes, name), default_passes())
 
 

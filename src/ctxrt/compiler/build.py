@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ctxrt import progress
 from ctxrt.backends import Backend, select_kernel
 from ctxrt.backends.kernel import Kernel, NodeSpec, TensorSpec
 from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Interval, Ref, Step, TensorInfo
@@ -80,7 +81,9 @@ def compile_graph(graph: Graph, backend: Backend) -> CompiledGraph:
         store.join(child, root)
         root_last[root] = max(root_last[root], last_use[child])
 
+    progress.stage("kernels", len(graph.nodes), "node")
     for step, node in enumerate(graph.nodes):
+        progress.advance()
         out0 = node.outputs[0]
         if node.op in ALIAS_OPS and out0 not in outputs and home(node.inputs[0]) != CONST:
             share(out0, node.inputs[0])
@@ -118,6 +121,7 @@ def compile_graph(graph: Graph, backend: Backend) -> CompiledGraph:
         for j, nbytes in enumerate(kernel.scratch):
             requests.append(arena.Request(f"{graph.nodes[step].name}#scratch{j}",
                                           arena.align(int(nbytes), alignment), step, step))
+    progress.stage("planning memory")
     plan = arena.plan(requests)
     arena.check(plan, alignment)
 

@@ -3,6 +3,7 @@ context binary written with its device programs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 from collections.abc import Iterable, Mapping, Sequence
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 
 import ctxrt
+from ctxrt import progress
 from ctxrt.backends import Backend
 from ctxrt.compiler.program import CONST, CompiledGraph, TensorInfo
 from ctxrt.errors import CtxrtError
@@ -44,7 +46,14 @@ def compile_graphs(models: Sequence[tuple[Any, Mapping[str, Iterable[int]] | Non
         raise CtxrtError(f"graph names must be unique, got {names}")
     graphs, weights = [], {}
     for model, shapes, name in models:
-        g, w = compile_model(model, shapes, backend, name)
+        with progress.part(name) if len(models) > 1 else contextlib.nullcontext():
+            try:
+                g, w = compile_model(model, shapes, backend, name)
+            except CtxrtError as e:  # with several models, say which one
+                if len(models) == 1:
+                    raise
+                label = os.fspath(model) if isinstance(model, str | os.PathLike) else f"graph {name!r}"
+                raise type(e)(f"{label}: {e}") from e
         g, w = _namespaced(g, w, name) if len(models) > 1 else (g, w)
         mem = [TensorInfo(t.name, t.shape, t.dtype, io_mem_type) for t in g.inputs], \
               [TensorInfo(t.name, t.shape, t.dtype, io_mem_type) for t in g.outputs]
@@ -66,8 +75,9 @@ def compile_split(model: Any, shapes: Mapping[str, Iterable[int]] | None, backen
     whole = lower(model, shapes, backend)
     ends = set(whole.inputs) | set(whole.outputs)
     parts = []
-    for part in split_graph(whole, k):
-        g, w = compile_ir(part, backend)
+    for i, part in enumerate(split_graph(whole, k)):
+        with progress.part(f"part {i + 1}/{k}"):
+            g, w = compile_ir(part, backend)
         mem = [[TensorInfo(t.name, t.shape, t.dtype, io_mem_type if t.name in ends else "memhandle") for t in ts]
                for ts in (g.inputs, g.outputs)]
         parts.append((replace(g, inputs=mem[0], outputs=mem[1]), w))

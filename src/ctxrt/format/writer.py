@@ -13,20 +13,20 @@ Each call refuses to run out of order, so a half-built context can never reach a
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import io
 import os
-import secrets
 from collections.abc import Mapping
 from typing import Any, BinaryIO
 
 import msgpack
 import numpy as np
 
+from ctxrt import progress
 from ctxrt.compiler.program import CompiledGraph, Ref, Step
 from ctxrt.errors import FormatError
 from ctxrt.format import codec, layout, schema
+from ctxrt.format.atomic import atomic_write
 from ctxrt.format.weights import plan_weights
 
 INFO_REQUIRED = {"backend": str, "hardware": str, "producer": str, "alignment": int}
@@ -129,6 +129,7 @@ class ContextWriter:
 
     def write_to(self, f: BinaryIO) -> None:
         self._advance((State.READY,), State.DONE, "write_to")
+        progress.stage("writing", self.size, "B")
         f.write(self.head)
         pos = len(self.head)
         for kind in (layout.META, layout.PROGRAMS):
@@ -137,6 +138,7 @@ class ContextWriter:
             f.write(self.meta if kind == layout.META else self.programs)
             pos = s.end
         f.write(bytes(self.sections[layout.WEIGHTS].offset - pos))
+        progress.advance(self.sections[layout.WEIGHTS].offset)
         self._write_weights(f)
         if self.kernels:
             f.write(bytes(self.sections[layout.KERNELS].offset - self.sections[layout.WEIGHTS].end))
@@ -147,6 +149,7 @@ class ContextWriter:
         for offset, raw in self.chunks:
             f.write(bytes(offset - pos))
             f.write(raw.data)
+            progress.advance(offset + raw.nbytes - pos)
             pos = offset + raw.nbytes
 
 
@@ -198,20 +201,7 @@ def context_bytes(graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray]
 
 def write_context(path: str | os.PathLike[str], graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray],
                   info: Mapping[str, Any], programs: Mapping[str, Any] | None = None) -> None:
-    """Write a context binary atomically: a temp file in the same directory, then os.replace."""
+    """Write a context binary atomically (format/atomic.py): the file at `path` is whole or absent."""
     w = _writer(graphs, weights, info, programs)
-    path = os.fspath(path)
-    folder, base = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{base}.{secrets.token_hex(6)}.tmp")
-    # os.open with 0o666 lets the umask decide the final mode, as for any file the user creates.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            w.write_to(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_write(path) as f:
+        w.write_to(f)

@@ -18,6 +18,7 @@ from onnx import helper
 
 import ctxrt
 from ctxrt.errors import FormatError
+from ctxrt.format.atomic import atomic_write
 
 DOMAIN = "com.microsoft"
 SOURCE = "ctxrt"
@@ -78,9 +79,8 @@ def write_epcontext(path: str | os.PathLike, contexts: list[tuple[Path, dict[str
         helper.make_graph(nodes, path.stem, graph_inputs, graph_outputs),
         opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)], ir_version=8,
         producer_name="ctxrt", producer_version=ctxrt.__version__)
-    tmp = path.with_name(path.name + ".tmp")
-    onnx.save(model, tmp)
-    os.replace(tmp, path)
+    with atomic_write(path) as f:
+        f.write(model.SerializeToString())
 
 
 def is_epcontext(path: str | os.PathLike) -> bool:

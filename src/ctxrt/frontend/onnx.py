@@ -16,6 +16,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from ctxrt.errors import ModelError, ShapeError, UnsupportedOpError
+from ctxrt.format.codec import MAX_TENSOR_BYTES
 from ctxrt.ir.canonical import PARAM_INPUTS
 from ctxrt.ir.graph import Graph, Node, Value
 
@@ -58,6 +59,15 @@ def declared_io(model: str | os.PathLike | bytes | onnx.ModelProto
         return vi.name, _np_dtype(tt.elem_type, f"{vi.name!r}"), dims
 
     return [one(v) for v in m.graph.input if v.name not in inits], [one(v) for v in m.graph.output]
+
+
+def _check_size(what: str, dt: np.dtype, shape: Iterable[int]) -> None:
+    nbytes = dt.itemsize
+    for d in shape:
+        nbytes *= int(d)  # Python ints: no overflow
+    if nbytes > MAX_TENSOR_BYTES:
+        raise ShapeError(f"{what} would take {nbytes / 2**40:.4g} TiB ({dt}), over ctxrt's limit of "
+                         f"{MAX_TENSOR_BYTES // 2**40} TiB per tensor")
 
 
 def _np_dtype(elem_type: int, where: str) -> np.dtype:
@@ -123,6 +133,8 @@ class _Folder:
                                          f"--shape gives {s}")
                 if any(s <= 0 for s in shape):
                     raise ShapeError(f"input {vi.name!r}: dims must be positive, got {shape}")
+                _check_size(f"input {vi.name!r} at --shape {'x'.join(map(str, shape))}",
+                            _np_dtype(tt.elem_type, f"input {vi.name!r}"), shape)
             else:
                 if not tt.HasField("shape"):
                     raise ShapeError(f"input {vi.name!r} has no shape; pass --shape {vi.name}=...")
@@ -171,7 +183,10 @@ class _Folder:
             shape = None
             if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
                 shape = tuple(d.dim_value for d in tt.shape.dim)
-            self.types[vi.name] = (_np_dtype(tt.elem_type, f"value {vi.name!r}"), shape)
+            dt = _np_dtype(tt.elem_type, f"value {vi.name!r}")
+            if shape is not None:
+                _check_size(f"value {vi.name!r} at these input shapes", dt, shape)
+            self.types[vi.name] = (dt, shape)
 
     def shape_of(self, name: str) -> tuple[int, ...] | None:
         if name in self.consts:
@@ -254,6 +269,9 @@ def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str
           shapes: Shapes | None = None, name: str = "main") -> Graph:
     """Load an ONNX model as an IR graph with static shapes, constants folded."""
     proto = load_model(model)
+    if proto.graph.node and all(n.op_type == "EPContext" for n in proto.graph.node):
+        label = os.fspath(model) if isinstance(model, str | os.PathLike) else "this model"
+        raise ModelError(f"{label} is an EPContext model (already compiled): run or inspect it, not compile")
     check_supported(proto.graph.node, supported, FOLD_ONLY)
     st = _Folder(proto, shapes)
     st.infer()

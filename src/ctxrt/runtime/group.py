@@ -47,6 +47,38 @@ class ChainStep:
     outputs: list[str]
 
 
+def epcontext_model(nodes: list[Any], graph: str | None, path: str | os.PathLike) -> list[Any]:
+    """The EPContext nodes of the model holding graph `graph` (default: the first node's): a node joins
+    the model of the latest earlier node making a tensor it reads. Two independent models in one file may
+    then use the same tensor names (both an output "logits") without being wired together."""
+    owner = list(range(len(nodes)))
+
+    def root(k: int) -> int:
+        while owner[k] != k:
+            k = owner[k]
+        return k
+
+    made: dict[str, int] = {}
+    for k, n in enumerate(nodes):
+        for t in n.inputs:
+            if t in made:
+                owner[root(k)] = root(made[t])
+        for t in n.outputs:
+            made[t] = k
+    if graph is None:
+        start = 0
+    else:
+        start = next((k for k, n in enumerate(nodes) if n.partition_name == graph), -1)
+        if start < 0:
+            raise CtxrtError(f"{os.fspath(path)}: no graph {graph!r}; its EPContext nodes run "
+                             f"{[n.partition_name for n in nodes]}")
+    model = [n for k, n in enumerate(nodes) if root(k) == root(start)]
+    if graph is not None and len(model) > 1:
+        raise CtxrtError(f"{os.fspath(path)}: graph {graph!r} is one of {len(model)} parts chained into one model, "
+                         "which runs whole: leave out graph")
+    return model
+
+
 class ContextGroup:
     """Several contexts, one spill-fill buffer of the largest size, the largest context loaded first."""
 
@@ -104,11 +136,15 @@ class ContextGroup:
     # -- EPContext chains --------------------------------------------------------------------------
     @classmethod
     def from_epcontext(cls, path: str | os.PathLike, backend: str | Backend = "cpu",
-                       share_spillfill: bool = True) -> ContextGroup:
-        """Load every context an EPContext model points at, sizes from the nodes' max_size attributes."""
+                       share_spillfill: bool = True, graph: str | None = None) -> ContextGroup:
+        """Load the contexts of one model of an EPContext file, sizes from the nodes' max_size attributes.
+
+        A file may hold several independent models (the wrapper of a multi-model compile): nodes belong to
+        one model only when tensors pass between them. `graph` picks the model whose node runs that graph
+        (partition_name); by default the first node's model."""
         from ctxrt.frontend.epcontext import read_epcontext, read_epcontext_io
 
-        nodes = read_epcontext(path)
+        nodes = epcontext_model(read_epcontext(path), graph, path)
         keys: list[Any] = []
         sources: list[Source] = []
         sizes: list[int] = []
@@ -131,7 +167,13 @@ class ContextGroup:
                                       f"its context has {ctx.graph_names}")
                 steps.append(ChainStep(ctx, n.partition_name, n.inputs, n.outputs))
             inputs, outputs = read_epcontext_io(path)
-            group._make_chain(steps, inputs, outputs)
+            read = {t for n in nodes for t in n.inputs}
+            made = {t for n in nodes for t in n.outputs}
+            mine = [t for t in outputs if t in made]
+            if not mine:
+                raise FormatError(f"{path}: graph {nodes[0].partition_name!r} makes none of the model's outputs "
+                                  f"{outputs}")
+            group._make_chain(steps, [t for t in inputs if t in read], mine)
         except BaseException:
             group.free()
             raise

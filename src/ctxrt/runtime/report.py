@@ -7,14 +7,17 @@ from pathlib import Path
 from typing import Any
 
 from ctxrt.errors import CtxrtError
+from ctxrt.format.atomic import atomic_write
 
 
 def graph_memory(source: str | os.PathLike | bytes) -> list[dict[str, Any]]:
     """Per graph of a context binary: bytes of the weights it reads, its spill-fill arena, the arena's
-    lower bound, its IO tensors, and the arena's allocations (key, offset, size, first step, last step)."""
+    lower bound, its IO tensors, and the arena's allocations (key, offset, size, first step, last step).
+    The weights' checksum is verified, as when the binary is loaded to run."""
     from ctxrt.format import ContextFile
 
-    with ContextFile.open(source, verify_weights=False) as f:
+    with ContextFile.open(source) as f:
+        f.weights_block()
         table = f.metadata["weights"]
         out = []
         for g in f.graphs():
@@ -58,8 +61,9 @@ def plot_arena(graphs: list[tuple[str, dict[str, Any]]], path: str | os.PathLike
         ax.set_title(f"{label}: {len(g['intervals'])} tensors and scratch buffers (grey)")
         ax.legend(loc="upper right", fontsize="small")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with atomic_write(path) as f:
+            fig.savefig(f, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return path

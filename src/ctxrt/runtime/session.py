@@ -134,8 +134,9 @@ class InferenceSession:
     """Run a model the way onnxruntime does: `.onnx` (compiled in memory, or through `cache_dir`), `.ctx`,
     or an EPContext `_ctx.onnx` model (several contexts run as a chain sharing one spill-fill buffer).
 
-    Options: `shapes` binds dynamic input dimensions; `cache_dir` keeps compiled context binaries keyed by
-    the model's hash and the options; `tensor_cache_bytes` caps the bytes of tensors the cache keeps;
+    Options: `shapes` binds dynamic input dimensions; `graph` picks a graph of a multi-graph context (or
+    of an EPContext file holding several models; default: the first); `cache_dir` keeps compiled context
+    binaries keyed by the model's hash and the options; `tensor_cache_bytes` caps the bytes of tensors the cache keeps;
     `enable_tensor_cache=False` destroys a run's tensors after it; `enable_pinning=False` stops preferring
     last run's tensor for each input and output (both only to measure what they save); `max_shape_variants`
     bounds how many input-shape variants of an ONNX model stay compiled (each holds its own weights and
@@ -201,7 +202,7 @@ class InferenceSession:
         if is_epcontext(path):
             from ctxrt.runtime.group import ContextGroup
 
-            group = ContextGroup.from_epcontext(path, self.backend)
+            group = ContextGroup.from_epcontext(path, self.backend, graph=graph)
             stages = [_Stage(s.context, s.context.graph(s.graph), s.inputs, s.outputs) for s in group.steps]
             return _Variant(self, [c for c in group.contexts if c is not None], stages, list(group.inputs),
                             list(group.outputs), dict(group._chain_handles), group)

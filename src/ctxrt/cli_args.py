@@ -1,0 +1,212 @@
+"""Checked command-line values for `ctxrt` (cli.py): every bad value is one UsageError that names the
+option and the value as the user wrote them.
+
+Scalars are checked by argparse through the `type=` callables here (argparse prefixes the option name);
+paths are checked before any work starts, so a bad output path never costs a compile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import stat
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ctxrt.errors import CtxrtError
+
+CTX_MAGIC = b"CTXRTBIN"  # format/layout.py MAGIC, repeated so that checking a path imports no format code
+NPY_MAGIC = b"\x93NUMPY"
+ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+
+
+class UsageError(CtxrtError):
+    """Bad command-line arguments."""
+
+
+# -- argparse types --------------------------------------------------------------------------------
+def positive_int(text: str) -> int:
+    """An integer >= 1 (counts: --repeat, --split)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def parse_shape(text: str, option: str = "--shape") -> tuple[str, tuple[int, ...]]:
+    """NAME=DxDx...xD with every D a whole number >= 1."""
+    name, sep, dims = text.rpartition("=")
+    try:
+        if not sep or not name:
+            raise ValueError
+        shape = tuple(int(d) for d in dims.lower().split("x"))
+    except ValueError:
+        raise UsageError(f"{option} expects NAME=DxDx...D (e.g. data=1x3x224x224), got {text!r}") from None
+    if any(d < 1 for d in shape):
+        raise UsageError(f"{option} {text}: every dimension must be >= 1")
+    return name, shape
+
+
+def shape_targets(spec: str, n_models: int) -> tuple[list[int], str]:
+    """The models a --shape value applies to (K:NAME=DIMS the K-th, 0-based; NAME=DIMS every one) and its
+    NAME=DIMS part."""
+    head, colon, rest = spec.partition(":")
+    if colon and head.isdigit() and "=" in rest:
+        k = int(head)
+        if k >= n_models:
+            raise UsageError(f"--shape {spec}: model index {k}, but there {_are(n_models)}")
+        return [k], rest
+    return list(range(n_models)), spec
+
+
+def graph_shapes(specs: Sequence[str], n_models: int) -> list[dict[str, tuple[int, ...]]]:
+    """Per model, the shapes --shape gives its inputs. An input given two shapes for one model is an error,
+    not a silent override."""
+    per: list[dict[str, tuple[int, ...]]] = [{} for _ in range(n_models)]
+    for spec in specs:
+        targets, text = shape_targets(spec, n_models)
+        name, shape = parse_shape(text)
+        for k in targets:
+            if per[k].get(name, shape) != shape:
+                raise UsageError(f"--shape {spec}: input {name!r} already has the shape "
+                                 f"{'x'.join(map(str, per[k][name]))}")
+            per[k][name] = shape
+    return per
+
+
+def _are(n: int) -> str:
+    return "is 1 model" if n == 1 else f"are {n} models"
+
+
+# -- paths -----------------------------------------------------------------------------------------
+def _arg(option: str, path: str) -> str:
+    return f"{option} {path}" if option else path
+
+
+def readable_file(option: str, path: str) -> bytes:
+    """`path` (given to `option`; "" for a positional argument) is a readable regular file; returns its
+    first 8 bytes (to tell the kind of file)."""
+    try:
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"{_arg(option, path)} is a directory, not a file")
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{_arg(option, path)} is not a regular file")
+        with open(path, "rb") as f:
+            return f.read(8)
+    except FileNotFoundError:
+        raise UsageError(f"{_arg(option, path)}: no such file") from None
+    except OSError as e:
+        raise UsageError(f"{_arg(option, path)}: {e.strerror or e}") from None
+
+
+def model_kind(option: str, path: str) -> str:
+    """'ctx' for a context binary (by its magic), 'onnx' for an .onnx file (a model or an EPContext model)."""
+    head = readable_file(option, path)
+    if not head:
+        raise UsageError(f"{_arg(option, path)} is an empty file")
+    if head == CTX_MAGIC:
+        return "ctx"
+    if head.startswith((NPY_MAGIC, *ZIP_MAGIC)):
+        raise UsageError(f"{_arg(option, path)} is a NumPy file, not a model")
+    if not path.endswith(".onnx"):
+        what = "not" if path.endswith(".ctx") else "neither"
+        raise UsageError(f"{_arg(option, path)} is {what} a ctxrt context binary (it does not start with "
+                         f"{CTX_MAGIC.decode()}){'' if what == 'not' else ' nor an .onnx model'}")
+    return "onnx"
+
+
+def output_file(option: str, path: str, suffix: str) -> Path:
+    """`path` can be written as a new file or over a regular file, in a folder that exists."""
+    p = Path(path)
+    if p.suffix != suffix:
+        raise UsageError(f"{option} {path}: the name must end in {suffix}")
+    if p.is_dir():
+        raise UsageError(f"{option} {path} is a directory; give a file name ending in {suffix}")
+    if p.exists() and not p.is_file():
+        raise UsageError(f"{option} {path} exists and is not a regular file")
+    _folder_exists(option, path, p.parent)
+    return p
+
+
+def not_an_input(what: str, path: str | Path, inputs: Sequence[str | None]) -> None:
+    """Writing `path` (`what` says which option writes it) must not destroy a file the command reads."""
+    for given in inputs:
+        if given and os.path.exists(given) and os.path.exists(path) and os.path.samefile(given, path):
+            raise UsageError(f"{what} would overwrite the input {given}")
+
+
+def output_dir(option: str, path: str) -> Path:
+    """`path` is a folder, or can be made as one in a folder that exists."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"{option} {path} is a file; several files are written there, so it must be a directory")
+    if not p.exists():
+        _folder_exists(option, path, p.parent)
+    return p
+
+
+def _folder_exists(option: str, path: str, folder: Path) -> None:
+    if not folder.exists():
+        raise UsageError(f"{option} {path}: the folder {folder} does not exist")
+    if not folder.is_dir():
+        raise UsageError(f"{option} {path}: {folder} is not a folder")
+
+
+@contextlib.contextmanager
+def naming(path: str) -> Iterator[None]:
+    """Errors raised while reading, compiling or loading `path` name it: a message from deep inside (a bad
+    checksum, an allocation too large for this machine) gains the file name as its first word."""
+    try:
+        yield
+    except (CtxrtError, MemoryError) as e:
+        if path not in str(e):  # numpy's MemoryError subclass takes other arguments: a plain one will do
+            raise (MemoryError if isinstance(e, MemoryError) else type(e))(f"{path}: {e}") from e
+        raise
+
+
+# -- inputs ----------------------------------------------------------------------------------------
+def random_feeds(inputs: Sequence[Any], seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded inputs: normal floats; integers and booleans in {0, 1} (valid ids and masks)."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for info in inputs:
+        dt = np.dtype(info.dtype)
+        if dt.kind == "f":
+            feeds[info.name] = rng.standard_normal(info.shape).astype(dt)
+        else:
+            feeds[info.name] = rng.integers(0, 2, size=info.shape).astype(dt)
+    return feeds
+
+
+def load_inputs(path: str, inputs: Sequence[Any]) -> dict[str, np.ndarray]:
+    """--inputs: an .npz archive with one array per model input, each of the input's dtype and shape."""
+    head = readable_file("--inputs", path)
+    if head.startswith(NPY_MAGIC):
+        raise UsageError(f"--inputs {path} is a .npy file (one array); inputs are an .npz keyed by input name, "
+                         "e.g. numpy.savez('in.npz', x=array)")
+    if not head.startswith(ZIP_MAGIC):
+        kind = "a ctxrt context binary" if head == CTX_MAGIC else "not an .npz archive"
+        raise UsageError(f"--inputs {path} is {kind}; inputs are an .npz keyed by input name, "
+                         "e.g. numpy.savez('in.npz', x=array)")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            feeds = {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError) as e:
+        raise UsageError(f"--inputs {path}: cannot read it as an .npz archive ({e})") from None
+    names = [i.name for i in inputs]
+    if set(feeds) != set(names):
+        raise UsageError(f"--inputs {path} has arrays {sorted(feeds)}; the model's inputs are {names}")
+    for info in inputs:
+        v, dt = feeds[info.name], np.dtype(info.dtype)
+        if v.dtype != dt or tuple(v.shape) != tuple(info.shape):
+            raise UsageError(f"--inputs {path}: array {info.name!r} is {v.dtype}{list(v.shape)}; the model "
+                             f"takes {dt}{list(info.shape)}")
+    return feeds

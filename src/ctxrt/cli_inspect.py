@@ -1,0 +1,112 @@
+"""`ctxrt inspect`: a context binary's (or an EPContext model's binaries') metadata, and with --memory or
+--plot its arenas."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ctxrt.cli_args import UsageError, model_kind, naming, not_an_input, output_file
+
+
+def _binaries(path: str) -> list[tuple[str, str | bytes]]:
+    """(label, source) of every context binary `path` names: itself, or each one its EPContext nodes use."""
+    if model_kind("", path) == "ctx":
+        return [(path, path)]
+    from ctxrt.frontend.epcontext import is_epcontext, read_epcontext, read_epcontext_io
+
+    if not is_epcontext(path):
+        read_epcontext_io(path)  # an unreadable file is reported as such
+        raise UsageError(f"inspect takes a .ctx or an EPContext model; {path} is an ONNX model: compile it "
+                         f"first (ctxrt compile {path} -o OUT.ctx)")
+    out: list[tuple[str, str | bytes]] = []
+    for node in read_epcontext(path):
+        source = node.source if isinstance(node.source, bytes) else str(node.source)
+        if all(source != s for _, s in out):
+            out.append((node.name if isinstance(source, bytes) else Path(source).name, source))
+    return out
+
+
+def inspect_report(meta: dict[str, Any]) -> dict[str, Any]:
+    device = meta.get("device", {})  # files written before devices were recorded have none
+    return {
+        "format_version": meta["format_version"], "backend": meta["backend"], "hardware": meta["hardware"],
+        "device": device.get("device", meta["hardware"]), "driver": device.get("driver", ""),
+        "producer": meta["producer"], "source_models": meta["source_models"],
+        "weights_size": meta["weights_size"], "spillfill_size": meta["max_spillfill_size"],
+        "alignment": meta["alignment"], "tuning": meta["tuning"],
+        "graphs": [{"name": g["name"], "spillfill_size": g["spillfill_size"], "lower_bound": g["lower_bound"],
+                    "io_bytes": g["io_bytes"], "inputs": g["inputs"], "outputs": g["outputs"],
+                    "partitions": g.get("partitions", [])}
+                   for g in meta["graphs"]],
+    }
+
+
+def _partitions_line(parts: list[dict[str, Any]]) -> str:
+    """`opencl 12 steps (Gemm 3, Add 4) | cpu 3 steps (Conv 3)`: which nodes run where, in order."""
+    def ops(p: dict[str, Any]) -> str:
+        return ", ".join(f"{op} {n}" for op, n in sorted(p["ops"].items(), key=lambda kv: -kv[1]))
+    return " | ".join(f"{p['backend']} {p['steps']} steps ({ops(p)})" for p in parts)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from ctxrt.format import read_metadata
+
+    if args.plot:
+        not_an_input(f"--plot {args.plot}", output_file("--plot", args.plot, ".png"), [args.file])
+    with naming(args.file):
+        binaries = _binaries(args.file)
+        reports = [inspect_report(read_metadata(source)) for _, source in binaries]
+        if args.memory or args.plot:
+            from ctxrt.runtime.report import graph_memory
+
+            for r, (_, source) in zip(reports, binaries, strict=True):
+                r["memory"] = graph_memory(source)
+    if args.plot:
+        from ctxrt.runtime.report import plot_arena
+
+        plot_arena([(f"{label}:{g['name']}" if len(binaries) > 1 else g["name"], g)
+                    for r, (label, _) in zip(reports, binaries, strict=True) for g in r["memory"]], args.plot)
+    if args.json:
+        for r in reports:
+            for g in r.get("memory", []):
+                del g["intervals"]
+        report = dict(reports[0])
+        if len(reports) > 1:
+            report["contexts"] = reports
+        print(json.dumps(report))
+        return 0
+    for (label, _), report in zip(binaries, reports, strict=True):
+        _print_inspect(args.file if len(binaries) == 1 else f"{args.file} [{label}]", report)
+    if args.plot:
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _print_inspect(name: str, report: dict[str, Any]) -> None:
+    mib = 2 ** 20
+    driver = f", driver {report['driver']}" if report["driver"] else ""
+    print(f"{name}: ctxrt context binary v{report['format_version']}, backend {report['backend']} "
+          f"({report['device']}{driver}), made by {report['producer']} from {', '.join(report['source_models'])}")
+    print(f"weights {report['weights_size'] / mib:.2f} MiB, max spill-fill {report['spillfill_size'] / mib:.2f} "
+          f"MiB, buffer start alignment {report['alignment']}")
+    for g in report["graphs"]:
+        print(f"graph {g['name']}: spill-fill {g['spillfill_size'] / mib:.2f} MiB "
+              f"(lower bound {g['lower_bound'] / mib:.2f} MiB), IO {g['io_bytes'] / mib:.2f} MiB")
+        for kind in ("inputs", "outputs"):
+            for t in g[kind]:
+                print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}{list(t['shape'])} ({t['mem_type']})")
+        if len(g["partitions"]) > 1 or any(p["backend"] != report["backend"] for p in g["partitions"]):
+            print(f"  partitions: {_partitions_line(g['partitions'])}")
+    if "memory" in report:
+        print(f"  {'memory':<24}{'weights':>12}{'spill-fill':>12}{'lower bound':>12}{'arena/bound':>12}{'IO':>12}")
+        for g in report["memory"]:
+            ratio = g["spillfill"] / g["lower_bound"] if g["lower_bound"] else 1.0
+            print(f"  {g['name']:<24}{_mib(g['weights'])}{_mib(g['spillfill'])}{_mib(g['lower_bound'])}"
+                  f"{ratio:>12.3f}{_mib(g['io'])}")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2 ** 20:>8.2f} MiB"

@@ -1,0 +1,176 @@
+"""Every subcommand and option of `ctxrt` given hostile values: wrong types, out-of-range numbers, missing,
+unreadable, wrong-kind and directory paths. Each case must fail with exactly one line on stderr that names
+what the user gave, exit status 2, no traceback, and no file written or left behind (issue 13).
+
+`test_every_option_has_a_hostile_case` keeps the table complete: an option added to the parser without a
+case here fails it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from cli_helpers import assert_one_line_error, cli, listing
+
+from ctxrt.cli import build_parser
+
+# (target: "SUBCOMMAND OPTION" or "SUBCOMMAND POSITIONAL", argv, substrings the error line must contain)
+CASES: list[tuple[str, list[str], list[str]]] = [
+    # -- the cases of issue 13 -----------------------------------------------------------------------
+    ("run --inputs", ["run", "m.ctx", "--inputs", "plain.npy"], ["--inputs plain.npy", ".npy", ".npz"]),
+    ("compile -o", ["compile", "m.onnx", "-o", "dir.ctx"], ["-o dir.ctx", "is a directory"]),
+    ("compile -o", ["compile", "m.onnx", "-o", "adir"], ["-o adir", ".ctx"]),
+    ("compile -o", ["compile", "m.onnx", "-o", "nodir/x.ctx"], ["-o nodir/x.ctx", "nodir", "does not exist"]),
+    ("run --inputs", ["run", "m.ctx", "--inputs", "m.ctx"], ["--inputs m.ctx", "context binary", ".npz"]),
+    ("run --shape", ["run", "m.onnx", "--shape", "x=99999999999999x8"], ["x", "99999999999999x8", "limit"]),
+    ("compile --shape", ["compile", "m.onnx", "-o", "o.ctx", "--shape", "x=99999999999999x8"],
+     ["99999999999999x8", "limit"]),
+    ("inspect FILE", ["inspect", "m.onnx"], ["m.onnx", "compile it first"]),
+    ("run --shape", ["run", "m.ctx", "--shape", "x=4x8"], ["--shape x=4x8", "m.ctx", "fixed shapes"]),
+    ("run --shape", ["run", "m_ctx.onnx", "--shape", "x=4x8"], ["--shape x=4x8", "m_ctx.onnx", "fixed shapes"]),
+    ("run --repeat", ["run", "m.ctx", "--repeat", "0"], ["--repeat", "'0'", ">= 1"]),
+    ("run --repeat", ["run", "m.ctx", "--repeat", "-3"], ["--repeat", "'-3'", ">= 1"]),
+    ("compile --split", ["compile", "m.onnx", "--split", "0", "-o", "sdir"], ["--split", "'0'", ">= 1"]),
+    ("compile --embed", ["compile", "m.onnx", "-o", "o.ctx", "--embed"], ["--embed", "--epcontext"]),
+    ("inspect --memory", ["inspect", "w_flipped.ctx", "--memory"], ["w_flipped.ctx", "checksum"]),
+    # -- compile -------------------------------------------------------------------------------------
+    ("compile MODEL", ["compile", "nothere.onnx", "-o", "o.ctx"], ["nothere.onnx", "no such file"]),
+    ("compile MODEL", ["compile", "adir", "-o", "o.ctx"], ["adir", "directory"]),
+    ("compile MODEL", ["compile", "m.ctx", "-o", "o.ctx"], ["m.ctx", "already compiled"]),
+    ("compile MODEL", ["compile", "m_ctx.onnx", "-o", "o.ctx"], ["m_ctx.onnx", "EPContext", "already compiled"]),
+    ("compile MODEL", ["compile", "plain.npy", "-o", "o.ctx"], ["plain.npy", "NumPy"]),
+    ("compile MODEL", ["compile", "garbage.onnx", "-o", "o.ctx"], ["garbage.onnx"]),
+    ("compile MODEL", ["compile", "empty.onnx", "-o", "o.ctx"], ["empty.onnx", "empty file"]),
+    ("compile MODEL", ["compile", "notes.txt", "-o", "o.ctx"], ["notes.txt", ".onnx"]),
+    ("compile MODEL", ["compile", "m.onnx/x.onnx", "-o", "o.ctx"], ["m.onnx/x.onnx"]),
+    ("compile MODEL", ["compile", "unreadable.onnx", "-o", "o.ctx"], ["unreadable.onnx", "Permission denied"]),
+    ("compile MODEL", ["compile", "fifo.ctx", "-o", "o.ctx"], ["fifo.ctx", "not a regular file"]),
+    ("compile -o", ["compile", "m.onnx"], ["-o"]),
+    ("compile -o", ["compile", "m.onnx", "-o", "m.onnx"], ["-o m.onnx", ".ctx"]),
+    ("compile -o", ["compile", "m.onnx", "-o", "fifo.ctx"], ["-o fifo.ctx", "not a regular file"]),
+    ("compile -o", ["compile", "m.onnx", "-o", "m.onnx/x.ctx"], ["-o m.onnx/x.ctx", "not a folder"]),
+    ("compile -o", ["compile", "m.onnx", "--split", "2", "-o", "m.ctx"], ["-o m.ctx", "must be a directory"]),
+    ("compile -o", ["compile", "m.onnx", "--split", "2", "-o", "nodir/parts"], ["-o nodir/parts", "does not exist"]),
+    ("compile --backend", ["compile", "m.onnx", "-o", "o.ctx", "--backend", "nope"], ["'nope'"]),
+    ("compile --backend", ["compile", "m.onnx", "-o", "o.ctx", "--backend", ""], ["''"]),
+    ("compile --io-mem-type", ["compile", "m.onnx", "-o", "o.ctx", "--io-mem-type", "shared"],
+     ["--io-mem-type", "'shared'"]),
+    ("compile --shape", ["compile", "m.onnx", "-o", "o.ctx", "--shape", "x=banana"], ["--shape", "x=banana"]),
+    ("compile --shape", ["compile", "m.onnx", "-o", "o.ctx", "--shape", "=1x8"], ["--shape", "=1x8"]),
+    ("compile --shape", ["compile", "m.onnx", "-o", "o.ctx", "--shape", "x="], ["--shape", "x="]),
+    ("compile --shape", ["compile", "m.onnx", "-o", "o.ctx", "--shape", "x=0x8"], ["--shape x=0x8", ">= 1"]),
+    ("compile --shape", ["compile", "m.onnx", "-o", "o.ctx", "--shape", "x=-1x8"], ["--shape x=-1x8", ">= 1"]),
+    ("compile --shape", ["compile", "m.onnx", "-o", "o.ctx", "--shape", "zz=1x8"], ["zz", "unknown"]),
+    ("compile --shape", ["compile", "m.onnx", "-o", "o.ctx", "--shape", "x=1x8x3"], ["x", "rank"]),
+    ("compile --shape", ["compile", "m.onnx", "-o", "o.ctx", "--shape", "x=1x9"], ["x", "9"]),
+    ("compile --shape", ["compile", "m.onnx", "-o", "o.ctx", "--shape", "5:x=1x8"], ["--shape 5:x=1x8", "1 model"]),
+    ("compile --shape", ["compile", "m.onnx", "-o", "o.ctx", "--shape", "x=1x8", "--shape", "x=2x8"],
+     ["--shape x=2x8", "1x8"]),
+    ("compile --split", ["compile", "m.onnx", "--split", "abc", "-o", "sdir"], ["--split", "'abc'"]),
+    ("compile --split", ["compile", "m.onnx", "--split", "-2", "-o", "sdir"], ["--split", "'-2'"]),
+    ("compile --split", ["compile", "m.onnx", "--split", "1.5", "-o", "sdir"], ["--split", "'1.5'"]),
+    ("compile --split", ["compile", "m.onnx", "--split", "100000", "-o", "sdir"], ["100000 parts"]),
+    ("compile --split", ["compile", "m.onnx", "m.onnx", "--split", "2", "-o", "sdir"], ["--split", "one model"]),
+    ("compile --config", ["compile", "m.onnx", "-o", "o.ctx", "--config", "nothere.json"], ["--config"]),
+    ("compile --epcontext", ["compile", "m.onnx", "-o", "o.ctx", "--epcontext=yes"], ["--epcontext", "yes"]),
+    ("compile --epcontext", ["compile", "m.onnx", "-o", "adir", "--epcontext"], ["-o adir"]),
+    ("compile --epcontext", ["compile", "q_ctx.onnx", "-o", "q.ctx", "--epcontext"], ["q_ctx.onnx", "overwrite"]),
+    ("compile --shape", ["compile", "a.onnx", "b.onnx", "-o", "o.ctx", "--shape", "x=1x9"], ["a.onnx", "9"]),
+    ("compile --quiet", ["compile", "m.onnx", "-o", "o.ctx", "--quiet=1"], ["--quiet", "1"]),
+    # -- inspect -------------------------------------------------------------------------------------
+    ("inspect FILE", ["inspect"], ["FILE"]),
+    ("inspect FILE", ["inspect", "nothere.ctx"], ["nothere.ctx", "no such file"]),
+    ("inspect FILE", ["inspect", "adir"], ["adir", "directory"]),
+    ("inspect FILE", ["inspect", "garbage.ctx"], ["garbage.ctx", "not a ctxrt context binary"]),
+    ("inspect FILE", ["inspect", "garbage.onnx"], ["garbage.onnx"]),
+    ("inspect FILE", ["inspect", "truncated.ctx"], ["truncated.ctx"]),
+    ("inspect FILE", ["inspect", "plain.npy"], ["plain.npy", "NumPy"]),
+    ("inspect FILE", ["inspect", "in.npz"], ["in.npz", "NumPy"]),
+    ("inspect FILE", ["inspect", "unreadable.ctx"], ["unreadable.ctx", "Permission denied"]),
+    ("inspect --memory", ["inspect", "truncated.ctx", "--memory"], ["truncated.ctx"]),
+    ("inspect --plot", ["inspect", "m.ctx", "--plot", "dir.png"], ["--plot dir.png", "directory"]),
+    ("inspect --plot", ["inspect", "m.ctx", "--plot", "nodir/a.png"], ["--plot nodir/a.png", "does not exist"]),
+    ("inspect --plot", ["inspect", "m.ctx", "--plot", "arena.svg"], ["--plot arena.svg", ".png"]),
+    ("inspect --plot", ["inspect", "w_flipped.ctx", "--plot", "a.png"], ["w_flipped.ctx", "checksum"]),
+    ("inspect --plot", ["inspect", "binary.png", "--plot", "binary.png"], ["--plot binary.png", "overwrite"]),
+    ("inspect --json", ["inspect", "m.ctx", "--json=1"], ["--json", "1"]),
+    # -- run -----------------------------------------------------------------------------------------
+    ("run MODEL", ["run"], ["MODEL"]),
+    ("run MODEL", ["run", "nothere.onnx"], ["nothere.onnx", "no such file"]),
+    ("run MODEL", ["run", "adir"], ["adir", "directory"]),
+    ("run MODEL", ["run", "plain.npy"], ["plain.npy", "NumPy"]),
+    ("run MODEL", ["run", "notes.txt"], ["notes.txt"]),
+    ("run MODEL", ["run", "garbage.ctx"], ["garbage.ctx", "not a ctxrt context binary"]),
+    ("run MODEL", ["run", "truncated.ctx"], ["truncated.ctx"]),
+    ("run MODEL", ["run", "garbage.onnx"], ["garbage.onnx"]),
+    ("run MODEL", ["run", "w_flipped.ctx"], ["w_flipped.ctx", "checksum"]),
+    ("run MODEL", ["run", "unreadable.ctx"], ["unreadable.ctx", "Permission denied"]),
+    ("run MODEL", ["run", "m.ctx", "unreadable.onnx"], ["unreadable.onnx", "Permission denied"]),
+    ("run MODEL", ["run", "m.ctx", "split/m_ctx.onnx"], ["split/m_ctx.onnx", "run it alone"]),
+    ("run --inputs", ["run", "m.ctx", "--inputs", "nothere.npz"], ["--inputs nothere.npz", "no such file"]),
+    ("run --inputs", ["run", "m.ctx", "--inputs", "dir.npz"], ["--inputs dir.npz", "directory"]),
+    ("run --inputs", ["run", "m.ctx", "--inputs", "notes.txt"], ["--inputs notes.txt", ".npz"]),
+    ("run --inputs", ["run", "m.ctx", "--inputs", "in_names.npz"], ["--inputs in_names.npz", "'z'", "x"]),
+    ("run --inputs", ["run", "m.ctx", "--inputs", "in_dtype.npz"], ["--inputs in_dtype.npz", "float64", "float32"]),
+    ("run --inputs", ["run", "m.ctx", "--inputs", "in_shape.npz"], ["--inputs in_shape.npz", "[2, 8]", "[1, 8]"]),
+    ("run --inputs", ["run", "m.ctx", "--inputs", "in_object.npz"], ["--inputs in_object.npz"]),
+    ("run --inputs", ["run", "m.ctx", "--inputs", "unreadable.npz"], ["--inputs unreadable.npz", "Permission"]),
+    ("run --inputs", ["run", "m.ctx", "m.ctx", "--inputs", "in.npz"], ["--inputs", "single model"]),
+    ("run --inputs", ["run", "split/m_ctx.onnx", "--inputs", "in_dtype.npz"], ["--inputs in_dtype.npz"]),
+    ("run --output", ["run", "m.ctx", "--output", "dir.npz"], ["--output dir.npz", "directory"]),
+    ("run --output", ["run", "m.ctx", "--output", "nodir/o.npz"], ["--output nodir/o.npz", "does not exist"]),
+    ("run --output", ["run", "m.ctx", "--output", "out.npy"], ["--output out.npy", ".npz"]),
+    ("run --output", ["run", "m.ctx", "--output", "m.onnx/o.npz"], ["--output m.onnx/o.npz", "not a folder"]),
+    ("run --output", ["run", "m.ctx", "--inputs", "in.npz", "--output", "in.npz"], ["--output in.npz", "overwrite"]),
+    ("run --repeat", ["run", "m.ctx", "--repeat", "abc"], ["--repeat", "'abc'"]),
+    ("run --repeat", ["run", "m.ctx", "--repeat", "2.5"], ["--repeat", "'2.5'"]),
+    ("run --shape", ["run", "m.onnx", "--shape", "x=banana"], ["--shape", "x=banana"]),
+    ("run --shape", ["run", "m.onnx", "--shape", "zz=1x8"], ["zz", "unknown"]),
+    ("run --shape", ["run", "m.onnx", "--shape", "1:x=1x8"], ["--shape 1:x=1x8", "1 model"]),
+    ("run --shape", ["run", "m.onnx", "m.ctx", "--shape", "1:x=2x8"], ["--shape 1:x=2x8", "m.ctx", "fixed"]),
+    ("run --backend", ["run", "m.ctx", "--backend", "nope"], ["'nope'"]),
+    ("run --graph", ["run", "m.ctx", "--graph", "nope"], ["m.ctx", "'nope'"]),
+    ("run --graph", ["run", "ab_ctx.onnx", "--graph", "nope"], ["ab_ctx.onnx", "'nope'"]),
+    ("run --graph", ["run", "split/m_ctx.onnx", "--graph", "part1"], ["split/m_ctx.onnx", "'part1'", "whole"]),
+    ("run --graph", ["run", "m.ctx", "m.ctx", "--graph", "m"], ["--graph", "single model"]),
+    ("run --share-spillfill", ["run", "m.ctx", "--share-spillfill=1"], ["--share-spillfill", "1"]),
+    ("run --json", ["run", "m.ctx", "--json=yes"], ["--json", "yes"]),
+    ("run --quiet", ["run", "m.ctx", "--quiet=1"], ["--quiet", "1"]),
+    # -- devices -------------------------------------------------------------------------------------
+    ("devices --json", ["devices", "--json=1"], ["--json", "1"]),
+    # -- the command itself --------------------------------------------------------------------------
+    ("ctxrt COMMAND", [], ["command"]),
+    ("ctxrt COMMAND", ["frobnicate"], ["'frobnicate'"]),
+    ("ctxrt --version", ["--version=2"], ["--version", "2"]),
+    ("ctxrt COMMAND", ["run", "m.ctx", "--frob"], ["--frob"]),
+    ("ctxrt COMMAND", ["compile", "m.onnx", "-o", "o.ctx", "--frob=1"], ["--frob=1"]),
+]
+
+
+@pytest.mark.parametrize("target, argv, needles", CASES, ids=[" ".join(a) or "(none)" for _, a, _ in CASES])
+def test_hostile_argument_is_one_line_exit_2_and_writes_nothing(capsys, in_workspace, target, argv,
+                                                                 needles) -> None:
+    before = listing(in_workspace)
+    assert_one_line_error(*cli(capsys, *argv), *needles)
+    assert listing(in_workspace) == before
+
+
+def _options() -> set[str]:
+    """Every "SUBCOMMAND OPTION" and "SUBCOMMAND POSITIONAL" the parser declares (help excepted)."""
+    parser = build_parser()
+    found = {f"ctxrt {max(a.option_strings, key=len)}" for a in parser._actions
+             if a.option_strings and a.dest != "help"}
+    found.add("ctxrt COMMAND")
+    (sub,) = [a for a in parser._actions if a.choices and a.dest == "command"]
+    for name, p in sub.choices.items():
+        for a in p._actions:
+            if a.dest == "help":
+                continue
+            label = max(a.option_strings, key=len) if a.option_strings else (a.metavar or a.dest).split(".")[0]
+            found.add(f"{name} {label.split('|')[0]}")
+    return found
+
+
+def test_every_option_has_a_hostile_case() -> None:
+    covered = {target.replace(" -o", " --output") for target, _, _ in CASES}
+    missing = _options() - covered
+    assert not missing, f"options without a hostile case in tests/cli/test_cli_hostile.py: {sorted(missing)}"
