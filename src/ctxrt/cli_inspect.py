@@ -69,6 +69,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
         plot_arena([(f"{label}:{g['name']}" if len(binaries) > 1 else g["name"], g)
                     for r, (label, _) in zip(reports, binaries, strict=True) for g in r["memory"]], args.plot)
+    if args.tuning:
+        from ctxrt.tuning.record import report
+
+        for r, (_, source) in zip(reports, binaries, strict=True):
+            r["tuning_report"] = report(read_metadata(source))
     if args.json:
         for r in reports:
             for g in r.get("memory", []):
@@ -106,6 +111,10 @@ def _print_inspect(name: str, report: dict[str, Any]) -> None:
             ratio = g["spillfill"] / g["lower_bound"] if g["lower_bound"] else 1.0
             print(f"  {g['name']:<24}{_mib(g['weights'])}{_mib(g['spillfill'])}{_mib(g['lower_bound'])}"
                   f"{ratio:>12.3f}{_mib(g['io'])}")
+    if "tuning_report" in report:
+        from ctxrt.tuning.record import report_lines
+
+        print("\n".join(report_lines(report["tuning_report"])))
 
 
 def _mib(n: int) -> str:

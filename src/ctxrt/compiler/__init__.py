@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrt import progress
 from ctxrt.backends import Backend, get_backend, supported_ops
@@ -15,6 +15,9 @@ from ctxrt.ir.graph import Graph as IRGraph
 from ctxrt.ir.passes import default_passes, run_passes
 from ctxrt.runtime.context import Context
 
+if TYPE_CHECKING:
+    from ctxrt.tuning.tuner import Tuner
+
 
 def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backend, name: str = "main") -> IRGraph:
     """ONNX model -> IR graph with static shapes, after the default passes."""
@@ -24,28 +27,30 @@ def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backe
     return run_passes(to_ir(model, supported_ops(backend), shapes, name), default_passes())
 
 
-def compile_ir(graph: IRGraph, backend: Backend) -> tuple[CompiledGraph, dict[str, Any]]:
-    compiled = compile_graph(graph, backend)
+def compile_ir(graph: IRGraph, backend: Backend, tuner: Tuner | None = None) -> tuple[CompiledGraph, dict[str, Any]]:
+    compiled = compile_graph(graph, backend, tuner)
     return compiled, {n: graph.values[n].const for n in compiled.const_names}
 
 
 def compile_model(model: Any, shapes: Mapping[str, Iterable[int]] | None = None, backend: Backend | None = None,
-                  name: str = "main") -> tuple[CompiledGraph, dict[str, Any]]:
+                  name: str = "main", tuner: Tuner | None = None) -> tuple[CompiledGraph, dict[str, Any]]:
     """One ONNX model (path, bytes or ModelProto) -> (compiled graph, the constants it reads)."""
     backend = backend or get_backend("cpu")
-    return compile_ir(lower(model, shapes, backend, name), backend)
+    return compile_ir(lower(model, shapes, backend, name), backend, tuner)
 
 
 def compile(model: str | os.PathLike | bytes | Any, shapes: Mapping[str, Iterable[int]] | None = None,
-            backend: str | Backend = "cpu", defer_graph_init: bool = False, io_mem_type: str = "raw") -> Context:
+            backend: str | Backend = "cpu", defer_graph_init: bool = False, io_mem_type: str = "raw",
+            **tuning: Any) -> Context:
     """Online prepare: compile an ONNX model in memory and return a Context (finalized unless deferred).
 
     `io_mem_type="memhandle"` tells the context its IO tensors will be passed as memory handles, so it
-    allocates no internal IO buffers (DESIGN.md §6)."""
+    allocates no internal IO buffers (DESIGN.md §6). `tuning` takes the compile config's keys (docs/tuning.md):
+    `tuning_mode=True, performance_cache_dir=..., invalidate_performance_cache=False` and the budgets."""
     from ctxrt.runtime.loader import compile_to_context
 
     be = get_backend(backend)
-    graphs, weights = compile_graphs([(model, shapes, "main")], be, io_mem_type)
+    graphs, weights = compile_graphs([(model, shapes, "main")], be, io_mem_type, **tuning)
     return compile_to_context(graphs, weights, be, defer_graph_init)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -13,6 +13,9 @@ from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, I
 from ctxrt.errors import UnsupportedOpError
 from ctxrt.ir.graph import Graph, Node
 from ctxrt.planner import arena
+
+if TYPE_CHECKING:
+    from ctxrt.tuning.tuner import Tuner
 
 # Ops whose output is input 0 with another shape: a zero-copy view when possible.
 ALIAS_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
@@ -50,8 +53,9 @@ class _Storage:
         self.root[child] = self.find(parent)
 
 
-def compile_graph(graph: Graph, backend: Backend) -> CompiledGraph:
-    """Choose each node's kernel (on the backend's device, else on its fallback), plan the arena."""
+def compile_graph(graph: Graph, backend: Backend, tuner: Tuner | None = None) -> CompiledGraph:
+    """Choose each node's kernel (on the backend's device, else on its fallback), tune the device's kernels
+    (tuning mode), plan the arena."""
     alignment = backend.alignment
     inputs, outputs = set(graph.inputs), set(graph.outputs)
     last_use = {name: -1 for name in graph.values}
@@ -102,6 +106,14 @@ def compile_graph(graph: Graph, backend: Backend) -> CompiledGraph:
                 share(out0, src)
                 break
 
+    params: dict[int, dict[str, Any]] = {}
+    tuning: list[dict[str, Any]] = []
+    if tuner is not None:  # before planning: a tuned kernel may need other scratch
+        on_device = {k: kernel for k, kernel in kernel_of.items() if placement[k] == backend.name}
+        tuned, tuning = tuner.tune(graph.name, on_device, {k: graph.nodes[k].name for k in on_device})
+        for k, (kernel, p) in tuned.items():
+            kernel_of[k], params[k] = kernel, p
+
     # Lifetimes of arena roots (aliases and in-place results extend them) and scratch.
     requests: list[arena.Request] = []
     first: dict[str, int] = {}
@@ -142,7 +154,8 @@ def compile_graph(graph: Graph, backend: Backend) -> CompiledGraph:
             a = plan.allocations[f"{node.name}#scratch{j}"]
             scratch.append(Ref(ARENA, a.key, a.offset, (a.size,), "|u1"))
         steps.append(Step(node.op, node.name, node.attrs, [ref(n) if n else None for n in node.inputs],
-                          [ref(o) for o in node.outputs if o], scratch, kernel.algorithm, placement[step]))
+                          [ref(o) for o in node.outputs if o], scratch, kernel.algorithm, placement[step],
+                          params.get(step, {})))
     _check_outputs_written(graph, steps)
     const_names = sorted({r.key for s in steps for r in s.inputs if r is not None and r.space == CONST})
     programs: dict[Any, None] = {}  # ordered, unique
@@ -154,7 +167,7 @@ def compile_graph(graph: Graph, backend: Backend) -> CompiledGraph:
         [TensorInfo(n, graph.values[n].shape, np.dtype(graph.values[n].dtype).str) for n in graph.outputs],
         steps, plan.size, plan.lower_bound, alignment, plan.strategy,
         [Interval(a.key, a.offset, a.size, a.first, a.last) for a in plan.allocations.values()],
-        const_names, list(programs))
+        const_names, list(programs), tuning)
 
 
 def _check_outputs_written(graph: Graph, steps: list[Step]) -> None:

@@ -42,6 +42,7 @@ class Step:
     scratch: list[Ref]
     algorithm: str = "default"
     backend: str = ""  # the backend that runs it: the context's, or its fallback (a CPU partition)
+    params: dict[str, Any] = field(default_factory=dict)  # tuned kernel parameters (tuning mode); {}: defaults
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,7 @@ class CompiledGraph:
     intervals: list[Interval] = field(default_factory=list)
     const_names: list[str] = field(default_factory=list)
     programs: list[Any] = field(default_factory=list)  # device programs its kernels need (not in PROGRAMS)
+    tuning: list[dict[str, Any]] = field(default_factory=list)  # tuning mode's record (META, not PROGRAMS)
 
     @property
     def io_bytes(self) -> int:

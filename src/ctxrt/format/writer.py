@@ -167,9 +167,12 @@ def _ref(r: Ref | None) -> list[Any] | None:
 
 
 def _step(s: Step, backend: str) -> dict[str, Any]:
-    return {"op": s.op, "name": s.name, "attrs": s.attrs, "inputs": [_ref(r) for r in s.inputs],
-            "outputs": [_ref(r) for r in s.outputs], "scratch": [_ref(r) for r in s.scratch],
-            "algorithm": s.algorithm, "backend": s.backend or backend}
+    out = {"op": s.op, "name": s.name, "attrs": s.attrs, "inputs": [_ref(r) for r in s.inputs],
+           "outputs": [_ref(r) for r in s.outputs], "scratch": [_ref(r) for r in s.scratch],
+           "algorithm": s.algorithm, "backend": s.backend or backend}
+    if s.params:  # tuned kernel parameters: only tuned steps carry them
+        out["params"] = dict(s.params)
+    return out
 
 
 def _program(g: CompiledGraph, backend: str) -> dict[str, Any]:
