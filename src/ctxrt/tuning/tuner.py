@@ -208,19 +208,20 @@ class _Search:
         while True:
             todo = [p for p in valid
                     if p != self.default and _frozen(p) not in self.trials and _distance(p, current) == 1]
-            if self.left is not None:
-                if self.left <= 0:
-                    return False
-                todo = todo[:self.left]
             if not todo:
                 return True
-            if not self._batch(todo):
+            cut = self.left is not None and len(todo) > self.left
+            if cut:
+                todo = todo[:self.left]
+            if not todo or not self._batch(todo):
                 return False
             best = _fastest(self.trials.values())
             base = (self.trials[_frozen(current)].time_s if current is not self.default
                     else min(self.default_times))
             if best is None or base is None or best.time_s >= base * (1 - MOVE):  # type: ignore[operator]
-                return True
+                return not cut  # no better neighbour among those tried: converged unless some were left out
+            if cut:
+                return False
             current = best.params
 
 
