@@ -44,10 +44,11 @@ def advance(n: int = 1) -> None:
 
 
 def postfix(text: str) -> None:
-    """A short status after the bar's counts (e.g. tuning's candidates tried and best speed-up so far)."""
+    """A short status after the bar's counts (e.g. tuning's candidates tried and best speed-up so far), shown at
+    once: it changes rarely, and each change is news."""
     bar = _bar.get()
     if bar is not None:
-        bar.tqdm.set_postfix_str(text, refresh=False)
+        bar.tqdm.set_postfix_str(text, refresh=True)
 
 
 @contextlib.contextmanager

@@ -81,7 +81,8 @@ def _device_info(server: Server, params: dict[str, Any]) -> Any:
 METHODS: dict[str, Callable[[Server, dict[str, Any]], Any]] = {
     "device_info": _device_info, "compile": _compile, "profile": _profile, "execute": _execute,
 }
-CLOSING = ("too_large", "truncated")  # after these the stream is out of step: answer, then close
+CLOSING = ("too_large", "truncated")
+LINGER_BYTES = 1 << 20  # read and dropped at most, while closing a connection  # after these the stream is out of step: answer, then close
 
 
 class Server:
@@ -137,10 +138,22 @@ class Server:
             try:
                 if self._handshake(conn):
                     self._serve(conn)
+                self._linger(conn)
             except (OSError, p.ProtocolError):  # the client left, or its stream failed after an answer was sent
                 pass
             finally:
                 self._slots.release()
+
+    def _linger(self, conn: socket.socket) -> None:
+        """Close gently: stop sending, then read (and drop) what the client still sends, a bounded amount. Closing
+        with unread bytes would make the kernel reset the connection, and the client could lose the error frame
+        that explains why."""
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(min(self.read_timeout, 5.0))
+        dropped = 0
+        with contextlib.suppress(OSError):
+            while dropped < LINGER_BYTES and (chunk := conn.recv(65536)):
+                dropped += len(chunk)
 
     def _fail(self, conn: socket.socket, code: str, message: str, rid: int | None = None) -> None:
         self.stats["errors"] += 1

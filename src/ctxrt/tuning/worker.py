@@ -8,6 +8,7 @@ process per session for the same reason; one long-lived process keeps built prog
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -91,6 +92,8 @@ def describe(backend: Any) -> dict[str, Any]:
 def worker_main(conn: Any) -> None:
     """The device process: open the device, say so, then run jobs until the pipe closes."""
     from ctxrt.backends import get_backend
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C at the terminal is the server's to handle: it stops us
 
     try:
         backend = get_backend("opencl")
