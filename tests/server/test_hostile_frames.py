@@ -84,8 +84,10 @@ def _bad_requests(rng: np.random.Generator) -> Iterator[tuple[bytes, tuple[str, 
                                                     "params": {}, "inputs": [ext(1, b"junk")]}}, ("bad_request",), 22),
         ({"id": 23, "method": "execute", "params": {"spec": SPEC, "kernel": "Elementwise", "source_hash": "x",
                                                     "params": {}, "inputs": [ext(99, b"")]}}, ("bad_request",), 23),
-        ({"id": 24, "method": "profile", "params": {"spec": {**SPEC, "attrs": {"a": _deep(60)}}}}, ("bad_request",), 24),
-        ({"id": 25, "method": "profile", "params": {"spec": {**SPEC, "consts": [ext(1, b"x")]}}}, ("bad_request",), 25),
+        ({"id": 24, "method": "profile", "params": {"spec": {**SPEC, "attrs": {"a": _deep(60)}}}},
+         ("bad_request",), 24),
+        ({"id": 25, "method": "profile", "params": {"spec": {**SPEC, "consts": [ext(1, b"x")]}}},
+         ("bad_request",), 25),
     ]
     for k in range(PERSISTENT):
         kind = k % 4

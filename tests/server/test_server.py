@@ -65,8 +65,8 @@ def test_32_concurrent_clients_all_get_correct_answers(server: Server) -> None:
     assert not any(t.is_alive() for t in threads) and not failures, failures
 
 
-def test_a_job_past_its_time_limit_is_answered_and_the_device_process_restarted(opencl: str, tmp_path: Path,
-                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_job_past_its_time_limit_is_answered_and_the_device_process_restarted(
+        opencl: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fifo = tmp_path / "pause.fifo"
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)

@@ -81,8 +81,8 @@ def _device_info(server: Server, params: dict[str, Any]) -> Any:
 METHODS: dict[str, Callable[[Server, dict[str, Any]], Any]] = {
     "device_info": _device_info, "compile": _compile, "profile": _profile, "execute": _execute,
 }
-CLOSING = ("too_large", "truncated")
-LINGER_BYTES = 1 << 20  # read and dropped at most, while closing a connection  # after these the stream is out of step: answer, then close
+CLOSING = ("too_large", "truncated")  # after these the stream is out of step: answer, then close
+LINGER_BYTES = 1 << 20  # read and dropped at most, while closing a connection
 
 
 class Server:
