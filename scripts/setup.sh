@@ -16,3 +16,18 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q -e '.[test]'
   echo "$want" > "$stamp"
 fi
+# The OpenCL tests need an OpenCL device: where there is none, install PoCL (a CPU device) -- Debian's
+# pocl-opencl-icd when apt is there, else the PoCL wheel PyOpenCL can load.
+has_opencl() {
+  .venv/bin/python -c 'import pyopencl as cl, sys; sys.exit(not any(p.get_devices() for p in cl.get_platforms()))' \
+    2>/dev/null
+}
+if ! has_opencl; then
+  echo "no OpenCL device: installing PoCL..." >&2
+  if command -v apt-get >/dev/null; then
+    sudo=$([ "$(id -u)" = 0 ] || echo sudo)
+    { $sudo apt-get update -q && $sudo apt-get install -y -q pocl-opencl-icd; } || true
+  fi
+  has_opencl || .venv/bin/python -m pip install -q pocl-binary-distribution
+  has_opencl || echo "warning: still no OpenCL device; the OpenCL tests will skip" >&2
+fi

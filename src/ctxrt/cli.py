@@ -33,6 +33,7 @@ from ctxrt.cli_args import (
     random_feeds,
     shape_targets,
 )
+from ctxrt.cli_devices import cmd_devices
 from ctxrt.cli_inspect import cmd_inspect
 from ctxrt.cli_tuning import add_commands, compile_backend, load_config
 from ctxrt.errors import CtxrtError
@@ -145,11 +146,27 @@ def _check_run_args(args: argparse.Namespace, kinds: list[str]) -> list[dict[str
     return graph_shapes(args.shape, n)
 
 
+def _run_backend(model: str, kind: str) -> str:
+    """The backend a model runs on without --backend: the one its context binary was compiled for, cpu for an
+    ONNX model compiled in memory."""
+    if kind == "onnx":
+        return "cpu"
+    from ctxrt.format import read_metadata
+
+    with naming(model):
+        if kind == "epcontext":
+            from ctxrt.frontend.epcontext import read_epcontext
+
+            model = read_epcontext(model)[0].source
+        return str(read_metadata(model)["backend"])
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if args.output:
         not_an_input(f"--output {args.output}", output_file("--output", args.output, ".npz"),
                      [*args.model, args.inputs])
     kinds = [_run_kind(m) for m in args.model]
+    args.backend = args.backend or _run_backend(args.model[0], kinds[0])
     shapes = _check_run_args(args, kinds)
     if kinds[0] == "epcontext" and len(args.model) == 1:
         return _run_chain(args)
@@ -337,28 +354,6 @@ def _compile_split(args: argparse.Namespace, tuning: dict[str, Any]) -> int:
     return 0
 
 
-# -- devices -------------------------------------------------------------------------------------------
-def cmd_devices(args: argparse.Namespace) -> int:
-    """The backends and OpenCL devices of this machine (`--backend opencl:N` picks device N)."""
-    from ctxrt.backends import list_devices
-
-    devices = list_devices()
-    if args.json:
-        print(json.dumps({"devices": devices}))
-        return 0
-    for d in devices:
-        mem = f"{d['global_memory'] / 2 ** 30:.1f} GiB" if d["global_memory"] else "? GiB"
-        kind = f" {d['type']}," if "type" in d else ""
-        shared = ", memory shared with the host" if d["unified_memory"] else ""
-        print(f"{d['backend']:<10} {d['name']} ({d['vendor'] or 'host'},{kind} driver {d['driver']}): "
-              f"{d['compute_units']} compute units, {mem}{shared}")
-    if len(devices) == 1:
-        from ctxrt.backends.opencl.device import INSTALL_HINT
-
-        print(f"no OpenCL device: {INSTALL_HINT}")
-    return 0
-
-
 # -- parser and entry point ----------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     import ctxrt
@@ -399,8 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run N times (N >= 1); the latency reported is the median")
     r.add_argument("--shape", action="append", default=[],
                    help="[K:]NAME=1x3x224x224 for dynamic inputs of .onnx models (K: model index)")
-    r.add_argument("--backend", default="cpu", help="cpu, opencl or opencl:N (a .ctx runs on the backend it was "
-                   "compiled for)")
+    r.add_argument("--backend", help="cpu, opencl or opencl:N (default: the backend a .ctx was compiled for; cpu "
+                   "for an ONNX model)")
     r.add_argument("--graph", help="graph to run in a multi-graph context or EPContext file (default: the first)")
     r.add_argument("--share-spillfill", action="store_true",
                    help="one spill-fill buffer of the largest size for every context (loaded largest first)")

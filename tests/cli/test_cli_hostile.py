@@ -173,6 +173,9 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("run --shape", ["run", "m.onnx", "--shape", "1:x=1x8"], ["--shape 1:x=1x8", "1 model"]),
     ("run --shape", ["run", "m.onnx", "m.ctx", "--shape", "1:x=2x8"], ["--shape 1:x=2x8", "m.ctx", "fixed"]),
     ("run --backend", ["run", "m.ctx", "--backend", "nope"], ["'nope'"]),
+    ("run --backend", ["run", "m.ctx", "--backend", "cpu:1"], ["'cpu:1'"]),
+    ("run --backend", ["run", "m.ctx", "--backend", "opencl:x"], ["opencl:x", "index"]),
+    ("run --backend", ["run", "m.ctx", "--backend", "opencl:99"], ["OpenCL"]),  # no such device (or none at all)
     ("run --graph", ["run", "m.ctx", "--graph", "nope"], ["m.ctx", "'nope'"]),
     ("run --graph", ["run", "ab_ctx.onnx", "--graph", "nope"], ["ab_ctx.onnx", "'nope'"]),
     ("run --graph", ["run", "split/m_ctx.onnx", "--graph", "part1"], ["split/m_ctx.onnx", "'part1'", "whole"]),
@@ -182,6 +185,7 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("run --quiet", ["run", "m.ctx", "--quiet=1"], ["--quiet", "1"]),
     # -- devices -------------------------------------------------------------------------------------
     ("devices --json", ["devices", "--json=1"], ["--json", "1"]),
+    ("devices --json", ["devices", "gpu"], ["gpu"]),
     # -- the command itself --------------------------------------------------------------------------
     ("ctxrt COMMAND", [], ["command"]),
     ("ctxrt COMMAND", ["frobnicate"], ["'frobnicate'"]),

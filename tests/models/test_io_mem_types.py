@@ -1,10 +1,12 @@
 """The four cells of DESIGN.md §6 (reference/001_*), asserted from ctx.stats on a real model (SqueezeNet,
-random weights), prepared offline (a .ctx made with --io-mem-type) and online, outputs against onnxruntime."""
+random weights), prepared offline (a .ctx made with --io-mem-type) and online, on every backend, outputs
+against onnxruntime."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from harness import read, write
 from test_models import Run, assert_close
 
 import ctxrt
@@ -13,14 +15,14 @@ from ctxrt.cli import main as cli
 RUNS = 3
 
 
-def _prepare(path, prepared: str, offline: bool, tmp_path):
+def _prepare(path, prepared: str, offline: bool, tmp_path, backend: str):
     if not offline:
-        return ctxrt.compile(path, io_mem_type=prepared)
+        return ctxrt.compile(path, io_mem_type=prepared, backend=backend)
     out = tmp_path / f"sq_{prepared}.ctx"
-    assert cli(["compile", str(path), "-o", str(out), "--io-mem-type", prepared]) == 0
+    assert cli(["compile", str(path), "-o", str(out), "--io-mem-type", prepared, "--backend", backend]) == 0
     meta = ctxrt.read_metadata(out)
     assert {t["mem_type"] for g in meta["graphs"] for t in g["inputs"] + g["outputs"]} == {prepared}
-    return ctxrt.context_from_binary(out)
+    return ctxrt.context_from_binary(out, backend)
 
 
 def _handles(ctx, feeds):
@@ -34,16 +36,16 @@ def _handles(ctx, feeds):
     buf = be.alloc_shared(off, 64)
     handles = {t.name: ctx.mem_register(buf, o, t.shape, t.dtype) for t, o in zip(infos, offsets, strict=True)}
     for name, x in feeds.items():
-        handles[name].view[...] = x
+        write(be, handles[name].view, x)
     return handles
 
 
 @pytest.mark.parametrize("offline", [True, False], ids=["offline", "online"])
 @pytest.mark.parametrize("prepared,executed", [("raw", "raw"), ("raw", "memhandle"), ("memhandle", "raw"),
                                                ("memhandle", "memhandle")])
-def test_io_mem_type_cell(squeezenet, prepared, executed, offline, tmp_path) -> None:
+def test_io_mem_type_cell(squeezenet, prepared, executed, offline, tmp_path, backend) -> None:
     path, feeds, want = squeezenet
-    ctx = _prepare(path, prepared, offline, tmp_path)
+    ctx = _prepare(path, prepared, offline, tmp_path, backend)
     try:
         g = ctx.graph()
         io_bytes = sum(t.nbytes for t in g.inputs + g.outputs)
@@ -64,7 +66,7 @@ def test_io_mem_type_cell(squeezenet, prepared, executed, offline, tmp_path) -> 
             handles = _handles(ctx, feeds)
             for _ in range(RUNS):
                 g.execute({i.name: handles[i.name] for i in g.inputs}, {o.name: handles[o.name] for o in g.outputs})
-            got = {o.name: handles[o.name].view.copy() for o in g.outputs}
+            got = {o.name: read(ctx.backend, handles[o.name].view) for o in g.outputs}
         assert_close(Run(want, got, 0, 0))
 
         if prepared == "memhandle" and executed == "raw":  # allocated at the first raw run, once

@@ -38,10 +38,11 @@ def model(request):
 
 
 @pytest.mark.parametrize("k", [2, 3])
-def test_split_chain_matches_the_whole_model(model, k, tmp_path, capsys) -> None:
+def test_split_chain_matches_the_whole_model(model, k, tmp_path, capsys, backend) -> None:
     path, feeds, shapes, want = model
     out = tmp_path / "split"
-    assert cli(["compile", str(path), "--split", str(k), "-o", str(out), *_shape_args(shapes)]) == 0
+    assert cli(["compile", str(path), "--split", str(k), "-o", str(out), *_shape_args(shapes),
+                "--backend", backend]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
     stem = path.name.removesuffix(".onnx")
     wrapper = out / f"{stem}_ctx.onnx"
@@ -55,12 +56,12 @@ def test_split_chain_matches_the_whole_model(model, k, tmp_path, capsys) -> None
         for t in g["outputs"]:
             assert t["mem_type"] == ("raw" if t["name"] in want else "memhandle")
 
-    whole = ctxrt.compile(path, shapes=shapes)
+    whole = ctxrt.compile(path, shapes=shapes, backend=backend)
     try:
         expected = {n: a.copy() for n, a in whole.graph().run(feeds).items()}
     finally:
         whole.free()
-    with ContextGroup.from_epcontext(wrapper) as chain:
+    with ContextGroup.from_epcontext(wrapper, backend) as chain:
         assert chain.buffer.nbytes == max(sizes)
         got = chain.run(feeds)
         got = chain.run(feeds)  # twice: the recordings of the first run are replayed
@@ -72,7 +73,7 @@ def test_split_chain_matches_the_whole_model(model, k, tmp_path, capsys) -> None
     for name, arr in expected.items():
         np.testing.assert_allclose(got[name], arr, rtol=1e-5, atol=1e-6)
 
-    # The command line: same outputs, with the memory report.
+    # The command line (on the backend the parts were compiled for): same outputs, with the memory report.
     np.savez(tmp_path / "in.npz", **feeds)
     assert cli(["run", str(wrapper), "--share-spillfill", "--inputs", str(tmp_path / "in.npz"),
                 "--output", str(tmp_path / "out.npz"), "--json"]) == 0

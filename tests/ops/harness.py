@@ -72,8 +72,14 @@ def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) ->
     import onnxruntime as ort
 
     model = onnx.ModelProto.FromString(model.SerializeToString())
-    for out, value in zip(model.graph.output, reference(model, feeds), strict=True):  # output dtypes only
-        out.type.tensor_type.elem_type = helper.np_dtype_to_tensor_dtype(value.dtype)
+    # Output dtypes from shape inference (the reference may fail where onnxruntime is the oracle); ops it
+    # leaves untyped (GroupNormalization) take the reference's.
+    inferred = onnx.shape_inference.infer_shapes(model).graph.output
+    for k, (out, typed) in enumerate(zip(model.graph.output, inferred, strict=True)):
+        elem = typed.type.tensor_type.elem_type
+        if not elem:
+            elem = helper.np_dtype_to_tensor_dtype(reference(model, feeds)[k].dtype)
+        out.type.tensor_type.elem_type = elem
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
 
@@ -148,7 +154,7 @@ def bind(op: str, ins: list[np.ndarray], outs: list[np.ndarray], attrs: dict[str
     from ctxrt.backends.cpu.registry import KERNELS
     from ctxrt.backends.kernel import NodeSpec, TensorSpec
 
-    spec = NodeSpec(op, op, attrs or {}, [TensorSpec(x.shape, x.dtype) for x in ins],
+    spec = NodeSpec(op, op, attrs or {}, [TensorSpec(x.shape, x.dtype) if x is not None else None for x in ins],
                     [TensorSpec(y.shape, y.dtype) for y in outs], consts or [None] * len(ins), opset)
     kernel = KERNELS[op](spec)
     return kernel.bind(ins, outs, [np.empty(n, np.uint8) for n in kernel.scratch])

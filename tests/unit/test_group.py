@@ -1,5 +1,5 @@
 """Contexts sharing one spill-fill buffer (DESIGN.md §7): sizes from metadata without loading, one buffer of
-the maximum size, the largest context loaded first, the group lock serializing execution."""
+the maximum size, the largest context loaded first, the group lock serializing execution; on every backend."""
 
 import threading
 import time
@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 import ctxrt
 import ctxrt.format
 import ctxrt.runtime.loader as loader
-from ctxrt.backends.cpu.backend import CpuBackend
+from ctxrt.backends import get_backend
 from ctxrt.compiler import compile_graphs, save_context
 from ctxrt.errors import FormatError, LifecycleError
 from ctxrt.runtime.group import ContextGroup
@@ -33,9 +33,9 @@ def _mlp(width: int, seed: int):
 
 
 @pytest.fixture
-def three(tmp_path):
+def three(tmp_path, backend):
     """Three context binaries, small / LARGE / medium: the largest is neither first nor last given."""
-    be = CpuBackend()
+    be = get_backend(backend)
     out = []
     for name, width in [("small", 32), ("large", 1024), ("medium", 256)]:
         model, fn = _mlp(width, width)
@@ -49,11 +49,11 @@ def _sizes(paths):
     return [ctxrt.read_metadata(p)["max_spillfill_size"] for p in paths]
 
 
-def test_one_buffer_of_the_maximum_not_the_sum(three) -> None:
+def test_one_buffer_of_the_maximum_not_the_sum(three, backend) -> None:
     paths = [p for p, _ in three]
     sizes = _sizes(paths)
     assert sizes[1] > sizes[2] > sizes[0]
-    with ContextGroup(paths) as group:
+    with ContextGroup(paths, backend) as group:
         assert group.buffer.nbytes == max(sizes)  # the maximum over all, though the first is the smallest
         assert all(c.stats["alloc_spillfill_bytes"] == 0 for c in group.contexts)
         assert all(c.arena[0] is group.buffer for c in group.contexts)
@@ -65,23 +65,23 @@ def test_one_buffer_of_the_maximum_not_the_sum(three) -> None:
             np.testing.assert_allclose(ctx.graph().run({"x": x})["y"], fn(x), rtol=1e-4, atol=1e-5)
 
 
-def test_unshared_group_allocates_one_buffer_per_context(three) -> None:
+def test_unshared_group_allocates_one_buffer_per_context(three, backend) -> None:
     paths = [p for p, _ in three]
-    with ContextGroup(paths, share_spillfill=False) as group:
+    with ContextGroup(paths, backend, share_spillfill=False) as group:
         assert group.buffer is None
         assert group.memory()["spillfill"] == sum(_sizes(paths))
         assert group.memory()["spillfill_saved"] == 0
 
 
 @pytest.mark.parametrize("order", [[0, 1, 2], [0, 2, 1], [1, 0, 2], [2, 0, 1]])
-def test_sizes_read_first_then_largest_loaded_first(three, order, monkeypatch) -> None:
+def test_sizes_read_first_then_largest_loaded_first(three, backend, order, monkeypatch) -> None:
     paths = [three[k][0] for k in order]
     events = []
     read_metadata, load = ctxrt.format.read_metadata, loader.context_from_binary
     monkeypatch.setattr(ctxrt.format, "read_metadata", lambda s: events.append(("meta", s)) or read_metadata(s))
     monkeypatch.setattr(loader, "context_from_binary",
                         lambda s, *a, **k: events.append(("load", s)) or load(s, *a, **k))
-    with ContextGroup(paths) as group:
+    with ContextGroup(paths, backend) as group:
         # every size is read from metadata before any binary is loaded
         assert [e[0] for e in events] == ["meta"] * 3 + ["load"] * 3
         loaded = [s for kind, s in events if kind == "load"]
@@ -90,30 +90,32 @@ def test_sizes_read_first_then_largest_loaded_first(three, order, monkeypatch) -
         assert group.leader is group.contexts[paths.index(three[1][0])]
 
 
-def test_declared_size_too_small_is_a_format_error(three) -> None:
+def test_declared_size_too_small_is_a_format_error(three, backend) -> None:
     paths = [p for p, _ in three]
     sizes = _sizes(paths)
     sizes[1] //= 2  # an EPContext node's max_size that lies
     with pytest.raises(FormatError, match="declared max spill-fill size"):
-        ContextGroup(paths, spillfill_sizes=sizes)
+        ContextGroup(paths, backend, spillfill_sizes=sizes)
 
 
-def test_group_lock_serializes_threads(three) -> None:
+def test_group_lock_serializes_threads(three, backend, monkeypatch) -> None:
     """Graphs of different contexts in one group, run from 6 threads: never two at once, all correct."""
     active, overlap = [0], [0]
     guard = threading.Lock()
+    be = get_backend(backend)
+    run = be.run
 
-    class Probe(CpuBackend):
-        def run(self, launches):
-            with guard:
-                active[0] += 1
-                overlap[0] = max(overlap[0], active[0])
-            time.sleep(0.001)  # widen the window a concurrent run would fall into
-            super().run(launches)
-            with guard:
-                active[0] -= 1
+    def probe(launches):
+        with guard:
+            active[0] += 1
+            overlap[0] = max(overlap[0], active[0])
+        time.sleep(0.001)  # widen the window a concurrent run would fall into
+        run(launches)
+        with guard:
+            active[0] -= 1
 
-    with ContextGroup([p for p, _ in three], Probe()) as group:
+    monkeypatch.setattr(be, "run", probe)
+    with ContextGroup([p for p, _ in three], be) as group:
         def work(k: int) -> None:
             ctx, fn = group.contexts[k % 3], three[k % 3][1]
             rng = np.random.default_rng(k)
@@ -125,8 +127,8 @@ def test_group_lock_serializes_threads(three) -> None:
     assert overlap[0] == 1
 
 
-def test_free_releases_the_shared_buffer(three) -> None:
-    group = ContextGroup([p for p, _ in three])
+def test_free_releases_the_shared_buffer(three, backend) -> None:
+    group = ContextGroup([p for p, _ in three], backend)
     buf = group.buffer
     group.free()
     assert buf.released and all(c.freed for c in group.contexts)
@@ -135,22 +137,24 @@ def test_free_releases_the_shared_buffer(three) -> None:
     group.free()  # twice is harmless
 
 
-def test_group_from_bytes(three) -> None:
+def test_group_from_bytes(three, backend) -> None:
     sources = [p.read_bytes() for p, _ in three]
-    with ContextGroup(sources) as group:
+    with ContextGroup(sources, backend) as group:
         assert group.buffer.nbytes == max(_sizes([p for p, _ in three]))
 
 
-def test_a_bad_binary_in_a_group_is_one_error_and_frees_the_rest(three, tmp_path, monkeypatch) -> None:
+def test_a_bad_binary_in_a_group_is_one_error_and_frees_the_rest(three, backend, tmp_path, monkeypatch) -> None:
     bad = tmp_path / "bad.ctx"
     data = bytearray(three[1][0].read_bytes())
-    data[-100:] = b"\xff" * 100  # the weights section's checksum no longer matches
+    data[-100:] = b"\xff" * 100  # the last section's checksum (weights, or OpenCL programs) no longer matches
     bad.write_bytes(bytes(data))
     made = []
-    alloc = CpuBackend.alloc_shared
-    monkeypatch.setattr(CpuBackend, "alloc_shared", lambda self, n, a=64: made.append(alloc(self, n, a)) or made[-1])
+    be = get_backend(backend)
+    shared, device = be.alloc_shared, be.alloc_device
+    monkeypatch.setattr(be, "alloc_shared", lambda n, a=64: made.append(shared(n, a)) or made[-1])
+    monkeypatch.setattr(be, "alloc_device", lambda n: made.append(device(n)) or made[-1])
     with pytest.raises(FormatError):
-        ContextGroup([three[0][0], bad, three[2][0]])
+        ContextGroup([three[0][0], bad, three[2][0]], backend)
     assert made and all(b.released for b in made)  # the shared buffer and every context's buffers
 
 
@@ -185,6 +189,6 @@ def _set(attr: str, value: bytes):
     (_set("partition_name", b"nope"), "names graph 'nope'"),
     (_set("ep_cache_context", b"gone.ctx"), "missing file"),
 ], ids=["wiring", "graph", "file"])
-def test_epcontext_chain_rejects_bad_models(three, tmp_path, edit, message) -> None:
+def test_epcontext_chain_rejects_bad_models(three, backend, tmp_path, edit, message) -> None:
     with pytest.raises(FormatError, match=message):
-        ContextGroup.from_epcontext(_chain(tmp_path, three, edit))
+        ContextGroup.from_epcontext(_chain(tmp_path, three, edit), backend)

@@ -1,9 +1,9 @@
 """Memory handles (DESIGN.md §1, reference/004_*): registration rules, the multi-tensor shared buffer,
-execution without copies, and re-recording only when a binding changes."""
+execution without copies, and re-recording only when a binding changes; on every backend."""
 
 import numpy as np
 import pytest
-from harness import run_in_threads
+from harness import read, run_in_threads, write
 from test_lifecycle import WANT, X, _model
 
 import ctxrt
@@ -12,8 +12,8 @@ from ctxrt.runtime.memhandle import MemHandle
 
 
 @pytest.fixture
-def ctx():
-    c = ctxrt.compile(_model(), io_mem_type="memhandle")
+def ctx(backend):
+    c = ctxrt.compile(_model(), io_mem_type="memhandle", backend=backend)
     yield c
     c.free()
 
@@ -26,9 +26,9 @@ def test_one_buffer_per_tensor_runs_without_copies(ctx) -> None:
     be = ctx.backend
     xb, yb = be.alloc_shared(128, 64), be.alloc_shared(128, 64)
     x, y = ctx.mem_register(xb, 0, (4, 8), np.float32), ctx.mem_register(yb, 0, (4, 8), np.float32)
-    be.view(xb, 0, (4, 8), np.float32)[...] = X
+    write(be, be.view(xb, 0, (4, 8), np.float32), X)
     ctx.graph().execute({"x": x}, {"y": y})
-    np.testing.assert_allclose(be.view(yb, 0, (4, 8), np.float32), WANT, rtol=1e-5)
+    np.testing.assert_allclose(read(be, be.view(yb, 0, (4, 8), np.float32)), WANT, rtol=1e-5)
     assert ctx.stats["copies_in"] == ctx.stats["copies_out"] == 0
     assert ctx.stats["alloc_io_bytes"] == 0 and ctx.stats["lazy_allocs"] == 0
 
@@ -41,11 +41,11 @@ def test_multi_tensor_shared_buffer_with_handles_at_offsets(ctx) -> None:
     g = ctx.graph()
     for k in range(2):  # input at slot k, output at slot k + 1: the output of one run feeds the next
         if k == 0:
-            be.view(buf, 0, (4, 8), np.float32)[...] = X
+            write(be, be.view(buf, 0, (4, 8), np.float32), X)
         g.execute({"x": handles[k]}, {"y": handles[k + 1]})
     first = np.maximum(X @ _w(), 0) @ _w()
-    np.testing.assert_allclose(be.view(buf, 128, (4, 8), np.float32), first, rtol=1e-5)
-    np.testing.assert_allclose(be.view(buf, 256, (4, 8), np.float32), np.maximum(first @ _w(), 0) @ _w(),
+    np.testing.assert_allclose(read(be, be.view(buf, 128, (4, 8), np.float32)), first, rtol=1e-5)
+    np.testing.assert_allclose(read(be, be.view(buf, 256, (4, 8), np.float32)), np.maximum(first @ _w(), 0) @ _w(),
                                rtol=1e-5)
     assert ctx.stats["copies_in"] == 0
 
@@ -90,8 +90,8 @@ def test_handle_not_matching_the_graph_tensor(ctx) -> None:
         ctx.graph().execute({"x": ctx.mem_register(buf, 0, (4, 8), np.float64)}, {"y": y})
 
 
-def test_handle_of_another_context(ctx) -> None:
-    other = ctxrt.compile(_model(), io_mem_type="memhandle")
+def test_handle_of_another_context(ctx, backend) -> None:
+    other = ctxrt.compile(_model(), io_mem_type="memhandle", backend=backend)
     try:
         buf = ctx.backend.alloc_shared(256, 64)
         theirs = other.mem_register(buf, 0, (4, 8), np.float32)
@@ -129,8 +129,8 @@ def test_buffer_with_registered_handles_cannot_be_freed(ctx) -> None:
     assert buf.released
 
 
-def test_free_deregisters_every_handle() -> None:
-    c = ctxrt.compile(_model())
+def test_free_deregisters_every_handle(backend) -> None:
+    c = ctxrt.compile(_model(), backend=backend)
     buf = c.backend.alloc_shared(256, 64)
     x, y = _io(c, buf)
     c.free()
@@ -138,8 +138,8 @@ def test_free_deregisters_every_handle() -> None:
     buf.release()
 
 
-def test_io_buffer_cannot_be_a_spillfill_or_weights_buffer() -> None:
-    c = ctxrt.compile(_model(), defer_graph_init=True)
+def test_io_buffer_cannot_be_a_spillfill_or_weights_buffer(backend) -> None:
+    c = ctxrt.compile(_model(), defer_graph_init=True, backend=backend)
     try:
         buf = c.backend.alloc_shared(4096, 64)
         c.register_spillfill_buffer(buf)
@@ -147,7 +147,7 @@ def test_io_buffer_cannot_be_a_spillfill_or_weights_buffer() -> None:
             c.mem_register(buf, 0, (4, 8), np.float32)
     finally:
         c.free()
-    c = ctxrt.compile(_model(), defer_graph_init=True)
+    c = ctxrt.compile(_model(), defer_graph_init=True, backend=backend)
     try:
         buf = c.backend.alloc_shared(4096, 64)
         c.mem_register(buf, 0, (4, 8), np.float32)
@@ -157,8 +157,8 @@ def test_io_buffer_cannot_be_a_spillfill_or_weights_buffer() -> None:
         c.free()
 
 
-def test_recording_happens_only_when_a_binding_changes() -> None:
-    c = ctxrt.compile(_model())  # raw: recorded once at finalize for the internal buffers
+def test_recording_happens_only_when_a_binding_changes(backend) -> None:
+    c = ctxrt.compile(_model(), backend=backend)  # raw: recorded once at finalize for the internal buffers
     try:
         g, be = c.graph(), c.backend
         assert c.stats["recordings"] == 1
@@ -167,7 +167,7 @@ def test_recording_happens_only_when_a_binding_changes() -> None:
         assert c.stats["recordings"] == 1
         buf = be.alloc_shared(256, 64)
         x, y = _io(c, buf)
-        be.view(buf, 0, (4, 8), np.float32)[...] = X
+        write(be, be.view(buf, 0, (4, 8), np.float32), X)
         for _ in range(3):  # the same handles: recorded once, then replayed
             g.execute({"x": x}, {"y": y})
         assert c.stats["recordings"] == 2
@@ -183,13 +183,13 @@ def test_recording_happens_only_when_a_binding_changes() -> None:
         c.free()
 
 
-def test_mixed_raw_input_and_handle_output() -> None:
-    c = ctxrt.compile(_model())
+def test_mixed_raw_input_and_handle_output(backend) -> None:
+    c = ctxrt.compile(_model(), backend=backend)
     try:
         buf = c.backend.alloc_shared(128, 64)
         y = c.mem_register(buf, 0, (4, 8), np.float32)
         c.graph().execute({"x": X}, {"y": y})
-        np.testing.assert_allclose(c.backend.view(buf, 0, (4, 8), np.float32), WANT, rtol=1e-5)
+        np.testing.assert_allclose(read(c.backend, c.backend.view(buf, 0, (4, 8), np.float32)), WANT, rtol=1e-5)
         assert (c.stats["copies_in"], c.stats["copies_out"]) == (1, 0)
     finally:
         c.free()
@@ -203,9 +203,9 @@ def test_register_and_execute_from_threads(ctx) -> None:
         buf = be.alloc_shared(256, 64)
         hx, hy = _io(ctx, buf)
         for _ in range(20):
-            be.view(buf, 0, (4, 8), np.float32)[...] = x
+            write(be, be.view(buf, 0, (4, 8), np.float32), x)
             g.execute({"x": hx}, {"y": hy})
-            got = be.view(buf, 128, (4, 8), np.float32).copy()
+            got = read(be, be.view(buf, 128, (4, 8), np.float32))
             np.testing.assert_allclose(got, np.maximum(x @ _w(), 0) @ _w(), rtol=1e-5)
 
     run_in_threads(work, 4)

@@ -1,5 +1,5 @@
 """InferenceSession (DESIGN.md §8): onnxruntime's API, device tensors, the tensor cache and pinning,
-asserted from counters; outputs against onnxruntime."""
+asserted from counters; outputs against onnxruntime; on every backend."""
 
 from __future__ import annotations
 
@@ -35,10 +35,10 @@ def _x(seed=0):
     return np.random.default_rng(seed).standard_normal((4, 16)).astype(np.float32)
 
 
-def test_api_mirrors_onnxruntime(squeezenet) -> None:
+def test_api_mirrors_onnxruntime(backend, squeezenet) -> None:
     path, feeds, want = squeezenet
     theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    with ctxrt.InferenceSession(path) as sess:
+    with ctxrt.InferenceSession(path, backend) as sess:
         for ours, ref in ((sess.get_inputs(), theirs.get_inputs()), (sess.get_outputs(), theirs.get_outputs())):
             assert [(a.name, a.shape, a.type) for a in ours] == [(b.name, b.shape, b.type) for b in ref]
         got = sess.run(None, feeds)
@@ -50,10 +50,10 @@ def test_api_mirrors_onnxruntime(squeezenet) -> None:
         assert np.array_equal(sess.run(None, feeds)[0], again)
 
 
-def test_dynamic_dims_compile_per_shape_and_reuse(bert) -> None:
+def test_dynamic_dims_compile_per_shape_and_reuse(backend, bert) -> None:
     """No shapes given: get_inputs shows the symbolic dims; each new shape compiles once, then is reused."""
     theirs = ort.InferenceSession(str(bert), providers=["CPUExecutionProvider"])
-    with ctxrt.InferenceSession(bert) as sess:
+    with ctxrt.InferenceSession(bert, backend) as sess:
         assert [i.shape for i in sess.get_inputs()] == [["batch", "seq"], ["batch", "seq"]]
         created = []
         for seq, batch in [(16, 1), (8, 2), (16, 1), (8, 2), (16, 1)]:
@@ -69,9 +69,9 @@ def test_dynamic_dims_compile_per_shape_and_reuse(bert) -> None:
         assert s["tensor_cache_misses"] == created[-1]
 
 
-def test_steady_loop_counters(mlp) -> None:
+def test_steady_loop_counters(backend, mlp) -> None:
     path, fn = mlp
-    with ctxrt.InferenceSession(path) as sess:
+    with ctxrt.InferenceSession(path, backend) as sess:
         sess.run(None, {"x": _x()})
         first = sess.stats
         assert first["tensors_created"] == first["tensor_cache_misses"] == 2
@@ -87,15 +87,15 @@ def test_steady_loop_counters(mlp) -> None:
         assert s["tensor_cache_bytes_held"] == 2 * 4 * 16 * 4
 
 
-def test_without_pinning_or_cache_tensors_and_recordings_churn(mlp) -> None:
+def test_without_pinning_or_cache_tensors_and_recordings_churn(backend, mlp) -> None:
     path, fn = mlp
-    with ctxrt.InferenceSession(path, enable_pinning=False) as sess:
+    with ctxrt.InferenceSession(path, backend, enable_pinning=False) as sess:
         for k in range(6):
             np.testing.assert_allclose(sess.run(None, {"x": _x(k)})[0], fn(_x(k)), rtol=1e-4, atol=1e-5)
         s = sess.stats
         assert s["tensors_created"] == 2  # still cached...
         assert s["recordings"] > 3  # ...but input and output swap tensors, so the graph re-records
-    with ctxrt.InferenceSession(path, enable_tensor_cache=False) as sess:
+    with ctxrt.InferenceSession(path, backend, enable_tensor_cache=False) as sess:
         for k in range(6):
             np.testing.assert_allclose(sess.run(None, {"x": _x(k)})[0], fn(_x(k)), rtol=1e-4, atol=1e-5)
         s = sess.stats
@@ -103,9 +103,9 @@ def test_without_pinning_or_cache_tensors_and_recordings_churn(mlp) -> None:
         assert s["tensor_cache_bytes_held"] == 0
 
 
-def test_io_binding_with_tensors_copies_nothing(squeezenet) -> None:
+def test_io_binding_with_tensors_copies_nothing(backend, squeezenet) -> None:
     path, feeds, want = squeezenet
-    with ctxrt.InferenceSession(path) as sess:
+    with ctxrt.InferenceSession(path, backend) as sess:
         b = sess.io_binding()
         x = ctxrt.Tensor.from_numpy(feeds["data_0"], sess)
         y = ctxrt.Tensor.empty((1, 1000, 1, 1), np.float32, sess)
@@ -130,11 +130,11 @@ def test_io_binding_with_tensors_copies_nothing(squeezenet) -> None:
         assert s["copies_in"] == 2 and s["tensors_created"] == 2 and s["recordings"] == 2
 
 
-def test_steady_state_allocates_nothing_beyond_results(squeezenet) -> None:
+def test_steady_state_allocates_nothing_beyond_results(backend, squeezenet) -> None:
     """Measured against the bare graph execute on the same handles (its kernels' transient NumPy buffers
     are not the session's): run adds the returned array and a few small objects, bound Tensors nothing."""
     path, feeds, _ = squeezenet
-    with ctxrt.InferenceSession(path) as sess:
+    with ctxrt.InferenceSession(path, backend) as sess:
         peak, growth = steady_state_allocation(lambda: sess.run(None, feeds))
         assert growth < 2048
         assert peak < 4000 + ITERATOR_BUFFER  # the returned 1000-float array and NumPy's small buffers
@@ -156,11 +156,11 @@ def test_steady_state_allocates_nothing_beyond_results(squeezenet) -> None:
         assert sess.stats["recordings"] == 2  # one for the cached tensors, one for the bound ones
 
 
-def test_binding_per_run_reuses_tensors(mlp) -> None:
+def test_binding_per_run_reuses_tensors(backend, mlp) -> None:
     """A new IOBinding every iteration (usual with onnxruntime): a deleted binding's session tensors go
     back to the cache at the next run, so nothing is created after the first iteration."""
     path, fn = mlp
-    with ctxrt.InferenceSession(path) as sess:
+    with ctxrt.InferenceSession(path, backend) as sess:
         for k in range(10):
             b = sess.io_binding()
             b.bind_input("x", _x(k))
@@ -182,10 +182,10 @@ def test_binding_per_run_reuses_tensors(mlp) -> None:
         assert sess.stats["tensors_created"] == 3
 
 
-def test_run_takes_session_tensors_as_feeds(mlp) -> None:
+def test_run_takes_session_tensors_as_feeds(backend, mlp) -> None:
     """run() binds a Tensor feed in place (as onnxruntime's run takes an OrtValue): no copy in."""
     path, fn = mlp
-    with ctxrt.InferenceSession(path) as sess, ctxrt.InferenceSession(path) as other:
+    with ctxrt.InferenceSession(path, backend) as sess, ctxrt.InferenceSession(path, backend) as other:
         x = ctxrt.Tensor.from_numpy(_x(3), sess)
         for _ in range(3):
             np.testing.assert_allclose(sess.run(None, {"x": x})[0], fn(_x(3)), rtol=1e-4, atol=1e-5)
@@ -204,10 +204,10 @@ def test_run_takes_session_tensors_as_feeds(mlp) -> None:
             sess.run(None, {"x": x})
 
 
-def test_failed_run_returns_its_tensors(mlp, monkeypatch) -> None:
+def test_failed_run_returns_its_tensors(backend, mlp, monkeypatch) -> None:
     """An allocation failing halfway through a run leaves no tensor lent: the next run reuses them."""
     path, fn = mlp
-    with ctxrt.InferenceSession(path) as sess:
+    with ctxrt.InferenceSession(path, backend) as sess:
         real, calls = sess.backend.alloc_shared, []
 
         def alloc_once(nbytes, alignment):
@@ -228,9 +228,9 @@ def test_failed_run_returns_its_tensors(mlp, monkeypatch) -> None:
         assert s["tensors_created"] == 2 and s["tensor_cache_hits"] == 1
 
 
-def test_close_releases_every_tensor(mlp) -> None:
+def test_close_releases_every_tensor(backend, mlp) -> None:
     path, _ = mlp
-    sess = ctxrt.InferenceSession(path)
+    sess = ctxrt.InferenceSession(path, backend)
     sess.run(None, {"x": _x()})
     mine = ctxrt.Tensor.empty((4, 16), np.float32, sess)
     b = sess.io_binding()
@@ -249,9 +249,9 @@ def test_close_releases_every_tensor(mlp) -> None:
     sess.close()  # twice is harmless
 
 
-def test_byte_cap_evicts_least_recently_used(bert) -> None:
+def test_byte_cap_evicts_least_recently_used(backend, bert) -> None:
     one = 2 * 16 * 8 + 16 * 64 * 4 + 64 * 4  # ids, mask, last_hidden_state, pooler at seq 16
-    with ctxrt.InferenceSession(bert, tensor_cache_bytes=one) as sess:
+    with ctxrt.InferenceSession(bert, backend, tensor_cache_bytes=one) as sess:
         sess.run(None, zoo.bert_feeds(16))
         assert sess.stats["tensors_evicted"] == 0 and sess.stats["tensor_cache_bytes_held"] == one
         sess.run(None, zoo.bert_feeds(8))  # other shapes: the seq-16 tensors are the least recently used
@@ -261,9 +261,9 @@ def test_byte_cap_evicts_least_recently_used(bert) -> None:
         assert sess.stats["tensors_created"] > s["tensors_created"]
 
 
-def test_errors_are_clear(mlp, squeezenet, tmp_path) -> None:
+def test_errors_are_clear(backend, mlp, squeezenet, tmp_path) -> None:
     path, _ = mlp
-    with ctxrt.InferenceSession(path) as sess, ctxrt.InferenceSession(path) as other:
+    with ctxrt.InferenceSession(path, backend) as sess, ctxrt.InferenceSession(path, backend) as other:
         with pytest.raises(ShapeError, match=r"missing \['x'\], unknown \['z'\]"):
             sess.run(None, {"z": _x()})
         with pytest.raises(ShapeError, match="expects float32"):
@@ -282,12 +282,12 @@ def test_errors_are_clear(mlp, squeezenet, tmp_path) -> None:
         with pytest.raises(ShapeError, match="Tensor or None"):
             b.bind_output("y", _x())
     ctx = tmp_path / "sq.ctx"
-    assert cli(["compile", str(squeezenet[0]), "-o", str(ctx)]) == 0
-    with ctxrt.InferenceSession(ctx) as sess, pytest.raises(ShapeError, match="fixed shapes"):
+    assert cli(["compile", str(squeezenet[0]), "-o", str(ctx), "--backend", backend]) == 0
+    with ctxrt.InferenceSession(ctx, backend) as sess, pytest.raises(ShapeError, match="fixed shapes"):
         sess.run(None, {"data_0": np.zeros((2, 3, 224, 224), np.float32)})
     with pytest.raises(CtxrtError, match="no such model file"):
-        ctxrt.InferenceSession(tmp_path / "missing.onnx")
-    with ctxrt.InferenceSession(path) as sess:  # an ONNX model with fixed dims: named, not compiled
+        ctxrt.InferenceSession(tmp_path / "missing.onnx", backend)
+    with ctxrt.InferenceSession(path, backend) as sess:  # an ONNX model with fixed dims: named, not compiled
         with pytest.raises(ShapeError, match=r"input 'x' expects float32\[4, 16\], got float32\[3, 16\]"):
             sess.run(None, {"x": np.zeros((3, 16), np.float32)})
         with pytest.raises(ShapeError, match=r"expects float32\[4, 16\], got float32\[4\]"):
@@ -306,19 +306,20 @@ def test_errors_are_clear(mlp, squeezenet, tmp_path) -> None:
 
 
 @pytest.mark.parametrize("kind", ["ctx-raw", "ctx-memhandle", "epcontext", "split", "onnx-bytes", "ctx-bytes"])
-def test_every_model_source(squeezenet, kind, tmp_path, capsys) -> None:
+def test_every_model_source(backend, squeezenet, kind, tmp_path, capsys) -> None:
     path, feeds, want = squeezenet
     ctx = tmp_path / "sq.ctx"
     if kind == "split":
-        assert cli(["compile", str(path), "--split", "2", "-o", str(tmp_path / "s")]) == 0
+        assert cli(["compile", str(path), "--split", "2", "-o", str(tmp_path / "s"), "--backend", backend]) == 0
         source = tmp_path / "s" / f"{path.stem}_ctx.onnx"
     elif kind == "onnx-bytes":
         source = path.read_bytes()
     else:
         mem = "memhandle" if kind == "ctx-memhandle" else "raw"
-        assert cli(["compile", str(path), "-o", str(ctx), "--io-mem-type", mem, "--epcontext"]) == 0
+        assert cli(["compile", str(path), "-o", str(ctx), "--io-mem-type", mem, "--epcontext",
+                    "--backend", backend]) == 0
         source = {"epcontext": tmp_path / "sq_ctx.onnx", "ctx-bytes": ctx.read_bytes()}.get(kind, ctx)
-    with ctxrt.InferenceSession(source) as sess:
+    with ctxrt.InferenceSession(source, backend) as sess:
         for _ in range(3):
             got = sess.run(None, feeds)[0]
         assert_close(Run(want, {"softmaxout_1": got}, 0, 0))
@@ -329,34 +330,34 @@ def test_every_model_source(squeezenet, kind, tmp_path, capsys) -> None:
         assert s["lazy_allocs"] == 0  # the session binds tensors: never a raw run
 
 
-def test_compile_cache_dir(mlp, tmp_path) -> None:
+def test_compile_cache_dir(backend, mlp, tmp_path) -> None:
     path, fn = mlp
     cache = tmp_path / "cache"
-    with ctxrt.InferenceSession(path, cache_dir=cache) as sess:
+    with ctxrt.InferenceSession(path, backend, cache_dir=cache) as sess:
         assert sess.stats["compile_cache_misses"] == 1
     files = list(cache.glob("*.ctx"))
     assert len(files) == 1
     mtime = files[0].stat().st_mtime_ns
-    with ctxrt.InferenceSession(path, cache_dir=cache) as sess:
+    with ctxrt.InferenceSession(path, backend, cache_dir=cache) as sess:
         assert sess.stats["compile_cache_hits"] == 1 and sess.stats["compile_cache_misses"] == 0
         np.testing.assert_allclose(sess.run(None, {"x": _x()})[0], fn(_x()), rtol=1e-4, atol=1e-5)
     assert files[0].stat().st_mtime_ns == mtime
     for hits in (0, 1):  # other options, another entry; then a hit on it
-        with ctxrt.InferenceSession(path, cache_dir=cache, shapes={"x": (4, 16)}) as sess:
+        with ctxrt.InferenceSession(path, backend, cache_dir=cache, shapes={"x": (4, 16)}) as sess:
             assert sess.stats["compile_cache_hits"] == hits
     assert len(list(cache.glob("*.ctx"))) == 2
     files[0].write_bytes(files[0].read_bytes()[:100])  # a damaged entry is compiled again and replaced
-    with ctxrt.InferenceSession(path, cache_dir=cache) as sess:
+    with ctxrt.InferenceSession(path, backend, cache_dir=cache) as sess:
         assert sess.stats["compile_cache_damaged"] == 1 and sess.stats["compile_cache_misses"] == 1
         np.testing.assert_allclose(sess.run(None, {"x": _x()})[0], fn(_x()), rtol=1e-4, atol=1e-5)
 
 
-def test_one_session_from_threads(squeezenet) -> None:
+def test_one_session_from_threads(backend, squeezenet) -> None:
     path, _, _ = squeezenet
     theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     inputs = [np.random.default_rng(k).standard_normal((1, 3, 224, 224)).astype(np.float32) for k in range(4)]
     wants = [theirs.run(None, {"data_0": x})[0] for x in inputs]
-    with ctxrt.InferenceSession(path) as sess:
+    with ctxrt.InferenceSession(path, backend) as sess:
         def work(k: int) -> None:
             for _ in range(5):
                 got = sess.run(None, {"data_0": inputs[k]})[0]
@@ -378,9 +379,9 @@ def test_one_session_from_threads(squeezenet) -> None:
         assert sess.stats["session_runs"] == 20 + 32
 
 
-def test_shape_variants_are_bounded(bert) -> None:
+def test_shape_variants_are_bounded(backend, bert) -> None:
     theirs = ort.InferenceSession(str(bert), providers=["CPUExecutionProvider"])
-    with ctxrt.InferenceSession(bert, max_shape_variants=1) as sess:
+    with ctxrt.InferenceSession(bert, backend, max_shape_variants=1) as sess:
         for seq in (16, 8, 16):
             feeds = zoo.bert_feeds(seq)
             assert_close(Run(dict(enumerate(theirs.run(None, feeds))), dict(enumerate(sess.run(None, feeds))), 0, 0))
@@ -398,4 +399,4 @@ def test_shape_variants_are_bounded(bert) -> None:
                 assert_close(Run(want, dict(enumerate(got)), 0, 0))
         assert all(len(t._handles) == 1 and next(iter(t._handles.values())).registered for t in ts.values())
     with pytest.raises(CtxrtError, match="max_shape_variants"):
-        ctxrt.InferenceSession(bert, max_shape_variants=0)
+        ctxrt.InferenceSession(bert, backend, max_shape_variants=0)

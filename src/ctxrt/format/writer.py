@@ -143,6 +143,7 @@ class ContextWriter:
         if self.kernels:
             f.write(bytes(self.sections[layout.KERNELS].offset - self.sections[layout.WEIGHTS].end))
             f.write(self.kernels)
+            progress.advance(self.sections[layout.KERNELS].end - self.sections[layout.WEIGHTS].end)
 
     def _write_weights(self, f: BinaryIO) -> None:
         pos = 0

@@ -17,7 +17,7 @@ from onnx.reference import ReferenceEvaluator
 
 from ctxrt.errors import ModelError, ShapeError, UnsupportedOpError
 from ctxrt.format.codec import MAX_TENSOR_BYTES
-from ctxrt.ir.canonical import PARAM_INPUTS
+from ctxrt.ir.canonical import INFER_AS_IDENTITY, OUTPUTS_PRESENT, PARAM_INPUTS, SLOTTED_OUTPUTS
 from ctxrt.ir.graph import Graph, Node, Value
 
 # Ops that never need a kernel when their inputs are known at compile time (they always fold here).
@@ -27,7 +27,7 @@ FOLD_ONLY = {"Shape", "Size", "Constant", "ConstantOfShape", "Range", "NonZero",
 _DATA_PROP_MAX = 64
 
 # Ops whose outputs after the first are optional extras (safe to drop when nobody reads them).
-_OPTIONAL_OUTPUTS = {"Dropout", "MaxPool", "BatchNormalization", "LayerNormalization"}
+_OPTIONAL_OUTPUTS = {"Dropout", "MaxPool", "BatchNormalization", "LayerNormalization", "LSTM", "GRU", "RNN"}
 
 Shapes = Mapping[str, Iterable[int]]
 
@@ -165,7 +165,12 @@ class _Folder:
                 inputs.append(helper.make_tensor_value_info(
                     name, helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape))
         outputs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in self.outputs]
-        graph = helper.make_graph(self.nodes, "skeleton", inputs, outputs, initializer=inits)
+        nodes = []
+        for n in self.nodes:  # ops onnx cannot type: typed as copies of their inputs
+            pairs = INFER_AS_IDENTITY.get(n.op_type)
+            nodes += [helper.make_node("Identity", [n.input[j]], [n.output[k]]) for k, j in pairs.items()
+                      if k < len(n.output) and n.output[k]] if pairs else [n]
+        graph = helper.make_graph(nodes, "skeleton", inputs, outputs, initializer=inits)
         m = helper.make_model(graph, opset_imports=list(self.model.opset_import),
                               ir_version=max(self.model.ir_version, 4))
         return m
@@ -315,7 +320,10 @@ def _build_graph(st: _Folder, name: str) -> Graph:
 
 
 def _canonicalize(node: Node, consts: dict[str, np.ndarray]) -> None:
-    """Move constant parameter inputs into attributes (one form per op for the kernels)."""
+    """Move constant parameter inputs into attributes (one form per op for the kernels); record which optional
+    outputs exist where a kernel cannot tell from the ones it is given."""
+    if node.op in SLOTTED_OUTPUTS:
+        node.attrs[OUTPUTS_PRESENT] = [int(bool(o)) for o in node.outputs]
     params = PARAM_INPUTS.get(node.op, {})
     for pos, key in params.items():
         if pos < len(node.inputs) and node.inputs[pos]:

@@ -107,6 +107,7 @@ class Context:
         if (buf.address + offset) % align:
             raise RegistrationError(f"{role} buffer start (address + offset {offset}) is not aligned to "
                                     f"buffer_start_alignment {align}")
+        self.backend.view(buf, offset, (need,), np.uint8)  # a buffer of this context's backend
         roles = buffer_roles(buf)
         if any(r == "io" for r, _ in roles):
             raise RegistrationError(f"{role} buffer is also used for IO memory handles")

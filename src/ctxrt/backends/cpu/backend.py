@@ -91,6 +91,8 @@ class CpuBackend:
         return CpuBuffer.wrap(block)
 
     def view(self, buf: CpuBuffer, offset: int, shape: tuple[int, ...], dtype: np.dtype | str) -> np.ndarray:
+        if not isinstance(buf, CpuBuffer):
+            raise RegistrationError(f"the cpu backend needs its own buffers (alloc_shared), got {type(buf).__name__}")
         if buf.array is None:
             raise RegistrationError("buffer was released")
         dt = np.dtype(dtype)

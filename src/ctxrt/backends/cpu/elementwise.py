@@ -135,7 +135,7 @@ def clip(spec: NodeSpec) -> Kernel:
 
 def leaky_relu(spec: NodeSpec) -> Kernel:
     dt = _float(spec)
-    alpha = dt.type(spec.attr("alpha", 0.01))
+    alpha = dt.type(np.float32(spec.attr("alpha", 0.01)))  # float attributes (defaults too) are float32
     pick = np.maximum if alpha <= 1 else np.minimum  # max(x, ax) for a <= 1, min(x, ax) for a > 1
 
     def block(x: np.ndarray, y: np.ndarray, t: np.ndarray) -> None:
@@ -161,7 +161,7 @@ def sigmoid(spec: NodeSpec) -> Kernel:
 
 def hard_sigmoid(spec: NodeSpec) -> Kernel:
     dt = _float(spec)
-    alpha, beta = dt.type(spec.attr("alpha", 0.2)), dt.type(spec.attr("beta", 0.5))
+    alpha, beta = dt.type(np.float32(spec.attr("alpha", 0.2))), dt.type(np.float32(spec.attr("beta", 0.5)))
     zero, one = dt.type(0), dt.type(1)
 
     def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:

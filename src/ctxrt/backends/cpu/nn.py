@@ -1,4 +1,4 @@
-"""NumPy kernels for CNNs and linear algebra: GEMM convolution, pooling, LRN, Gemm, MatMul, BatchNorm."""
+"""NumPy kernels for CNNs and linear algebra: GEMM convolution, pooling, LRN, Gemm, MatMul (normalizations: norm.py)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,11 @@ from ctxrt.errors import UnsupportedOpError
 
 
 def _window(spec: NodeSpec, kernel: tuple[int, ...]) -> tuple[list[int], list[int], list[int], list[int]]:
-    """(strides, dilations, pads_begin, pads_end) for 2-D spatial ops, auto_pad resolved."""
+    """(strides, dilations, pads_begin, pads_end) for spatial ops of any rank, auto_pad resolved. The kernels
+    here are 2-D; spatial.py sends them 1-D ops as (N, C, 1, L) and runs 3-D ones itself."""
     in_hw = spec.inputs[0].shape[2:]
     out_hw = spec.outputs[0].shape[2:]
     nd = len(in_hw)
-    if nd != 2:
-        raise UnsupportedOpError(f"{spec.op} {spec.name!r}: only 2-D spatial inputs are supported, got {in_hw}")
     strides = list(spec.attr("strides") or [1] * nd)
     dil = list(spec.attr("dilations") or [1] * nd)
     auto = spec.attr("auto_pad", "NOTSET")
@@ -349,29 +348,40 @@ def lrn(spec: NodeSpec) -> Kernel:
 
 
 def gemm(spec: NodeSpec) -> Kernel:
-    alpha, beta = float(spec.attr("alpha", 1.0)), float(spec.attr("beta", 1.0))
+    """Y = alpha A'B' + beta C, A' = A or Aᵀ (transA), B' likewise, C (optional) broadcast to [M, N] from a scalar,
+    [N], [1, N], [M, 1] or [M, N]. A constant C is scaled once; a run-time one with beta != 1 into scratch."""
+    dt = np.dtype(spec.outputs[0].dtype)
+    alpha, beta = dt.type(spec.attr("alpha", 1.0)), dt.type(spec.attr("beta", 1.0))
     ta, tb = bool(spec.attr("transA", 0)), bool(spec.attr("transB", 0))
-    has_c = len(spec.inputs) > 2 and spec.inputs[2] is not None
+    has_c = len(spec.inputs) > 2 and spec.inputs[2] is not None and beta != 0  # beta 0: C is not read
     cconst = spec.consts[2] if has_c else None
     bconst = spec.consts[1]
     bmat = None if bconst is None else (bconst.T if tb else bconst)  # a transposed view: NT GEMM, no copy
-    cscaled = None if cconst is None else (cconst * beta).astype(spec.outputs[0].dtype)
+    cscaled = None if cconst is None else (cconst * beta).astype(dt)
+    scale_c = has_c and cconst is None and beta != 1
     relu = _activation(spec)
-    if has_c and cconst is None and beta != 1.0:
-        raise UnsupportedOpError(f"Gemm {spec.name!r}: a non-constant C with beta != 1 is not supported")
+    zeros = relu_zeros(spec.outputs[0].shape, dt)
 
-    def run(i, o, s):
+    def bind(i, o, s):
         a = i[0].T if ta else i[0]
         b = bmat if bmat is not None else (i[1].T if tb else i[1])
-        np.matmul(a, b, out=o[0])
-        if alpha != 1.0:
-            np.multiply(o[0], alpha, out=o[0])
-        if has_c:
-            np.add(o[0], cscaled if cscaled is not None else i[2], out=o[0])
-        if relu:
-            np.maximum(o[0], zeros, out=o[0])
-    zeros = relu_zeros(spec.outputs[0].shape, spec.outputs[0].dtype)
-    return FnKernel(run)
+        y = o[0]
+        c = cscaled if cscaled is not None else i[2] if has_c else None
+        t = scratch_view(s[0], i[2].shape, dt) if scale_c else None
+
+        def run():
+            np.matmul(a, b, out=y)
+            if alpha != 1:
+                np.multiply(y, alpha, out=y)
+            if t is not None:
+                np.multiply(c, beta, out=t)
+                np.add(y, t, out=y)
+            elif c is not None:
+                np.add(y, c, out=y)
+            if relu:
+                np.maximum(y, zeros, out=y)
+        return run
+    return _Bound(bind, (spec.inputs[2].nbytes,) if scale_c else ())
 
 
 def matmul(spec: NodeSpec) -> Kernel:
@@ -380,24 +390,5 @@ def matmul(spec: NodeSpec) -> Kernel:
     return FnKernel(lambda i, o, s: np.matmul(i[0], i[1], out=o[0]))
 
 
-def batchnorm(spec: NodeSpec) -> Kernel:
-    params = spec.consts[1:5]
-    if any(p is None for p in params):
-        raise UnsupportedOpError(f"BatchNormalization {spec.name!r}: non-constant parameters are not supported")
-    gamma, beta, mean, var = (p.astype(np.float64) for p in params)
-    eps = float(spec.attr("epsilon", 1e-5))
-    nd = len(spec.inputs[0].shape)
-    scale = gamma / np.sqrt(var + eps)
-    shift = beta - mean * scale
-    bshape = (-1,) + (1,) * (nd - 2)
-    dt = spec.outputs[0].dtype
-    scale, shift = scale.astype(dt).reshape(bshape), shift.astype(dt).reshape(bshape)
-
-    def run(i, o, s):
-        np.multiply(i[0], scale, out=o[0])
-        np.add(o[0], shift, out=o[0])
-    return FnKernel(run)
-
-
-KERNELS = {"Conv": conv, "MaxPool": maxpool, "AveragePool": avgpool, "GlobalAveragePool": global_avgpool,
-               "LRN": lrn, "Gemm": gemm, "MatMul": matmul, "BatchNormalization": batchnorm}
+# Conv, MaxPool and AveragePool are registered by spatial.py, which sends 2-D (and lifted 1-D) nodes here.
+KERNELS = {"GlobalAveragePool": global_avgpool, "LRN": lrn, "Gemm": gemm, "MatMul": matmul}

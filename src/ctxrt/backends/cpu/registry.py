@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
-from ctxrt.backends.cpu import elementwise, logic, nn, norm, reduce, shape
+from ctxrt.backends.cpu import (
+    activations,
+    convtranspose,
+    einsum,
+    elementwise,
+    logic,
+    nn,
+    norm,
+    reduce,
+    resize,
+    rnn_cells,
+    scatter,
+    select,
+    shape,
+    spatial,
+)
 from ctxrt.backends.kernel import KernelFactory
 
 KERNELS: dict[str, KernelFactory] = {}
-for _module in (elementwise, logic, reduce, shape, norm, nn):
+for _module in (elementwise, activations, logic, reduce, shape, norm, nn, spatial, convtranspose, resize, rnn_cells,
+                select, scatter, einsum):
     _dup = KERNELS.keys() & _module.KERNELS.keys()
     assert not _dup, f"ops registered twice: {_dup}"
     KERNELS.update(_module.KERNELS)

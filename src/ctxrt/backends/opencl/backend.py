@@ -51,9 +51,10 @@ class OpenCLBackend:
         self.queue = cl.CommandQueue(self.context, self.device, properties=props)
         env = os.environ.get(ZERO_COPY_ENV, "")
         self.zero_copy = self.info.unified_memory and env != "0" if zero_copy is None else bool(zero_copy)
-        # Arena offsets are multiples of this, and so are registered buffers' starts: vector loads stay
-        # aligned, and a tensor at any planned offset could be a sub-buffer.
-        self.alignment = max(64, self.info.base_align)
+        # Arena offsets and registered buffers' starts are multiples of this: 16-float vector loads stay aligned.
+        # Kernels take (buffer, offset) arguments, so no tensor needs to be a sub-buffer: MEM_BASE_ADDR_ALIGN
+        # (512 bytes on some GPUs) would waste arena space if every tensor had to start on it.
+        self.alignment = 64
         self.stats: Counter[str] = Counter()  # buffers made, programs built outside any context
         self.programs = ProgramStore(self)
         self.fallback: Backend | None = get_backend("cpu")

@@ -6,13 +6,15 @@ from ctxrt.ir.passes.fold_affine import FoldChannelAffine
 from ctxrt.ir.passes.fold_bn import FoldBatchNormIntoConv
 from ctxrt.ir.passes.fuse_activation import FuseActivation
 from ctxrt.ir.passes.fuse_gelu import FuseGelu
+from ctxrt.ir.passes.fuse_silu import FuseSilu
 from ctxrt.ir.passes.transpose_weights import TransposeMatMulWeights
 
 
 def default_passes() -> list[Pass]:
     return [EliminateIdentity(), FoldBatchNormIntoConv(), FoldChannelAffine(), FuseActivation(), FuseGelu(),
-            EliminateDead(), TransposeMatMulWeights()]
+            FuseSilu(), EliminateDead(), TransposeMatMulWeights()]
 
 
 __all__ = ["Pass", "PassResult", "run_passes", "default_passes", "EliminateDead", "EliminateIdentity",
-           "FoldBatchNormIntoConv", "FoldChannelAffine", "FuseActivation", "FuseGelu", "TransposeMatMulWeights"]
+           "FoldBatchNormIntoConv", "FoldChannelAffine", "FuseActivation", "FuseGelu", "FuseSilu",
+           "TransposeMatMulWeights"]

@@ -1,0 +1,248 @@
+"""The OpenCL backend around its kernels: CPU partitions (host mappings where memory is shared, counted copies
+through planned staging where not), program binaries in context binaries, device selection and errors."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+from harness import make_model, rand, read, reference, steady_state_allocation, write
+from onnx import helper
+
+import ctxrt
+from ctxrt.backends import get_backend, list_devices
+from ctxrt.backends.opencl import device as cl_device
+from ctxrt.backends.opencl.backend import OpenCLBackend
+from ctxrt.cli import main as cli
+from ctxrt.compiler import compile_graphs
+from ctxrt.errors import CtxrtError, CtxrtWarning, RegistrationError
+from ctxrt.format import ContextFile, write_context
+
+pytestmark = pytest.mark.usefixtures("opencl")
+
+
+def _mixed():
+    """x -> MatMul (opencl) -> Softmax (cpu) -> Add (opencl) -> Transpose (cpu) -> Mul (opencl) -> y, plus
+    Softmax reading the graph input directly: CPU partitions in the middle, at the start and at the end."""
+    nodes = [helper.make_node("Softmax", ["x"], ["s0"], axis=-1),
+             helper.make_node("MatMul", ["s0", "w"], ["h"]),
+             helper.make_node("Softmax", ["h"], ["s"], axis=-1),
+             helper.make_node("Add", ["s", "h"], ["a"]),
+             helper.make_node("Transpose", ["a"], ["t"], perm=[1, 0]),
+             helper.make_node("Mul", ["t", "k"], ["m"]),
+             helper.make_node("Transpose", ["m"], ["y"], perm=[1, 0])]
+    feeds = {"x": rand(5, 12)}
+    return make_model(nodes, feeds, {"w": rand(12, 7), "k": rand(7, 1)}), feeds
+
+
+PARTITIONS = ["cpu", "opencl", "cpu", "opencl", "cpu", "opencl", "cpu"]
+
+
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["mapped", "copies"])
+def test_cpu_partitions_over_mappings_or_counted_copies(zero_copy) -> None:
+    model, feeds = _mixed()
+    (want,) = reference(model, feeds)
+    be = OpenCLBackend(0, zero_copy=zero_copy)
+    with ctxrt.compile(model, backend=be) as ctx:
+        g = ctx.graph()
+        assert [p["backend"] for p in g.partitions] == PARTITIONS
+        runs = 3
+        for _ in range(runs):
+            np.testing.assert_allclose(g.run(feeds)["y"], want, rtol=1e-5, atol=1e-6)
+        s = ctx.stats
+        assert s["partition_syncs"] == 3 * runs  # before each CPU partition that follows device launches
+        if zero_copy:
+            assert s["staging_copies_to_host"] == s["staging_copies_to_device"] == s["alloc_staging_bytes"] == 0
+        else:
+            # in: x (first Softmax), h (second Softmax), a (Transpose), m (Transpose): 4 per run, their bytes;
+            # out: s0, s, t, y
+            assert s["staging_copies_to_host"] == 4 * runs and s["staging_copies_to_device"] == 4 * runs
+            f4 = 4
+            assert s["staging_bytes_to_host"] == runs * f4 * (5 * 12 + 5 * 7 + 5 * 7 + 7 * 5)
+            assert s["staging_bytes_to_device"] == runs * f4 * (5 * 12 + 5 * 7 + 7 * 5 + 5 * 7)
+            assert 0 < s["alloc_staging_bytes"] <= 2 * 64 * 4 + 2 * 5 * 12 * 4  # planned: no more than two tensors live
+
+
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["mapped", "copies"])
+def test_steady_loop_with_fallback_creates_and_records_nothing(zero_copy) -> None:
+    """reference/003: per-run tensor creation at fallback boundaries is the cost to avoid."""
+    model, feeds = _mixed()
+    be = OpenCLBackend(0, zero_copy=zero_copy)
+    with ctxrt.compile(model, backend=be, io_mem_type="memhandle") as ctx:
+        g = ctx.graph()
+        buf = be.alloc_shared(4096, 64)
+        x, y = ctx.mem_register(buf, 0, (5, 12), np.float32), ctx.mem_register(buf, 1024, (5, 7), np.float32)
+        write(be, x.view, feeds["x"])
+        g.execute({"x": x}, {"y": y})
+        made, recorded, staged = be.stats["buffers_created"], ctx.stats["recordings"], ctx.stats["alloc_staging_bytes"]
+        peak, growth = steady_state_allocation(lambda: g.execute({"x": x}, {"y": y}))
+        assert (be.stats["buffers_created"], ctx.stats["recordings"], ctx.stats["alloc_staging_bytes"]) == \
+               (made, recorded, staged)
+        assert peak < 16384 and growth < 2048
+        np.testing.assert_allclose(read(be, y.view), reference(model, feeds)[0], rtol=1e-5, atol=1e-6)
+        ctx.mem_deregister(x)
+        ctx.mem_deregister(y)
+
+
+def test_inspect_shows_device_driver_and_partitions(tmp_path, capsys) -> None:
+    model, _ = _mixed()
+    src, out = tmp_path / "m.onnx", tmp_path / "m.ctx"
+    src.write_bytes(model.SerializeToString())
+    assert cli(["compile", str(src), "-o", str(out), "--backend", "opencl"]) == 0
+    capsys.readouterr()
+    assert cli(["inspect", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    info = get_backend("opencl").info
+    assert (report["backend"], report["device"], report["driver"]) == ("opencl", info.name, info.driver)
+    assert [p["backend"] for p in report["graphs"][0]["partitions"]] == PARTITIONS
+    assert cli(["inspect", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"backend opencl ({info.name}, driver {info.driver})" in text
+    assert "partitions: cpu 1 steps (Softmax 1) | opencl 1 steps (MatMul 1) | cpu 1 steps (Softmax 1)" in text
+
+
+# ---- program binaries -------------------------------------------------------------------------------------
+
+@pytest.fixture
+def stored(tmp_path, capsys):
+    """BERT (2 layers) compiled for OpenCL into a .ctx, with its feeds and onnxruntime's outputs."""
+    import zoo
+    from test_models import ort_outputs
+
+    path, feeds = zoo.bert_model(layers=2, hidden=64, heads=4, seq=16), zoo.bert_feeds(16, pad=4)
+    out = tmp_path / "bert.ctx"
+    shapes = [a for k, v in feeds.items() for a in ("--shape", f"{k}={'x'.join(map(str, v.shape))}")]
+    assert cli(["compile", str(path), "-o", str(out), "--backend", "opencl", *shapes]) == 0
+    capsys.readouterr()
+    return out, feeds, ort_outputs(path, feeds)
+
+
+def _run(ctx, feeds, want) -> None:
+    got = ctx.graph().run(feeds)
+    for name, w in want.items():
+        assert np.max(np.abs(got[name] - w)) <= 1e-4 * np.max(np.abs(w)) + 1e-5
+
+
+def test_stored_context_loads_without_building(stored) -> None:
+    out, feeds, want = stored
+    with ContextFile.open(out) as f:
+        programs = f.programs()["programs"]
+    assert programs and all(p["binary"] and p["source"] for p in programs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning on the device it was made for
+        ctx = ctxrt.context_from_binary(out, OpenCLBackend(0))  # a new context: nothing built in it yet
+    with ctx:
+        assert ctx.stats["programs_built_from_source"] == 0
+        assert ctx.stats["programs_loaded_from_binary"] == len(programs)
+        _run(ctx, feeds, want)
+
+
+def _retarget(path, tier: str = "acme/gpu-9000/driver-1.0", binary: bytes | None = None) -> None:
+    """Rewrite a .ctx as if its programs had been built for another device (or with other binaries)."""
+    with ContextFile.open(path) as f:
+        graphs, weights, meta, programs = f.graphs(), f.weights(), f.metadata, f.programs()
+    programs["device"] = {"tier": tier, "vendor": "Acme", "device": "GPU 9000", "driver": "1.0"} if tier else \
+        programs["device"]
+    for p in programs["programs"]:
+        p["binary"] = binary if binary is not None else p["binary"]
+    info = {k: meta[k] for k in ("backend", "hardware", "producer", "alignment", "source_models", "tuning", "device")}
+    write_context(path, graphs, weights, info, programs)
+
+
+def test_binaries_for_another_device_are_rebuilt_with_one_warning(stored) -> None:
+    out, feeds, want = stored
+    _retarget(out)
+    be = OpenCLBackend(0)
+    with pytest.warns(CtxrtWarning) as caught:
+        ctx = ctxrt.context_from_binary(out, be)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert "GPU 9000 (Acme, driver 1.0)" in message and be.info.name in message and "stored sources" in message
+    with ctx:
+        assert ctx.stats["programs_loaded_from_binary"] == 0 and ctx.stats["programs_built_from_source"] > 0
+        _run(ctx, feeds, want)
+
+
+def test_a_binary_the_driver_refuses_is_rebuilt_not_a_crash(stored) -> None:
+    out, feeds, want = stored
+    _retarget(out, tier="", binary=b"not a program binary")
+    with pytest.warns(CtxrtWarning, match="refused"):
+        ctx = ctxrt.context_from_binary(out, OpenCLBackend(0))
+    with ctx:
+        assert ctx.stats["programs_built_from_source"] > 0
+        _run(ctx, feeds, want)
+
+
+def test_run_json_reports_program_counters(stored, capsys) -> None:
+    out, _, _ = stored
+    assert cli(["run", str(out), "--json"]) == 0  # the backend the .ctx names
+    stats = json.loads(capsys.readouterr().out)["stats"]
+    assert stats.get("programs_built_from_source", 0) == 0  # loaded, or already built in this process
+    assert stats.get("programs_loaded_from_binary", 0) + stats.get("programs_reused", 0) > 0
+
+
+def test_cpu_contexts_store_no_programs(tmp_path) -> None:
+    model, _ = _mixed()
+    be = get_backend("cpu")
+    graphs, weights = compile_graphs([(model, None, "main")], be)
+    assert all(g.programs == [] for g in graphs)
+    out = ctxrt.compiler.save_context(tmp_path / "c.ctx", graphs, weights, be, ["m"])
+    with ContextFile.open(out) as f:
+        assert f.programs() is None
+
+
+# ---- devices and errors -------------------------------------------------------------------------------------
+
+def test_buffers_of_another_backend_are_refused() -> None:
+    model, _ = _mixed()
+    for mine, theirs, name in (("opencl", "cpu", "opencl"), ("cpu", "opencl", "cpu")):
+        with ctxrt.compile(model, backend=mine, defer_graph_init=True) as ctx:
+            foreign = get_backend(theirs).alloc_shared(1 << 16, 64)
+            with pytest.raises(RegistrationError, match=f"the {name} backend needs its own buffers"):
+                ctx.register_spillfill_buffer(foreign)
+            with pytest.raises(RegistrationError, match=f"the {name} backend needs its own buffers"):
+                ctx.mem_register(foreign, 0, (5, 12), np.float32)
+
+
+def test_device_selection(monkeypatch) -> None:
+    assert get_backend("opencl") is get_backend("opencl:0")
+    assert get_backend("opencl:0").info.index == 0
+    monkeypatch.setenv("CTXRT_OPENCL_DEVICE", "0")
+    assert get_backend("opencl") is get_backend("opencl:0")
+    monkeypatch.setenv("CTXRT_OPENCL_DEVICE", "99")
+    with pytest.raises(CtxrtError, match="no OpenCL device 99"):
+        get_backend("opencl")
+    monkeypatch.setenv("CTXRT_OPENCL_DEVICE", "gpu")
+    with pytest.raises(CtxrtError, match="CTXRT_OPENCL_DEVICE"):
+        get_backend("opencl")
+    with pytest.raises(CtxrtError, match="unknown backend 'cuda'"):
+        get_backend("cuda")
+    with pytest.raises(CtxrtError, match="takes no device"):
+        get_backend("cpu:1")
+
+
+def test_devices_listing(capsys) -> None:
+    devices = list_devices()
+    assert devices[0]["backend"] == "cpu"
+    cl = [d for d in devices if d["backend"].startswith("opencl:")]
+    assert cl and {"name", "driver", "compute_units", "global_memory", "unified_memory"} <= set(cl[0])
+    assert cli(["devices", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["devices"] == devices
+    assert cli(["devices"]) == 0
+    assert cl[0]["name"] in capsys.readouterr().out
+
+
+def test_no_platform_is_one_clear_error(monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.setattr(cl_device, "_all_devices", lambda cl: [])
+    with pytest.raises(CtxrtError, match="no OpenCL platform or device found: install"):
+        OpenCLBackend(0)
+    model, _ = _mixed()
+    src = tmp_path / "m.onnx"
+    src.write_bytes(model.SerializeToString())
+    assert cli(["run", str(src), "--backend", "opencl:7"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ctxrt: error: ") and "no OpenCL platform or device found" in err and err.count("\n") == 1
+    assert cli(["devices"]) == 0
+    assert "no OpenCL device" in capsys.readouterr().out
