@@ -81,7 +81,8 @@ class PerformanceCache:
         where = f"performance_cache_dir {os.fspath(self.directory)!r}"
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            probe = self.directory / f".{self.path.name}.{secrets.token_hex(6)}.tmp"
+            # Not named like a temporary file: a writer's sweep (under the lock) must not take it away.
+            probe = self.directory / f".{self.path.name}.{secrets.token_hex(6)}.probe"
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
             probe.unlink()
             os.close(os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o666))

@@ -97,7 +97,11 @@ class Client:
                 self._connect()
             self._next += 1
             try:
-                self.sock.sendall(p.pack({"id": self._next, "method": method, "params": params}))  # type: ignore[union-attr]
+                frame = p.pack({"id": self._next, "method": method, "params": params})
+            except p.ProtocolError as e:
+                raise ServerError(f"{method} request for {self.label}: {e}", e.code) from None
+            try:
+                self.sock.sendall(frame)  # type: ignore[union-attr]
                 reply = self._check(self._read(self.sock))  # type: ignore[arg-type]
             except ServerError as e:
                 if e.code != "closed" or attempt:
@@ -246,7 +250,10 @@ class RemoteDevice:
         (key,) = kernel.programs
         reply = self.client.call("execute", spec=p.spec_to_wire(kernel.spec, 0), kernel=type(kernel).__name__,
                                  source_hash=key.source_hash, params=dict(kernel.params), inputs=inputs)
-        outs = [p.array(a, "execute output") for a in _reply(reply, "outputs", list, self.client.label)]
+        try:
+            outs = [p.array(a, "execute output") for a in _reply(reply, "outputs", list, self.client.label)]
+        except p.ProtocolError as e:
+            raise ServerError(f"the target server at {self.client.label} sent a bad reply: {e}", "bad_reply") from None
         if [o.shape for o in outs] != [tuple(t.shape) for t in kernel.spec.outputs]:
             raise ServerError(f"the target server at {self.client.label} returned outputs of other shapes",
                               "bad_reply")

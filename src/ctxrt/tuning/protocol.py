@@ -34,6 +34,7 @@ MAX_SOURCE = 4 << 20  # characters of one OpenCL source
 MAX_OPTIONS = 64 << 10
 MAX_CANDIDATES = 4096  # per profile request
 MAX_TENSOR = 64 << 20  # bytes of one tensor a profile or execute request may ask the device for
+MAX_NODE = 512 << 20  # bytes of all of one node's inputs and outputs together
 MAX_TOKEN = 1024
 
 
@@ -169,6 +170,9 @@ def spec_from_wire(value: Any, where: str = "spec") -> NodeSpec:
     outputs = [_tensor(x, f"{where} outputs[{i}]") for i, x in enumerate(get(m, "outputs", list, where, 64))]
     consts = [None if c is None else array(c, f"{where} consts[{i}]")
               for i, c in enumerate(get(m, "consts", list, where, 64))]
+    total = sum(codec.nbytes(t.shape, np.dtype(t.dtype)) for t in [*inputs, *outputs] if t is not None)
+    if total > MAX_NODE:
+        raise ProtocolError("too_large", f"{where}: its tensors need {total} bytes, the limit is {MAX_NODE}")
     if len(consts) > len(inputs):
         raise ProtocolError("bad_request", f"{where}: {len(consts)} constants for {len(inputs)} inputs")
     for i, (c, t) in enumerate(zip(consts, inputs, strict=False)):

@@ -31,7 +31,7 @@ EXHAUSTIVE = 64
 MOVE = 0.03
 MIN_GAIN = 0.02
 # Server answers that concern one kernel (the rest, e.g. a lost connection, end the compile).
-KERNEL_ERRORS = ("device_error", "unsupported", "job_timeout", "bad_request")
+KERNEL_ERRORS = ("device_error", "unsupported", "job_timeout", "bad_request", "too_large")
 
 
 class Device(Protocol):
@@ -151,8 +151,9 @@ class Tuner:
         progress.postfix(f"{c['candidates_tried']} candidates, best {self.best_speedup:.2f}x, "
                          f"{c['kernels_from_cache']} from cache")
 
+
 class _DefaultFailed(Exception):
-    pass
+    """The default parameters could not be timed: nothing to compare candidates with."""
 
 
 class _Search:
@@ -228,8 +229,6 @@ class _Search:
 def _fastest(trials: Any) -> Trial | None:
     ok = [t for t in trials if t.time_s is not None]
     return min(ok, key=lambda t: t.time_s) if ok else None
-
-
 
 
 def _distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> int:

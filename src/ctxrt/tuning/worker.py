@@ -127,6 +127,7 @@ class DeviceWorker:
         self._lock = threading.Lock()
         self.info: dict[str, Any] = {}
         self.restarts = 0
+        self.closed = False
         self._start()
 
     def _start(self) -> None:
@@ -165,6 +166,8 @@ class DeviceWorker:
     def call(self, method: str, args: dict[str, Any], timeout: float | None = None) -> Any:
         limit = self.job_timeout if timeout is None else min(timeout, self.job_timeout)
         with self._lock:
+            if self.closed:
+                raise ProtocolError("device_error", "the server is shutting down")
             if not self._alive():
                 self._restart()
             try:
@@ -174,6 +177,8 @@ class DeviceWorker:
                     raise ProtocolError("job_timeout", f"{method} ran past its time limit of {limit:g} s: stopped")
                 reply = self.conn.recv()
             except (EOFError, OSError, BrokenPipeError):
+                if self.closed:
+                    raise ProtocolError("device_error", "the server is shutting down") from None
                 code = self.proc.poll()
                 self._restart()
                 raise ProtocolError("device_error", f"the device process died during {method} (exit code {code}); "
@@ -183,8 +188,9 @@ class DeviceWorker:
         raise ProtocolError(reply[1], reply[2])
 
     def close(self) -> None:
-        with self._lock:
-            self._stop()
+        """Stop the device process now, also in the middle of a job (that job is answered with an error)."""
+        self.closed = True
+        self._stop()
 
 
 if __name__ == "__main__":
