@@ -97,6 +97,11 @@ def _print_inspect(name: str, report: dict[str, Any]) -> None:
           f"({report['device']}{driver}), made by {report['producer']} from {', '.join(report['source_models'])}")
     print(f"weights {report['weights_size'] / mib:.2f} MiB, max spill-fill {report['spillfill_size'] / mib:.2f} "
           f"MiB, buffer start alignment {report['alignment']}")
+    tuning = report["tuning"]
+    if tuning.get("kernels") and "tuning_report" not in report:  # --tuning prints the whole table instead
+        print(f"tuned: {len(tuning['kernels'])} kernels for {tuning['device'].get('device', '?')} "
+              f"({tuning['kernels_profiled']} profiled, {tuning['kernels_from_cache']} from the performance cache; "
+              "--tuning shows them)")
     for g in report["graphs"]:
         print(f"graph {g['name']}: spill-fill {g['spillfill_size'] / mib:.2f} MiB "
               f"(lower bound {g['lower_bound'] / mib:.2f} MiB), IO {g['io_bytes'] / mib:.2f} MiB")

@@ -33,6 +33,8 @@ def test_compile_with_config_then_report(ws: Path, capsys: pytest.CaptureFixture
     assert main(["tune-report", "b.ctx"]) == 0
     text = capsys.readouterr().out
     assert "0 profiled, 3 from the performance cache" in text and "speed-up" in text and "MatMul" in text
+    assert main(["inspect", "a.ctx"]) == 0
+    assert "tuned: 3 kernels for" in capsys.readouterr().out
     assert main(["inspect", "b.ctx", "--tuning"]) == 0
     shown = capsys.readouterr().out
     assert "ctxrt context binary" in shown and "3 from the performance cache" in shown
