@@ -184,3 +184,20 @@ def test_wrong_token_through_the_client(server: Server) -> None:
     with pytest.raises(ServerError) as e:
         Client(server.address, "not the token")
     assert e.value.code == "bad_token"
+
+
+def test_an_idle_connection_is_closed_and_the_client_reconnects(opencl: str) -> None:
+    srv = Server("127.0.0.1", 0, TOKEN, idle_timeout=0.5).start()
+    try:
+        raw = Raw(srv.address)
+        answer = raw.frame()  # nothing sent: the idle timeout ends the connection, with a reason
+        assert answer["error"]["code"] == "idle" and raw.closed()
+        raw.close()
+        client = Client(srv.address, TOKEN)
+        first = client.call("device_info")
+        assert client.sock is not None
+        client.sock.recv(1 << 16, socket.MSG_PEEK)  # blocks until the server's idle error frame arrives
+        assert client.call("device_info") == first  # the dropped connection is opened again
+        client.close()
+    finally:
+        srv.close()

@@ -104,7 +104,7 @@ class Client:
                 self.sock.sendall(frame)  # type: ignore[union-attr]
                 reply = self._check(self._read(self.sock))  # type: ignore[arg-type]
             except ServerError as e:
-                if e.code != "closed" or attempt:
+                if e.code not in ("closed", "idle") or attempt:  # the server may drop an idle connection
                     raise
                 self.close()
                 continue

@@ -195,12 +195,22 @@ class Server:
     def _serve(self, conn: socket.socket) -> None:
         while True:
             conn.settimeout(self.idle_timeout)
+            started = False
+
+            def start() -> None:
+                nonlocal started
+                started = True
+                conn.settimeout(self.read_timeout)
+
             try:
-                frame = p.read_frame(conn, lambda: conn.settimeout(self.read_timeout))
+                frame = p.read_frame(conn, start)
             except EOFError:
                 return
             except TimeoutError:
-                self._fail(conn, "timeout", "no complete frame in time: closing the connection")
+                if started:
+                    self._fail(conn, "timeout", f"a frame stalled for {self.read_timeout:g} s: closing the connection")
+                else:
+                    self._fail(conn, "idle", f"no request for {self.idle_timeout:g} s: closing the connection")
                 return
             except p.ProtocolError as e:
                 self._fail(conn, e.code, str(e))
