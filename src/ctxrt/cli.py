@@ -14,6 +14,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from ctxrt import progress
 from ctxrt.cli_args import (
     UsageError,
     graph_shapes,
+    graph_values,
     load_inputs,
     model_kind,
     naming,
@@ -31,12 +33,13 @@ from ctxrt.cli_args import (
     output_file,
     positive_int,
     random_feeds,
+    read_inputs,
     shape_targets,
 )
 from ctxrt.cli_devices import cmd_devices
 from ctxrt.cli_inspect import cmd_inspect
 from ctxrt.cli_tuning import add_commands, compile_backend, load_config
-from ctxrt.errors import CtxrtError
+from ctxrt.errors import CtxrtError, CtxrtWarning
 from ctxrt.format.atomic import StagedFiles, atomic_write, pause_point
 
 
@@ -66,16 +69,25 @@ def _run_kind(model: str) -> str:
     return kind
 
 
-def open_context(model: str, kind: str, shapes: dict[str, tuple[int, ...]], args: argparse.Namespace) -> Any:
-    """A finalized context from a .onnx model (compiled in memory) or a .ctx binary."""
+def open_context(model: str, kind: str, shapes: dict[str, tuple[int, ...]], args: argparse.Namespace,
+                 feeds: dict[str, np.ndarray] | None = None) -> Any:
+    """A finalized context from a .onnx model (compiled in memory: with `feeds`, for their shapes and the
+    values of its value inputs in them) or a .ctx binary."""
     import ctxrt
-    from ctxrt.runtime.loader import context_from_binary
+    from ctxrt.backends import get_backend
+    from ctxrt.compiler import compile_graphs
+    from ctxrt.runtime.loader import compile_to_context, context_from_binary
 
     with naming(model):
-        if kind == "onnx":
-            with _progress(args, f"compile {Path(model).name}"):
+        if kind != "onnx":
+            return context_from_binary(model, args.backend)
+        with _progress(args, f"compile {Path(model).name}"):
+            if feeds is None:
                 return ctxrt.compile(model, shapes=shapes, backend=args.backend)
-        return context_from_binary(model, args.backend)
+            backend = get_backend(args.backend)
+            graphs, weights = compile_graphs([(model, {**{k: v.shape for k, v in feeds.items()}, **shapes}, "main")],
+                                             backend, feeds=feeds)
+            return compile_to_context(graphs, weights, backend)
 
 
 def _context_source(model: str, kind: str, shapes: dict[str, tuple[int, ...]], args: argparse.Namespace,
@@ -173,13 +185,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     if len(args.model) > 1 or args.share_spillfill:
         return _run_group(args, kinds, shapes)
     model = args.model[0]
-    ctx = open_context(model, kinds[0], shapes[0], args)
+    given = read_inputs(args.inputs) if args.inputs else None
+    ctx = open_context(model, kinds[0], shapes[0], args, given if kinds[0] == "onnx" else None)
     try:
         with naming(model):
             g = ctx.graph(args.graph)
-        feeds = load_inputs(args.inputs, g.inputs) if args.inputs else random_feeds(g.inputs)
+        feeds = load_inputs(args.inputs, g.inputs, given) if args.inputs else random_feeds(g.inputs,
+                                                                                            values=g.value_inputs)
         outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in g.outputs}
-        times = _time(lambda: g.execute(feeds, outs), args.repeat)
+        real: dict[str, tuple[int, ...]] = {}  # outputs of data-dependent size: their real shape
+        times = _time(lambda: real.update(g.execute(feeds, outs)), args.repeat)
+        outs.update({k: outs[k][tuple(slice(0, d) for d in shape)] for k, shape in real.items()})
         _save_outputs(args.output, outs)
         props = ctx.properties
         report = {
@@ -232,7 +248,8 @@ def _run_group(args: argparse.Namespace, kinds: list[str], shapes: list[dict[str
         for model, label, ctx in zip(args.model, labels, group.contexts, strict=True):
             with naming(model):
                 g = ctx.graph(args.graph)
-            feeds = load_inputs(args.inputs, g.inputs) if args.inputs else random_feeds(g.inputs)
+            feeds = load_inputs(args.inputs, g.inputs) if args.inputs else random_feeds(g.inputs,
+                                                                                         values=g.value_inputs)
             outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in g.outputs}
             prefix = f"{label}:" if len(args.model) > 1 else ""
             runs.append((g, feeds, outs, prefix))
@@ -293,7 +310,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
         not_an_input(f"-o {args.output} --epcontext: {wrapper}", wrapper, args.models)
     backend = compile_backend(args.backend, args.config, tuning)
     shapes = graph_shapes(args.shape, len(args.models))
-    models = [(m, s, n) for m, s, n in zip(args.models, shapes, _graph_names(args.models), strict=True)]
+    values = graph_values(args.value, len(args.models))
+    models = [(m, s, n, v) for m, s, n, v in zip(args.models, shapes, _graph_names(args.models), values,
+                                                  strict=True)]
     label = args.models[0] if len(args.models) == 1 else f"{len(args.models)} models"
     with _progress(args, f"compile {Path(label).name}"):
         with naming(args.models[0]) if len(args.models) == 1 else contextlib.nullcontext():
@@ -335,7 +354,7 @@ def _compile_split(args: argparse.Namespace, tuning: dict[str, Any]) -> int:
     with _progress(args, f"split {Path(model).name}"):
         with naming(model):
             parts, outputs = compile_split(model, graph_shapes(args.shape, 1)[0], backend, args.split,
-                                           args.io_mem_type, **tuning)
+                                           args.io_mem_type, graph_values(args.value, 1)[0], **tuning)
         with StagedFiles(out_dir) as stage:
             written = []
             for i, (graph, weights) in enumerate(parts):
@@ -368,6 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--backend", default="cpu", help="cpu, opencl (device $CTXRT_OPENCL_DEVICE or 0) or opencl:N")
     c.add_argument("--io-mem-type", default="raw", choices=["raw", "memhandle"])
     c.add_argument("--shape", action="append", default=[], help="[K:]NAME=1x3x224x224 (K: model index)")
+    c.add_argument("--value", action="append", default=[],
+                   help="[K:]NAME=1,2,3: compile for this value of an input that decides a shape or a branch")
     c.add_argument("--split", type=positive_int, metavar="K",
                    help="cut the model into K context binaries in the directory -o, chained by an EPContext model")
     c.add_argument("--config", metavar="TUNING.json",
@@ -409,6 +430,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _tell(notes: list[warnings.WarningMessage]) -> None:
+    """After a command succeeded: ctxrt's notes one line each on stderr, other warnings as Python shows them."""
+    for w in notes:
+        if issubclass(w.category, CtxrtWarning):
+            print(f"ctxrt: {_one_line(w.message)}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
 def _one_line(e: BaseException) -> str:
     if isinstance(e, OSError) and e.filename:
         return f"{e.strerror or e}: {e.filename}"
@@ -418,7 +448,10 @@ def _one_line(e: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        code = args.func(args)
+        with warnings.catch_warnings(record=True) as notes:
+            warnings.simplefilter("always", CtxrtWarning)
+            code = args.func(args)
+        _tell(notes)
         sys.stdout.flush()  # a closed stdout fails here, not at exit
         return code
     except SystemExit as e:  # --help, --version

@@ -54,16 +54,43 @@ def parse_shape(text: str, option: str = "--shape") -> tuple[str, tuple[int, ...
     return name, shape
 
 
-def shape_targets(spec: str, n_models: int) -> tuple[list[int], str]:
-    """The models a --shape value applies to (K:NAME=DIMS the K-th, 0-based; NAME=DIMS every one) and its
-    NAME=DIMS part."""
+def parse_value(text: str, option: str = "--value") -> tuple[str, list[bool | int | float]]:
+    """NAME=V,V,... (numbers, or true/false): the value a value input is compiled for (DESIGN.md §9b)."""
+    name, sep, items = text.rpartition("=")
+    words = {"true": True, "false": False}
+    try:
+        if not sep or not name:
+            raise ValueError
+        return name, [words[w.lower()] if w.lower() in words else int(w) if w.strip().lstrip("+-").isdigit()
+                      else float(w) for w in items.split(",")]
+    except ValueError:
+        raise UsageError(f"{option} expects NAME=V,V,... (numbers or true/false, e.g. shape=1,-1), "
+                         f"got {text!r}") from None
+
+
+def shape_targets(spec: str, n_models: int, option: str = "--shape") -> tuple[list[int], str]:
+    """The models a --shape (or --value) applies to (K:NAME=... the K-th, 0-based; NAME=... every one) and
+    its NAME=... part."""
     head, colon, rest = spec.partition(":")
     if colon and head.isdigit() and "=" in rest:
         k = int(head)
         if k >= n_models:
-            raise UsageError(f"--shape {spec}: model index {k}, but there {_are(n_models)}")
+            raise UsageError(f"{option} {spec}: model index {k}, but there {_are(n_models)}")
         return [k], rest
     return list(range(n_models)), spec
+
+
+def graph_values(specs: Sequence[str], n_models: int) -> list[dict[str, list[bool | int | float]]]:
+    """Per model, the values --value gives its value inputs; one input given two values is an error."""
+    per: list[dict[str, list[bool | int | float]]] = [{} for _ in range(n_models)]
+    for spec in specs:
+        targets, text = shape_targets(spec, n_models, "--value")
+        name, value = parse_value(text)
+        for k in targets:
+            if per[k].get(name, value) != value:
+                raise UsageError(f"--value {spec}: input {name!r} already has the value {per[k][name]}")
+            per[k][name] = value
+    return per
 
 
 def graph_shapes(specs: Sequence[str], n_models: int) -> list[dict[str, tuple[int, ...]]]:
@@ -173,11 +200,16 @@ def naming(path: str) -> Iterator[None]:
 
 
 # -- inputs ----------------------------------------------------------------------------------------
-def random_feeds(inputs: Sequence[Any], seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded inputs: normal floats; integers and booleans in {0, 1} (valid ids and masks)."""
+def random_feeds(inputs: Sequence[Any], seed: int = 0, values: dict[str, np.ndarray] | None = None
+                 ) -> dict[str, np.ndarray]:
+    """Seeded inputs: normal floats; integers and booleans in {0, 1} (valid ids and masks); value inputs
+    (DESIGN.md §9b) the value the graph was compiled for."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for info in inputs:
+        if values and info.name in values:
+            feeds[info.name] = values[info.name]
+            continue
         dt = np.dtype(info.dtype)
         if dt.kind == "f":
             feeds[info.name] = rng.standard_normal(info.shape).astype(dt)
@@ -186,8 +218,25 @@ def random_feeds(inputs: Sequence[Any], seed: int = 0) -> dict[str, np.ndarray]:
     return feeds
 
 
-def load_inputs(path: str, inputs: Sequence[Any]) -> dict[str, np.ndarray]:
-    """--inputs: an .npz archive with one array per model input, each of the input's dtype and shape."""
+def load_inputs(path: str, inputs: Sequence[Any], feeds: dict[str, np.ndarray] | None = None
+                ) -> dict[str, np.ndarray]:
+    """--inputs: an .npz archive with one array per model input, each of the input's dtype and shape
+    (`feeds`: the archive already read by read_inputs)."""
+    feeds = read_inputs(path) if feeds is None else feeds
+    names = [i.name for i in inputs]
+    if set(feeds) != set(names):
+        raise UsageError(f"--inputs {path} has arrays {sorted(feeds)}; the model's inputs are {names}")
+    for info in inputs:
+        v, dt = feeds[info.name], np.dtype(info.dtype)
+        if v.dtype != dt or tuple(v.shape) != tuple(info.shape):
+            raise UsageError(f"--inputs {path}: array {info.name!r} is {v.dtype}{list(v.shape)}; the model "
+                             f"takes {dt}{list(info.shape)}")
+    return feeds
+
+
+def read_inputs(path: str) -> dict[str, np.ndarray]:
+    """The arrays of the --inputs .npz archive, unchecked against a model (an .onnx model is compiled for
+    their shapes and the values of its value inputs)."""
     head = readable_file("--inputs", path)
     if head.startswith(NPY_MAGIC):
         raise UsageError(f"--inputs {path} is a .npy file (one array); inputs are an .npz keyed by input name, "
@@ -198,15 +247,6 @@ def load_inputs(path: str, inputs: Sequence[Any]) -> dict[str, np.ndarray]:
                          "e.g. numpy.savez('in.npz', x=array)")
     try:
         with np.load(path, allow_pickle=False) as data:
-            feeds = {k: data[k] for k in data.files}
+            return {k: data[k] for k in data.files}
     except (OSError, ValueError, EOFError) as e:
         raise UsageError(f"--inputs {path}: cannot read it as an .npz archive ({e})") from None
-    names = [i.name for i in inputs]
-    if set(feeds) != set(names):
-        raise UsageError(f"--inputs {path} has arrays {sorted(feeds)}; the model's inputs are {names}")
-    for info in inputs:
-        v, dt = feeds[info.name], np.dtype(info.dtype)
-        if v.dtype != dt or tuple(v.shape) != tuple(info.shape):
-            raise UsageError(f"--inputs {path}: array {info.name!r} is {v.dtype}{list(v.shape)}; the model "
-                             f"takes {dt}{list(info.shape)}")
-    return feeds

@@ -39,6 +39,7 @@ def inspect_report(meta: dict[str, Any]) -> dict[str, Any]:
         "alignment": meta["alignment"], "tuning": meta["tuning"],
         "graphs": [{"name": g["name"], "spillfill_size": g["spillfill_size"], "lower_bound": g["lower_bound"],
                     "io_bytes": g["io_bytes"], "inputs": g["inputs"], "outputs": g["outputs"],
+                    "value_inputs": g.get("value_inputs", {}), "bounded_outputs": g.get("bounded_outputs", {}),
                     "partitions": g.get("partitions", [])}
                    for g in meta["graphs"]],
     }
@@ -107,7 +108,9 @@ def _print_inspect(name: str, report: dict[str, Any]) -> None:
               f"(lower bound {g['lower_bound'] / mib:.2f} MiB), IO {g['io_bytes'] / mib:.2f} MiB")
         for kind in ("inputs", "outputs"):
             for t in g[kind]:
-                print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}{list(t['shape'])} ({t['mem_type']})")
+                print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}[{', '.join(_dims(t, g))}] ({t['mem_type']}"
+                      + (f", value input compiled for {g['value_inputs'][t['name']]})" if t["name"] in
+                         g["value_inputs"] else ")"))
         if len(g["partitions"]) > 1 or any(p["backend"] != report["backend"] for p in g["partitions"]):
             print(f"  partitions: {_partitions_line(g['partitions'])}")
     if "memory" in report:
@@ -120,6 +123,15 @@ def _print_inspect(name: str, report: dict[str, Any]) -> None:
         from ctxrt.tuning.record import report_lines
 
         print("\n".join(report_lines(report["tuning_report"])))
+
+
+def _dims(t: dict[str, Any], g: dict[str, Any]) -> list[str]:
+    """The tensor's dims; an upper bound (the real size known at run time) as <=N."""
+    dims = [str(d) for d in t["shape"]]
+    axis = g["bounded_outputs"].get(t["name"])
+    if axis is not None:
+        dims[axis] = f"<={dims[axis]}"
+    return dims
 
 
 def _mib(n: int) -> str:

@@ -13,6 +13,14 @@ class ShapeError(CtxrtError):
     """A shape or dtype does not match what the graph expects, or cannot be made static."""
 
 
+class ValueInputError(ShapeError):
+    """Graph inputs decide shapes (value inputs, DESIGN.md §9b) and no value was given for them."""
+
+    def __init__(self, message: str, names: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.names = names or []
+
+
 class UnsupportedOpError(CtxrtError):
     """The model uses operators (or attributes) that ctxrt does not implement."""
 
@@ -48,4 +56,5 @@ class ServerError(CtxrtError):
 
 
 class CtxrtWarning(UserWarning):
-    """Something ctxrt recovered from but the user should know (e.g. programs rebuilt for another device)."""
+    """Something the user should know that is not an error (e.g. a dynamic dim bound to 1 by default, programs
+    rebuilt for another device). `ctxrt` prints each as one line on stderr once the command succeeded."""

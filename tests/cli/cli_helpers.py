@@ -14,11 +14,11 @@ from onnx import TensorProto, helper, numpy_helper
 from ctxrt.cli import main
 
 
-def relu_model(path: Path, n: int = 8, out: str = "y") -> Path:
-    """x[N, n] -> Relu -> Reshape(-1) -> Relu -> out (N dynamic)."""
+def relu_model(path: Path, n: int = 8, out: str = "y", batch: int | str = "N") -> Path:
+    """x[batch, n] -> Relu -> Reshape(-1) -> Relu -> out (batch dynamic unless given as a number)."""
     nodes = [helper.make_node("Relu", ["x"], ["a"], name="relu_a"), helper.make_node("Reshape", ["a", "s"], ["b"]),
              helper.make_node("Relu", ["b"], [out], name="relu_out")]
-    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", n])],
+    g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, n])],
                           [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
                           [numpy_helper.from_array(np.array([-1], np.int64), "s")])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)

@@ -125,9 +125,10 @@ def test_version_and_help(capsys) -> None:
 
 
 def test_multi_file_compiles_print_what_they_wrote_and_leave_no_temporaries(capsys, model, tmp_path) -> None:
-    code, out, err = cli(capsys, "compile", model, "-o", tmp_path / "m.ctx", "--epcontext", "--embed")
+    code, out, err = cli(capsys, "compile", model, "-o", tmp_path / "m.ctx", "--epcontext", "--embed",
+                         "--shape", "x=1x8")
     assert code == 0 and err == "" and out == f"wrote {tmp_path / 'm.ctx'} and {tmp_path / 'm_ctx.onnx'}\n"
-    code, out, err = cli(capsys, "compile", model, "--split", "2", "-o", tmp_path / "parts")
+    code, out, err = cli(capsys, "compile", model, "--split", "2", "-o", tmp_path / "parts", "--shape", "x=1x8")
     assert code == 0 and err == ""
     assert [line.split(":")[0] for line in out.splitlines()] == [
         f"wrote {tmp_path / 'parts' / 'm_part0.ctx'}", f"wrote {tmp_path / 'parts' / 'm_part1.ctx'}",

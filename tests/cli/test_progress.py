@@ -45,8 +45,9 @@ def _stderr_on_a_terminal(cwd: Path, *argv: str) -> tuple[int, str, str]:
 
 @pytest.fixture
 def ws(tmp_path: Path) -> Path:
-    relu_model(tmp_path / "m.onnx")
-    relu_model(tmp_path / "b.onnx", 16)
+    """Static models: a dynamic dim bound to 1 would be noted on stderr (tests/unit/test_shapes_and_values.py)."""
+    relu_model(tmp_path / "m.onnx", batch=1)
+    relu_model(tmp_path / "b.onnx", 16, batch=1)
     return tmp_path
 
 

@@ -183,7 +183,7 @@ def _gpu(info):
 def test_defaults_are_valid_on_this_device_and_on_a_gpu() -> None:
     be = get_backend("opencl")
     for info in (be.info, _gpu(be.info)):
-        for kernel, variants in ((Gemm, ("", "nt")), (Elementwise, ("",))):
+        for kernel, variants in ((Gemm, ("", "nt", "narrow")), (Elementwise, ("",))):
             for v in variants:
                 p = kernel.space.default(info, v)
                 assert kernel.space.why_invalid(p, {"M": 37, "N": 29, "K": 53, "a_t": 0, "b_t": int(v == "nt"),

@@ -41,11 +41,11 @@ def _tuner(be: Any, cache: Path | None, **kw: Any) -> Tuner:
 
 def test_cache_hit_skips_profiling(be: Any, mlp: Path, tmp_path: Path) -> None:
     first = _tuner(be, tmp_path)
-    g1, _ = compile_model(mlp, None, be, "main", first)
+    g1, _ = compile_model(mlp, None, be, "main", tuner=first)
     assert first.counters["kernels_profiled"] == 3 and first.counters["kernels_from_cache"] == 0
     assert first.counters["candidates_tried"] > 0
     second = _tuner(be, tmp_path)
-    g2, _ = compile_model(mlp, None, be, "main", second)
+    g2, _ = compile_model(mlp, None, be, "main", tuner=second)
     assert second.counters["kernels_profiled"] == 0 and second.counters["kernels_from_cache"] == 3
     assert second.counters["candidates_tried"] == 0
     assert [s.params for s in g1.steps] == [s.params for s in g2.steps]
@@ -53,13 +53,13 @@ def test_cache_hit_skips_profiling(be: Any, mlp: Path, tmp_path: Path) -> None:
 
 
 def test_invalidate_starts_a_new_cache(be: Any, mlp: Path, tmp_path: Path) -> None:
-    compile_model(mlp, None, be, "main", _tuner(be, tmp_path))
+    compile_model(mlp, None, be, "main", tuner=_tuner(be, tmp_path))
     other = mlp_model(tmp_path / "other.onnx", k=24)  # a MatMul of another shape: one more entry
-    compile_model(other, None, be, "main", _tuner(be, tmp_path))
+    compile_model(other, None, be, "main", tuner=_tuner(be, tmp_path))
     (path,) = tmp_path.glob("*.perf.json")
     assert len(json.loads(path.read_text())["entries"]) == 4  # Add and Relu are shared
     fresh = _tuner(be, tmp_path, invalidate_performance_cache=True)
-    compile_model(mlp, None, be, "main", fresh)
+    compile_model(mlp, None, be, "main", tuner=fresh)
     assert fresh.counters["kernels_profiled"] == 3 and fresh.counters["kernels_from_cache"] == 0
     assert len(json.loads(path.read_text())["entries"]) == 3
 

@@ -1,5 +1,7 @@
 """Frontend, passes and executor on hand-made graphs: folding, aliases, in-place, errors, no allocation."""
 
+import warnings
+
 import numpy as np
 import onnx
 import pytest
@@ -90,12 +92,14 @@ def test_unsupported_ops_are_all_listed_before_any_work() -> None:
     assert "Hardmax (c1)" in str(e.value) and "Det (d1, d2)" in str(e.value)
 
 
-def test_dynamic_dims_need_a_shape_and_batch_defaults_to_one() -> None:
+def test_unbound_dynamic_dims_bind_to_one_with_a_warning() -> None:
     m = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["N", "S"])], [_vi("y", None)])
-    with pytest.raises(ctxrt.ShapeError, match="axis 1 is dynamic"):
-        ctxrt.compile(m)
+    with pytest.warns(ctxrt.errors.CtxrtWarning, match=r"input 'x' axis 0 \(N\), input 'x' axis 1 \(S\)"):
+        assert ctxrt.compile(m).graph().inputs[0].shape == (1, 1)
     m2 = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["N", 5])], [_vi("y", None)])
-    assert ctxrt.compile(m2).graph().inputs[0].shape == (1, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing bound by default: nothing said
+        assert ctxrt.compile(m2, shapes={"x": (3, 5)}).graph().inputs[0].shape == (3, 5)
     with pytest.raises(ctxrt.ShapeError, match="unknown inputs"):
         ctxrt.compile(m2, shapes={"nope": (1, 5)})
     with pytest.raises(ctxrt.ShapeError, match="fixed at 5"):

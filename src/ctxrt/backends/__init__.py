@@ -99,6 +99,8 @@ def select_kernel(backend: Backend, spec: NodeSpec, placement: str | None = None
             return _tuned(factory(spec), params), be.name
         except UnsupportedOpError as e:
             error = e  # this backend declines these attributes or dtypes: the next one may not
+        except CtxrtError:
+            raise
         except Exception as e:
             shapes = [s.shape if s else None for s in spec.inputs]
             raise UnsupportedOpError(f"{spec.op} node {spec.name!r} with inputs {shapes}: {e}") from e

@@ -19,12 +19,22 @@ if TYPE_CHECKING:
     from ctxrt.tuning.tuner import Tuner
 
 
-def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backend, name: str = "main") -> IRGraph:
-    """ONNX model -> IR graph with static shapes, after the default passes."""
+def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backend, name: str = "main",
+          values: Mapping[str, Any] | None = None, feeds: Mapping[str, Any] | None = None) -> IRGraph:
+    """ONNX model -> IR graph with static shapes, after the default passes (on control-flow bodies too).
+    `values` bakes in value inputs; missing ones are taken from `feeds` when given (DESIGN.md §9b)."""
     from ctxrt.frontend.onnx import to_ir
 
     progress.stage("reading and folding")
-    return run_passes(to_ir(model, supported_ops(backend), shapes, name), default_passes())
+    return _passes(to_ir(model, supported_ops(backend), shapes, name, values, feeds))
+
+
+def _passes(graph: IRGraph) -> IRGraph:
+    for node in graph.nodes:
+        for key, value in node.attrs.items():
+            if isinstance(value, IRGraph):
+                node.attrs[key] = _passes(value)
+    return run_passes(graph, default_passes())
 
 
 def compile_ir(graph: IRGraph, backend: Backend, tuner: Tuner | None = None) -> tuple[CompiledGraph, dict[str, Any]]:
@@ -33,24 +43,28 @@ def compile_ir(graph: IRGraph, backend: Backend, tuner: Tuner | None = None) -> 
 
 
 def compile_model(model: Any, shapes: Mapping[str, Iterable[int]] | None = None, backend: Backend | None = None,
-                  name: str = "main", tuner: Tuner | None = None) -> tuple[CompiledGraph, dict[str, Any]]:
+                  name: str = "main", values: Mapping[str, Any] | None = None,
+                  feeds: Mapping[str, Any] | None = None, tuner: Tuner | None = None
+                  ) -> tuple[CompiledGraph, dict[str, Any]]:
     """One ONNX model (path, bytes or ModelProto) -> (compiled graph, the constants it reads)."""
     backend = backend or get_backend("cpu")
-    return compile_ir(lower(model, shapes, backend, name), backend, tuner)
+    return compile_ir(lower(model, shapes, backend, name, values, feeds), backend, tuner)
 
 
 def compile(model: str | os.PathLike | bytes | Any, shapes: Mapping[str, Iterable[int]] | None = None,
             backend: str | Backend = "cpu", defer_graph_init: bool = False, io_mem_type: str = "raw",
-            **tuning: Any) -> Context:
+            values: Mapping[str, Any] | None = None, **tuning: Any) -> Context:
     """Online prepare: compile an ONNX model in memory and return a Context (finalized unless deferred).
 
     `io_mem_type="memhandle"` tells the context its IO tensors will be passed as memory handles, so it
-    allocates no internal IO buffers (DESIGN.md §6). `tuning` takes the compile config's keys (docs/tuning.md):
-    `tuning_mode=True, performance_cache_dir=..., invalidate_performance_cache=False` and the budgets."""
+    allocates no internal IO buffers (DESIGN.md §6). `values` gives the values of value inputs (inputs that
+    decide shapes or branches, DESIGN.md §9b), e.g. {"shape": [2, -1]}: the graph is specialized on them.
+    `tuning` takes the compile config's keys (docs/tuning.md): `tuning_mode=True, performance_cache_dir=...,
+    invalidate_performance_cache=False` and the budgets."""
     from ctxrt.runtime.loader import compile_to_context
 
     be = get_backend(backend)
-    graphs, weights = compile_graphs([(model, shapes, "main")], be, io_mem_type, **tuning)
+    graphs, weights = compile_graphs([(model, shapes, "main", values)], be, io_mem_type, **tuning)
     return compile_to_context(graphs, weights, be, defer_graph_init)
 
 

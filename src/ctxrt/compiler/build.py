@@ -9,9 +9,10 @@ import numpy as np
 from ctxrt import progress
 from ctxrt.backends import Backend, select_kernel
 from ctxrt.backends.kernel import Kernel, NodeSpec, TensorSpec
-from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Interval, Ref, Step, TensorInfo
+from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, Body, CompiledGraph, Interval, Ref, Step, TensorInfo
 from ctxrt.errors import UnsupportedOpError
-from ctxrt.ir.graph import Graph, Node
+from ctxrt.ir.dynamic import PASS_THROUGH, bounded_outputs
+from ctxrt.ir.graph import Graph, Node, Value
 from ctxrt.planner import arena
 
 if TYPE_CHECKING:
@@ -56,15 +57,20 @@ class _Storage:
 
 
 def compile_graph(graph: Graph, backend: Backend, tuner: Tuner | None = None) -> CompiledGraph:
-    """Choose each node's kernel (on the backend's device, else on its fallback), tune the device's kernels
-    (tuning mode), plan the arena."""
+    """Kernels (on the backend's device, else on its fallback: the step records which), tuned on the device in
+    tuning mode, storage and the arena plan of one graph. Every node whose kernel cannot be built (op, attribute
+    value, rank, ...) is reported in one UnsupportedOpError, before anything is planned or tuned."""
     alignment = backend.alignment
+    errors = _compile_bodies(graph, backend)
     inputs, outputs = set(graph.inputs), set(graph.outputs)
     last_use = {name: -1 for name in graph.values}
     for step, node in enumerate(graph.nodes):
         for n in node.inputs:
             if n:
                 last_use[n] = step
+    bounded = _bounded(graph)
+    for name in outputs & bounded.keys():  # the real size is read after the last step
+        last_use[bounded[name][0]] = len(graph.nodes)
 
     store = _Storage()
     kernel_of: dict[int, Kernel] = {}
@@ -95,8 +101,13 @@ def compile_graph(graph: Graph, backend: Backend, tuner: Tuner | None = None) ->
             share(out0, node.inputs[0])
             aliased.add(step)
             continue
-        spec = node_spec(graph, node)
-        kernel_of[step], placement[step] = select_kernel(backend, spec)
+        if any(isinstance(v, Graph) for v in node.attrs.values()):
+            continue  # its body did not compile: reported with the rest
+        try:
+            kernel_of[step], placement[step] = select_kernel(backend, node_spec(graph, node))
+        except UnsupportedOpError as e:
+            errors.append(str(e))
+            continue
         if out0 in outputs:
             continue
         for i in INPLACE.get(node.op, ()):
@@ -107,6 +118,10 @@ def compile_graph(graph: Graph, backend: Backend, tuner: Tuner | None = None) ->
                     and node.inputs.count(src) == 1):
                 share(out0, src)
                 break
+
+    if errors:
+        raise UnsupportedOpError(errors[0] if len(errors) == 1 else
+                                 f"{len(errors)} nodes cannot be compiled: " + "; ".join(errors))
 
     params: dict[int, dict[str, Any]] = {}
     tuning: list[dict[str, Any]] = []
@@ -169,7 +184,58 @@ def compile_graph(graph: Graph, backend: Backend, tuner: Tuner | None = None) ->
         [TensorInfo(n, graph.values[n].shape, np.dtype(graph.values[n].dtype).str) for n in graph.outputs],
         steps, plan.size, plan.lower_bound, alignment, plan.strategy,
         [Interval(a.key, a.offset, a.size, a.first, a.last) for a in plan.allocations.values()],
-        const_names, list(programs), tuning)
+        const_names, {n: v for n, v in graph.value_inputs.items() if n in inputs},
+        {n: (axis, ref(extent)) for n, (extent, axis) in bounded.items() if n in outputs}, list(programs), tuning)
+
+
+def _compile_bodies(graph: Graph, backend: Backend) -> list[str]:
+    """Compile the IR bodies of control nodes into Body programs (their errors are returned, to be reported
+    with the graph's), for the backend that runs the control node (its kernel runs the body: on OpenCL, If
+    and Loop run in CPU partitions, their bodies on the cpu backend). The weights a body reads become inputs of
+    its node, named in `captures`, so they are stored with the graph's and its kernels see them as constants."""
+    errors = []
+    for node in graph.nodes:
+        for key, sub in list(node.attrs.items()):
+            if not isinstance(sub, Graph):
+                continue
+            runs_it = _runner(backend, node.op)
+            try:
+                compiled = compile_graph(sub, runs_it)
+            except UnsupportedOpError as e:
+                errors.append(f"in {node.op} node {node.name!r} {key}: {e}")
+                continue
+            node.attrs[key] = Body(compiled.inputs, compiled.outputs, compiled.steps, compiled.spillfill_size,
+                                   runs_it.alignment)
+            for name in compiled.const_names:
+                v = sub.values[name]
+                graph.values.setdefault(name, Value(name, v.dtype, v.shape, v.const))
+                if name not in node.attrs["captures"]:
+                    node.attrs["captures"].append(name)
+                    node.inputs.append(name)
+    return errors
+
+
+def _runner(backend: Backend, op: str) -> Backend:
+    """The first backend of the fallback chain with a kernel for `op` (the one that will run the node)."""
+    be: Backend | None = backend
+    while be is not None:
+        if op in be.kernels:
+            return be
+        be = be.fallback
+    return backend  # none: the node's own error reports it
+
+
+def _bounded(graph: Graph) -> dict[str, tuple[str, int]]:
+    """Values whose size along one axis is an upper bound: name -> (the value holding the real size, axis)."""
+    out: dict[str, tuple[str, int]] = {}
+    for node in graph.nodes:
+        for pos, axis in bounded_outputs(node).items():
+            out[node.outputs[pos]] = (node.outputs[-1], axis)
+        src = node.inputs[0] if node.inputs else ""
+        if node.op in PASS_THROUGH and src in out:
+            extent, axis = out[src]
+            out[node.outputs[0]] = (extent, PASS_THROUGH[node.op](node.attrs, axis, len(graph.values[src].shape)))
+    return out
 
 
 def _check_outputs_written(graph: Graph, steps: list[Step]) -> None:

@@ -17,7 +17,8 @@ import ctxrt
 from ctxrt import progress
 from ctxrt.backends import Backend
 from ctxrt.compiler.program import CONST, CompiledGraph, TensorInfo
-from ctxrt.errors import CtxrtError
+from ctxrt.errors import CtxrtError, UnsupportedOpError
+from ctxrt.ir.dynamic import bounded_outputs
 
 IO_MEM_TYPES = ("raw", "memhandle")
 
@@ -34,26 +35,27 @@ def _namespaced(g: CompiledGraph, weights: Mapping[str, np.ndarray], prefix: str
             {f"{prefix}/{k}": v for k, v in weights.items()})
 
 
-def compile_graphs(models: Sequence[tuple[Any, Mapping[str, Iterable[int]] | None, str]],
-                   backend: Backend, io_mem_type: str = "raw", **tuning: Any
+def compile_graphs(models: Sequence[tuple[Any, ...]], backend: Backend, io_mem_type: str = "raw",
+                   feeds: Mapping[str, Any] | None = None, **tuning: Any
                    ) -> tuple[list[CompiledGraph], dict[str, np.ndarray]]:
-    """(model, shapes, graph name) for each graph -> compiled graphs and all their weights. `tuning` takes the
-    compile config's keys (`tuning_mode=True, performance_cache_dir=...`, docs/tuning.md): the device's kernels
-    are then tuned, and `save_context` stores the winners."""
+    """(model, shapes, graph name[, values]) for each graph -> compiled graphs and all their weights. Value
+    inputs (DESIGN.md §9b) are baked in from `values`, or from `feeds` when given. `tuning` takes the compile
+    config's keys (`tuning_mode=True, performance_cache_dir=...`, docs/tuning.md): the device's kernels are then
+    tuned, and `save_context` stores the winners."""
     from ctxrt.compiler import compile_model
     from ctxrt.tuning import make_tuner
 
     if io_mem_type not in IO_MEM_TYPES:
         raise CtxrtError(f"io_mem_type must be one of {IO_MEM_TYPES}, got {io_mem_type!r}")
-    names = [name for _, _, name in models]
+    names = [m[2] for m in models]
     if len(set(names)) != len(names):
         raise CtxrtError(f"graph names must be unique, got {names}")
     tuner = make_tuner(backend, tuning)  # config and cache directory checked before any work
     graphs, weights = [], {}
-    for model, shapes, name in models:
+    for model, shapes, name, *rest in models:
         with progress.part(name) if len(models) > 1 else contextlib.nullcontext():
             try:
-                g, w = compile_model(model, shapes, backend, name, tuner)
+                g, w = compile_model(model, shapes, backend, name, rest[0] if rest else None, feeds, tuner)
             except CtxrtError as e:  # with several models, say which one
                 if len(models) == 1:
                     raise
@@ -68,7 +70,7 @@ def compile_graphs(models: Sequence[tuple[Any, Mapping[str, Iterable[int]] | Non
 
 
 def compile_split(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backend, k: int,
-                  io_mem_type: str = "raw", **tuning: Any
+                  io_mem_type: str = "raw", values: Mapping[str, Any] | None = None, **tuning: Any
                   ) -> tuple[list[tuple[CompiledGraph, dict[str, np.ndarray]]], list[str]]:
     """One model cut into K parts (compiler/split.py), each compiled as its own graph. The tensors passed
     between parts are prepared as memhandle (the chain passes them as handles); the model's own inputs
@@ -80,7 +82,11 @@ def compile_split(model: Any, shapes: Mapping[str, Iterable[int]] | None, backen
     if io_mem_type not in IO_MEM_TYPES:
         raise CtxrtError(f"io_mem_type must be one of {IO_MEM_TYPES}, got {io_mem_type!r}")
     tuner = make_tuner(backend, tuning)
-    whole = lower(model, shapes, backend)
+    whole = lower(model, shapes, backend, values=values)
+    dynamic = [n.name for n in whole.nodes if bounded_outputs(n)]
+    if dynamic and k > 1:
+        raise UnsupportedOpError(f"--split: nodes {dynamic[:5]} have outputs of data-dependent size, which cannot "
+                                 "cross context binaries")
     ends = set(whole.inputs) | set(whole.outputs)
     parts = []
     for i, part in enumerate(split_graph(whole, k)):

@@ -58,6 +58,20 @@ class TensorInfo:
 
 
 @dataclass
+class Body:
+    """A control-flow step's subgraph (an If branch, a Loop body), compiled: its steps run over its own arena,
+    which lies at the start of the step's scratch. Its inputs are the formal ones (Loop: iteration, condition,
+    carried values) then the outer values it reads, by name: its refs point into its arena, at its inputs
+    and outputs by name, or (const) at the step's captured weights by name (the step's `captures`)."""
+
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    steps: list[Step]
+    arena_size: int
+    alignment: int
+
+
+@dataclass
 class CompiledGraph:
     name: str
     opset: int
@@ -70,6 +84,10 @@ class CompiledGraph:
     strategy: str
     intervals: list[Interval] = field(default_factory=list)
     const_names: list[str] = field(default_factory=list)
+    # Inputs compiled for one value (DESIGN.md §9b): running with another value is an error.
+    value_inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    # Outputs whose size along one axis is an upper bound: name -> (axis, ref of the int64 real size).
+    extents: dict[str, tuple[int, Ref]] = field(default_factory=dict)
     programs: list[Any] = field(default_factory=list)  # device programs its kernels need (not in PROGRAMS)
     tuning: list[dict[str, Any]] = field(default_factory=list)  # tuning mode's record (META, not PROGRAMS)
 

@@ -18,7 +18,7 @@ import numpy as np
 from ctxrt.errors import FormatError
 from ctxrt.format.layout import MAX_ALIGNMENT
 
-EXT_NDARRAY, EXT_SCALAR = 1, 2
+EXT_NDARRAY, EXT_SCALAR, EXT_BODY = 1, 2, 3  # EXT_BODY: a control-flow body (format/schema.py)
 NUMERIC_KINDS = "biufc"  # bool, int, uint, float, complex: no objects, strings, datetimes or records
 MAX_RANK = 32
 MAX_DIM = 1 << 48

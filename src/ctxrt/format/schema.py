@@ -13,9 +13,10 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Interval, Ref, Step, TensorInfo
+from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, Body, CompiledGraph, Interval, Ref, Step, TensorInfo
 from ctxrt.errors import FormatError
 from ctxrt.format.codec import (
+    EXT_BODY,
     as_dtype,
     as_int,
     as_list,
@@ -24,6 +25,7 @@ from ctxrt.format.codec import (
     as_shape,
     as_str,
     check_depth,
+    decode,
     field,
     from_ext,
     nbytes,
@@ -32,6 +34,7 @@ from ctxrt.format.layout import FORMAT_VERSION, WEIGHT_ALIGNMENT
 
 MEM_TYPES = ("raw", "memhandle")
 SPACES = (ARENA, INPUT, OUTPUT, CONST)
+MAX_BODY_DEPTH = 8  # control-flow bodies inside bodies
 META_KEYS = ("format_version", "backend", "hardware", "producer", "source_models", "alignment", "tuning",
              "weights_size", "max_spillfill_size", "graphs", "weights")
 
@@ -96,15 +99,19 @@ def graph_meta(value: Any, where: str) -> dict[str, Any]:
     as_str(field(g, "strategy", where), f"{where} strategy")
     as_int(field(g, "spillfill_size", where), f"{where} spillfill_size")
     as_int(field(g, "lower_bound", where), f"{where} lower_bound")
-    io_bytes = 0
+    io_bytes, io = 0, {}
     for key in ("inputs", "outputs"):
-        infos = [tensor_info(t, f"{where} {key}[{i}]") for i, t in enumerate(as_list(field(g, key, where),
-                                                                                   f"{where} {key}"))]
-        if len({t.name for t in infos}) != len(infos):
-            raise FormatError(f"{where} {key}: duplicate tensor names")
+        infos = _infos(field(g, key, where), f"{where} {key}")
         io_bytes += sum(nbytes(t.shape, np.dtype(t.dtype)) for t in infos)
+        io[key] = {t.name: t for t in infos}
     if as_int(field(g, "io_bytes", where), f"{where} io_bytes") != io_bytes:
         raise FormatError(f"{where}: io_bytes {g['io_bytes']} is not the sum of its IO tensors ({io_bytes})")
+    value_inputs(g, io["inputs"], where)
+    for name, axis in as_map(g.get("bounded_outputs", {}), f"{where} bounded_outputs").items():
+        info = io["outputs"].get(name)
+        if info is None or not info.shape:
+            raise FormatError(f"{where} bounded_outputs: {name!r} is not an output with at least one axis")
+        as_int(axis, f"{where} bounded_outputs[{name!r}]", 0, len(info.shape) - 1)
     for i, part in enumerate(as_list(g.get("partitions", []), f"{where} partitions")):  # optional
         p = as_map(part, f"{where} partitions[{i}]")
         as_str(field(p, "backend", where), f"{where} partitions[{i}] backend")
@@ -112,6 +119,41 @@ def graph_meta(value: Any, where: str) -> dict[str, Any]:
         for op, n in as_map(field(p, "ops", where), f"{where} partitions[{i}] ops").items():
             as_int(n, f"{where} partitions[{i}] ops[{op!r}]")
     return g
+
+
+def _infos(value: Any, where: str) -> list[TensorInfo]:
+    infos = [tensor_info(t, f"{where}[{i}]") for i, t in enumerate(as_list(value, where))]
+    if len({t.name for t in infos}) != len(infos):
+        raise FormatError(f"{where}: duplicate tensor names")
+    return infos
+
+
+_KINDS = {"b": (bool,), "i": (int,), "u": (int,), "f": (int, float)}
+
+
+def value_inputs(g: dict[str, Any], inputs: dict[str, TensorInfo], where: str) -> dict[str, np.ndarray]:
+    """The optional `value_inputs` of a graph entry: input name -> its compiled value, as an array."""
+    out = {}
+    for name, flat in as_map(g.get("value_inputs", {}), f"{where} value_inputs").items():
+        at = f"{where} value_inputs[{name!r}]"
+        info = inputs.get(name)
+        if info is None:
+            raise FormatError(f"{at}: not an input of the graph")
+        dt = np.dtype(info.dtype)
+        items = as_list(flat, at)
+        if len(items) != nbytes(info.shape, dt) // dt.itemsize or dt.kind not in _KINDS:
+            raise FormatError(f"{at}: {len(items)} values for {dt}{list(info.shape)}")
+        for i, v in enumerate(items):
+            if not isinstance(v, _KINDS[dt.kind]) or (dt.kind != "b" and isinstance(v, bool)):
+                raise FormatError(f"{at}[{i}]: {type(v).__name__} is not a value of {dt}")
+        try:
+            arr = np.array(items, dt).reshape(info.shape)
+        except OverflowError:
+            raise FormatError(f"{at}: a value does not fit {dt}") from None
+        if dt.kind in "iu" and arr.tolist() != np.array(items, object).reshape(info.shape).tolist():
+            raise FormatError(f"{at}: a value does not fit {dt}")
+        out[name] = arr
+    return out
 
 
 def str_map(value: Any, where: str) -> dict[str, str]:
@@ -261,20 +303,32 @@ def _graph(value: Any, g: dict[str, Any], weights: dict[str, int], backend: str,
             raise FormatError(f"{where} const_names: {n!r} is not in the weights table")
     places = _Places(g["spillfill_size"], alignment, {t.name: _size(t) for t in inputs},
                      {t.name: _size(t) for t in outputs}, weights)
-    steps = [_step(s, places, backend, f"{where} steps[{i}]")
+    steps = [_step(s, places, f"{where} steps[{i}]", backend=backend)
              for i, s in enumerate(as_list(field(p, "steps", where), f"{where} steps"))]
     intervals = [_interval(v, places.arena, f"{where} intervals[{i}]")
                  for i, v in enumerate(as_list(field(p, "intervals", where), f"{where} intervals"))]
+    bounded = g.get("bounded_outputs", {})
+    extents = {}
+    for name, r in as_map(p.get("extents", {}), f"{where} extents").items():
+        ref = _ref(r, places, f"{where} extents[{name!r}]")
+        if name not in bounded or ref.space != ARENA or ref.shape != () or np.dtype(ref.dtype) != np.int64:
+            raise FormatError(f"{where} extents[{name!r}]: not an int64 scalar in the arena for a bounded output")
+        extents[name] = (bounded[name], ref)
+    if extents.keys() != bounded.keys():
+        raise FormatError(f"{where} extents: {sorted(extents)} do not match META's bounded outputs {sorted(bounded)}")
     return CompiledGraph(g["name"], g["opset"], inputs, outputs, steps, g["spillfill_size"], g["lower_bound"],
-                         alignment, g["strategy"], intervals, const_names)
+                         alignment, g["strategy"], intervals, const_names,
+                         value_inputs(g, {t.name: t for t in inputs}, where), extents)
 
 
 def _size(t: TensorInfo) -> int:
     return nbytes(t.shape, np.dtype(t.dtype))
 
 
-def _step(value: Any, places: _Places, backend: str, where: str) -> Step:
+def _step(value: Any, places: _Places, where: str, depth: int = 0, backend: str = "") -> Step:
+    """A step; `backend` runs it unless it names another (older files name none: they ran on one)."""
     s = as_map(value, where)
+    backend = as_str(s.get("backend", backend), f"{where} backend")
     refs = {}
     for key in ("inputs", "outputs", "scratch"):
         items = as_list(field(s, key, where), f"{where} {key}")
@@ -282,12 +336,39 @@ def _step(value: Any, places: _Places, backend: str, where: str) -> Step:
                      for i, r in enumerate(items)]
     attrs = as_map(field(s, "attrs", where), f"{where} attrs")
     check_depth(attrs, f"{where} attrs")
-    attrs = {k: _attr(v, f"{where} attrs[{k!r}]") for k, v in attrs.items()}
+    attrs = {k: _body(v, refs, attrs, f"{where} attrs[{k!r}]", depth + 1, backend)
+             if isinstance(v, msgpack.ExtType) and v.code == EXT_BODY else _attr(v, f"{where} attrs[{k!r}]")
+             for k, v in attrs.items()}
     return Step(as_str(field(s, "op", where), f"{where} op"), as_str(field(s, "name", where), f"{where} name"),
                 attrs, refs["inputs"], refs["outputs"], refs["scratch"],
-                as_str(field(s, "algorithm", where), f"{where} algorithm"),
-                as_str(s.get("backend", backend), f"{where} backend"),  # optional: older files ran on one
+                as_str(field(s, "algorithm", where), f"{where} algorithm"), backend,
                 params(s.get("params", {}), f"{where} params"))  # optional: tuned steps only
+
+
+def _body(ext: msgpack.ExtType, refs: dict[str, list[Any]], attrs: dict[str, Any], where: str, depth: int,
+          backend: str) -> Body:
+    """A control-flow body: its refs must lie inside its own arena (at most the step's scratch), its inputs and
+    outputs, or the step's captured inputs (the last len(captures) inputs of the step, named by `captures`)."""
+    if depth > MAX_BODY_DEPTH:
+        raise FormatError(f"{where}: control-flow bodies nested deeper than {MAX_BODY_DEPTH} levels")
+    b = as_map(decode(ext.data, f"{where} payload", keep_ext=True), where)
+    inputs, outputs = _infos(field(b, "inputs", where), f"{where} inputs"), _infos(field(b, "outputs", where),
+                                                                                f"{where} outputs")
+    arena = as_int(field(b, "arena_size", where), f"{where} arena_size")
+    alignment = as_pow2(field(b, "alignment", where), f"{where} alignment")
+    scratch = sum(r.nbytes for r in refs["scratch"])
+    if arena > scratch:
+        raise FormatError(f"{where}: its arena of {arena} bytes exceeds the step's scratch ({scratch} bytes)")
+    captures = [as_str(n, f"{where} captures[{i}]")
+                for i, n in enumerate(as_list(attrs.get("captures", []), f"{where} captures"))]
+    if len(captures) > len(refs["inputs"]):
+        raise FormatError(f"{where}: {len(captures)} captures for {len(refs['inputs'])} step inputs")
+    captured = refs["inputs"][len(refs["inputs"]) - len(captures):]
+    places = _Places(arena, alignment, {t.name: _size(t) for t in inputs}, {t.name: _size(t) for t in outputs},
+                     {n: r.nbytes for n, r in zip(captures, captured, strict=True) if r is not None})
+    steps = [_step(s, places, f"{where} steps[{i}]", depth, backend)
+             for i, s in enumerate(as_list(field(b, "steps", where), f"{where} steps"))]
+    return Body(inputs, outputs, steps, arena, alignment)
 
 
 def _attr(v: Any, where: str) -> Any:

@@ -23,7 +23,7 @@ import msgpack
 import numpy as np
 
 from ctxrt import progress
-from ctxrt.compiler.program import CompiledGraph, Ref, Step
+from ctxrt.compiler.program import Body, CompiledGraph, Ref, Step
 from ctxrt.errors import FormatError
 from ctxrt.format import codec, layout, schema
 from ctxrt.format.atomic import atomic_write
@@ -68,9 +68,7 @@ class ContextWriter:
 
     def add_graph(self, graph: CompiledGraph) -> None:
         self._advance((State.NEW, State.GRAPHS), State.GRAPHS, "add_graph")
-        for step in graph.steps:
-            for key, value in step.attrs.items():
-                codec.check_attr(value, f"graph {graph.name!r} step {step.name!r} attribute {key!r}")
+        _check_steps(graph.steps, f"graph {graph.name!r}")
         self.graphs.append(graph)
 
     def add_weights(self, weights: Mapping[str, np.ndarray]) -> None:
@@ -154,13 +152,31 @@ class ContextWriter:
             pos = offset + raw.nbytes
 
 
-def _graph_meta(g: CompiledGraph, backend: str) -> dict[str, Any]:
-    def io(infos: list[Any]) -> list[dict[str, Any]]:
-        return [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "mem_type": t.mem_type} for t in infos]
+def _check_steps(steps: list[Step], where: str, depth: int = 0) -> None:
+    if depth > schema.MAX_BODY_DEPTH:
+        raise FormatError(f"{where}: control-flow bodies nested deeper than {schema.MAX_BODY_DEPTH} levels")
+    for step in steps:
+        for key, value in step.attrs.items():
+            if isinstance(value, Body):
+                _check_steps(value.steps, f"{where} step {step.name!r} body {key!r}", depth + 1)
+            else:
+                codec.check_attr(value, f"{where} step {step.name!r} attribute {key!r}")
 
-    return {"name": g.name, "opset": g.opset, "inputs": io(g.inputs), "outputs": io(g.outputs),
+
+def _io(infos: list[Any]) -> list[dict[str, Any]]:
+    return [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "mem_type": t.mem_type} for t in infos]
+
+
+def _graph_meta(g: CompiledGraph, backend: str) -> dict[str, Any]:
+    meta = {"name": g.name, "opset": g.opset, "inputs": _io(g.inputs), "outputs": _io(g.outputs),
             "spillfill_size": g.spillfill_size, "lower_bound": g.lower_bound, "io_bytes": g.io_bytes,
-            "strategy": g.strategy, "partitions": [{**p, "backend": p["backend"] or backend} for p in g.partitions()]}
+            "strategy": g.strategy,
+            "partitions": [{**p, "backend": p["backend"] or backend} for p in g.partitions()]}
+    if g.value_inputs:  # optional keys: files without value inputs or bounded outputs stay as they were
+        meta["value_inputs"] = {k: np.asarray(v).reshape(-1).tolist() for k, v in g.value_inputs.items()}
+    if g.extents:
+        meta["bounded_outputs"] = {k: axis for k, (axis, _) in g.extents.items()}
+    return meta
 
 
 def _ref(r: Ref | None) -> list[Any] | None:
@@ -168,7 +184,9 @@ def _ref(r: Ref | None) -> list[Any] | None:
 
 
 def _step(s: Step, backend: str) -> dict[str, Any]:
-    out = {"op": s.op, "name": s.name, "attrs": s.attrs, "inputs": [_ref(r) for r in s.inputs],
+    """A step; its backend defaults to the context's (a body's steps run on their control node's)."""
+    attrs = {k: _body(v, s.backend or backend) if isinstance(v, Body) else v for k, v in s.attrs.items()}
+    out = {"op": s.op, "name": s.name, "attrs": attrs, "inputs": [_ref(r) for r in s.inputs],
            "outputs": [_ref(r) for r in s.outputs], "scratch": [_ref(r) for r in s.scratch],
            "algorithm": s.algorithm, "backend": s.backend or backend}
     if s.params:  # tuned kernel parameters: only tuned steps carry them
@@ -176,11 +194,20 @@ def _step(s: Step, backend: str) -> dict[str, Any]:
     return out
 
 
+def _body(b: Body, backend: str) -> msgpack.ExtType:
+    """A compiled body as an extension value whose payload is itself MessagePack (docs/format.md)."""
+    value = {"inputs": _io(b.inputs), "outputs": _io(b.outputs), "steps": [_step(s, backend) for s in b.steps],
+             "arena_size": b.arena_size, "alignment": b.alignment}
+    return msgpack.ExtType(codec.EXT_BODY, codec.encode(value))
+
+
 def _program(g: CompiledGraph, backend: str) -> dict[str, Any]:
-    """One graph's PROGRAMS entry; a step's backend defaults to the context's."""
-    return {"name": g.name, "alignment": g.alignment, "steps": [_step(s, backend) for s in g.steps],
-            "intervals": [[i.key, i.offset, i.size, i.first, i.last] for i in g.intervals],
-            "const_names": list(g.const_names)}
+    out = {"name": g.name, "alignment": g.alignment, "steps": [_step(s, backend) for s in g.steps],
+           "intervals": [[i.key, i.offset, i.size, i.first, i.last] for i in g.intervals],
+           "const_names": list(g.const_names)}
+    if g.extents:
+        out["extents"] = {k: _ref(r) for k, (_, r) in g.extents.items()}
+    return out
 
 
 def _writer(graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray], info: Mapping[str, Any],

@@ -1,12 +1,14 @@
-"""The ONNX frontend, the only module that imports onnx.
+"""The ONNX frontend: onnx is imported here and in the helpers of this package only.
 
-load -> bind static input shapes -> (shape inference, constant folding) until nothing folds ->
-canonical attributes -> IR graph with a static shape and dtype on every value.
+load -> onnx.checker -> bind input shapes and value inputs -> repeat (shape inference, constant folding,
+control-flow rewrites, value inputs from feeds, upper bounds and subgraph bodies) until nothing changes ->
+IR graph with a static shape and dtype on every value (frontend/build.py).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -15,21 +17,22 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from ctxrt.errors import ModelError, ShapeError, UnsupportedOpError
+from ctxrt.errors import CtxrtWarning, ModelError, ShapeError, UnsupportedOpError, ValueInputError
 from ctxrt.format.codec import MAX_TENSOR_BYTES
-from ctxrt.ir.canonical import INFER_AS_IDENTITY, OUTPUTS_PRESENT, PARAM_INPUTS, SLOTTED_OUTPUTS
-from ctxrt.ir.graph import Graph, Node, Value
+from ctxrt.frontend import control, values
+from ctxrt.frontend.checks import check_model, check_supported
+from ctxrt.ir.canonical import INFER_AS_IDENTITY
+from ctxrt.ir.dynamic import PASS_THROUGH
+from ctxrt.ir.graph import Graph
 
 # Ops that never need a kernel when their inputs are known at compile time (they always fold here).
-FOLD_ONLY = {"Shape", "Size", "Constant", "ConstantOfShape", "Range", "NonZero", "Identity", "Dropout"}
+FOLD_ONLY = {"Shape", "Size", "Constant", "ConstantOfShape", "Range", "Identity", "Dropout"}
 # Initializers at most this many elements go to shape inference as data (for Reshape targets etc.);
 # larger ones go as typed inputs so inference does not serialize the weights.
 _DATA_PROP_MAX = 64
 
-# Ops whose outputs after the first are optional extras (safe to drop when nobody reads them).
-_OPTIONAL_OUTPUTS = {"Dropout", "MaxPool", "BatchNormalization", "LayerNormalization", "LSTM", "GRU", "RNN"}
-
 Shapes = Mapping[str, Iterable[int]]
+Type = tuple[np.dtype, tuple[int, ...] | None]
 
 
 def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.ModelProto:
@@ -46,22 +49,29 @@ def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.Model
 
 
 def declared_io(model: str | os.PathLike | bytes | onnx.ModelProto
-                ) -> tuple[list[tuple[str, np.dtype, list[int | str]]], list[tuple[str, np.dtype, list[int | str]]]]:
+                ) -> tuple[list[tuple[str, np.dtype | None, list[int | str]]],
+                           list[tuple[str, np.dtype | None, list[int | str]]]]:
     """The model's inputs (initializers excluded) and outputs as declared: (name, dtype, dims), a dim being
-    an int or its symbolic name ("?" when unnamed). Reads no weights."""
-    m = load_model(model)
+    an int or its symbolic name ("?" when unnamed), the dtype None when not declared. Reads no external data."""
+    if isinstance(model, str | os.PathLike):
+        try:
+            m = onnx.load(os.fspath(model), load_external_data=False)
+        except Exception as e:
+            raise ModelError(f"cannot read ONNX model {model}: {e}") from e
+    else:
+        m = load_model(model)
     inits = {i.name for i in m.graph.initializer}
 
-    def one(vi: onnx.ValueInfoProto) -> tuple[str, np.dtype, list[int | str]]:
+    def one(vi: onnx.ValueInfoProto) -> tuple[str, np.dtype | None, list[int | str]]:
         tt = vi.type.tensor_type
-        dims: list[int | str] = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
-                                 for d in tt.shape.dim]
-        return vi.name, _np_dtype(tt.elem_type, f"{vi.name!r}"), dims
+        dims: list[int | str] = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
+                                 for d in tt.shape.dim]  # some exporters write -1 for a dynamic dim
+        return vi.name, np_dtype(tt.elem_type, f"{vi.name!r}") if tt.elem_type else None, dims
 
     return [one(v) for v in m.graph.input if v.name not in inits], [one(v) for v in m.graph.output]
 
 
-def _check_size(what: str, dt: np.dtype, shape: Iterable[int]) -> None:
+def check_size(what: str, dt: np.dtype, shape: Iterable[int]) -> None:
     nbytes = dt.itemsize
     for d in shape:
         nbytes *= int(d)  # Python ints: no overflow
@@ -70,116 +80,88 @@ def _check_size(what: str, dt: np.dtype, shape: Iterable[int]) -> None:
                          f"{MAX_TENSOR_BYTES // 2**40} TiB per tensor")
 
 
-def _np_dtype(elem_type: int, where: str) -> np.dtype:
+def np_dtype(elem_type: int, where: str) -> np.dtype:
     try:
         return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
     except Exception as e:
         raise UnsupportedOpError(f"{where}: unsupported tensor element type {elem_type}") from e
 
 
-def _attr_value(a: onnx.AttributeProto) -> Any:
-    v = helper.get_attribute_value(a)
-    if isinstance(v, bytes):
-        return v.decode()
-    if isinstance(v, onnx.TensorProto):
-        return numpy_helper.to_array(v)
-    if isinstance(v, list):
-        return [x.decode() if isinstance(x, bytes) else x for x in v]
-    if isinstance(v, onnx.GraphProto):
-        raise UnsupportedOpError(f"attribute {a.name!r}: subgraphs (If/Loop/Scan) are not supported")
-    return v
+class Scope:
+    """What a model's graph and all its subgraphs share: opsets, fresh names, notes for the user."""
 
-
-class _Folder:
-    """Mutable state of the frontend loop: remaining nodes, known constants, inferred types."""
-
-    def __init__(self, model: onnx.ModelProto, shapes: Shapes | None) -> None:
+    def __init__(self, model: onnx.ModelProto) -> None:
         self.model = model
-        g = model.graph
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
         if not self.opset:
             raise ModelError("model imports no default-domain opset")
-        self.consts: dict[str, np.ndarray] = {}
-        for init in g.initializer:
+        self.fresh = control.Namer(control.all_names(model.graph))
+        self.notes: list[str] = []
+        self.supported: set[str] = set()  # op types the backend has kernels for
+
+    def make_model(self, graph: onnx.GraphProto) -> onnx.ModelProto:
+        return helper.make_model(graph, opset_imports=list(self.model.opset_import),
+                                 ir_version=max(self.model.ir_version, 4))
+
+
+class Folder:
+    """One graph (the model's, or a subgraph body) on its way to static shapes: its remaining nodes, known
+    constants, types, and what was decided about it (value inputs, upper bounds, compiled bodies)."""
+
+    def __init__(self, scope: Scope, graph: onnx.GraphProto, inputs: dict[str, Type], consts: dict[str, np.ndarray],
+                 label: str = "") -> None:
+        self.scope, self.label = scope, label
+        self.consts = dict(consts)
+        for init in graph.initializer:
             try:
                 self.consts[init.name] = numpy_helper.to_array(init)
             except Exception as e:
                 raise ModelError(f"initializer {init.name!r} cannot be read: {e}") from e
-        # Old IR versions list initializers among the inputs: like onnxruntime, they are constants.
-        self.inputs = [i for i in g.input if i.name not in self.consts]
-        self.outputs = [o.name for o in g.output]
-        self.nodes = list(g.node)
-        self.types: dict[str, tuple[np.dtype, tuple[int, ...] | None]] = {}
-        self.input_shapes = self._bind_inputs(shapes or {})
+        self.inputs = dict(inputs)  # graph inputs (value inputs too: they are also constants here)
+        self.types: dict[str, Type] = dict(inputs)
+        self.nodes = list(graph.node)
+        self.outputs = [o.name for o in graph.output]
+        self.fixed: dict[str, Type] = {}  # types decided here (bodies' outputs, upper bounds): given to inference
+        self.bounded: dict[str, int] = {}  # value -> axis whose size is an upper bound
+        self.made_bounded: dict[str, int] = {}  # the same, for outputs of data-dependent ops only
+        self.bodies: dict[str, Any] = {}  # control node's first output -> its lowered bodies
+        self.value_inputs: dict[str, np.ndarray] = {}
 
-    def _bind_inputs(self, shapes: Shapes) -> dict[str, tuple[int, ...]]:
-        names = [i.name for i in self.inputs]
-        unknown = set(shapes) - set(names)
-        if unknown:
-            raise ShapeError(f"--shape names unknown inputs {sorted(unknown)}; the model's inputs are {names}")
-        bound = {}
-        for vi in self.inputs:
-            tt = vi.type.tensor_type
-            if not vi.type.HasField("tensor_type"):
-                raise UnsupportedOpError(f"input {vi.name!r} is not a tensor")
-            dims = list(tt.shape.dim)
-            if vi.name in shapes:
-                shape = tuple(int(d) for d in shapes[vi.name])
-                if tt.HasField("shape") and len(shape) != len(dims):
-                    raise ShapeError(f"input {vi.name!r} has rank {len(dims)}, --shape gives {shape}")
-                for axis, (d, s) in enumerate(zip(dims, shape, strict=False)):
-                    if d.HasField("dim_value") and d.dim_value != s:
-                        raise ShapeError(f"input {vi.name!r} axis {axis} is fixed at {d.dim_value}, "
-                                         f"--shape gives {s}")
-                if any(s <= 0 for s in shape):
-                    raise ShapeError(f"input {vi.name!r}: dims must be positive, got {shape}")
-                _check_size(f"input {vi.name!r} at --shape {'x'.join(map(str, shape))}",
-                            _np_dtype(tt.elem_type, f"input {vi.name!r}"), shape)
-            else:
-                if not tt.HasField("shape"):
-                    raise ShapeError(f"input {vi.name!r} has no shape; pass --shape {vi.name}=...")
-                shape = []
-                for axis, d in enumerate(dims):
-                    if d.HasField("dim_value") and d.dim_value > 0:
-                        shape.append(d.dim_value)
-                    elif axis == 0:
-                        shape.append(1)  # batch
-                    else:
-                        label = d.dim_param or "?"
-                        raise ShapeError(f"input {vi.name!r} axis {axis} is dynamic ({label}); pass "
-                                         f"--shape {vi.name}=" + "x".join(["N"] * len(dims)))
-                shape = tuple(shape)
-            bound[vi.name] = shape
-            self.types[vi.name] = (_np_dtype(tt.elem_type, f"input {vi.name!r}"), shape)
-        return bound
+    # -- the loop ------------------------------------------------------------------------------------
+    def settle(self, feeds: Mapping[str, Any] | None) -> None:
+        while True:
+            self.infer()
+            if self.fold_once() or self.rewrite_control() or self.take_values(feeds) or self.annotate():
+                continue
+            return
 
     def skeleton(self) -> onnx.ModelProto:
         """A weight-free copy of the current graph for shape inference."""
-        inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(self.types[n][0]),
-                                                self.input_shapes[n]) for n in self.input_shapes]
+        inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(t[0]), t[1])
+                  for n, t in self.inputs.items() if n not in self.consts]
         inits = []
         for name, arr in self.consts.items():
             if arr.size <= _DATA_PROP_MAX:
                 inits.append(numpy_helper.from_array(arr, name))
             else:
-                inputs.append(helper.make_tensor_value_info(
-                    name, helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape))
+                inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype),
+                                                            arr.shape))
         outputs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in self.outputs]
+        known = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(dt), shape)
+                 for n, (dt, shape) in self.fixed.items() if n not in self.outputs]
         nodes = []
         for n in self.nodes:  # ops onnx cannot type: typed as copies of their inputs
             pairs = INFER_AS_IDENTITY.get(n.op_type)
             nodes += [helper.make_node("Identity", [n.input[j]], [n.output[k]]) for k, j in pairs.items()
                       if k < len(n.output) and n.output[k]] if pairs else [n]
-        graph = helper.make_graph(nodes, "skeleton", inputs, outputs, initializer=inits)
-        m = helper.make_model(graph, opset_imports=list(self.model.opset_import),
-                              ir_version=max(self.model.ir_version, 4))
-        return m
+        return self.scope.make_model(helper.make_graph(nodes, "skeleton", inputs, outputs, initializer=inits,
+                                                       value_info=known))
 
     def infer(self) -> None:
         try:
             inferred = onnx.shape_inference.infer_shapes(self.skeleton(), data_prop=True)
         except Exception as e:
-            raise ShapeError(f"shape inference failed: {e}") from e
+            raise ShapeError(f"shape inference failed{self._in()}: {e}") from e
         g = inferred.graph
         for vi in list(g.value_info) + list(g.output):
             tt = vi.type.tensor_type
@@ -188,25 +170,34 @@ class _Folder:
             shape = None
             if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
                 shape = tuple(d.dim_value for d in tt.shape.dim)
-            dt = _np_dtype(tt.elem_type, f"value {vi.name!r}")
+            dt = np_dtype(tt.elem_type, f"value {vi.name!r}")
             if shape is not None:
-                _check_size(f"value {vi.name!r} at these input shapes", dt, shape)
+                check_size(f"value {vi.name!r} at these input shapes", dt, shape)
             self.types[vi.name] = (dt, shape)
+        self.types.update(self.fixed)
+
+    def _in(self) -> str:
+        return f" in {self.label}" if self.label else ""
+
+    def dtype_of(self, name: str) -> np.dtype | None:
+        return self.consts[name].dtype if name in self.consts else self.types.get(name, (None, None))[0]
 
     def shape_of(self, name: str) -> tuple[int, ...] | None:
         if name in self.consts:
             return tuple(self.consts[name].shape)
+        if name in self.bounded:
+            return None  # known only at run time
         t = self.types.get(name)
         return t[1] if t else None
 
     def fold_once(self) -> bool:
         kept, folded = [], False
         for node in self.nodes:
-            values = self._evaluate(node)
-            if values is None:
+            out = None if node.op_type in control.CONTROL_OPS else self._evaluate(node)
+            if out is None:
                 kept.append(node)
                 continue
-            for name, v in zip(node.output, values, strict=False):
+            for name, v in zip(node.output, out, strict=False):
                 if name:
                     self.consts[name] = np.asarray(v)
             folded = True
@@ -220,7 +211,8 @@ class _Folder:
         attrs = {a.name: a for a in node.attribute}
         if op == "Constant":
             (a,) = node.attribute
-            return [np.asarray(_attr_value(a))]
+            v = helper.get_attribute_value(a)
+            return [numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v)]
         if op in ("Shape", "Size"):
             shape = self.shape_of(node.input[0])
             if shape is None:
@@ -250,89 +242,134 @@ class _Folder:
             [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
              for n, v in feeds.items()],
             [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output if o])
-        model = helper.make_model(graph, opset_imports=list(self.model.opset_import),
-                                  ir_version=max(self.model.ir_version, 4))
         try:
-            return list(ReferenceEvaluator(model).run(None, feeds))
+            return list(ReferenceEvaluator(self.scope.make_model(graph)).run(None, feeds))
         except Exception as e:
-            raise ModelError(f"constant folding failed at node {node.name!r} ({op}): {e}") from e
+            raise ModelError(f"constant folding failed at node {node.name!r} ({op}){self._in()}: {e}") from e
+
+    def rewrite_control(self) -> bool:
+        """Inline Ifs whose condition is known, turn Scans into Loops, unroll small Loops of known length."""
+        kept, changed = [], False
+        fresh, opset = self.scope.fresh, self.scope.opset
+        for node in self.nodes:
+            new = None
+            if node.op_type == "If" and node.input[0] in self.consts:
+                new = control.inline_if(node, self.consts[node.input[0]], fresh)
+            elif node.op_type == "Scan":
+                new = control.scan_to_loop(node, self.shape_of, fresh, opset)
+            elif node.op_type == "Loop":
+                trips = self._unrollable(node)
+                new = None if trips is None else control.unroll_loop(node, trips, fresh, opset)
+            if new is None:
+                kept.append(node)
+                continue
+            kept += new[0]
+            self.consts.update(new[1])
+            changed = True
+        self.nodes = kept
+        return changed
+
+    def _unrollable(self, node: onnx.NodeProto) -> int | None:
+        m, cond = node.input[0], node.input[1]
+        if not m or m not in self.consts or (cond and cond not in self.consts):
+            return None
+        if cond and not bool(self.consts[cond].reshape(-1)[0]):
+            return None
+        trips, body = int(self.consts[m].reshape(-1)[0]), control.attr(node, "body")
+        if trips < 1 or trips * (len(body.node) + 2) > control.UNROLL_MAX_NODES:
+            return None
+        return trips if control.always_true(body, self.consts) else None
+
+    def take_values(self, feeds: Mapping[str, Any] | None) -> bool:
+        """Bake in the graph inputs that decide shapes or branches, from the feeds; name the ones missing.
+
+        Without feeds (None), an input deciding only a branch or a trip count may stay one: control flow
+        decides at run time. With feeds (a session compiling for a run), every value input is baked in."""
+        shape, branch = values.trace(self.nodes)
+        free = [n for n in self.inputs if n not in self.consts and values.small_int(*self.inputs[n])]
+        wanted = {n: shape[n] for n in free if n in shape}
+        wanted.update({n: branch[n] for n in free if n in branch and n not in wanted})
+        taken = [n for n in wanted if feeds and n in feeds]
+        for n in taken:
+            dt, s = self.inputs[n]
+            self.consts[n] = self.value_inputs[n] = values.as_value(n, feeds[n], dt, s)
+        missing = {n: why for n, why in wanted.items() if (n in shape or feeds is not None) and n not in taken}
+        if missing and not taken and not self.label:
+            raise ValueInputError(
+                "; ".join(f"input {n!r} {'is needed at compile time' if n in shape else 'decides a branch'} ({why}): "
+                          "give its value "
+                          f"(--value {n}=... to compile, or in run --inputs)" for n, why in missing.items()),
+                list(missing))
+        return bool(taken)
+
+    def annotate(self) -> bool:
+        """Decide what inference cannot: upper bounds of data-dependent outputs, the bodies of If and Loop
+        nodes whose inputs have static shapes (and with them the nodes' output types)."""
+        from ctxrt.frontend.build import lower_control
+
+        changed = False
+        for node in self.nodes:
+            key = node.output[0]
+            if key in self.bodies or any(o in self.made_bounded for o in node.output):
+                continue
+            if node.op_type in ("If", "Loop"):
+                changed |= lower_control(self, node)
+            elif node.op_type in values.UPPER_BOUNDS:
+                bound = values.UPPER_BOUNDS[node.op_type](node, self.shape_of, self.consts)
+                if bound is None:
+                    continue
+                dt0 = self.dtype_of(node.input[0])
+                for pos, (dt, shape) in bound.items():
+                    if pos < len(node.output) and node.output[pos]:
+                        self.fixed[node.output[pos]] = (dt or dt0, shape)
+                for pos, axis in _bounded_axes(node).items():
+                    if pos < len(node.output) and node.output[pos]:
+                        self.made_bounded[node.output[pos]] = axis
+                changed = True
+        self._propagate_bounded()
+        return changed
+
+    def _propagate_bounded(self) -> None:
+        self.bounded = dict(self.made_bounded)
+        for node in self.nodes:
+            src = node.input[0] if node.input else ""
+            if node.op_type in PASS_THROUGH and src in self.bounded:
+                attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+                rank = len(self.fixed.get(src, self.types.get(src, (None, ())))[1] or ())
+                self.bounded[node.output[0]] = PASS_THROUGH[node.op_type](attrs, self.bounded[src], rank)
 
 
-def check_supported(nodes: Iterable[onnx.NodeProto], supported: set[str], extra: set[str]) -> None:
-    bad: dict[str, list[str]] = {}
-    for node in nodes:
-        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-        if node.domain not in ("", "ai.onnx") or node.op_type not in supported | extra:
-            bad.setdefault(key, []).append(node.name or "<unnamed>")
-    if bad:
-        listing = "; ".join(f"{op} ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
-                            for op, names in sorted(bad.items()))
-        raise UnsupportedOpError(f"unsupported operators: {listing}")
+def _bounded_axes(node: onnx.NodeProto) -> dict[int, int]:
+    from ctxrt.ir.dynamic import BOUNDED
+    from ctxrt.ir.graph import Node
+
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.type != onnx.AttributeProto.GRAPH}
+    return BOUNDED[node.op_type](Node(node.op_type, node.name, list(node.input), list(node.output), attrs))
 
 
 def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str],
-          shapes: Shapes | None = None, name: str = "main") -> Graph:
-    """Load an ONNX model as an IR graph with static shapes, constants folded."""
+          shapes: Shapes | None = None, name: str = "main", values: Mapping[str, Any] | None = None,
+          feeds: Mapping[str, Any] | None = None) -> Graph:
+    """Load an ONNX model as an IR graph with static shapes, constants folded.
+
+    `shapes` binds dynamic input dimensions (an unbound one is bound to 1, with a CtxrtWarning); `values`
+    bakes in input values (value inputs, DESIGN.md §9b); value inputs missing from `values` are taken from
+    `feeds` when given (a session compiling for a run's inputs: then every value input must be there)."""
+    from ctxrt.frontend.build import bind_inputs, build_graph
+
     proto = load_model(model)
     if proto.graph.node and all(n.op_type == "EPContext" for n in proto.graph.node):
         label = os.fspath(model) if isinstance(model, str | os.PathLike) else "this model"
         raise ModelError(f"{label} is an EPContext model (already compiled): run or inspect it, not compile")
-    check_supported(proto.graph.node, supported, FOLD_ONLY)
-    st = _Folder(proto, shapes)
-    st.infer()
-    while st.fold_once():
-        st.infer()
-    check_supported(st.nodes, supported - FOLD_ONLY | {"Identity", "Dropout"}, set())
-    return _build_graph(st, name)
-
-
-def _build_graph(st: _Folder, name: str) -> Graph:
-    values: dict[str, Value] = {}
-    for n, arr in st.consts.items():
-        values[n] = Value(n, arr.dtype, tuple(arr.shape), np.require(arr, requirements="C"))  # keeps 0-d
-    for n, shape in st.input_shapes.items():
-        values[n] = Value(n, st.types[n][0], shape)
-    read = set(st.outputs) | {n for node in st.nodes for n in node.input}
-    nodes = []
-    for i, np_node in enumerate(st.nodes):
-        # Optional outputs nobody reads (Dropout's mask, MaxPool's indices, ...) are dropped; every other
-        # output stays (a Split must still know all of its parts).
-        optional = np_node.op_type in _OPTIONAL_OUTPUTS
-        outputs = [o if o in read or k == 0 or not optional else "" for k, o in enumerate(np_node.output)]
-        node = Node(np_node.op_type, np_node.name or f"{np_node.op_type}_{i}", list(np_node.input),
-                    outputs, {a.name: _attr_value(a) for a in np_node.attribute})
-        _canonicalize(node, st.consts)
-        for out in node.outputs:
-            if not out:
-                continue
-            dtype, shape = st.types.get(out, (None, None))
-            if dtype is None or shape is None:
-                raise ShapeError(f"cannot infer a static shape for {out!r}, output of {node.name!r} "
-                                 f"({node.op}); check the --shape values")
-            values[out] = Value(out, dtype, shape)
-        nodes.append(node)
-    for out in st.outputs:
-        if out not in values:
-            raise ShapeError(f"graph output {out!r} is never produced")
-    graph = Graph(name, nodes, values, list(st.input_shapes), list(st.outputs), st.opset)
-    graph.prune_values()
+    check_model(proto)
+    check_supported(control.all_nodes(proto.graph), supported, FOLD_ONLY | {"Scan"})
+    scope = Scope(proto)
+    scope.supported = set(supported)
+    inputs, baked = bind_inputs(proto, shapes or {}, values or {}, scope.notes)
+    st = Folder(scope, proto.graph, inputs, baked)
+    st.value_inputs.update(baked)
+    st.settle(feeds)
+    graph = build_graph(st, name)
+    if scope.notes:
+        warnings.warn("; ".join(scope.notes), CtxrtWarning, stacklevel=2)
     return graph
-
-
-def _canonicalize(node: Node, consts: dict[str, np.ndarray]) -> None:
-    """Move constant parameter inputs into attributes (one form per op for the kernels); record which optional
-    outputs exist where a kernel cannot tell from the ones it is given."""
-    if node.op in SLOTTED_OUTPUTS:
-        node.attrs[OUTPUTS_PRESENT] = [int(bool(o)) for o in node.outputs]
-    params = PARAM_INPUTS.get(node.op, {})
-    for pos, key in params.items():
-        if pos < len(node.inputs) and node.inputs[pos]:
-            src = node.inputs[pos]
-            if src not in consts:
-                raise UnsupportedOpError(f"{node.op} node {node.name!r}: input {key!r} ({src!r}) must be "
-                                         "known at compile time")
-            value = consts[src]
-            node.attrs[key] = value.tolist() if value.ndim else value.item()
-            node.inputs[pos] = ""
-    while node.inputs and not node.inputs[-1]:
-        node.inputs.pop()

@@ -57,3 +57,12 @@ def output_slots(attrs: Mapping[str, Any], count: int, slots: int) -> list[int |
         index.append(k if p else None)
         k += bool(p)
     return index
+
+
+# Inputs that decide an output's shape but stay inputs (their kernels read them as constants): like the
+# parameter inputs above, they must be known at compile time, so a graph input reaching one is a value input.
+SHAPE_INPUTS: dict[str, set[int]] = {"Range": {0, 1, 2}, "ConstantOfShape": {0}, "NonMaxSuppression": {2}}
+
+# Inputs that choose a branch or a trip count: a value input reaching one is baked in when a value is given (the
+# If inlined, the Loop unrolled); otherwise control flow decides at run time.
+BRANCH_INPUTS: dict[str, set[int]] = {"If": {0}, "Loop": {0, 1}}

@@ -44,6 +44,7 @@ class Graph:
     inputs: list[str]
     outputs: list[str]
     opset: int = 17
+    value_inputs: dict[str, np.ndarray] = field(default_factory=dict)  # inputs compiled for one value (§9b)
 
     def consumers(self) -> dict[str, list[Node]]:
         uses: dict[str, list[Node]] = {name: [] for name in self.values}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,6 +39,10 @@ class Graph:
         self._io_order: list[str] = []
         self._io_steps: list[int] = []
         self._host: HostSteps | None = None  # steps on the backend's fallback (CPU partitions), if any
+        # Value inputs (DESIGN.md §9b): (name, the value compiled for); bounded outputs: (name, axis, size view).
+        self.value_inputs: dict[str, np.ndarray] = dict(compiled.value_inputs)
+        self._values = [(t, compiled.value_inputs[t.name]) for t in self.inputs if t.name in compiled.value_inputs]
+        self._extents: list[tuple[TensorInfo, int, Any]] = []
 
     @property
     def spillfill_size(self) -> int:
@@ -92,6 +97,8 @@ class Graph:
             return self._views[r.key].reshape(r.shape)
 
         self._view = view
+        self._extents = [(self._info[name], axis, self._host_scalar(view(r)))
+                         for name, (axis, r) in self.compiled.extents.items()]
         self._internal = dict(internal)
         host = [s.backend not in ("", backend.name) for s in self.compiled.steps]
         self._host = HostSteps(self.ctx, self.compiled.steps, host) if any(host) else None
@@ -104,6 +111,12 @@ class Graph:
         self._bound = None
         if all(name in self._internal for name in self._io_order):
             self._record((None,) * len(self._io_order))
+
+    def _host_scalar(self, tensor: Any) -> tuple[Any, np.ndarray, bool]:
+        """(tensor, a host array holding its value after a run, whether that needs a copy): a zero-copy host view
+        where the backend has one, else a host array the value is copied into."""
+        host = self.ctx.backend.host_view(tensor)
+        return (tensor, host, False) if host is not None else (tensor, np.zeros(tensor.shape, tensor.dtype), True)
 
     def _bind_step(self, k: int) -> Launch:
         if self._host is not None and self._host.runs(k):
@@ -165,9 +178,12 @@ class Graph:
                              f"got {array.dtype}{list(array.shape)}")
 
     def execute(self, inputs: Mapping[str, np.ndarray | MemHandle],
-                outputs: Mapping[str, np.ndarray | MemHandle] | None = None) -> None:
+                outputs: Mapping[str, np.ndarray | MemHandle] | None = None) -> Mapping[str, tuple[int, ...]]:
         """Run once. Each input is an ndarray (raw: copied in) or a MemHandle (bound, no copy); each output
-        given is an ndarray (raw: the result is copied into it) or a MemHandle (written in place)."""
+        given is an ndarray (raw: the result is copied into it) or a MemHandle (written in place).
+
+        Returns the real shapes of the outputs whose size depends on the data (NonZero, ...; their tensors
+        have an upper-bound shape, the real data in the leading part of the bounded axis); {} when none."""
         ctx = self.ctx
         if not ctx.finalized:
             raise LifecycleError(f"graph {self.name!r}: context was freed" if ctx.freed
@@ -183,6 +199,8 @@ class Graph:
         for info in self.outputs:
             if info.name in outputs:
                 self._check_feed(info, outputs[info.name], "output")
+        for info, value in self._values:
+            self._check_value(info, inputs[info.name], value)
         backend, stats = ctx.backend, ctx.stats
         with ctx.lock:
             if not self._same_binding(inputs, outputs):  # pinned: replay; else re-record the IO launches
@@ -206,6 +224,27 @@ class Graph:
                     stats["copies_out"] += 1
                     stats["bytes_out"] += info.nbytes
             stats["runs"] += 1
+            if not self._extents:
+                return _NO_SHAPES
+            shapes = {}
+            for info, axis, (tensor, host, copy) in self._extents:
+                if copy:
+                    backend.copy_out(host, tensor)
+                shapes[info.name] = info.shape[:axis] + (int(host),) + info.shape[axis + 1:]
+            return shapes
+
+    def _check_value(self, info: TensorInfo, fed: np.ndarray | MemHandle, value: np.ndarray) -> None:
+        if isinstance(fed, MemHandle):
+            got = self.ctx.backend.host_view(fed.view)
+            if got is None:
+                got = np.empty(fed.shape, fed.dtype)
+                self.ctx.backend.copy_out(got, fed.view)
+        else:
+            got = fed
+        if not np.array_equal(got, value):
+            raise ShapeError(f"input {info.name!r} is a value input compiled for {value.reshape(-1).tolist()}; got "
+                             f"{np.asarray(got).reshape(-1).tolist()[:16]} (it decides a shape or a branch: compile "
+                             f"again with --value {info.name}=..., or run the .onnx model through InferenceSession)")
 
     def _same_binding(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
         """True when the launches are recorded for exactly these handles (None: internal). Allocates nothing."""
@@ -230,14 +269,18 @@ class Graph:
         self._host = None
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run once and return new arrays for every output."""
+        """Run once and return new arrays for every output (of their real shapes, see `execute`)."""
         outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in self.outputs}
-        self.execute(feeds, outs)
+        for name, shape in self.execute(feeds, outs).items():
+            outs[name] = np.ascontiguousarray(outs[name][tuple(slice(0, d) for d in shape)])
         return outs
 
     def __repr__(self) -> str:
         return (f"Graph({self.name!r}, inputs={[(i.name, i.shape) for i in self.inputs]}, "
                 f"spillfill={self.spillfill_size})")
+
+
+_NO_SHAPES: Mapping[str, tuple[int, ...]] = MappingProxyType({})  # shared: a run without bounded outputs makes none
 
 
 def io_buffer_layout(infos: list[TensorInfo], alignment: int) -> list[tuple[str, int, int]]:

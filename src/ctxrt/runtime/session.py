@@ -9,8 +9,6 @@ valid (pinning) and nothing is created, registered or recorded in a steady loop.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import threading
 import weakref
@@ -24,11 +22,10 @@ import numpy as np
 
 from ctxrt.backends import Backend, get_backend
 from ctxrt.compiler.program import TensorInfo
-from ctxrt.errors import CtxrtError, FormatError, LifecycleError, RegistrationError, ShapeError
+from ctxrt.errors import CtxrtError, LifecycleError, RegistrationError, ShapeError, ValueInputError
 from ctxrt.runtime.context import Context
-from ctxrt.runtime.graph import Graph
-from ctxrt.runtime.memhandle import MemHandle
 from ctxrt.runtime.tensor import Tensor, TensorCache
+from ctxrt.runtime.variant import Stage, Variant, array_of, compile_variant
 
 _ONNX_TYPES = {"float32": "float", "float16": "float16", "float64": "double", "bool": "bool", "int8": "int8",
                "int16": "int16", "int32": "int32", "int64": "int64", "uint8": "uint8", "uint16": "uint16",
@@ -43,91 +40,6 @@ class NodeArg:
     name: str
     shape: list[int | str]
     type: str
-
-
-@dataclass
-class _Stage:
-    context: Context
-    graph: Graph
-    inputs: list[str]
-    outputs: list[str]
-
-
-class _Variant:
-    """The contexts compiled for one set of input shapes, with the tensors bound last and their plan."""
-
-    def __init__(self, session: InferenceSession, contexts: list[Context], stages: list[_Stage],
-                 inputs: list[TensorInfo], outputs: list[TensorInfo], links: dict[tuple[int, str], MemHandle],
-                 group: Any = None) -> None:
-        self.session, self.contexts, self.stages, self.group = session, contexts, stages, group
-        self.inputs, self.outputs, self.links = inputs, outputs, links
-        self.in_info = {t.name: t for t in inputs}
-        self.out_info = {t.name: t for t in outputs}
-        self.out_index = {t.name: i for i, t in enumerate(outputs)}
-        self.all_outputs = [t.name for t in outputs]
-        self.in_dt = [np.dtype(t.dtype) for t in inputs]  # looked up once, not every run
-        self.out_dt = [np.dtype(t.dtype) for t in outputs]
-        n_in, n_out = len(inputs), len(outputs)
-        self.last_in: list[Tensor | None] = [None] * n_in  # the tensors bound last (pinning)
-        self.last_out: list[Tensor | None] = [None] * n_out
-        self.cur_in: list[Tensor | None] = [None] * n_in
-        self.cur_out: list[Tensor | None] = [None] * n_out
-        self.own_in: list[Tensor | None] = [None] * n_in  # the cache's tensors lent to the run in progress
-        self.own_out: list[Tensor | None] = [None] * n_out
-        self.plan_in: list[Tensor | None] = [None] * n_in  # the tensors `plan` was built for
-        self.plan_out: list[Tensor | None] = [None] * n_out
-        self.plan: list[tuple[Graph, dict[str, Any], dict[str, Any]]] = []
-        self.plan_copies: list[tuple[Any, int]] = []
-
-    def matches(self, feeds: Mapping[str, Any]) -> bool:
-        for info in self.inputs:
-            v = feeds.get(info.name)
-            if v is None or getattr(v, "shape", None) != info.shape:
-                return False
-        return True
-
-    def execute(self) -> None:
-        """Run every stage on the current tensors; rebuild the per-stage handle dicts only when a tensor
-        changed (compared by identity, without allocating)."""
-        if not (_same(self.cur_in, self.plan_in) and _same(self.cur_out, self.plan_out)):
-            self._make_plan()
-        for graph, ins, outs in self.plan:
-            graph.execute(ins, outs)
-        for view, i in self.plan_copies:  # model outputs that later stages read: made in the chain buffer
-            self.cur_out[i].write(view)
-
-    def _make_plan(self) -> None:
-        session = self.session
-        tensors = {t.name: self.cur_in[i] for i, t in enumerate(self.inputs)}
-        tensors.update({t.name: self.cur_out[i] for i, t in enumerate(self.outputs)})
-        for t in tensors.values():
-            if t.session is not session:
-                raise RegistrationError("a Tensor of another session is bound")
-            t._check()
-        plan, copies = [], []
-        for k, st in enumerate(self.stages):
-            ins = {n: self.links[(k, n)] if (k, n) in self.links else tensors[n].handle(st.context)
-                   for n in st.inputs}
-            outs = {}
-            for n in st.outputs:
-                if (k, n) in self.links:
-                    outs[n] = self.links[(k, n)]
-                    if n in self.out_info:
-                        copies.append((self.links[(k, n)].view, self.out_index[n]))
-                elif n in tensors:
-                    outs[n] = tensors[n].handle(st.context)
-            plan.append((st.graph, ins, outs))
-        self.plan, self.plan_copies = plan, copies
-        self.plan_in[:] = self.cur_in
-        self.plan_out[:] = self.cur_out
-        session._counters["plans"] += 1
-
-    def free(self) -> None:
-        self.plan, self.plan_copies = [], []
-        if self.group is not None:
-            self.group.free()
-        for ctx in self.contexts:
-            ctx.free()
 
 
 class InferenceSession:
@@ -157,29 +69,25 @@ class InferenceSession:
         self._orphans: list[list[Tensor]] = []  # session tensors of IOBindings deleted since the last run
         self._source: Any = None  # an ONNX model (path or bytes) that can be compiled for other shapes
         self._cache_dir = cache_dir
-        self._variants: dict[tuple[tuple[int, ...], ...], _Variant] = {}
+        self._variants: dict[int, Variant] = {}  # least recently used first
+        self._variant_ids = 0
         self._retired: Counter[str] = Counter()  # counters of freed variants' contexts
-        default = self._load(path_or_bytes, shapes, graph)
-        # name -> (dtype, dims) of the model's inputs and outputs (dims symbolic where not compiled yet)
+        # name -> (dtype, dims) of the model's inputs and outputs: an ONNX model's as declared (symbolic dims)
         self._in_decl: dict[str, tuple[np.dtype, list[int | str]]]
         self._out_decl: dict[str, tuple[np.dtype, list[int | str]]]
-        if default is not None:
-            self._variants[self._key(default.inputs)] = default
+        default = self._load(path_or_bytes, shapes, graph)
+        if self._source is None:
             self._in_decl = {t.name: (np.dtype(t.dtype), list(t.shape)) for t in default.inputs}
             self._out_decl = {t.name: (np.dtype(t.dtype), list(t.shape)) for t in default.outputs}
-        else:
-            from ctxrt.frontend.onnx import declared_io
-
-            ins, outs = declared_io(self._source)
-            self._in_decl = {n: (dt, dims) for n, dt, dims in ins}
-            self._out_decl = {n: (dt, dims) for n, dt, dims in outs}
-        self._current: _Variant | None = default
+        if default is not None:
+            self._keep(default)
+        self._current: Variant | None = default
         self._closed = False
         self._cache = TensorCache(self, tensor_cache_bytes, enable_tensor_cache)
         self._pinning = enable_pinning
 
     # -- loading -------------------------------------------------------------------------------------
-    def _load(self, source: Any, shapes: Any, graph: str | None) -> _Variant | None:
+    def _load(self, source: Any, shapes: Any, graph: str | None) -> Variant | None:
         """The variant for the given (or declared) shapes; None for an ONNX model with dynamic dimensions and
         no `shapes`: it is compiled at the first run, for the feeds' shapes."""
         from ctxrt.format.layout import MAGIC
@@ -203,32 +111,39 @@ class InferenceSession:
             from ctxrt.runtime.group import ContextGroup
 
             group = ContextGroup.from_epcontext(path, self.backend, graph=graph)
-            stages = [_Stage(s.context, s.context.graph(s.graph), s.inputs, s.outputs) for s in group.steps]
-            return _Variant(self, [c for c in group.contexts if c is not None], stages, list(group.inputs),
+            stages = [Stage(s.context, s.context.graph(s.graph), s.inputs, s.outputs) for s in group.steps]
+            return Variant(self, [c for c in group.contexts if c is not None], stages, list(group.inputs),
                             list(group.outputs), dict(group._chain_handles), group)
         self._source = path
         return self._compile_default(shapes, graph)
 
-    def _compile_default(self, shapes: Any, graph: str | None) -> _Variant | None:
+    def _compile_default(self, shapes: Any, graph: str | None) -> Variant | None:
+        """Compiled now when every dynamic dim is bound (declared or in `shapes`) and no input decides a
+        shape or a branch; otherwise at the first run, for its feeds."""
+        from ctxrt.frontend.onnx import declared_io
+
+        ins, outs = declared_io(self._source)
+        self._in_decl = {n: (dt, dims) for n, dt, dims in ins}
+        self._out_decl = {n: (dt, dims) for n, dt, dims in outs}
+        if any(isinstance(d, str) for name, _, dims in ins if name not in (shapes or {}) for d in dims):
+            return None
         try:
-            return self._single(self._compile(self._source, shapes), graph)
-        except ShapeError as e:
-            if shapes or "is dynamic" not in str(e):
-                raise
+            return self._single(self._compile(shapes), graph)
+        except ValueInputError:
             return None
 
-    def _single(self, ctx: Context, graph: str | None) -> _Variant:
+    def _single(self, ctx: Context, graph: str | None) -> Variant:
         g = ctx.graph(graph)
-        stage = _Stage(ctx, g, [t.name for t in g.inputs], [t.name for t in g.outputs])
-        return _Variant(self, [ctx], [stage], list(g.inputs), list(g.outputs), {})
+        stage = Stage(ctx, g, [t.name for t in g.inputs], [t.name for t in g.outputs])
+        return Variant(self, [ctx], [stage], list(g.inputs), list(g.outputs), {})
 
-    @staticmethod
-    def _key(infos: Sequence[TensorInfo]) -> tuple[tuple[int, ...], ...]:
-        return tuple(t.shape for t in infos)
+    def _keep(self, variant: Variant) -> None:
+        self._variant_ids += 1
+        self._variants[self._variant_ids] = variant
 
-    def _variant(self, feeds: Mapping[str, Any]) -> _Variant:
-        """The contexts for these feeds' shapes: the current ones, an earlier variant, or (for an ONNX
-        model) a new compile for the new shapes."""
+    def _variant(self, feeds: Mapping[str, Any]) -> Variant:
+        """The contexts for these feeds' shapes (and values of value inputs): the current ones, an earlier
+        variant, or (for an ONNX model) a new compile for them."""
         current = self._current
         if current is not None and current.matches(feeds):
             return current
@@ -236,63 +151,41 @@ class InferenceSession:
         if feeds.keys() != decl.keys():
             missing, extra = sorted(set(decl) - set(feeds)), sorted(set(feeds) - set(decl))
             raise ShapeError(f"inputs: missing {missing}, unknown {extra}")
-        for name, (dt, _) in decl.items():
+        for name, (dt, dims) in decl.items():
             v = feeds[name]
             if not isinstance(v, np.ndarray | Tensor):
                 raise ShapeError(f"input {name!r} must be a numpy.ndarray or a ctxrt.Tensor, got {type(v).__name__}")
-            if v.dtype != dt:
-                raise ShapeError(f"input {name!r} expects {dt}, got {v.dtype}")
-        key = tuple(tuple(feeds[name].shape) for name in decl)
-        variant = self._variants.pop(key, None)
-        if variant is None:
-            if self._source is None:
-                name = next(n for n, (_, dims) in decl.items() if list(feeds[n].shape) != dims)
-                raise ShapeError(f"input {name!r} expects {decl[name][0]}{decl[name][1]}, got "
-                                 f"{feeds[name].dtype}{list(feeds[name].shape)} (a context binary has fixed shapes)")
-            for name, (dt, dims) in decl.items():
-                got = feeds[name].shape
-                if len(got) != len(dims) or any(isinstance(d, int) and d != g for d, g in zip(dims, got, strict=True)):
-                    raise ShapeError(f"input {name!r} expects {dt}{dims}, got {feeds[name].dtype}{list(got)}")
+            got = v.shape
+            if v.dtype != dt or len(got) != len(dims) or any(isinstance(d, int) and d != g
+                                                             for d, g in zip(dims, got, strict=True)):
+                fixed = " (a context binary has fixed shapes)" if self._source is None and v.dtype == dt else ""
+                raise ShapeError(f"input {name!r} expects {dt}{dims}, got {v.dtype}{list(got)}{fixed}")
+        key = next((k for k, v in self._variants.items() if v.matches(feeds)), None)
+        if key is not None:
+            variant = self._variants.pop(key)
+        elif self._source is None:  # a context binary: the one variant, compiled for other values
+            only = next(iter(self._variants.values()))
+            name, value = next((n, a) for n, a in only.values if not np.array_equal(array_of(feeds[n]), a))
+            raise ShapeError(f"input {name!r} is a value input compiled for {value.reshape(-1).tolist()}; got "
+                             f"{np.asarray(array_of(feeds[name])).reshape(-1).tolist()[:16]} (a context binary is "
+                             "compiled for one value)")
+        else:
             while len(self._variants) >= self._max_variants:  # free the least recently used variant first
                 old = self._variants.pop(next(iter(self._variants)))
                 for ctx in old.contexts:
                     self._retired.update(ctx.stats)  # its counters stay in sess.stats
                 old.free()
                 self._counters["shape_variants_freed"] += 1
-            variant = self._single(self._compile(self._source, {n: feeds[n].shape for n in decl}), None)
+            variant = self._single(self._compile({n: feeds[n].shape for n in decl}, feeds), None)
             self._counters["shape_variants_compiled"] += 1
-        self._variants[key] = variant  # most recently used last
+        self._keep(variant)  # most recently used last
         self._current = variant
         return variant
 
-    def _compile(self, source: Path | bytes, shapes: Any) -> Context:
-        """Online prepare with memhandle IO (the session binds every IO tensor); through `cache_dir` when set."""
-        from ctxrt.compiler import compile_graphs, save_context
-        from ctxrt.runtime.loader import compile_to_context, context_from_binary
-
-        shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
-        cache_dir = self._cache_dir
-        if cache_dir is None:
-            graphs, weights = compile_graphs([(source, shapes, "main")], self.backend, "memhandle")
-            return compile_to_context(graphs, weights, self.backend)
-        data = source if isinstance(source, bytes) else source.read_bytes()
-        options = json.dumps({"shapes": sorted((k, list(v)) for k, v in shapes.items()), "io_mem_type": "memhandle",
-                              "device": self.backend.device_id()}, sort_keys=True)
-        key = hashlib.sha256(data + b"\0" + options.encode()).hexdigest()[:32]
-        folder = Path(cache_dir)
-        folder.mkdir(parents=True, exist_ok=True)
-        cached = folder / f"{key}.ctx"
-        if cached.is_file():
-            try:
-                ctx = context_from_binary(cached, self.backend)
-                self._counters["compile_cache_hits"] += 1
-                return ctx
-            except FormatError:  # a damaged cache entry: compile again and replace it
-                self._counters["compile_cache_damaged"] += 1
-        self._counters["compile_cache_misses"] += 1
-        graphs, weights = compile_graphs([(source, shapes, "main")], self.backend, "memhandle")
-        save_context(cached, graphs, weights, self.backend, ["<bytes>" if isinstance(source, bytes) else source])
-        return context_from_binary(cached, self.backend)
+    def _compile(self, shapes: Any, feeds: Mapping[str, Any] | None = None) -> Context:
+        """Online prepare with memhandle IO (the session binds every IO tensor); through `cache_dir` when set.
+        Value inputs are taken from `feeds`."""
+        return compile_variant(self._source, shapes, feeds, self.backend, self._cache_dir, self._counters)
 
     # -- onnxruntime's API ---------------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
@@ -342,7 +235,8 @@ class InferenceSession:
                     v.cur_out[i] = v.last_out[i] = t
                 v.execute()
                 counters["session_runs"] += 1
-                results = [v.cur_out[v.out_index[n]].numpy() for n in names]
+                shapes = v.shapes  # outputs of data-dependent size: their real shape
+                results = [_cut(v.cur_out[v.out_index[n]], shapes.get(n)) for n in names]
                 counters["copies_out"] += len(names)
             finally:  # back to the cache, also when the run failed halfway
                 for i, t in enumerate(own_in):
@@ -401,6 +295,7 @@ class InferenceSession:
                     v.cur_out[i] = y
                     binding._results[info.name] = y
                 v.execute()
+                binding._shapes = v.shapes
                 self._counters["session_runs"] += 1
             finally:  # input copies are not needed after the run: back to the cache at once
                 for i, t in enumerate(own_in):
@@ -467,7 +362,7 @@ class InferenceSession:
                              f"got a Tensor {t.dtype}{list(t.shape)}")
 
     @staticmethod
-    def _check_outputs(v: _Variant, output_names: Sequence[str]) -> Sequence[str]:
+    def _check_outputs(v: Variant, output_names: Sequence[str]) -> Sequence[str]:
         for n in output_names:
             if n not in v.out_info:
                 raise ShapeError(f"no output {n!r}; outputs are {v.all_outputs}")
@@ -488,6 +383,7 @@ class IOBinding:
         self._outputs: dict[str, Tensor | None] = {}
         self._results: dict[str, Tensor] = {}
         self._lent: list[Tensor] = []  # session tensors this binding's last run used
+        self._shapes: Mapping[str, tuple[int, ...]] = {}  # real shapes of outputs of data-dependent size
 
     def __del__(self) -> None:
         # The session returns them to its cache at its next run: a binding made per iteration (as is usual
@@ -515,12 +411,12 @@ class IOBinding:
             self._check_value(name, decl[0], value, "output")
         self._outputs[name] = value
 
-    def _check_value(self, name: str, dtype: np.dtype, value: Tensor | np.ndarray, role: str) -> None:
+    def _check_value(self, name: str, dtype: np.dtype | None, value: Tensor | np.ndarray, role: str) -> None:
         if isinstance(value, Tensor):
             if value.session is not self.session:
                 raise RegistrationError(f"{role} {name!r}: the Tensor belongs to another session")
             value._check()
-        if value.dtype != dtype:
+        if dtype is not None and value.dtype != dtype:  # None: the model does not declare it
             raise ShapeError(f"{role} {name!r} expects {dtype}, got {value.dtype}")
 
     def clear_binding_inputs(self) -> None:
@@ -535,18 +431,22 @@ class IOBinding:
         return [self._results[n] for n in self._outputs if n in self._results]
 
     def copy_outputs_to_cpu(self) -> list[np.ndarray]:
-        return [t.numpy() for t in self.get_outputs()]
+        """Copies of the outputs, of their real shapes (an output of data-dependent size is a Tensor of its
+        upper bound, its data in the leading part)."""
+        return [_cut(self._results[n], self._shapes.get(n)) for n in self._outputs if n in self._results]
 
 
-def _same(a: list[Any], b: list[Any]) -> bool:
-    for x, y in zip(a, b, strict=True):  # noqa: SIM110 - a loop allocates no generator in the hot path
-        if x is not y:
-            return False
-    return True
+def _cut(t: Tensor, shape: tuple[int, ...] | None) -> np.ndarray:
+    """A copy of the tensor, or of its leading part of the given shape."""
+    if shape is None:
+        return t.numpy()
+    part = tuple(slice(0, d) for d in shape)
+    return (t.array[part] if t.array is not None else t.numpy()[part]).copy()
 
 
-def _node_arg(name: str, dt: np.dtype, dims: list[int | str]) -> NodeArg:
-    return NodeArg(name, list(dims), f"tensor({_ONNX_TYPES.get(dt.name, dt.name)})")
+def _node_arg(name: str, dt: np.dtype | None, dims: list[int | str]) -> NodeArg:
+    type_name = "undefined" if dt is None else _ONNX_TYPES.get(dt.name, dt.name)
+    return NodeArg(name, list(dims), f"tensor({type_name})")
 
 
 def _check_array(info: TensorInfo, dt: np.dtype, value: Any, role: str) -> None:

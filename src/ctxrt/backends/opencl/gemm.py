@@ -44,11 +44,13 @@ class Gemm(ClKernel):
     space = Space(
         params={"TM": (1, 2, 4, 8, 16, 32, 64, 128), "TN": (8, 16, 32, 64, 128), "TK": (8, 16, 32),
                 "WM": (1, 2, 4, 8), "WN": (1, 2, 4, 8), "LOCAL": (0, 1), "KV": (1, 4, 8, 16)},
-        # PoCL: no local memory (its "local" memory is the same caches); NN: tiles of a few rows by many columns
-        # so the work-item loop vectorises along N; NT: a dot product of 8-wide vectors per output, both rows
-        # contiguous (VGG-19's 1x25088x4096 FC: 22 ms vs 540 ms tiled, 38 ms NumPy, measured on a busy
-        # 2-core EPYC). GPUs: 64x64 tiles staged in local memory, 4x4 per work-item.
-        defaults={"cpu": {"TM": 8, "TN": 128, "TK": 8, "WM": 2, "WN": 2, "LOCAL": 0, "KV": 1},
+        # PoCL: no local memory (its "local" memory is the same caches); NN: 32x64 tiles, 4x4 per work-item
+        # (512^3: 28 ms vs 38 ms for 8x128), 16x32 when N <= 32 (attention's P.V, 128x32x128: 0.12 vs 0.53 ms,
+        # clamped columns being recomputed); NT: a dot product of 8-wide vectors per output, both rows
+        # contiguous (VGG-19's 1x25088x4096 FC: 22 ms vs 540 ms tiled, 38 ms NumPy, measured on a 2-core
+        # EPYC). GPUs: 64x64 tiles staged in local memory, 4x4 per work-item.
+        defaults={"cpu": {"TM": 32, "TN": 64, "TK": 8, "WM": 4, "WN": 4, "LOCAL": 0, "KV": 1},
+                  "cpu:narrow": {"TM": 16, "TN": 32, "TK": 8, "WM": 2, "WN": 1, "LOCAL": 0, "KV": 1},
                   "cpu:nt": {"TM": 1, "TN": 64, "TK": 8, "WM": 1, "WN": 1, "LOCAL": 0, "KV": 8},
                   "gpu": {"TM": 64, "TN": 64, "TK": 16, "WM": 4, "WN": 4, "LOCAL": 1, "KV": 1},
                   "default": {"TM": 32, "TN": 32, "TK": 16, "WM": 2, "WN": 2, "LOCAL": 1, "KV": 1}},
@@ -111,7 +113,7 @@ class Gemm(ClKernel):
                 "b_t": int(self.b_t), "itemsize": np.dtype(self.spec.outputs[0].dtype).itemsize}
 
     def variant(self) -> str:
-        return "nt" if self.b_t and not self.a_t else ""
+        return "nt" if self.b_t and not self.a_t else "narrow" if self.N <= 32 else ""
 
     def defines(self) -> dict[str, Any]:
         d = {"T": self.T, "A_T": int(self.a_t), "B_T": int(self.b_t), "HAS_C": int(self.has_c),

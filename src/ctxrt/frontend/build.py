@@ -1,0 +1,319 @@
+"""From a settled Folder to the IR: input binding, If/Loop bodies as IR subgraphs, the final checks.
+
+Control nodes in the IR read the outer values their bodies use as explicit inputs (`captures`), so every
+pass sees those reads; their bodies are IR graphs (attributes `then_branch`/`else_branch`, `body`) whose
+inputs are the formal ones (Loop: iteration, condition, carried values) then the captured values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ctxrt.errors import ModelError, ShapeError, UnsupportedOpError
+from ctxrt.frontend import control, values
+from ctxrt.frontend.checks import check_supported
+from ctxrt.ir.canonical import OUTPUTS_PRESENT, PARAM_INPUTS, SLOTTED_OUTPUTS
+from ctxrt.ir.dynamic import PASS_THROUGH
+from ctxrt.ir.graph import Graph, Node, Value
+
+if TYPE_CHECKING:
+    from ctxrt.frontend.onnx import Folder, Shapes, Type
+
+# Ops whose outputs after the first are optional extras (safe to drop when nobody reads them).
+_OPTIONAL_OUTPUTS = {"Dropout", "MaxPool", "BatchNormalization", "LayerNormalization", "LSTM", "GRU", "RNN"}
+_I64, _BOOL = np.dtype(np.int64), np.dtype(bool)
+
+
+def bind_inputs(proto: onnx.ModelProto, shapes: Shapes, given: Mapping[str, Any], notes: list[str]
+                ) -> tuple[dict[str, Type], dict[str, np.ndarray]]:
+    """Types of the model's inputs with every dim bound (--shape; --value for rank 0-1; else 1, noted), and
+    the values given for value inputs as arrays of those types."""
+    from ctxrt.frontend.onnx import check_size, np_dtype
+
+    g = proto.graph
+    inits = {i.name for i in g.initializer}
+    vis = [i for i in g.input if i.name not in inits]  # old IR versions list initializers as inputs
+    names = [vi.name for vi in vis]
+    for flag, given_names in (("--shape", shapes), ("--value", given)):
+        unknown = set(given_names) - set(names)
+        if unknown:
+            raise ShapeError(f"{flag} names unknown inputs {sorted(unknown)}; the model's inputs are {names}")
+    types, baked, bound = {}, {}, []
+    for vi in vis:
+        if not vi.type.HasField("tensor_type"):
+            raise UnsupportedOpError(f"input {vi.name!r} is not a tensor")
+        tt = vi.type.tensor_type
+        dt = np_dtype(tt.elem_type, f"input {vi.name!r}")
+        dims = list(tt.shape.dim)
+        if vi.name in shapes:
+            shape = tuple(int(d) for d in shapes[vi.name])
+            if tt.HasField("shape") and len(shape) != len(dims):
+                raise ShapeError(f"input {vi.name!r} has rank {len(dims)}, --shape gives {shape}")
+            for axis, (d, s) in enumerate(zip(dims, shape, strict=False)):
+                if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != s:
+                    raise ShapeError(f"input {vi.name!r} axis {axis} is fixed at {d.dim_value}, --shape gives {s}")
+            if any(s <= 0 for s in shape):
+                raise ShapeError(f"input {vi.name!r}: dims must be positive, got {shape}")
+            check_size(f"input {vi.name!r} at --shape {'x'.join(map(str, shape))}", dt, shape)
+        elif not tt.HasField("shape"):
+            if vi.name not in given:
+                raise ShapeError(f"input {vi.name!r} has no shape; pass --shape {vi.name}=...")
+            shape = values.as_value(vi.name, given[vi.name], dt, None).shape  # a value of unknown rank: 1-D
+        elif vi.name in given and len(dims) <= 1 and not all(d.HasField("dim_value") and d.dim_value > 0
+                                                             for d in dims):
+            shape = () if not dims else values.as_value(vi.name, given[vi.name], dt, None).shape
+        else:
+            shape = []
+            for axis, d in enumerate(dims):
+                if d.HasField("dim_value") and d.dim_value > 0:
+                    shape.append(d.dim_value)
+                else:
+                    shape.append(1)
+                    bound.append(f"input {vi.name!r} axis {axis} ({d.dim_param or '?'})")
+            shape = tuple(shape)
+        types[vi.name] = (dt, shape)
+        if vi.name in given:
+            baked[vi.name] = values.as_value(vi.name, given[vi.name], dt, shape)
+    if bound:
+        notes.append("dynamic dims bound to 1: " + ", ".join(bound) + " (--shape NAME=DIMS binds them)")
+    return types, baked
+
+
+# -- If / Loop bodies -------------------------------------------------------------------------------
+
+def lower_control(st: Folder, node: onnx.NodeProto) -> bool:
+    """Lower the node's bodies once the values it reads have static shapes; False while they do not."""
+    label = f"{node.op_type} node {node.name or node.output[0]!r}{st._in()}"
+    reads = [n for n in node.input if n] + [n for sub in control.subgraphs(node) for n in control.free_vars(sub)]
+    for n in reads:
+        if n in st.bounded:
+            raise UnsupportedOpError(f"{label} reads {n!r}, whose size is known only at run time")
+        if n not in st.consts and st.types.get(n, (None, None))[1] is None:
+            return False
+    (_lower_if if node.op_type == "If" else _lower_loop)(st, node, label)
+    return True
+
+
+def _body(st: Folder, proto: onnx.GraphProto, formal: list[Type], label: str) -> tuple[Graph, list[str]]:
+    from ctxrt.frontend.onnx import Folder
+
+    if len(proto.input) != len(formal):
+        raise ModelError(f"{label}: the body has {len(proto.input)} inputs, {len(formal)} expected")
+    free = control.free_vars(proto)
+    captures = [n for n in free if n not in st.consts]
+    nodes, inits, mapping = control.instantiate(proto, st.scope.fresh, label, {})
+    outs = control.outputs_of(proto, mapping)
+    graph = helper.make_graph(nodes, label, [], [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
+                                                 for o in outs])
+    inputs = {**{mapping[v.name]: t for v, t in zip(proto.input, formal, strict=True)},
+              **{c: st.types[c] for c in captures}}
+    sub = Folder(st.scope, graph, inputs, {**{n: st.consts[n] for n in free if n in st.consts}, **inits}, label)
+    sub.settle(None)
+    return build_graph(sub, label, body=True), captures
+
+
+def _types(g: Graph) -> list[tuple[np.dtype, tuple[int, ...]]]:
+    return [(np.dtype(g.values[o].dtype), tuple(g.values[o].shape)) for o in g.outputs]
+
+
+def _lower_if(st: Folder, node: onnx.NodeProto, label: str) -> None:
+    name = node.name or node.output[0]
+    bodies, captures, types = {}, [], None
+    for key in ("then_branch", "else_branch"):
+        body, caps = _body(st, control.attr(node, key), [], f"{name}/{key}")
+        if types is not None and _types(body) != types:
+            raise UnsupportedOpError(f"{label}: its branches return different types or shapes ({types} and "
+                                     f"{_types(body)}); ctxrt needs one static shape per output")
+        types, bodies[key] = _types(body), body
+        captures += [c for c in caps if c not in captures]
+    if len(types) != len(node.output):
+        raise ModelError(f"{label}: its branches return {len(types)} values for {len(node.output)} outputs")
+    st.bodies[node.output[0]] = {**bodies, "captures": captures, "types": types}
+    for out, t in zip(node.output, types, strict=True):
+        if out:
+            st.fixed[out] = t
+
+
+def _lower_loop(st: Folder, node: onnx.NodeProto, label: str) -> None:
+    name = node.name or node.output[0]
+    carried_types = [(st.dtype_of(n), st.shape_of(n)) for n in node.input[2:]]
+    body, captures = _body(st, control.attr(node, "body"), [(_I64, ()), (_BOOL, ()), *carried_types], f"{name}/body")
+    out_types = _types(body)
+    n_state, n_scan = len(carried_types), len(out_types) - 1 - len(carried_types)
+    if n_scan < 0 or out_types[0][0] != _BOOL or int(np.prod(out_types[0][1])) != 1:
+        raise ModelError(f"{label}: the body must return a boolean condition and {n_state} carried values")
+    if out_types[1:1 + n_state] != [(np.dtype(d), s) for d, s in carried_types]:
+        raise UnsupportedOpError(f"{label}: carried values change type or shape across iterations "
+                                 f"({carried_types} -> {out_types[1:1 + n_state]}); ctxrt needs static shapes")
+    m, cond = node.input[0], node.input[1]
+    trips = int(st.consts[m].reshape(-1)[0]) if m in st.consts else None
+    stops = bool(cond and cond not in st.consts) or not _passes_condition(body)
+    if n_scan and trips is None:
+        raise UnsupportedOpError(f"{label}: its {n_scan} scan output(s) need a trip count known at compile time; "
+                                 f"{m or 'none'!r} is computed at run time")
+    if not m and not stops:
+        raise UnsupportedOpError(f"{label}: it has no trip count and its condition is always true: it never ends")
+    bounded = bool(n_scan and stops)
+    types = [(dt, (max(trips, 0), *shape) if pos >= n_state else shape)
+             for pos, (dt, shape) in enumerate(out_types[1:])]
+    if len(types) != len(node.output):
+        raise ModelError(f"{label}: the body returns {len(types)} values for {len(node.output)} outputs")
+    st.bodies[node.output[0]] = {"body": body, "captures": captures, "bounded": bounded, "types": types}
+    for pos, (out, t) in enumerate(zip(node.output, types, strict=True)):
+        if out:
+            st.fixed[out] = t
+            if pos >= n_state and bounded:
+                st.made_bounded[out] = 0
+
+
+def _passes_condition(body: Graph) -> bool:
+    """The body's condition output is its condition input (or a constant true): only M can stop the loop."""
+    made = body.producers()
+    name = body.outputs[0]
+    while name in made and made[name].op == "Identity":
+        name = made[name].inputs[0]
+    v = body.values.get(name)
+    return name == body.inputs[1] or (v is not None and v.is_const and bool(v.const.reshape(-1)[0]))
+
+
+# -- IR ----------------------------------------------------------------------------------------------
+
+def build_graph(st: Folder, name: str, body: bool = False) -> Graph:
+    _check_settled(st, body)
+    vals: dict[str, Value] = {n: Value(n, a.dtype, tuple(a.shape), np.require(a, requirements="C"))
+                              for n, a in st.consts.items()}
+    vals.update({n: Value(n, dt, shape) for n, (dt, shape) in st.inputs.items()})
+    read = set(st.outputs) | {n for node in st.nodes for n in node.input}
+    nodes, names = [], set()
+    for i, proto in enumerate(st.nodes):
+        node_name = proto.name or f"{proto.op_type}_{i}"
+        while node_name in names:  # unrolled bodies repeat their node names
+            node_name += "~"
+        names.add(node_name)
+        node = _node(st, proto, node_name, read)
+        for out in node.outputs:
+            if out and out not in vals:
+                dtype, shape = st.types.get(out, (None, None))
+                if dtype is None or shape is None:
+                    raise ShapeError(f"cannot infer a static shape for {out!r}, output of {node.name!r} "
+                                     f"({node.op}){st._in()}; check the --shape values")
+                vals[out] = Value(out, dtype, shape)
+        nodes.append(node)
+    outputs = list(st.outputs)
+    if body:  # a body's outputs must be written by its own steps, once each
+        for k, out in enumerate(outputs):
+            if out in st.inputs or out in st.consts or out in outputs[:k]:
+                copy = st.scope.fresh(f"{name}/out{k}")
+                nodes.append(Node("Identity", f"{name}/out{k}", [out], [copy]))
+                vals[copy] = Value(copy, vals[out].dtype, vals[out].shape)
+                outputs[k] = copy
+    for out in outputs:
+        if out not in vals:
+            raise ShapeError(f"graph output {out!r} is never produced{st._in()}")
+    graph = Graph(name, nodes, vals, list(st.inputs), outputs, st.scope.opset, dict(st.value_inputs))
+    graph.prune_values()
+    return graph
+
+
+def _node(st: Folder, proto: onnx.NodeProto, name: str, read: set[str]) -> Node:
+    op = proto.op_type
+    if op in ("If", "Loop"):
+        return _control_node(st, proto, name)
+    outputs = list(proto.output)
+    if op in values.UPPER_BOUNDS:  # every output present (kernels index them), then the extent
+        bound = values.UPPER_BOUNDS[op](proto, st.shape_of, st.consts)
+        dt0 = st.dtype_of(proto.input[0])
+        outputs = [proto.output[k] if k < len(proto.output) and proto.output[k] else st.scope.fresh(f"{name}/out{k}")
+                   for k in range(len(bound))]
+        for k, o in enumerate(outputs):
+            st.types[o] = (bound[k][0] or dt0, bound[k][1])
+        outputs.append(_extent(st, name))
+    elif op in _OPTIONAL_OUTPUTS:  # unread optional outputs are dropped (a Split still keeps all its parts)
+        outputs = [o if o in read or k == 0 else "" for k, o in enumerate(outputs)]
+    node = Node(op, name, list(proto.input), outputs, {a.name: _attr_value(a, name) for a in proto.attribute})
+    if op == "Compress" and "axis" in node.attrs:
+        node.attrs["axis"] %= len(st.shape_of(proto.input[0]))
+    if op == "Unique" and "axis" in node.attrs:
+        node.attrs["axis"] %= len(st.shape_of(proto.input[0]))
+    _canonicalize(node, st.consts)
+    return node
+
+
+def _extent(st: Folder, name: str) -> str:
+    extent = st.scope.fresh(f"{name}/extent")
+    st.types[extent] = (_I64, ())
+    return extent
+
+
+def _control_node(st: Folder, proto: onnx.NodeProto, name: str) -> Node:
+    lowered = st.bodies[proto.output[0]]
+    outputs = [o or st.scope.fresh(f"{name}/out{k}") for k, o in enumerate(proto.output)]
+    for o, t in zip(outputs, lowered["types"], strict=True):
+        st.types[o] = t
+    attrs = {key: lowered[key] for key in ("then_branch", "else_branch", "body", "bounded") if key in lowered}
+    attrs["captures"] = list(lowered["captures"])
+    if lowered.get("bounded"):
+        outputs.append(_extent(st, name))
+    return Node(proto.op_type, name, [*proto.input, *lowered["captures"]], outputs, attrs)
+
+
+def _attr_value(a: onnx.AttributeProto, node: str) -> Any:
+    if a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+        raise UnsupportedOpError(f"node {node!r}: attribute {a.name!r} holds a subgraph; ctxrt runs subgraphs "
+                                 "of If, Loop and Scan only")
+    v = helper.get_attribute_value(a)
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, onnx.TensorProto):
+        return numpy_helper.to_array(v)
+    if isinstance(v, list):
+        return [x.decode() if isinstance(x, bytes) else x for x in v]
+    return v
+
+
+def _canonicalize(node: Node, consts: dict[str, np.ndarray]) -> None:
+    """Move constant parameter inputs into attributes (one form per op for the kernels); record which optional
+    outputs exist where a kernel cannot tell from the ones it is given."""
+    if node.op in SLOTTED_OUTPUTS:
+        node.attrs[OUTPUTS_PRESENT] = [int(bool(o)) for o in node.outputs]
+    for pos, key in PARAM_INPUTS.get(node.op, {}).items():
+        if pos < len(node.inputs) and node.inputs[pos]:
+            value = consts[node.inputs[pos]]
+            node.attrs[key] = value.tolist() if value.ndim else value.item()
+            node.inputs[pos] = ""
+    while node.inputs and not node.inputs[-1]:
+        node.inputs.pop()
+
+
+def _check_settled(st: Folder, body: bool) -> None:
+    """Everything that cannot be compiled, all at once: ops left unfolded, shape-deciding inputs computed at
+    run time, readers of data-dependent sizes, control nodes whose inputs never got static shapes."""
+    from ctxrt.frontend.onnx import FOLD_ONLY
+
+    problems = []
+    for node in st.nodes:
+        label = f"{node.op_type} node {node.name or node.output[0]!r}{st._in()}"
+        if node.op_type in ("Scan", "If", "Loop") and node.output[0] not in st.bodies:
+            raise ShapeError(f"{label}: cannot infer static shapes for the values it reads")
+        required, _ = values.positions(node)
+        for pos, what in required.items():
+            src = node.input[pos] if pos < len(node.input) else ""
+            if src and src not in st.consts:
+                problems.append(f"{label}: {what} ({src!r}) is computed at run time; ctxrt needs it at compile time")
+        for k, src in enumerate(node.input):
+            if src in st.bounded and not (k == 0 and node.op_type in PASS_THROUGH):
+                problems.append(f"{label} reads {src!r}, whose size along axis {st.bounded[src]} is known only at "
+                                "run time; such tensors can only be graph outputs (through Transpose, Cast, Identity)")
+    for out in st.outputs:
+        if body and out in st.bounded:
+            problems.append(f"{st.label}: returns {out!r}, whose size is known only at run time; bodies need "
+                            "static shapes")
+    if problems:
+        raise UnsupportedOpError("; ".join(problems))
+    check_supported([n for n in st.nodes if n.op_type not in ("If", "Loop")],
+                    st.scope.supported - FOLD_ONLY | {"Identity", "Dropout"}, set())

@@ -1,0 +1,159 @@
+"""Dynamic dimensions and value inputs (DESIGN.md §9b): sessions compile one variant per set of shapes and
+values of value inputs; `ctxrt compile --value` bakes a value in; a binary run with another value is an error."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import helper, numpy_helper
+
+import ctxrt
+from ctxrt.cli import main as cli
+from ctxrt.errors import ShapeError, UnsupportedOpError, ValueInputError
+
+RNG = np.random.default_rng(0)
+
+
+def vi(name, elem, shape):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def save(tmp_path, nodes, inputs, outputs, inits=None, name="m.onnx"):
+    g = helper.make_graph(nodes, "g", inputs, outputs,
+                          [numpy_helper.from_array(np.asarray(v), k) for k, v in (inits or {}).items()])
+    path = tmp_path / name
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def ort_run(path, feeds):
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def cli_run(capsys, *argv):
+    code = cli([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def mlp(tmp_path):
+    """y = relu(x @ w1) @ w2 with x[batch, 8]: the batch is the only dynamic dim."""
+    w1, w2 = RNG.standard_normal((8, 16)).astype(np.float32), RNG.standard_normal((16, 4)).astype(np.float32)
+    return save(tmp_path, [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+                           helper.make_node("MatMul", ["r", "w2"], ["y"])],
+                [vi("x", T.FLOAT, ["batch", 8])], [vi("y", T.FLOAT, ["batch", 4])], {"w1": w1, "w2": w2})
+
+
+@pytest.fixture
+def reshaper(tmp_path):
+    """y = reshape(x, shape) * 2, then unsqueezed at `axes`: two value inputs, one through a Concat."""
+    nodes = [helper.make_node("Concat", ["lead", "rest"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("Mul", ["r", "two"], ["m"]),
+             helper.make_node("Unsqueeze", ["m", "axes"], ["y"])]
+    return save(tmp_path, nodes, [vi("x", T.FLOAT, [4, 6]), vi("rest", T.INT64, [1]), vi("axes", T.INT64, [1])],
+                [vi("y", T.FLOAT, None)], {"lead": np.array([-1], np.int64), "two": np.float32(2)})
+
+
+def feeds(rest, axes):
+    return {"x": np.arange(24, dtype=np.float32).reshape(4, 6), "rest": np.array([rest], np.int64),
+            "axes": np.array([axes], np.int64)}
+
+
+def test_session_compiles_per_batch_size_and_shows_symbolic_dims(mlp) -> None:
+    theirs = ort.InferenceSession(str(mlp), providers=["CPUExecutionProvider"])
+    with ctxrt.InferenceSession(mlp) as sess:
+        assert [i.shape for i in sess.get_inputs()] == [["batch", 8]]
+        assert [o.shape for o in sess.get_outputs()] == [["batch", 4]]
+        for batch in (1, 3, 1, 3):
+            x = RNG.standard_normal((batch, 8)).astype(np.float32)
+            want = theirs.run(None, {"x": x})[0]
+            got = sess.run(None, {"x": x})[0]
+            assert got.shape == (batch, 4)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+        assert sess.stats["shape_variants_compiled"] == 2
+
+
+def test_compile_binds_an_unbound_dim_to_one_and_says_so(capsys, mlp, tmp_path) -> None:
+    out = tmp_path / "m.ctx"
+    code, _, err = cli_run(capsys, "compile", mlp, "-o", out)
+    assert code == 0
+    assert err.count("\n") == 1 and "input 'x' axis 0 (batch)" in err and "bound to 1" in err
+    assert ctxrt.read_metadata(out)["graphs"][0]["inputs"][0]["shape"] == [1, 8]
+    code, _, err = cli_run(capsys, "compile", mlp, "-o", out, "--shape", "x=5x8")
+    assert code == 0 and err == ""
+
+
+def test_value_inputs_are_found_through_computation_and_named_when_missing(reshaper) -> None:
+    with pytest.raises(ValueInputError, match="input 'rest' is needed at compile time.*Reshape.*--value rest=") as e:
+        ctxrt.compile(reshaper)
+    assert set(e.value.names) == {"rest", "axes"}
+
+
+def test_compile_with_values_bakes_them_in_and_checks_them_at_run(reshaper) -> None:
+    ctx = ctxrt.compile(reshaper, values={"rest": [3], "axes": [1]})
+    g = ctx.graph()
+    assert sorted(g.value_inputs) == ["axes", "rest"]
+    got = g.run(feeds(3, 1))["y"]
+    np.testing.assert_array_equal(got, ort_run(reshaper, feeds(3, 1))[0])
+    with pytest.raises(ShapeError, match=r"input 'rest' is a value input compiled for \[3\]; got \[2\]"):
+        g.run(feeds(2, 1))
+    with pytest.raises(ShapeError, match="does not convert exactly"):
+        ctxrt.compile(reshaper, values={"rest": [1.5], "axes": [1]})
+    with pytest.raises(ShapeError, match="unknown inputs"):
+        ctxrt.compile(reshaper, values={"nope": [1]})
+
+
+def test_cli_value_inspect_and_run(capsys, reshaper, tmp_path) -> None:
+    out = tmp_path / "r.ctx"
+    code, _, err = cli_run(capsys, "compile", reshaper, "-o", out, "--value", "rest=8", "--value", "axes=0")
+    assert code == 0, err
+    code, text, _ = cli_run(capsys, "inspect", out)
+    assert "rest: <i8[1] (raw, value input compiled for [8])" in text
+    code, text, _ = cli_run(capsys, "inspect", out, "--json")
+    assert json.loads(text)["graphs"][0]["value_inputs"] == {"rest": [8], "axes": [0]}
+    code, text, _ = cli_run(capsys, "run", out, "--json")  # random inputs: value inputs get their value
+    assert code == 0 and json.loads(text)["outputs"] == {"y": [1, 3, 8]}
+    np.savez(tmp_path / "bad.npz", **feeds(6, 0))
+    code, _, err = cli_run(capsys, "run", out, "--inputs", tmp_path / "bad.npz")
+    assert code == 2 and err.count("\n") == 1 and "compiled for [8]; got [6]" in err
+    code, _, err = cli_run(capsys, "compile", reshaper, "-o", out, "--value", "rest=x")
+    assert code == 2 and "--value expects" in err
+    code, _, err = cli_run(capsys, "compile", reshaper, "-o", out)
+    assert code == 2 and err.count("\n") == 1 and "--value rest=" in err
+
+
+def test_run_onnx_with_inputs_compiles_for_their_values(capsys, reshaper, tmp_path) -> None:
+    for rest, axes in ((3, 0), (2, 2)):
+        np.savez(tmp_path / "in.npz", **feeds(rest, axes))
+        code, _, err = cli_run(capsys, "run", reshaper, "--inputs", tmp_path / "in.npz", "--output", tmp_path / "o.npz")
+        assert code == 0, err
+        with np.load(tmp_path / "o.npz") as o:
+            np.testing.assert_array_equal(o["y"], ort_run(reshaper, feeds(rest, axes))[0])
+
+
+def test_session_keys_variants_on_values(reshaper, tmp_path) -> None:
+    for cache_dir in (None, tmp_path / "cache", tmp_path / "cache"):
+        with ctxrt.InferenceSession(reshaper, cache_dir=cache_dir, max_shape_variants=2) as sess:
+            for rest, axes in ((3, 0), (2, 1), (3, 0), (6, 2)):
+                got = sess.run(None, feeds(rest, axes))[0]
+                np.testing.assert_array_equal(got, ort_run(reshaper, feeds(rest, axes))[0])
+            s = sess.stats
+            assert s["shape_variants_compiled"] == 3 and s["shape_variants_freed"] == 1
+            if cache_dir is not None:
+                hits = s["compile_cache_hits"]
+    assert hits == 3  # the second session found every variant in the cache
+
+
+def test_a_shape_computed_from_data_is_refused_with_its_node(tmp_path) -> None:
+    path = save(tmp_path, [helper.make_node("ArgMax", ["x"], ["k"], keepdims=0),
+                           helper.make_node("Unsqueeze", ["k", "zero"], ["s"]),
+                           helper.make_node("Reshape", ["x", "s"], ["y"], name="rs")],
+                [vi("x", T.FLOAT, [6])], [vi("y", T.FLOAT, None)], {"zero": np.array([0], np.int64)})
+    with pytest.raises(UnsupportedOpError, match=r"Reshape node 'rs': input 'shape' \('s'\) is computed at run time"):
+        ctxrt.compile(path)
