@@ -151,6 +151,14 @@ def test_candidate_budget_is_kept(be: Any, tmp_path: Path) -> None:
     assert tuner.counters["candidates_tried"] == 1
 
 
+def test_a_spent_time_budget_keeps_the_default_and_still_times_it(be: Any) -> None:
+    tuner = Tuner(TuningConfig(tuning_mode=True, tuning_budget_seconds=1e-9), LocalDevice(be))
+    kernel, _ = select_kernel(be, _relu_spec())
+    _, (entry,) = tuner.tune("g", {0: kernel}, {0: "r"})
+    assert entry["tried"] == 0 and not entry["complete"] and entry["params"] == kernel.params
+    assert entry["default_time_us"] is not None and entry["default_time_us"] == entry["best_time_us"]
+
+
 def test_params_this_device_refuses_leave_the_defaults_with_a_warning(be: Any) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -187,10 +187,8 @@ class _Search:
     def _batch(self, batch: list[dict[str, Any]]) -> bool:
         """Profile `batch` (the default is timed first, every time); False when the time budget ran out."""
         budget = self.config.tuning_budget_seconds
-        if budget is not None:
-            budget -= time.perf_counter() - self.start
-            if budget <= 0:
-                return False
+        if budget is not None:  # spent: the default is still timed (the record needs it), no candidate is
+            budget = max(0.0, budget - (time.perf_counter() - self.start))
         default, done, spent = self.device.profile(self.kernel, batch, Settings(budget_s=budget))
         if default.time_s is None:
             raise _DefaultFailed(default.error or "no time")
