@@ -1,11 +1,11 @@
-"""Shared test helpers: tests/ops (harness) and tests/models (zoo) are importable from every test folder, and
-the `backend` fixture runs a test once per backend ("cpu", "opencl")."""
+"""Shared test helpers: tests/ops (harness), tests/models (zoo), tests/tuning and tests/server (*_helpers) are
+importable from every test folder, and the `backend` fixture runs a test once per backend ("cpu", "opencl")."""
 
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-for folder in ("ops", "models"):
+for folder in ("ops", "models", "tuning", "server"):
     if str(HERE / folder) not in sys.path:
         sys.path.insert(0, str(HERE / folder))
 

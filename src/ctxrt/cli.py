@@ -39,6 +39,7 @@ from ctxrt.cli_args import (
 )
 from ctxrt.cli_devices import cmd_devices
 from ctxrt.cli_inspect import cmd_inspect
+from ctxrt.cli_tuning import add_commands, compile_backend, load_config
 from ctxrt.errors import CtxrtError, CtxrtWarning
 from ctxrt.format.atomic import StagedFiles, atomic_write, pause_point
 
@@ -297,8 +298,6 @@ def _group_report(args: argparse.Namespace, group: Any, outs: dict[str, np.ndarr
 
 # -- compile -------------------------------------------------------------------------------------------
 def _check_compile_args(args: argparse.Namespace) -> None:
-    if args.config:
-        raise UsageError("--config (tuning) is not implemented yet")
     if args.embed and not (args.epcontext or args.split):
         raise UsageError("--embed puts the binary inside the EPContext model: add --epcontext (or --split K)")
     for m in args.models:
@@ -309,18 +308,18 @@ def _check_compile_args(args: argparse.Namespace) -> None:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from ctxrt.backends import get_backend
     from ctxrt.compiler import compile_graphs, compile_options, save_context
 
     _check_compile_args(args)
+    tuning = load_config(args.config)
     if args.split is not None:
-        return _compile_split(args)
+        return _compile_split(args, tuning)
     out = output_file("-o", args.output, ".ctx")
     not_an_input(f"-o {args.output}", out, args.models)
     if args.epcontext:
         wrapper = out.with_name(out.name.removesuffix(".ctx") + "_ctx.onnx")
         not_an_input(f"-o {args.output} --epcontext: {wrapper}", wrapper, args.models)
-    backend = get_backend(args.backend)
+    backend = compile_backend(args.backend, args.config, tuning)
     shapes = graph_shapes(args.shape, len(args.models))
     values = graph_values(args.value, len(args.models))
     models = [(m, s, n, v) for m, s, n, v in zip(args.models, shapes, _graph_names(args.models), values,
@@ -328,7 +327,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     label = args.models[0] if len(args.models) == 1 else f"{len(args.models)} models"
     with _progress(args, f"compile {Path(label).name}"):
         with naming(args.models[0]) if len(args.models) == 1 else contextlib.nullcontext():
-            graphs, weights = compile_graphs(models, backend, args.io_mem_type, options=compile_options(args.prefer))
+            graphs, weights = compile_graphs(models, backend, args.io_mem_type,
+                                             options=compile_options(args.prefer), **tuning)
         if args.epcontext:
             written = _write_with_epcontext(args, out, graphs, weights, backend)
         else:
@@ -352,23 +352,22 @@ def _write_with_epcontext(args: argparse.Namespace, out: Path, graphs: list[Any]
         return stage.commit()
 
 
-def _compile_split(args: argparse.Namespace) -> int:
+def _compile_split(args: argparse.Namespace, tuning: dict[str, Any]) -> int:
     """MODEL.onnx --split K -o DIR: DIR/MODEL_part{i}.ctx for each part and DIR/MODEL_ctx.onnx chaining them,
     all written or none."""
-    from ctxrt.backends import get_backend
     from ctxrt.compiler import compile_options, compile_split, save_context
     from ctxrt.format import read_metadata
     from ctxrt.frontend.epcontext import write_epcontext
 
     out_dir = output_dir("-o", args.output)
-    backend = get_backend(args.backend)
+    backend = compile_backend(args.backend, args.config, tuning)
     model = args.models[0]
     stem = Path(model).name.removesuffix(".onnx")
     with _progress(args, f"split {Path(model).name}"):
         with naming(model):
             parts, outputs = compile_split(model, graph_shapes(args.shape, 1)[0], backend, args.split,
                                            args.io_mem_type, graph_values(args.value, 1)[0],
-                                           compile_options(args.prefer))
+                                           compile_options(args.prefer), **tuning)
         with StagedFiles(out_dir) as stage:
             written = []
             for i, (graph, weights) in enumerate(parts):
@@ -405,7 +404,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="[K:]NAME=1,2,3: compile for this value of an input that decides a shape or a branch")
     c.add_argument("--split", type=positive_int, metavar="K",
                    help="cut the model into K context binaries in the directory -o, chained by an EPContext model")
-    c.add_argument("--config", help="tuning configuration (JSON)")
+    c.add_argument("--config", metavar="TUNING.json",
+                   help='compile config (JSON), e.g. {"tuning_mode": true, "performance_cache_dir": "perf"} to tune '
+                        "the OpenCL kernels on the device (docs/tuning.md); TARGET_SERVER_SOCKET=host:port compiles "
+                        "and tunes on a `ctxrt serve` machine")
     c.add_argument("--prefer", default="speed", choices=["speed", "memory"],
                    help="memory: no kernel whose own constants (Winograd, prepacked weights) outgrow the weights")
     c.add_argument("--epcontext", action="store_true", help="also write OUT_ctx.onnx (EPContext model)")
@@ -418,6 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--plot", metavar="FILE.png", help="draw each arena: one rectangle per tensor over (step, offset)")
     i.add_argument("--kernels", action="store_true",
                    help="per graph: the kernel each op runs, where reorders between layouts sit, prepacked bytes")
+    i.add_argument("--tuning", action="store_true",
+                   help="per tuned kernel: default and tuned time, speed-up, parameters (as tune-report)")
     i.add_argument("--json", action="store_true")
     i.set_defaults(func=cmd_inspect)
     r = sub.add_parser("run", help="run a model (.onnx compiled in memory), a .ctx or an EPContext model")
@@ -441,6 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("devices", help="list the backends and OpenCL devices (name, driver, compute units, memory)")
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_devices)
+    add_commands(sub)
     return p
 
 

@@ -75,6 +75,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
         plot_arena([(f"{label}:{g['name']}" if len(binaries) > 1 else g["name"], g)
                     for r, (label, _) in zip(reports, binaries, strict=True) for g in r["memory"]], args.plot)
+    if args.tuning:
+        from ctxrt.tuning.record import report
+
+        for r, (_, source) in zip(reports, binaries, strict=True):
+            r["tuning_report"] = report(read_metadata(source))
     if args.json:
         for r in reports:
             for g in r.get("memory", []):
@@ -98,6 +103,11 @@ def _print_inspect(name: str, report: dict[str, Any]) -> None:
           f"({report['device']}{driver}), made by {report['producer']} from {', '.join(report['source_models'])}")
     print(f"weights {report['weights_size'] / mib:.2f} MiB, max spill-fill {report['spillfill_size'] / mib:.2f} "
           f"MiB, buffer start alignment {report['alignment']}")
+    tuning = report["tuning"]
+    if tuning.get("kernels") and "tuning_report" not in report:  # --tuning prints the whole table instead
+        print(f"tuned: {len(tuning['kernels'])} kernels for {tuning['device'].get('device', '?')} "
+              f"({tuning['kernels_profiled']} profiled, {tuning['kernels_from_cache']} from the performance cache; "
+              "--tuning shows them)")
     for g in report["graphs"]:
         print(f"graph {g['name']}: spill-fill {g['spillfill_size'] / mib:.2f} MiB "
               f"(lower bound {g['lower_bound'] / mib:.2f} MiB), IO {g['io_bytes'] / mib:.2f} MiB")
@@ -116,6 +126,10 @@ def _print_inspect(name: str, report: dict[str, Any]) -> None:
                   f"{ratio:>12.3f}{_mib(g['io'])}")
     for g in report.get("kernels", []):
         _print_kernels(g)
+    if "tuning_report" in report:
+        from ctxrt.tuning.record import report_lines
+
+        print("\n".join(report_lines(report["tuning_report"])))
 
 
 def _print_kernels(g: dict[str, Any]) -> None:

@@ -41,6 +41,20 @@ class LifecycleError(CtxrtError):
     """A context or graph is used in the wrong state (before finalize, after free, ...)."""
 
 
+class ConfigError(CtxrtError):
+    """The compile configuration (tuning JSON or its keyword arguments) is invalid, or its performance cache
+    directory cannot be used."""
+
+
+class ServerError(CtxrtError):
+    """The target server (`ctxrt serve`) could not be reached or answered a request with an error; `code` says
+    which (e.g. "bad_token", "job_timeout", "device_error")."""
+
+    def __init__(self, message: str, code: str = "error") -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class CtxrtWarning(UserWarning):
     """Something the user should know that is not an error (e.g. a dynamic dim bound to 1 by default, programs
     rebuilt for another device). `ctxrt` prints each as one line on stderr once the command succeeded."""

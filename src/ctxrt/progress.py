@@ -26,6 +26,7 @@ class _Bar:
     def stage(self, name: str, total: int | None, unit: str) -> None:
         self.tqdm.unit, self.tqdm.unit_scale = unit, unit == "B"
         self.tqdm.set_description(": ".join([self.label, *self.parts, name]), refresh=False)
+        self.tqdm.set_postfix_str("", refresh=False)
         self.tqdm.reset(float("inf") if total is None else total)  # redraws the bar with the new name; inf: no total
 
 
@@ -40,6 +41,14 @@ def advance(n: int = 1) -> None:
     bar = _bar.get()
     if bar is not None:
         bar.tqdm.update(n)
+
+
+def postfix(text: str) -> None:
+    """A short status after the bar's counts (e.g. tuning's candidates tried and best speed-up so far), shown at
+    once: it changes rarely, and each change is news."""
+    bar = _bar.get()
+    if bar is not None:
+        bar.tqdm.set_postfix_str(text, refresh=True)
 
 
 @contextlib.contextmanager

@@ -15,8 +15,13 @@ from ctxrt.format import ContextFile, ContextWriter, context_bytes, read_head, r
 from ctxrt.format import writer as writer_module
 
 F32 = "<f4"
+TUNED = {"graph": "g0", "signature": "0" * 32, "label": "Gemm MatMul 4x8 @ 8x8 float32", "op": "MatMul",
+         "kernel": "Gemm", "nodes": ["mm"], "params": {"TM": 4, "TN": 8}, "default_params": {"TM": 8, "TN": 8},
+         "default_time_us": 2.5, "best_time_us": 1.25, "tried": 3, "failed": 0, "source": "profiled",
+         "complete": True, "note": ""}
 INFO = {"backend": "cpu", "hardware": "x86_64", "producer": "ctxrt 0.1.0", "source_models": ["a.onnx", "b.onnx"],
-        "alignment": 64, "tuning": {"MatMul/64x64": {"tile": 16, "vector": 4}}}
+        "alignment": 64, "tuning": {"tuning_mode": True, "device": {"tier": "acme/gpu/1.0"}, "kernels_profiled": 1,
+                                    "kernels_from_cache": 0, "kernels": [TUNED]}}
 ATTRS = {
     "int": 3, "negative": -(2**40), "float": 0.1, "str": "same_upper", "bool": True, "none": None,
     "bytes": b"\x00\xff", "ints": [1, 2, 3], "floats": [0.5, -1.25], "strs": ["a", "b"], "nested": {"k": [1, {"j": 2}]},

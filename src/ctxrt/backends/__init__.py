@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ctxrt.backends.base import Backend
 from ctxrt.backends.kernel import Kernel, NodeSpec
-from ctxrt.errors import CtxrtError, UnsupportedOpError
+from ctxrt.errors import CtxrtError, CtxrtWarning, UnsupportedOpError
 
 DEVICE_ENV = "CTXRT_OPENCL_DEVICE"
 
@@ -74,9 +75,11 @@ def list_devices() -> list[dict[str, Any]]:
     return [CpuBackend.describe(), *opencl_devices()]
 
 
-def select_kernel(backend: Backend, spec: NodeSpec, placement: str | None = None) -> tuple[Kernel, str]:
+def select_kernel(backend: Backend, spec: NodeSpec, placement: str | None = None,
+                  params: Mapping[str, Any] | None = None) -> tuple[Kernel, str]:
     """(kernel, name of the backend that runs it) for one node: the first of `backend`, its fallback, ... that
-    has a kernel for it; or, when `placement` is given (a compiled step's), that backend's kernel."""
+    has a kernel for it; or, when `placement` is given (a compiled step's), that backend's kernel. `params` are
+    tuned parameters (a compiled step's, tuning mode): the kernel is rebuilt with them."""
     chain: list[Backend] = []
     be: Backend | None = backend
     while be is not None:
@@ -93,7 +96,7 @@ def select_kernel(backend: Backend, spec: NodeSpec, placement: str | None = None
         if factory is None:
             continue
         try:
-            return factory(spec), be.name
+            return _tuned(factory(spec), params), be.name
         except UnsupportedOpError as e:
             error = e  # this backend declines these attributes or dtypes: the next one may not
         except CtxrtError:
@@ -102,6 +105,23 @@ def select_kernel(backend: Backend, spec: NodeSpec, placement: str | None = None
             shapes = [s.shape if s else None for s in spec.inputs]
             raise UnsupportedOpError(f"{spec.op} node {spec.name!r} with inputs {shapes}: {e}") from e
     raise error or UnsupportedOpError(f"unsupported operators: {spec.op} ({spec.name})")
+
+
+def _tuned(kernel: Kernel, params: Mapping[str, Any] | None) -> Kernel:
+    """`kernel` rebuilt with tuned parameters (the OpenCL kernel contract: `type(k)(spec, backend, params)`).
+    Parameters this device refuses (a context tuned for another device) leave the defaults, with a warning."""
+    if not params or dict(params) == getattr(kernel, "params", None):
+        return kernel
+    spec = getattr(kernel, "spec", None)
+    why = f"{type(kernel).__name__} takes no tuned parameters"
+    if getattr(kernel, "space", None) is not None:
+        try:
+            return type(kernel)(spec, kernel.backend, params)  # type: ignore[call-arg, attr-defined]
+        except UnsupportedOpError as e:
+            why = str(e)
+    warnings.warn(f"tuned parameters {dict(params)} do not fit here ({why}): running the defaults", CtxrtWarning,
+                  stacklevel=3)
+    return kernel
 
 
 def supported_ops(backend: Backend) -> set[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxrt import progress
 from ctxrt.backends import Backend, get_backend, supported_ops
@@ -15,6 +15,9 @@ from ctxrt.errors import CtxrtError
 from ctxrt.ir.graph import Graph as IRGraph
 from ctxrt.ir.passes import default_passes, run_passes
 from ctxrt.runtime.context import Context
+
+if TYPE_CHECKING:
+    from ctxrt.tuning.tuner import Tuner
 
 
 def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backend, name: str = "main",
@@ -46,43 +49,45 @@ def compile_options(prefer: str = "speed") -> dict[str, Any]:
     return {"prefer": prefer}
 
 
-def compile_ir(graph: IRGraph, backend: Backend, options: Mapping[str, Any] | None = None
-               ) -> tuple[CompiledGraph, dict[str, Any]]:
+def compile_ir(graph: IRGraph, backend: Backend, options: Mapping[str, Any] | None = None,
+               tuner: Tuner | None = None) -> tuple[CompiledGraph, dict[str, Any]]:
     """IR graph -> (compiled graph, the constants it reads). The backend's own lowering (e.g. the CPU's layout
     pass) runs first, on each graph that becomes a program (so a split model's parts keep plain IO)."""
     options = dict(options or compile_options())
     own = getattr(backend, "lower", None)  # backends without layouts or providers to choose have none
     if own is not None:
         graph = own(graph, options)
-    compiled = compile_graph(graph, backend, options)
+    compiled = compile_graph(graph, backend, options, tuner)
     return compiled, {n: graph.values[n].const for n in compiled.const_names}
 
 
 def compile_model(model: Any, shapes: Mapping[str, Iterable[int]] | None = None, backend: Backend | None = None,
                   name: str = "main", values: Mapping[str, Any] | None = None,
-                  feeds: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None
-                  ) -> tuple[CompiledGraph, dict[str, Any]]:
+                  feeds: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
+                  tuner: Tuner | None = None) -> tuple[CompiledGraph, dict[str, Any]]:
     """One ONNX model (path, bytes or ModelProto) -> (compiled graph, the constants it reads)."""
     backend = backend or get_backend("cpu")
-    return compile_ir(lower(model, shapes, backend, name, values, feeds), backend, options)
+    return compile_ir(lower(model, shapes, backend, name, values, feeds), backend, options, tuner)
 
 
 def compile(model: str | os.PathLike | bytes | Any, shapes: Mapping[str, Iterable[int]] | None = None,
             backend: str | Backend = "cpu", defer_graph_init: bool = False, io_mem_type: str = "raw",
             values: Mapping[str, Any] | None = None, *, num_threads: int | None = None,
-            prefer: str = "speed") -> Context:
+            prefer: str = "speed", **tuning: Any) -> Context:
     """Online prepare: compile an ONNX model in memory and return a Context (finalized unless deferred).
 
     `io_mem_type="memhandle"` tells the context its IO tensors will be passed as memory handles, so it
     allocates no internal IO buffers (DESIGN.md §6). `values` gives the values of value inputs (inputs that
     decide shapes or branches, DESIGN.md §9b), e.g. {"shape": [2, -1]}: the graph is specialized on them.
     `num_threads`: threads its runs use (None: the cores other processes leave idle). `prefer="memory"` keeps
-    kernels whose own constants would be larger than the weights (Winograd, prepacked layouts) out."""
+    kernels whose own constants would be larger than the weights (Winograd, prepacked layouts) out. `tuning`
+    takes the compile config's keys (docs/tuning.md): `tuning_mode=True, performance_cache_dir=...,
+    invalidate_performance_cache=False` and the budgets."""
     from ctxrt.runtime.loader import compile_to_context
 
     be = get_backend(backend)
     graphs, weights = compile_graphs([(model, shapes, "main", values)], be, io_mem_type,
-                                     options=compile_options(prefer))
+                                     options=compile_options(prefer), **tuning)
     return compile_to_context(graphs, weights, be, defer_graph_init, num_threads)
 
 

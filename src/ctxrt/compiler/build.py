@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -15,6 +15,9 @@ from ctxrt.errors import UnsupportedOpError
 from ctxrt.ir.dynamic import PASS_THROUGH, bounded_outputs
 from ctxrt.ir.graph import Graph, Node, Value
 from ctxrt.planner import arena
+
+if TYPE_CHECKING:
+    from ctxrt.tuning.tuner import Tuner
 
 # Ops whose output is input 0 with another shape: a zero-copy view when possible.
 ALIAS_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
@@ -83,11 +86,12 @@ class _Storage:
         self.root[child] = self.find(parent)
 
 
-def compile_graph(graph: Graph, backend: Backend, options: Mapping[str, Any] | None = None) -> CompiledGraph:
+def compile_graph(graph: Graph, backend: Backend, options: Mapping[str, Any] | None = None,
+                  tuner: Tuner | None = None) -> CompiledGraph:
     """Kernels (chosen with the compile `options`, on the backend's device, else on its fallback: the step
-    records which), storage and the arena plan of one graph. Every node whose kernel cannot be built (op,
-    attribute value, rank, ...) is reported in one UnsupportedOpError, before anything is planned. Bodies of
-    control nodes get no options: their kernels make no compile-time choices."""
+    records which), tuned on the device in tuning mode, storage and the arena plan of one graph. Every node whose
+    kernel cannot be built (op, attribute value, rank, ...) is reported in one UnsupportedOpError, before anything
+    is planned or tuned. Bodies of control nodes get no options: their kernels make no compile-time choices."""
     alignment = backend.alignment
     errors = _compile_bodies(graph, backend)
     inputs, outputs = set(graph.inputs), set(graph.outputs)
@@ -150,6 +154,15 @@ def compile_graph(graph: Graph, backend: Backend, options: Mapping[str, Any] | N
     if errors:
         raise UnsupportedOpError(errors[0] if len(errors) == 1 else
                                  f"{len(errors)} nodes cannot be compiled: " + "; ".join(errors))
+
+    params: dict[int, dict[str, Any]] = {}
+    tuning: list[dict[str, Any]] = []
+    if tuner is not None:  # before planning: a tuned kernel may need other scratch
+        on_device = {k: kernel for k, kernel in kernel_of.items() if placement[k] == backend.name}
+        tuned, tuning = tuner.tune(graph.name, on_device, {k: graph.nodes[k].name for k in on_device})
+        for k, (kernel, p) in tuned.items():
+            kernel_of[k], params[k] = kernel, p
+
     # Lifetimes of arena roots (aliases and in-place results extend them) and scratch.
     requests: list[arena.Request] = []
     first: dict[str, int] = {}
@@ -190,7 +203,8 @@ def compile_graph(graph: Graph, backend: Backend, options: Mapping[str, Any] | N
             a = plan.allocations[f"{node.name}#scratch{j}"]
             scratch.append(Ref(ARENA, a.key, a.offset, (a.size,), "|u1"))
         steps.append(Step(node.op, node.name, node.attrs, [ref(n) if n else None for n in node.inputs],
-                          [ref(o) for o in node.outputs if o], scratch, kernel.algorithm, placement[step]))
+                          [ref(o) for o in node.outputs if o], scratch, kernel.algorithm, placement[step],
+                          params.get(step, {})))
     _check_outputs_written(graph, steps)
     const_names = sorted({r.key for s in steps for r in s.inputs if r is not None and r.space == CONST})
     programs: dict[Any, None] = {}  # ordered, unique
@@ -203,7 +217,7 @@ def compile_graph(graph: Graph, backend: Backend, options: Mapping[str, Any] | N
         steps, plan.size, plan.lower_bound, alignment, plan.strategy,
         [Interval(a.key, a.offset, a.size, a.first, a.last) for a in plan.allocations.values()],
         const_names, {n: v for n, v in graph.value_inputs.items() if n in inputs},
-        {n: (axis, ref(extent)) for n, (extent, axis) in bounded.items() if n in outputs}, list(programs))
+        {n: (axis, ref(extent)) for n, (extent, axis) in bounded.items() if n in outputs}, list(programs), tuning)
 
 
 def _compile_bodies(graph: Graph, backend: Backend) -> list[str]:

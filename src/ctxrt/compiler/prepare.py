@@ -36,24 +36,28 @@ def _namespaced(g: CompiledGraph, weights: Mapping[str, np.ndarray], prefix: str
 
 
 def compile_graphs(models: Sequence[tuple[Any, ...]], backend: Backend, io_mem_type: str = "raw",
-                   feeds: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None
-                   ) -> tuple[list[CompiledGraph], dict[str, np.ndarray]]:
+                   feeds: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
+                   **tuning: Any) -> tuple[list[CompiledGraph], dict[str, np.ndarray]]:
     """(model, shapes, graph name[, values]) for each graph -> compiled graphs and all their weights. Value
     inputs (DESIGN.md §9b) are baked in from `values`, or from `feeds` when given. `options`: from
-    `ctxrt.compiler.compile_options` (default: prefer speed)."""
+    `ctxrt.compiler.compile_options` (default: prefer speed). `tuning` takes the compile config's keys
+    (`tuning_mode=True, performance_cache_dir=...`, docs/tuning.md): the device's kernels are then tuned, and
+    `save_context` stores the winners."""
     from ctxrt.compiler import compile_model
+    from ctxrt.tuning import make_tuner
 
     if io_mem_type not in IO_MEM_TYPES:
         raise CtxrtError(f"io_mem_type must be one of {IO_MEM_TYPES}, got {io_mem_type!r}")
     names = [m[2] for m in models]
     if len(set(names)) != len(names):
         raise CtxrtError(f"graph names must be unique, got {names}")
+    tuner = make_tuner(backend, tuning)  # config and cache directory checked before any work
     graphs, weights = [], {}
     for model, shapes, name, *rest in models:
         with progress.part(name) if len(models) > 1 else contextlib.nullcontext():
             try:
                 g, w = compile_model(model, shapes, backend, name, rest[0] if rest else None, feeds,
-                                     options)
+                                     options, tuner)
             except CtxrtError as e:  # with several models, say which one
                 if len(models) == 1:
                     raise
@@ -69,16 +73,18 @@ def compile_graphs(models: Sequence[tuple[Any, ...]], backend: Backend, io_mem_t
 
 def compile_split(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backend, k: int,
                   io_mem_type: str = "raw", values: Mapping[str, Any] | None = None,
-                  options: Mapping[str, Any] | None = None
+                  options: Mapping[str, Any] | None = None, **tuning: Any
                   ) -> tuple[list[tuple[CompiledGraph, dict[str, np.ndarray]]], list[str]]:
     """One model cut into K parts (compiler/split.py), each compiled as its own graph. The tensors passed
     between parts are prepared as memhandle (the chain passes them as handles); the model's own inputs
-    and outputs as `io_mem_type`. Returns the parts and the model's output names."""
+    and outputs as `io_mem_type`. Returns the parts and the model's output names. `tuning`: as compile_graphs."""
     from ctxrt.compiler import compile_ir, lower
     from ctxrt.compiler.split import split_graph
+    from ctxrt.tuning import make_tuner
 
     if io_mem_type not in IO_MEM_TYPES:
         raise CtxrtError(f"io_mem_type must be one of {IO_MEM_TYPES}, got {io_mem_type!r}")
+    tuner = make_tuner(backend, tuning)
     whole = lower(model, shapes, backend, values=values)
     dynamic = [n.name for n in whole.nodes if bounded_outputs(n)]
     if dynamic and k > 1:
@@ -88,7 +94,7 @@ def compile_split(model: Any, shapes: Mapping[str, Iterable[int]] | None, backen
     parts = []
     for i, part in enumerate(split_graph(whole, k)):
         with progress.part(f"part {i + 1}/{k}"):
-            g, w = compile_ir(part, backend, options)
+            g, w = compile_ir(part, backend, options, tuner)
         mem = [[TensorInfo(t.name, t.shape, t.dtype, io_mem_type if t.name in ends else "memhandle") for t in ts]
                for ts in (g.inputs, g.outputs)]
         parts.append((replace(g, inputs=mem[0], outputs=mem[1]), w))
@@ -113,12 +119,19 @@ def _programs(graphs: Sequence[CompiledGraph], backend: Backend) -> dict[str, An
     return backend.programs.export(keys)
 
 
+def _info(graphs: Sequence[CompiledGraph], backend: Backend, source_models: Sequence[str]) -> dict[str, Any]:
+    from ctxrt.tuning.record import context_record
+
+    return context_info(backend, source_models, context_record(graphs, backend.device_id()))
+
+
 def save_context(path: str | os.PathLike, graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray],
                  backend: Backend, source_models: Sequence[str]) -> Path:
-    """Write a context binary: graphs, weights and (for OpenCL) every program's device binary."""
+    """Write a context binary: graphs, weights, the tuning record and (for OpenCL) every program's device
+    binary."""
     from ctxrt.format import write_context
 
-    write_context(path, graphs, dict(weights), context_info(backend, source_models), _programs(graphs, backend))
+    write_context(path, graphs, dict(weights), _info(graphs, backend, source_models), _programs(graphs, backend))
     return Path(path)
 
 
@@ -127,4 +140,4 @@ def context_to_bytes(graphs: list[CompiledGraph], weights: Mapping[str, np.ndarr
     """The context binary as bytes (for embedding, e.g. in an EPContext node, or a group made in memory)."""
     from ctxrt.format import context_bytes
 
-    return context_bytes(graphs, dict(weights), context_info(backend, source_models), _programs(graphs, backend))
+    return context_bytes(graphs, dict(weights), _info(graphs, backend, source_models), _programs(graphs, backend))

@@ -42,6 +42,7 @@ class Step:
     scratch: list[Ref]
     algorithm: str = "default"
     backend: str = ""  # the backend that runs it: the context's, or its fallback (a CPU partition)
+    params: dict[str, Any] = field(default_factory=dict)  # tuned kernel parameters (tuning mode); {}: defaults
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class CompiledGraph:
     # Outputs whose size along one axis is an upper bound: name -> (axis, ref of the int64 real size).
     extents: dict[str, tuple[int, Ref]] = field(default_factory=dict)
     programs: list[Any] = field(default_factory=list)  # device programs its kernels need (not in PROGRAMS)
+    tuning: list[dict[str, Any]] = field(default_factory=list)  # tuning mode's record (META, not PROGRAMS)
 
     @property
     def io_bytes(self) -> int:

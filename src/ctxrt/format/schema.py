@@ -31,6 +31,7 @@ from ctxrt.format.codec import (
     nbytes,
 )
 from ctxrt.format.layout import FORMAT_VERSION, WEIGHT_ALIGNMENT
+from ctxrt.format.tuning import check_tuning, params
 
 MEM_TYPES = ("raw", "memhandle")
 SPACES = (ARENA, INPUT, OUTPUT, CONST)
@@ -55,6 +56,7 @@ def check_meta(value: Any, weights_size: int) -> dict[str, Any]:
         as_str(s, f"META source_models[{i}]")
     as_pow2(m["alignment"], "META alignment")
     check_depth(as_map(m["tuning"], "META tuning"), "META tuning")
+    check_tuning(m["tuning"])
     if "device" in m:  # optional: files written before devices were recorded have none
         str_map(m["device"], "META device")
     if as_int(m["weights_size"], "META weights_size") != weights_size:
@@ -273,7 +275,8 @@ def _step(value: Any, places: _Places, where: str, depth: int = 0, backend: str 
              for k, v in attrs.items()}
     return Step(as_str(field(s, "op", where), f"{where} op"), as_str(field(s, "name", where), f"{where} name"),
                 attrs, refs["inputs"], refs["outputs"], refs["scratch"],
-                as_str(field(s, "algorithm", where), f"{where} algorithm"), backend)
+                as_str(field(s, "algorithm", where), f"{where} algorithm"), backend,
+                params(s.get("params", {}), f"{where} params"))  # optional: tuned steps only
 
 
 def _body(ext: msgpack.ExtType, refs: dict[str, list[Any]], attrs: dict[str, Any], where: str, depth: int,

@@ -186,9 +186,12 @@ def _ref(r: Ref | None) -> list[Any] | None:
 def _step(s: Step, backend: str) -> dict[str, Any]:
     """A step; its backend defaults to the context's (a body's steps run on their control node's)."""
     attrs = {k: _body(v, s.backend or backend) if isinstance(v, Body) else v for k, v in s.attrs.items()}
-    return {"op": s.op, "name": s.name, "attrs": attrs, "inputs": [_ref(r) for r in s.inputs],
-            "outputs": [_ref(r) for r in s.outputs], "scratch": [_ref(r) for r in s.scratch],
-            "algorithm": s.algorithm, "backend": s.backend or backend}
+    out = {"op": s.op, "name": s.name, "attrs": attrs, "inputs": [_ref(r) for r in s.inputs],
+           "outputs": [_ref(r) for r in s.outputs], "scratch": [_ref(r) for r in s.scratch],
+           "algorithm": s.algorithm, "backend": s.backend or backend}
+    if s.params:  # tuned kernel parameters: only tuned steps carry them
+        out["params"] = dict(s.params)
+    return out
 
 
 def _body(b: Body, backend: str) -> msgpack.ExtType:

@@ -74,7 +74,7 @@ class Graph:
                             [weights[r.key] if r is not None and r.space == CONST else None
                              for r in step.inputs],
                             self.compiled.opset)
-            kernel, _ = select_kernel(backend, spec, step.backend or None)
+            kernel, _ = select_kernel(backend, spec, step.backend or None, step.params)
             planned = [r.nbytes for r in step.scratch]
             if len(kernel.scratch) != len(planned) or any(n > p for n, p in zip(kernel.scratch, planned,
                                                                                      strict=False)):

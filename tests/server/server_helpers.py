@@ -1,0 +1,52 @@
+"""Helpers of the target server tests: a raw connection that speaks the wire format by hand, and a kernel to run
+remotely. Every server binds 127.0.0.1 on a port the OS picks (unused), every wait is bounded."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import numpy as np
+
+from ctxrt.backends.kernel import NodeSpec, TensorSpec
+from ctxrt.tuning import protocol as p
+
+TOKEN = "s3cret-token"
+WAIT = 120.0  # seconds: a bound on every wait, never a synchronisation
+
+
+class Raw:
+    """A TCP connection to a server, frames written and read by hand."""
+
+    def __init__(self, address: tuple[str, int], hello: bool = True, token: str | None = TOKEN) -> None:
+        self.sock = socket.create_connection(address, timeout=WAIT)
+        if hello:
+            self.send(p.MAGIC + p.pack({"protocol": p.PROTOCOL, "token": token}))
+            answer = self.frame()
+            assert answer.get("protocol") == p.PROTOCOL, answer
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def frame(self) -> Any:
+        return p.read_frame(self.sock)
+
+    def ask(self, body: bytes) -> Any:
+        """Send one frame body (length-prefixed here) and read the answer."""
+        self.send(p.LENGTH.pack(len(body)) + body)
+        return self.frame()
+
+    def closed(self) -> bool:
+        """True when the server closed the connection (after everything it sent was read)."""
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def add_spec(n: int = 16) -> NodeSpec:
+    f32 = np.dtype(np.float32)
+    return NodeSpec("Add", "add", {}, [TensorSpec((4, n), f32), TensorSpec((n,), f32)], [TensorSpec((4, n), f32)])
