@@ -1,0 +1,159 @@
+/* One output channel from one input channel's window, directly: depthwise Conv (OP_CONV: one input channel
+ * per group, MULT output channels per input channel, weights per output channel), MaxPool (OP_MAX) and
+ * AveragePool (OP_AVG).
+ *
+ * A work-item computes RY output rows x VW neighbouring columns of one output channel: per tap, one vector of
+ * VW input columns per row (a plain vector load where the VW columns lie inside the input row and the stride
+ * is 1 or 2, else lane by lane, lanes in the padding getting PAD_VALUE) combined into the accumulators. A row
+ * in the padding is skipped. On a CPU (PoCL) the vectors are SIMD lanes; on a GPU (VW=1) neighbouring
+ * work-items take neighbouring columns (coalesced loads).
+ *
+ * Build options: OP, T, KH KW (the window), SW (the column stride), FP64; OP_CONV: HAS_BIAS, RESIDUAL, RELU;
+ * OP_AVG: INCLUDE_PAD (count_include_pad); tunable VW, RY (rows per work-item), WX WY (work-group).
+ * get_global_id(2) is image * M + output channel. Average pools take the padding after the input as
+ * arguments eh, ew: with count_include_pad a window counts the taps inside [-ph, H + eh) (ONNX; the part of a
+ * ceil_mode window past the end padding is not counted, as in onnxruntime).
+ */
+#ifdef FP64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#endif
+
+#define OP_CONV 0
+#define OP_MAX 1
+#define OP_AVG 2
+
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#if VW == 1
+#define VT T
+#define VLOADW(p) (*(p))
+#define VSTOREW(v, p) (*(p) = (v))
+#else
+#define VT CAT(T, VW)
+#define VLOADW(p) CAT(vload, VW)(0, p)
+#define VSTOREW(v, p) CAT(vstore, VW)(v, 0, p)
+#endif
+#if VW == 2
+#define VLOAD2W(p) vload4(0, p)
+#elif VW == 4
+#define VLOAD2W(p) vload8(0, p)
+#elif VW == 8
+#define VLOAD2W(p) vload16(0, p)
+#endif
+
+#if OP == OP_MAX
+#define PAD_VALUE (-INFINITY)
+#define COMBINE(acc, v, t) fmax(acc, v)
+#elif OP == OP_AVG
+#define PAD_VALUE ((T)0)
+#define COMBINE(acc, v, t) ((acc) + (v))
+#else
+#define PAD_VALUE ((T)0)
+#define COMBINE(acc, v, t) fma((VT)wk[t], v, acc)
+#endif
+
+/* VW input columns ix, ix + SW, ... of one row; PAD_VALUE for those outside [0, W) */
+inline VT load_cols(__global const T* row, const int ix, const int W)
+{
+#if SW == 1
+    if (ix >= 0 && ix + VW <= W)
+        return VLOADW(row + ix);
+#elif SW == 2 && VW > 1 && VW <= 8
+    if (ix >= 0 && ix + 2 * VW <= W)
+        return VLOAD2W(row + ix).even;
+#endif
+    T v[VW];
+    for (int l = 0; l < VW; l++) {
+        const int i = ix + l * SW;
+        v[l] = i >= 0 && i < W ? row[i] : PAD_VALUE;
+    }
+    return VLOADW(v);
+}
+
+/* taps of a window starting at i0 that count for an average over an axis of n inputs padded by b and e */
+inline int taps(const int i0, const int k, const int n, const int b, const int e)
+{
+#if INCLUDE_PAD
+    return min(i0 + k, n + e) - max(i0, -b);
+#else
+    return min(i0 + k, n) - max(i0, 0);
+#endif
+}
+
+__kernel __attribute__((reqd_work_group_size(WX, WY, 1)))
+void window(const int H, const int W, const int OH, const int OW, const int C, const int MULT,
+            const int sh, const int ph, const int pw, const int dh, const int dw, const int eh, const int ew,
+            __global const char* x_, const ulong ox_, __global const char* w_, const ulong ow_,
+            __global const char* b_, const ulong ob_, __global const char* r_, const ulong or_,
+            __global char* y_, const ulong oy_)
+{
+    const int ox0 = get_global_id(0) * VW, oy0 = get_global_id(1) * RY;
+    const int z = get_global_id(2);
+    const int M = C * MULT, m = z % M;
+    __global const T* X = (__global const T*)(x_ + ox_) + ((long)(z / M) * C + m / MULT) * H * W;
+#if OP == OP_CONV
+    __global const T* Wt = (__global const T*)(w_ + ow_) + m * KH * KW;
+    T wk[KH * KW];
+    for (int t = 0; t < KH * KW; t++)
+        wk[t] = Wt[t];
+#endif
+    VT acc[RY];
+    for (int r = 0; r < RY; r++) {
+        acc[r] = (VT)PAD_VALUE;
+        for (int ky = 0; ky < KH; ky++) {
+            const int iy = (oy0 + r) * sh - ph + ky * dh;
+            if (iy < 0 || iy >= H)
+                continue;
+            for (int kx = 0; kx < KW; kx++)
+                acc[r] = COMBINE(acc[r], load_cols(X + iy * W, ox0 * SW - pw + kx * dw, W), ky * KW + kx);
+        }
+    }
+#if OP == OP_AVG
+    VT count_x;  /* taps per window along the row, per lane */
+    {
+        T cx[VW];
+        for (int l = 0; l < VW; l++)
+            cx[l] = (T)max(1, taps((ox0 + l) * SW - pw, KW, W, pw, ew));
+        count_x = VLOADW(cx);
+    }
+#endif
+#if OP == OP_CONV && HAS_BIAS
+    const T bias = ((__global const T*)(b_ + ob_))[m];
+#endif
+    const long plane = (long)z * OH * OW;
+    __global T* Y = (__global T*)(y_ + oy_) + plane;
+#if OP == OP_CONV && RESIDUAL
+    __global const T* R = (__global const T*)(r_ + or_) + plane;
+#endif
+    for (int r = 0; r < RY && oy0 + r < OH; r++) {
+        VT v = acc[r];
+        const int o = (oy0 + r) * OW + ox0;
+#if OP == OP_AVG
+        v = v / (count_x * (T)max(1, taps((oy0 + r) * sh - ph, KH, H, ph, eh)));
+#elif HAS_BIAS
+        v += (VT)bias;
+#endif
+        if (ox0 + VW <= OW) {
+#if OP == OP_CONV && RESIDUAL
+            v += VLOADW(R + o);
+#endif
+#if OP == OP_CONV && RELU
+            v = v < (VT)0 ? (VT)0 : v;  /* NaN passes, as NumPy's maximum */
+#endif
+            VSTOREW(v, Y + o);
+        } else {
+            T lanes[VW];
+            VSTOREW(v, lanes);
+            for (int l = 0; l < VW && ox0 + l < OW; l++) {
+                T s = lanes[l];
+#if OP == OP_CONV && RESIDUAL
+                s += R[o + l];
+#endif
+#if OP == OP_CONV && RELU
+                s = s < (T)0 ? (T)0 : s;
+#endif
+                Y[o + l] = s;
+            }
+        }
+    }
+}
