@@ -49,10 +49,10 @@ void global_pool(const int rows, const int L, __global const char* x_, const ulo
     __local T part[RPG][R];
     const int ly = get_local_id(1);
     part[ly][lid] = s;
-    for (int half = R / 2; half > 0; half /= 2) {
+    for (int width = R / 2; width > 0; width /= 2) {
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (lid < half)
-            part[ly][lid] = COMBINE(part[ly][lid], part[ly][lid + half]);
+        if (lid < width)
+            part[ly][lid] = COMBINE(part[ly][lid], part[ly][lid + width]);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     s = part[ly][0];
