@@ -20,6 +20,7 @@ from onnx import helper
 import ctxrt
 from ctxrt.backends import get_backend, select_kernel
 from ctxrt.backends.kernel import NodeSpec, TensorSpec
+from ctxrt.cli import main as cli
 from ctxrt.compiler import compile_model
 from ctxrt.tuning import LocalDevice, Tuner, TuningConfig
 from ctxrt.tuning.profiler import Settings, profile
@@ -256,7 +257,7 @@ def test_other_configurations_compute_the_defaults_output(name) -> None:
     rng = np.random.default_rng(0)
     picks = [cands[i] for i in rng.choice(len(cands), min(8, len(cands)), replace=False)]
     if "LOCAL" in kernel.params:  # the GPU path: local memory tiles
-        picks.append({**kernel.space.defaults["gpu"], "VW": 4, "WM": 2, "TM": 32})
+        picks.append({**kernel.space.defaults["gpu"], "VW": 8, "WM": 2, "RM": 2, "RN": 8})
     default, trials, _ = profile(be, kernel, picks, Settings(min_runs=1, min_total_s=0.0))
     assert default.error is None
     assert all(t.error is None for t in trials), [(t.params, t.error) for t in trials if t.error]
@@ -290,6 +291,19 @@ def test_tuning_a_conv_keeps_its_output(tmp_path: Path) -> None:
 
 
 # ---- real models: how much runs on the device -----------------------------------------------------------------
+
+def test_stored_context_reads_its_prepacked_weights(squeezenet, tmp_path: Path) -> None:
+    """A .ctx stores the conv weights prepacked, with the node's `kernel` attribute: loading runs them as they are."""
+    path, feeds, want = squeezenet
+    out = tmp_path / "squeezenet.ctx"
+    assert cli(["compile", str(path), "-o", str(out), "--backend", "opencl"]) == 0
+    with ctxrt.context_from_binary(out, "opencl") as ctx:
+        steps = ctx.graph().compiled.steps
+        assert all(s.attrs.get("kernel") == "opencl_conv" for s in steps if s.op == "Conv")
+        got = ctx.graph().run(feeds)
+    for name, w in want.items():
+        assert np.max(np.abs(got[name] - w)) <= 1e-4 * np.max(np.abs(w)) + 1e-5
+
 
 CATALOGUE = {"Conv", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LRN", "BatchNormalization",
              "Gemm", "MatMul", "Relu", "Add"}

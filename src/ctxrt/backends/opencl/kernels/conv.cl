@@ -9,14 +9,14 @@
  * (PoCL) the vectors are the SIMD lanes and each work-item is a strip of the GEMM; on a GPU lanes are
  * registers and the work-group's tiles are staged in local memory (LOCAL=1).
  *
- * A work-group computes TM channels x TN pixels: RM = TM / (WM * VW) work-items along channels, RN = TN / WN
+ * A work-group computes TM = RM * WM * VW channels x TN = RN * WN pixels: RM work-items along channels, RN
  * along pixels, pixel j of work-item lx being p0 + lx + j * RN (neighbouring work-items touch neighbouring
  * pixels). Odd sizes: pixels past P are clamped on load and never stored; a channel vector past M starts at
  * M - VW instead (LOCAL=0: recomputed channels are stored twice with the same value) or its lanes past M are
  * not stored (LOCAL=1).
  *
  * Build options: T (float, double), KH KW (the window), PADDED (0: every tap of every window is inside the
- * input, so no masks), HAS_BIAS, RESIDUAL (add a tensor shaped like Y), RELU, FP64; tunable TM TN WM WN VW
+ * input, so no masks), HAS_BIAS, RESIDUAL (add a tensor shaped like Y), RELU, FP64; tunable RM RN WM WN VW
  * LOCAL TK. get_global_id(2) is image * G + group.
  */
 #ifdef FP64
@@ -25,8 +25,9 @@
 
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
-#define RM (TM / (WM * VW))
-#define RN (TN / WN)
+#define TM (RM * WM * VW)
+#define TN (RN * WN)
+#define UNROLL _Pragma("unroll")  /* PoCL does not unroll these by itself: the accumulators would live in memory */
 #define KHW (KH * KW)
 #if VW == 1
 #define VT T
@@ -37,6 +38,21 @@
 #define VLOADW(p) CAT(vload, VW)(0, p)
 #define LANE(v, l) (((T*)&(v))[l])
 #endif
+
+/* one tap over the C channels: per channel WM weight vectors times WN input values (LOAD(j): pixel j's) */
+#define CHANNELS(LOAD)                                                      \
+    for (int c = 0; c < C; c++) {                                           \
+        VT wv[WM];                                                          \
+        UNROLL                                                              \
+        for (int i = 0; i < WM; i++) wv[i] = VLOADW(wk + (long)c * M + mb[i]); \
+        UNROLL                                                              \
+        for (int i = 0; i < WM; i++)                                        \
+            UNROLL                                                          \
+            for (int j = 0; j < WN; j++)                                    \
+                acc[i][j] = fma(wv[i], (VT)(LOAD(j)), acc[i][j]);           \
+    }
+#define LOAD(j) X[(long)c * HW + off[j]]
+#define LOAD_MASKED(j) (X[(long)c * HW + off[j]] * mk[j])
 
 __kernel __attribute__((reqd_work_group_size(RN, RM, 1)))
 void conv(const int C, const int H, const int W, const int OH, const int OW, const int M, const int G,
@@ -55,6 +71,7 @@ void conv(const int C, const int H, const int W, const int OH, const int OW, con
 
     /* where each pixel's window starts in the input */
     int iy0[WN], ix0[WN];
+    UNROLL
     for (int j = 0; j < WN; j++) {
         const int p = min(p0 + lx + j * RN, P - 1);
         const int oy = p / OW;
@@ -62,6 +79,7 @@ void conv(const int C, const int H, const int W, const int OH, const int OW, con
         ix0[j] = (p - oy * OW) * sw - pw;
     }
     int mb[WM];  /* first channel of each vector */
+    UNROLL
     for (int i = 0; i < WM; i++) {
         mb[i] = m0 + (ly + i * RM) * VW;
 #if !LOCAL
@@ -69,7 +87,9 @@ void conv(const int C, const int H, const int W, const int OH, const int OW, con
 #endif
     }
     VT acc[WM][WN];
+    UNROLL
     for (int i = 0; i < WM; i++)
+        UNROLL
         for (int j = 0; j < WN; j++)
             acc[i][j] = (VT)0;
 
@@ -95,9 +115,13 @@ void conv(const int C, const int H, const int W, const int OH, const int OW, con
         for (int kk = 0; kk < TK; kk++) {
             VT wv[WM];
             T xv[WN];
+            UNROLL
             for (int i = 0; i < WM; i++) wv[i] = VLOADW(&Ws[kk][(ly + i * RM) * VW]);
+            UNROLL
             for (int j = 0; j < WN; j++) xv[j] = Xs[kk][lx + j * RN];
+            UNROLL
             for (int i = 0; i < WM; i++)
+                UNROLL
                 for (int j = 0; j < WN; j++)
                     acc[i][j] = fma(wv[i], (VT)xv[j], acc[i][j]);
         }
@@ -109,36 +133,29 @@ void conv(const int C, const int H, const int W, const int OH, const int OW, con
         int off[WN];
 #if PADDED
         T mk[WN];  /* 1 inside the input, 0 in the padding (whose address is clamped to 0) */
+        int inside = 1;
 #endif
+        UNROLL
         for (int j = 0; j < WN; j++) {
             const int iy = iy0[j] + ky * dh, ix = ix0[j] + kx * dw;
 #if PADDED
             const int in = iy >= 0 && iy < H && ix >= 0 && ix < W;
             off[j] = in ? iy * W + ix : 0;
             mk[j] = in ? (T)1 : (T)0;
+            inside &= in;
 #else
             off[j] = iy * W + ix;
 #endif
         }
         __global const T* wk = Wt + (long)tap * C * M;
-        for (int c = 0; c < C; c++) {
-            VT wv[WM];
-            T xv[WN];
-            for (int i = 0; i < WM; i++) wv[i] = VLOADW(wk + mb[i]);
-            for (int j = 0; j < WN; j++) {
 #if PADDED
-                xv[j] = X[off[j]] * mk[j];
-#else
-                xv[j] = X[off[j]];
+        if (!inside) {  /* a window of the tile reaches into the padding: masked loads */
+            CHANNELS(LOAD_MASKED)
+        } else
 #endif
-            }
-            for (int i = 0; i < WM; i++)
-                for (int j = 0; j < WN; j++)
-                    acc[i][j] = fma(wv[i], (VT)xv[j], acc[i][j]);
-            X += HW;
-            wk += M;
+        {
+            CHANNELS(LOAD)
         }
-        X -= (long)C * HW;
     }
 #endif
 
@@ -148,10 +165,12 @@ void conv(const int C, const int H, const int W, const int OH, const int OW, con
 #if RESIDUAL
     __global const T* R = (__global const T*)(r_ + or_) + (long)z * M * P;
 #endif
+    UNROLL
     for (int i = 0; i < WM; i++) {
         for (int l = 0; l < VW; l++) {
             const int m = mb[i] + l;
             if (m >= M) break;
+            UNROLL
             for (int j = 0; j < WN; j++) {
                 const int p = p0 + lx + j * RN;
                 if (p >= P) break;

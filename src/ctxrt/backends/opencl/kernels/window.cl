@@ -41,6 +41,8 @@
 #define VLOAD2W(p) vload16(0, p)
 #endif
 
+#define UNROLL _Pragma("unroll")  /* PoCL does not unroll these by itself: the accumulators would live in memory */
+
 #if OP == OP_MAX
 #define PAD_VALUE (-INFINITY)
 #define COMBINE(acc, v, t) fmax(acc, v)
@@ -94,16 +96,19 @@ void window(const int H, const int W, const int OH, const int OW, const int C, c
 #if OP == OP_CONV
     __global const T* Wt = (__global const T*)(w_ + ow_) + m * KH * KW;
     T wk[KH * KW];
+    UNROLL
     for (int t = 0; t < KH * KW; t++)
         wk[t] = Wt[t];
 #endif
     VT acc[RY];
+    UNROLL
     for (int r = 0; r < RY; r++) {
         acc[r] = (VT)PAD_VALUE;
         for (int ky = 0; ky < KH; ky++) {
             const int iy = (oy0 + r) * sh - ph + ky * dh;
             if (iy < 0 || iy >= H)
                 continue;
+            UNROLL
             for (int kx = 0; kx < KW; kx++)
                 acc[r] = COMBINE(acc[r], load_cols(X + iy * W, ox0 * SW - pw + kx * dw, W), ky * KW + kx);
         }
@@ -125,7 +130,10 @@ void window(const int H, const int W, const int OH, const int OW, const int C, c
 #if OP == OP_CONV && RESIDUAL
     __global const T* R = (__global const T*)(r_ + or_) + plane;
 #endif
-    for (int r = 0; r < RY && oy0 + r < OH; r++) {
+    UNROLL
+    for (int r = 0; r < RY; r++) {
+        if (oy0 + r >= OH)
+            break;
         VT v = acc[r];
         const int o = (oy0 + r) * OW + ox0;
 #if OP == OP_AVG
