@@ -26,19 +26,21 @@ PACKED = "opencl_conv"  # the `kernel` attribute of a node whose weights are pre
 class Conv(ClKernel):
     source = "conv.cl"
     space = Space(
-        params={"RM": (1, 2, 4, 8, 16), "RN": (1, 2, 4, 8, 16, 32, 64), "WM": (1, 2, 3, 4, 6, 8),
+        params={"RM": (1, 2, 4, 8, 16), "RN": (1, 2, 4, 8, 16, 32, 64), "WM": (1, 2, 3, 4, 5, 6, 8),
                 "WN": (1, 2, 3, 4, 6, 8, 12, 16), "VW": (1, 2, 4, 8, 16), "LOCAL": (0, 1), "TK": (8, 16, 32)},
         # PoCL: one work-item per work-group computing 64 channels (4 vectors of 16: AVX-512 lanes) x 4 pixels,
         # the loops unrolled (16 accumulators in registers): 150-200 GFLOP/s on ResNet-50's convs on a 2-core
-        # EPYC (32 accumulators: spills, 2x slower; not unrolled: 40-70). Fewer channels (variants by M, the
-        # output channels per group): 32 x 8 pixels, 16 x 12, then narrower vectors. GPUs: 64 x 64 tiles staged
-        # in local memory, 4 channels x 4 pixels per work-item.
+        # EPYC (32 accumulators: spills, 2x slower; not unrolled: 40-70). Other channel counts M (outputs per
+        # group) take the variant of `variant()`: w1..w5 vectors of 16 per work-item, v8 v4 v1 narrower vectors
+        # below 16 channels. GPUs: 64 x 64 tiles staged in local memory, 4 channels x 4 pixels per work-item.
         defaults={"cpu": {"RM": 1, "RN": 1, "WM": 4, "WN": 4, "VW": 16, "LOCAL": 0, "TK": 8},
-                  "cpu:m32": {"RM": 1, "RN": 1, "WM": 2, "WN": 8, "VW": 16, "LOCAL": 0, "TK": 8},
-                  "cpu:m16": {"RM": 1, "RN": 1, "WM": 1, "WN": 12, "VW": 16, "LOCAL": 0, "TK": 8},
-                  "cpu:m8": {"RM": 1, "RN": 1, "WM": 1, "WN": 12, "VW": 8, "LOCAL": 0, "TK": 8},
-                  "cpu:m4": {"RM": 1, "RN": 1, "WM": 1, "WN": 12, "VW": 4, "LOCAL": 0, "TK": 8},
-                  "cpu:m1": {"RM": 1, "RN": 1, "WM": 1, "WN": 12, "VW": 1, "LOCAL": 0, "TK": 8},
+                  "cpu:w5": {"RM": 1, "RN": 1, "WM": 5, "WN": 4, "VW": 16, "LOCAL": 0, "TK": 8},
+                  "cpu:w3": {"RM": 1, "RN": 1, "WM": 3, "WN": 6, "VW": 16, "LOCAL": 0, "TK": 8},
+                  "cpu:w2": {"RM": 1, "RN": 1, "WM": 2, "WN": 8, "VW": 16, "LOCAL": 0, "TK": 8},
+                  "cpu:w1": {"RM": 1, "RN": 1, "WM": 1, "WN": 12, "VW": 16, "LOCAL": 0, "TK": 8},
+                  "cpu:v8": {"RM": 1, "RN": 1, "WM": 2, "WN": 8, "VW": 8, "LOCAL": 0, "TK": 8},
+                  "cpu:v4": {"RM": 1, "RN": 1, "WM": 2, "WN": 8, "VW": 4, "LOCAL": 0, "TK": 8},
+                  "cpu:v1": {"RM": 1, "RN": 1, "WM": 1, "WN": 16, "VW": 1, "LOCAL": 0, "TK": 8},
                   "gpu": {"RM": 16, "RN": 16, "WM": 1, "WN": 4, "VW": 4, "LOCAL": 1, "TK": 16},
                   "default": {"RM": 8, "RN": 16, "WM": 2, "WN": 2, "VW": 1, "LOCAL": 1, "TK": 16}},
         constraints=(lambda p, s: p["LOCAL"] == 1 or p["TK"] == 8,  # TK unused without local memory
@@ -70,9 +72,14 @@ class Conv(ClKernel):
                 "itemsize": np.dtype(self.spec.outputs[0].dtype).itemsize}
 
     def variant(self) -> str:
-        """The widest defaults that fit M: "" from 64 channels, else m32, m16, m8, m4, m1."""
-        m = next(m for m in (64, 32, 16, 8, 4, 1) if self.mg >= m)
-        return "" if m == 64 else f"m{m}"
+        """Defaults that waste few lanes on M channels: below 16 narrower vectors (v8, v4, v1); else the number of
+        16-wide vectors per work-item (w1..w5, "" for 4) that minimises the vectors computed plus one per tile
+        (the input values a tile loads): 64 and 128 channels take 4 vectors, 68 take 5, 34 take 3, 1000 take 5."""
+        if self.mg < 16:
+            return "v8" if self.mg >= 8 else "v4" if self.mg >= 4 else "v1"
+        vectors = -(-self.mg // 16)
+        wm = min(range(5, 0, -1), key=lambda w: -(-vectors // w) * (w + 1))
+        return "" if wm == 4 else f"w{wm}"
 
     def defines(self) -> dict[str, Any]:
         d = {"T": self.T, "KH": self.win.kh, "KW": self.win.kw, "PADDED": int(self.win.padded),

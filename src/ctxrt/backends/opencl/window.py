@@ -22,11 +22,14 @@ class WindowKernel(ClKernel):
     source = "window.cl"
     space = Space(
         params={"VW": (1, 2, 4, 8, 16), "RY": (1, 2, 4, 8), "WX": (1, 2, 4, 8, 16, 32, 64), "WY": (1, 2, 4, 8, 16)},
-        # PoCL: 8 columns x 8 rows per work-item, one work-item per work-group (ShuffleNet's depthwise 3x3 convs:
-        # 136 channels at 28x28 in 0.2 ms, 544 at 7x7 in 0.1 ms on a 2-core EPYC; one column per work-item with
-        # PoCL vectorising across work-items: 1.0 and 0.45 ms). GPUs: one output per work-item, 32x4 groups.
-        defaults={"cpu": {"VW": 8, "RY": 8, "WX": 1, "WY": 1}, "gpu": {"VW": 1, "RY": 1, "WX": 32, "WY": 4},
-                  "default": {"VW": 1, "RY": 1, "WX": 16, "WY": 4}},
+        # PoCL: vectors of 8 columns x 8 rows per work-item, one work-item per work-group; 4 columns where rows
+        # are short (up to 8 outputs) or the stride is 2, 16 where they are long (64 and up). One core of a
+        # 2-core EPYC, ShuffleNet's depthwise 3x3 convs: 136 channels at 28x28 0.14 ms, 544 at 7x7 0.06 ms,
+        # 112 at 56x56 stride 2 0.18-0.22 ms (one column per work-item, PoCL vectorising across work-items:
+        # 1.0, 0.45, 1.4 ms). GPUs: one output per work-item, 32x4 work-groups.
+        defaults={"cpu": {"VW": 8, "RY": 8, "WX": 1, "WY": 1}, "cpu:narrow": {"VW": 4, "RY": 8, "WX": 1, "WY": 1},
+                  "cpu:wide": {"VW": 16, "RY": 8, "WX": 1, "WY": 1},
+                  "gpu": {"VW": 1, "RY": 1, "WX": 32, "WY": 4}, "default": {"VW": 1, "RY": 1, "WX": 16, "WY": 4}},
         work_group=lambda p: (p["WX"], p["WY"]))
 
     def __init__(self, spec: NodeSpec, backend: Any, params: Any = None) -> None:
@@ -47,6 +50,10 @@ class WindowKernel(ClKernel):
         self.T = float_type(self, spec)
         self.ends = self._end_pads()
 
+    def variant(self) -> str:
+        win = self.win
+        return "narrow" if win.ow <= 8 or win.sw > 1 else "wide" if win.ow >= 64 else ""
+
     def _end_pads(self) -> tuple[int, int]:
         """The padding after the input (eh, ew) an average counts with count_include_pad; the rows and columns
         past it (ceil_mode) are never counted."""
@@ -58,7 +65,9 @@ class WindowKernel(ClKernel):
         return (0, pads[-1]) if len(pads) == 2 else (pads[2], pads[3])
 
     def defines(self) -> dict[str, Any]:
-        d = {"OP": self.op, "T": self.T, "KH": self.win.kh, "KW": self.win.kw, "SW": self.win.sw, **self.params}
+        win = self.win
+        d = {"OP": self.op, "T": self.T, "KH": win.kh, "KW": win.kw, "SH": win.sh, "SW": win.sw, "DH": win.dh,
+             **self.params}
         if self.op == OPS["Conv"]:
             d.update(HAS_BIAS=int(self.has_bias), RESIDUAL=int(self.residual), RELU=int(self.relu))
         if self.op == OPS["AveragePool"]:
@@ -78,7 +87,7 @@ class WindowKernel(ClKernel):
         r = ins[3] if self.residual else x
         i32 = np.int32
         args = [i32(win.h), i32(win.w), i32(win.oh), i32(win.ow), i32(self.g), i32(self.mult),
-                i32(win.sh), i32(win.ph), i32(win.pw), i32(win.dh), i32(win.dw), i32(self.ends[0]),
+                i32(win.ph), i32(win.pw), i32(win.dw), i32(self.ends[0]),
                 i32(self.ends[1]), *(a for t in (x, w, b, r, y) for a in (t.mem, np.uint64(t.offset)))]
         gsize = (-(-win.ow // p["VW"]), -(-win.oh // p["RY"]), win.n * m)
         return self.launch(self.kernel("window", *args), gsize, (p["WX"], p["WY"], 1))
