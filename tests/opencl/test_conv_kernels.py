@@ -137,6 +137,8 @@ def test_depthwise_conv(x, w, attrs) -> None:
     ("AveragePool", (2, 5, 10, 13), {"kernel_shape": [3, 2], "strides": [2, 3], "ceil_mode": 1,
                                      "pads": [0, 1, 1, 0], "count_include_pad": 1}),
     ("AveragePool", (2, 5, 10, 13), {"kernel_shape": [3, 2], "strides": [2, 3], "ceil_mode": 1, "pads": [0, 1, 1, 0]}),
+    ("AveragePool", (1, 2, 10, 13), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1,
+                                     "count_include_pad": 1}),  # no padding: the ceil_mode overhang is not counted
     ("AveragePool", (1, 4, 17), {"kernel_shape": [5], "strides": [3], "auto_pad": "SAME_UPPER",
                                  "count_include_pad": 1}),
     ("AveragePool", (1, 6, 7, 7), {"kernel_shape": [7, 7]}),

@@ -58,7 +58,7 @@ class Conv(ClKernel):
         self.has_bias, self.residual, self.relu = epilogue(spec)
         if spec.attr("kernel") == PACKED:
             return  # input 1 holds the prepacked weights
-        w = spec.consts[1]
+        w = spec.consts[1] if len(spec.consts) > 1 else None
         if w is None:
             raise decline(spec, "run-time weights (they are prepacked at compile time)")
         win = self.win

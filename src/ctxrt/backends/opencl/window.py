@@ -57,11 +57,14 @@ class WindowKernel(ClKernel):
     def _end_pads(self) -> tuple[int, int]:
         """The padding after the input (eh, ew) an average counts with count_include_pad; the rows and columns
         past it (ceil_mode) are never counted."""
-        win, pads = self.win, self.spec.attr("pads")
-        if self.spec.attr("auto_pad", "NOTSET") != "NOTSET" or not pads:
+        win, auto = self.win, self.spec.attr("auto_pad", "NOTSET")
+        if auto in ("SAME_UPPER", "SAME_LOWER"):
             total = [max(0, (o - 1) * s + k - i) for o, s, k, i in
                      ((win.oh, win.sh, win.kh, win.h), (win.ow, win.sw, win.kw, win.w))]
             return total[0] - win.ph, total[1] - win.pw
+        pads = self.spec.attr("pads") if auto == "NOTSET" else None
+        if not pads:
+            return 0, 0
         return (0, pads[-1]) if len(pads) == 2 else (pads[2], pads[3])
 
     def defines(self) -> dict[str, Any]:
