@@ -1,8 +1,8 @@
 """Tuning mode on this machine's OpenCL device (issue 11): what tuning buys and what the performance cache saves.
 
 1. kernels: the GEMM shapes of BERT (6 layers, hidden 384, seq 128: projections, feed-forward, attention) and
-   of ResNet-50 (its FC layer, and its convolutions as the im2col GEMMs they amount to: ctxrt's OpenCL backend
-   has no conv kernel yet, so in the model they run in CPU partitions), plus element-wise classes of both;
+   of ResNet-50 (its FC layer), element-wise classes of both, and the conv classes of ResNet-50, SqueezeNet,
+   ShuffleNet and DenseNet-121 (bench/cnn_classes.py: the implicit-GEMM conv, the direct depthwise kernel);
    each tuned from a cold start: default and tuned time (device time from OpenCL profiling events, minimum of
    the runs, as the tuner measures), the speed-up and the candidates tried;
 2. models: BERT and ResNet-50 compiled for opencl untuned and tuned, their latency measured interleaved
@@ -38,6 +38,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "models"))
+sys.path.insert(0, str(ROOT / "bench"))
 import zoo  # noqa: E402
 
 F32 = np.dtype(np.float32)
@@ -69,35 +70,50 @@ def kernel_classes() -> list[tuple[str, Any]]:
         ("BERT attention scores 12x128x32 @ 12x32x128", _matmul("scores", (1, 12, 128, 32), (1, 12, 32, 128))),
         ("BERT attention context 12x128x128 @ 12x128x32", _matmul("context", (1, 12, 128, 128), (1, 12, 128, 32))),
         ("ResNet-50 FC 1x2048 @ 2048x1000", _matmul("fc", (1, 2048), (1000, 2048), True)),
-        ("ResNet-50 conv 3x3 64ch 56x56 as GEMM 64x576 @ 576x3136", _matmul("conv2", (64, 576), (576, 3136))),
-        ("ResNet-50 conv 1x1 128->512 28x28 as GEMM 512x128 @ 128x784", _matmul("conv3", (512, 128), (128, 784))),
-        ("ResNet-50 conv 3x3 256ch 14x14 as GEMM 256x2304 @ 2304x196", _matmul("conv4", (256, 2304), (2304, 196))),
-        ("ResNet-50 conv 1x1 2048->512 7x7 as GEMM 512x2048 @ 2048x49", _matmul("conv5", (512, 2048), (2048, 49))),
         ("BERT bias Add 128x384 + 384", _eltwise("Add", [(1, 128, 384), (384,)])),
         ("BERT Gelu 128x1536", _eltwise("Gelu", [(1, 128, 1536)])),
         ("ResNet-50 Relu 256x56x56", _eltwise("Relu", [(1, 256, 56, 56)])),
     ]
 
 
+def _row(label: str, entry: dict[str, Any], seconds: float) -> dict[str, Any]:
+    d, b = entry["default_time_us"], entry["best_time_us"]
+    changed = {k: v for k, v in entry["params"].items() if entry["default_params"][k] != v}
+    print(f"  {label}: {d} -> {b} us ({entry['tried']} tried)", file=sys.stderr, flush=True)
+    return {"kernel": label, "default_us": d, "tuned_us": b, "speedup": d / b if d and b else None,
+            "tried": entry["tried"], "failed": entry["failed"], "converged": entry["complete"],
+            "tuning_s": seconds, "params": changed, "note": entry["note"]}
+
+
 def bench_kernels(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from cnn_classes import CLASSES, class_model
+
     from ctxrt.backends import get_backend, select_kernel
+    from ctxrt.compiler import compile_model
     from ctxrt.tuning import LocalDevice, Tuner, TuningConfig
 
     be = get_backend("opencl")
+
+    def tuner() -> Tuner:
+        return Tuner(TuningConfig(tuning_mode=True, tuning_budget_candidates=args.budget_candidates,
+                                  tuning_budget_seconds=args.budget_seconds), LocalDevice(be))
+
     rows = []
     for label, spec in kernel_classes():
         kernel, where = select_kernel(be, spec)
         assert where == "opencl", label
-        tuner = Tuner(TuningConfig(tuning_mode=True, tuning_budget_candidates=args.budget_candidates,
-                                   tuning_budget_seconds=args.budget_seconds), LocalDevice(be))
         start = time.perf_counter()
-        _, (entry,) = tuner.tune("bench", {0: kernel}, {0: spec.name})
-        d, b = entry["default_time_us"], entry["best_time_us"]
-        changed = {k: v for k, v in entry["params"].items() if entry["default_params"][k] != v}
-        rows.append({"kernel": label, "default_us": d, "tuned_us": b, "speedup": d / b if d and b else None,
-                     "tried": entry["tried"], "failed": entry["failed"], "converged": entry["complete"],
-                     "tuning_s": time.perf_counter() - start, "params": changed, "note": entry["note"]})
-        print(f"  {label}: {d} -> {b} us ({entry['tried']} tried)", file=sys.stderr, flush=True)
+        _, (entry,) = tuner().tune("bench", {0: kernel}, {0: spec.name})
+        rows.append(_row(label, entry, time.perf_counter() - start))
+    for index, (label, op, *_) in enumerate(CLASSES):
+        if op != "Conv":
+            continue
+        # the class's model compiled with a tuner: its one kernel (the conv, epilogue fused) is tuned as it would
+        # be in a model, weights prepacked
+        start = time.perf_counter()
+        compiled, _ = compile_model(class_model(index)[0], None, be, "bench", tuner=tuner())
+        (entry,) = compiled.tuning
+        rows.append(_row(label, entry, time.perf_counter() - start))
     return rows
 
 

@@ -99,7 +99,7 @@ STRATEGIES: dict[str, Callable[[Sequence[Request]], dict[str, Allocation]]] = {
 }
 
 
-RESTARTS = 12
+RESTARTS = 24  # DenseNet-121 on OpenCL (convs without im2col scratch) reaches the bound at the 20th
 
 
 def plan(requests: Sequence[Request]) -> Plan:
@@ -119,7 +119,7 @@ def plan(requests: Sequence[Request]) -> Plan:
     best.lower_bound = lower_bound(requests)
     # Greedy orders are heuristics: when none reaches the bound, a few seeded perturbations of the by-size
     # and by-breadth orders often do (DenseNet-121: 1.087 -> 1.0x of the bound by size; with oneDNN's
-    # channels-last layout, by breadth 1.054 -> 1.0x where by size stays at 1.054).
+    # channels-last layout, by breadth 1.054 -> 1.0x where by size stays at 1.054; on OpenCL 1.056 -> 1.0x).
     rng = random.Random(0)
     breadth = _breadth(requests) if best.size > best.lower_bound else {}
     for trial in range(RESTARTS):
