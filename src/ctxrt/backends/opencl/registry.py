@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ctxrt.backends.kernel import Kernel
-from ctxrt.backends.opencl import elementwise, gemm
+from ctxrt.backends.opencl import elementwise, gemm, norm_layer, reduce
 
 KERNELS: dict[str, Callable[..., Kernel]] = {}
-for _module in (elementwise, gemm):
+for _module in (elementwise, gemm, reduce, norm_layer):
     _dup = KERNELS.keys() & _module.KERNELS.keys()
     assert not _dup, f"ops registered twice: {_dup}"
     KERNELS.update(_module.KERNELS)
