@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ctxrt.backends.kernel import Kernel
-from ctxrt.backends.opencl import elementwise, gemm, norm_layer, reduce
+from ctxrt.backends.opencl import concat, elementwise, gather, gemm, norm_layer, reduce, shape_ops
 
 KERNELS: dict[str, Callable[..., Kernel]] = {}
-for _module in (elementwise, gemm, reduce, norm_layer):
+for _module in (elementwise, gemm, reduce, norm_layer, shape_ops, concat, gather):
     _dup = KERNELS.keys() & _module.KERNELS.keys()
     assert not _dup, f"ops registered twice: {_dup}"
     KERNELS.update(_module.KERNELS)
