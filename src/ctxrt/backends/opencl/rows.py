@@ -100,6 +100,10 @@ class RowKernel(ClKernel):
         if math.prod(shape) >= LIMIT:
             raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: tensors past 2^31 elements")
 
+    def __init__(self, spec: NodeSpec, backend: Any, params: Any = None) -> None:
+        super().__init__(spec, backend, params)
+        self.T = self.cl_type(self.dtype)  # declines types the device cannot compute in
+
     def problem(self) -> dict[str, int]:
         g = self.geom
         return {"rows": g.rows, "n": g.n, "contig": int(g.contig), "itemsize": self.dtype.itemsize}
@@ -109,10 +113,9 @@ class RowKernel(ClKernel):
 
     def defines(self) -> dict[str, Any]:
         g = self.geom
-        t = self.cl_type(self.dtype)
-        d = {"T": t, "FLOAT": int(self.dtype.kind == "f"), "KRANK": len(g.kdims), "RRANK": len(g.rdims),
+        d = {"T": self.T, "FLOAT": int(self.dtype.kind == "f"), "KRANK": len(g.kdims), "RRANK": len(g.rdims),
              "CONTIG": int(g.contig), **self.params}
-        if t == "double":
+        if self.T == "double":
             d["FP64"] = 1
         return d
 
