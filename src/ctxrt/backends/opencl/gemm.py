@@ -43,21 +43,27 @@ class Gemm(ClKernel):
     source = "gemm.cl"
     space = Space(
         params={"TM": (1, 2, 4, 8, 16, 32, 64, 128), "TN": (8, 16, 32, 64, 128), "TK": (8, 16, 32),
-                "WM": (1, 2, 4, 8), "WN": (1, 2, 4, 8), "LOCAL": (0, 1), "KV": (1, 4, 8, 16)},
-        # PoCL: no local memory (its "local" memory is the same caches); NN: 32x64 tiles, 4x4 per work-item
-        # (512^3: 28 ms vs 38 ms for 8x128), 16x32 when N <= 32 (attention's P.V, 128x32x128: 0.12 vs 0.53 ms,
-        # clamped columns being recomputed); NT: a dot product of 8-wide vectors per output, both rows
-        # contiguous (VGG-19's 1x25088x4096 FC: 22 ms vs 540 ms tiled, 38 ms NumPy, measured on a 2-core
-        # EPYC). GPUs: 64x64 tiles staged in local memory, 4x4 per work-item.
-        defaults={"cpu": {"TM": 32, "TN": 64, "TK": 8, "WM": 4, "WN": 4, "LOCAL": 0, "KV": 1},
-                  "cpu:narrow": {"TM": 16, "TN": 32, "TK": 8, "WM": 2, "WN": 1, "LOCAL": 0, "KV": 1},
-                  "cpu:nt": {"TM": 1, "TN": 64, "TK": 8, "WM": 1, "WN": 1, "LOCAL": 0, "KV": 8},
-                  "gpu": {"TM": 64, "TN": 64, "TK": 16, "WM": 4, "WN": 4, "LOCAL": 1, "KV": 1},
-                  "default": {"TM": 32, "TN": 32, "TK": 16, "WM": 2, "WN": 2, "LOCAL": 1, "KV": 1}},
-        constraints=(lambda p, s: p["TM"] % p["WM"] == 0 and p["TN"] % p["WN"] == 0,
+                "WM": (1, 2, 4, 8), "WN": (1, 2, 4, 8), "LOCAL": (0, 1), "KV": (1, 4, 8, 16), "VN": (1, 4, 8, 16)},
+        # PoCL: no local memory (its "local" memory is the same caches) and explicit vectors (PoCL vectorises
+        # across work-items, never along a loop inside one). NN, N >= 16: the CPU's micro-kernel, 8 rows x 16
+        # columns per work-item (BERT's attention P.V 12x128x128x32: 0.09 ms vs 1.4 ms for 2x1 scalars; 512^3:
+        # 1.7 ms vs 20 ms); N < 16, or A and B both transposed: 16x32 tiles of 2x1 scalars. NT (constant
+        # weights stored [N, K]): 4x4 dot products of 16-wide vectors per work-item (BERT-6's 128x384x1536:
+        # 0.9 ms vs 5.2 ms for one 8-wide dot product per work-item; OpenBLAS ~0.8 ms); M = 1 (GEMV): 1x4 of
+        # them (no rows recomputed). On a 2-core EPYC (PoCL 3.1), the minimum of interleaved runs. GPUs: 64x64
+        # tiles staged in local memory, 4x4 per work-item.
+        defaults={"cpu": {"TM": 32, "TN": 32, "TK": 8, "WM": 8, "WN": 1, "LOCAL": 0, "KV": 1, "VN": 16},
+                  "cpu:scalar": {"TM": 16, "TN": 32, "TK": 8, "WM": 2, "WN": 1, "LOCAL": 0, "KV": 1, "VN": 1},
+                  "cpu:nt": {"TM": 4, "TN": 32, "TK": 8, "WM": 4, "WN": 4, "LOCAL": 0, "KV": 16, "VN": 1},
+                  "cpu:gemv": {"TM": 1, "TN": 64, "TK": 8, "WM": 1, "WN": 4, "LOCAL": 0, "KV": 16, "VN": 1},
+                  "gpu": {"TM": 64, "TN": 64, "TK": 16, "WM": 4, "WN": 4, "LOCAL": 1, "KV": 1, "VN": 1},
+                  "default": {"TM": 32, "TN": 32, "TK": 16, "WM": 2, "WN": 2, "LOCAL": 1, "KV": 1, "VN": 1}},
+        constraints=(lambda p, s: p["TM"] % p["WM"] == 0 and p["TN"] % (p["WN"] * p["VN"]) == 0,
                      lambda p, s: p["LOCAL"] == 1 or p["TK"] == 8,  # TK unused without local memory
-                     lambda p, s: p["KV"] == 1 or (p["LOCAL"] == 0 and s["b_t"] and not s["a_t"])),
-        work_group=lambda p: (p["TN"] // p["WN"], p["TM"] // p["WM"]),
+                     lambda p, s: p["KV"] == 1 or (p["LOCAL"] == 0 and s["b_t"] and not s["a_t"]),
+                     lambda p, s: p["VN"] == 1 or (p["LOCAL"] == 0 and p["KV"] == 1 and not s["b_t"]
+                                                   and p["VN"] <= s["N"])),
+        work_group=lambda p: (p["TN"] // (p["WN"] * p["VN"]), p["TM"] // p["WM"]),
         local_memory=lambda p, s: p["LOCAL"] * p["TK"] * (p["TM"] + p["TN"]) * s.get("itemsize", 4))
 
     def __init__(self, spec: NodeSpec, backend: Any, params: Any = None) -> None:
@@ -113,7 +119,9 @@ class Gemm(ClKernel):
                 "b_t": int(self.b_t), "itemsize": np.dtype(self.spec.outputs[0].dtype).itemsize}
 
     def variant(self) -> str:
-        return "nt" if self.b_t and not self.a_t else "narrow" if self.N <= 32 else ""
+        if self.b_t and not self.a_t:
+            return "gemv" if self.M == 1 else "nt"
+        return "scalar" if self.N < 16 or self.b_t else ""  # vectors along N need 16 columns of B [K, N]
 
     def defines(self) -> dict[str, Any]:
         d = {"T": self.T, "A_T": int(self.a_t), "B_T": int(self.b_t), "HAS_C": int(self.has_c),
@@ -139,7 +147,7 @@ class Gemm(ClKernel):
                 a.mem, np.uint64(a.offset), np.int32(self.lda), b.mem, np.uint64(b.offset), np.int32(self.ldb),
                 c.mem, np.uint64(c.offset), np.int32(self.scm), np.int32(self.scn), y.mem, np.uint64(y.offset),
                 scalar(self.alpha), scalar(self.beta), vec(self.batch, 1), vec(self.bsa, 0), vec(self.bsb, 0)]
-        rn, rm = p["TN"] // p["WN"], p["TM"] // p["WM"]
+        rn, rm = p["TN"] // (p["WN"] * p["VN"]), p["TM"] // p["WM"]
         gsize = (-(-self.N // p["TN"]) * rn, -(-self.M // p["TM"]) * rm, batch)
         return self.launch(self.kernel("gemm", *args), gsize, (rn, rm, 1))
 

@@ -9,8 +9,12 @@
  *
  * KV > 1 (with LOCAL=0, A [M, K] and B [N, K]: NT GEMMs, GEMVs against stored weights) accumulates dot
  * products of KV-wide vectors along K instead, both operands read contiguously by each work-item.
+ * VN > 1 (with LOCAL=0, B [K, N]: NN GEMMs, attention's batched products; the CPU's micro-kernel) makes each
+ * work-item's WN columns WN vectors of VN adjacent columns: per step of K, WN vector loads of B, WM scalars of
+ * A broadcast, WM x WN vector FMAs (RN = TN / (WN * VN) work-items per row of the tile). A vector that would
+ * cross column N is loaded from N - VN instead (N >= VN) and stores only the columns it owns.
  *
- * Build options: T (float or double), TM TN TK WM WN LOCAL KV (tunable), A_T (A stored [K, M]), B_T (B stored
+ * Build options: T (float or double), TM TN TK WM WN LOCAL KV VN (tunable), A_T (A stored [K, M]), B_T (B stored
  * [N, K]), HAS_C (add beta * C, C read with strides scm, scn: 0 where it broadcasts), RELU (fused
  * activation), FP64. Batches: get_global_id(2) over up to 4 dims (int4 bdims, s0 innermost) with the
  * element strides of A and B per batch dim (0 where they broadcast); Y is contiguous.
@@ -19,8 +23,11 @@
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #endif
 
+#ifndef VN
+#define VN 1
+#endif
 #define RM (TM / WM)
-#define RN (TN / WN)
+#define RN (TN / (WN * VN))
 #if A_T
 #define A_AT(m, k) A[(k) * lda + (m)]
 #else
@@ -34,6 +41,7 @@
 #define CAT(a, b) a##b
 #define VEC(t, n) CAT(t, n)
 #define VLOAD(n) CAT(vload, n)
+#define VSTORE(n) CAT(vstore, n)
 #if KV == 4
 #define HSUM(v) dot(v, (VEC(T, 4))(1))
 #elif KV == 8
@@ -41,6 +49,18 @@
 #elif KV == 16
 #define HSUM(v) dot((v).lo.lo + (v).lo.hi + (v).hi.lo + (v).hi.hi, (VEC(T, 4))(1))
 #endif
+/* Y[m, n] = act(alpha * v + beta * C[m, n]) */
+#if HAS_C
+#define C_TERM(m, n) v += beta * C[(m) * scm + (n) * scn];
+#else
+#define C_TERM(m, n)
+#endif
+#if RELU
+#define ACT v = max(v, (T)0);
+#else
+#define ACT
+#endif
+#define STORE(m, n, value) { T v = alpha * (value); C_TERM(m, n) ACT Y[(m) * N + (n)] = v; }
 #define BATCH(c) { const int q = r / bdims.c; const int x = r - q * bdims.c; r = q; \
                    ba += (long)x * bsa.c; bb += (long)x * bsb.c; }
 
@@ -60,7 +80,48 @@ void gemm(const int M, const int N, const int K,
     __global const T* A = (__global const T*)(a_ + oa) + ba;
     __global const T* B = (__global const T*)(b_ + ob) + bb;
     __global T* Y = (__global T*)(y_ + oy) + (long)get_global_id(2) * M * N;
+#if HAS_C
+    __global const T* C = (__global const T*)(c_ + oc);
+#endif
 
+#if VN > 1
+    /* B [K, N]: WN vectors of VN columns per work-item, starting at cols[j] (shifted back to stay inside N) */
+    int rows[WM], cols[WN], own[WN];
+#pragma unroll
+    for (int i = 0; i < WM; i++) rows[i] = min(m0 + ly + i * RM, M - 1);
+#pragma unroll
+    for (int j = 0; j < WN; j++) { own[j] = n0 + (lx + j * RN) * VN; cols[j] = min(own[j], N - VN); }
+    VEC(T, VN) vacc[WM][WN];
+#pragma unroll
+    for (int i = 0; i < WM; i++)
+#pragma unroll
+        for (int j = 0; j < WN; j++)
+            vacc[i][j] = (VEC(T, VN))(0);
+    for (int k = 0; k < K; k++) {
+        VEC(T, VN) bv[WN];
+#pragma unroll
+        for (int j = 0; j < WN; j++) bv[j] = VLOAD(VN)(0, B + k * ldb + cols[j]);
+#pragma unroll
+        for (int i = 0; i < WM; i++) {
+            const VEC(T, VN) av = (VEC(T, VN))(A_AT(rows[i], k));
+#pragma unroll
+            for (int j = 0; j < WN; j++)
+                vacc[i][j] = fma(av, bv[j], vacc[i][j]);
+        }
+    }
+    for (int i = 0; i < WM; i++) {
+        const int m = m0 + ly + i * RM;
+        if (m >= M) break;
+        for (int j = 0; j < WN; j++) {
+            T t[VN];
+            VSTORE(VN)(vacc[i][j], 0, t);
+            for (int e = 0; e < VN; e++) {
+                const int n = cols[j] + e;
+                if (n >= own[j] && n < N) STORE(m, n, t[e])
+            }
+        }
+    }
+#else
     T acc[WM][WN];
     for (int i = 0; i < WM; i++)
         for (int j = 0; j < WN; j++)
@@ -106,21 +167,36 @@ void gemm(const int M, const int N, const int K,
     for (int j = 0; j < WN; j++) cols[j] = min(n0 + lx + j * RN, N - 1);
     int k = 0;
 #if KV > 1
-    /* A [M, K] and B [N, K] are both contiguous along K: dot products of KV-wide vectors */
+    /* A [M, K] and B [N, K] are both contiguous along K: dot products of KV-wide vectors, WM x WN of them per
+     * work-item (row pointers hoisted, loops unrolled: PoCL keeps the accumulators in registers) */
     {
+        __global const T* ap[WM];
+        __global const T* bp[WN];
         VEC(T, KV) vacc[WM][WN];
+#pragma unroll
+        for (int i = 0; i < WM; i++) ap[i] = A + rows[i] * lda;
+#pragma unroll
+        for (int j = 0; j < WN; j++) bp[j] = B + cols[j] * ldb;
+#pragma unroll
         for (int i = 0; i < WM; i++)
+#pragma unroll
             for (int j = 0; j < WN; j++)
                 vacc[i][j] = (VEC(T, KV))(0);
         for (; k + KV <= K; k += KV) {
             VEC(T, KV) av[WM], bv[WN];
-            for (int i = 0; i < WM; i++) av[i] = VLOAD(KV)(0, A + rows[i] * lda + k);
-            for (int j = 0; j < WN; j++) bv[j] = VLOAD(KV)(0, B + cols[j] * ldb + k);
+#pragma unroll
+            for (int i = 0; i < WM; i++) av[i] = VLOAD(KV)(0, ap[i] + k);
+#pragma unroll
+            for (int j = 0; j < WN; j++) bv[j] = VLOAD(KV)(0, bp[j] + k);
+#pragma unroll
             for (int i = 0; i < WM; i++)
+#pragma unroll
                 for (int j = 0; j < WN; j++)
                     vacc[i][j] = fma(av[i], bv[j], vacc[i][j]);
         }
+#pragma unroll
         for (int i = 0; i < WM; i++)
+#pragma unroll
             for (int j = 0; j < WN; j++)
                 acc[i][j] = HSUM(vacc[i][j]);
     }
@@ -135,23 +211,14 @@ void gemm(const int M, const int N, const int K,
     }
 #endif
 
-#if HAS_C
-    __global const T* C = (__global const T*)(c_ + oc);
-#endif
     for (int i = 0; i < WM; i++) {
         const int m = m0 + ly + i * RM;
         if (m >= M) break;
         for (int j = 0; j < WN; j++) {
             const int n = n0 + lx + j * RN;
             if (n >= N) break;
-            T v = alpha * acc[i][j];
-#if HAS_C
-            v += beta * C[m * scm + n * scn];
-#endif
-#if RELU
-            v = max(v, (T)0);
-#endif
-            Y[m * N + n] = v;
+            STORE(m, n, acc[i][j])
         }
     }
+#endif
 }
