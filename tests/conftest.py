@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-for folder in ("ops", "models", "tuning", "server"):
+for folder in ("ops", "models", "tuning", "server", "cli"):
     if str(HERE / folder) not in sys.path:
         sys.path.insert(0, str(HERE / folder))
 

@@ -464,10 +464,18 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
 
+def _notes_line(notes: list[warnings.WarningMessage]) -> str:
+    """ctxrt's notes as a suffix of the error line: they may explain it (e.g. dynamic dims bound to 1)."""
+    said = [_one_line(w.message) for w in notes if issubclass(w.category, CtxrtWarning)]
+    return f" (note: {'; '.join(said)})" if said else ""
+
+
 def main(argv: list[str] | None = None) -> int:
+    notes: list[warnings.WarningMessage] = []
     try:
         args = build_parser().parse_args(argv)
-        with warnings.catch_warnings(record=True) as notes:
+        with warnings.catch_warnings(record=True) as caught:
+            notes = caught
             warnings.simplefilter("always", CtxrtWarning)
             code = args.func(args)
         _tell(notes)
@@ -482,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except (CtxrtError, OSError) as e:  # OSError: files named on the command line (their names, never temporaries)
-        print(f"ctxrt: error: {_one_line(e)}", file=sys.stderr)
+        print(f"ctxrt: error: {_one_line(e)}{_notes_line(notes)}", file=sys.stderr)
         return 2
     except MemoryError as e:
         print(f"ctxrt: error: not enough memory: {_one_line(e)}", file=sys.stderr)

@@ -4,6 +4,8 @@ failing command must pass (one line on stderr, exit 2, nothing written)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -64,3 +66,35 @@ def assert_one_line_error(code: int, out: str, err: str, *needles: str) -> None:
     assert "Traceback" not in err and ".tmp" not in err, err
     for needle in needles:
         assert needle in err, (needle, err)
+
+
+def on_a_terminal(cwd: Path, *argv: str, timeout: float = 300) -> tuple[int, str, str]:
+    """Run `ctxrt ARGV` with stderr on a pseudo-terminal of 160 columns: (exit status, stdout, what the
+    terminal showed)."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    child = subprocess.Popen([sys.executable, "-m", "ctxrt.cli", *argv], cwd=cwd, stdout=subprocess.PIPE,
+                             stderr=slave, text=True)
+    os.close(slave)
+    shown = b""
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], timeout)
+            assert ready, f"no output and no end in {timeout} s"
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the child closed the terminal (EIO on Linux)
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(master)
+    out = child.stdout.read()  # type: ignore[union-attr]
+    return child.wait(), out, shown.decode(errors="replace")

@@ -3,44 +3,10 @@ when stderr is a file or pipe (then stderr stays empty on success)."""
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
-import select
-import struct
-import subprocess
-import sys
-import termios
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli, relu_model
-
-
-def _stderr_on_a_terminal(cwd: Path, *argv: str) -> tuple[int, str, str]:
-    """Run `ctxrt ARGV` with stderr on a pseudo-terminal of 120 columns: (exit status, stdout, what the
-    terminal showed)."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    child = subprocess.Popen([sys.executable, "-m", "ctxrt.cli", *argv], cwd=cwd, stdout=subprocess.PIPE,
-                             stderr=slave, text=True)
-    os.close(slave)
-    shown = b""
-    try:
-        while True:
-            ready, _, _ = select.select([master], [], [], 120)
-            assert ready, "no output and no end in 120 s"
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # the child closed the terminal (EIO on Linux)
-                break
-            if not chunk:
-                break
-            shown += chunk
-    finally:
-        os.close(master)
-    out = child.stdout.read()
-    return child.wait(), out, shown.decode(errors="replace")
+from cli_helpers import cli, on_a_terminal, relu_model
 
 
 @pytest.fixture
@@ -58,7 +24,7 @@ def ws(tmp_path: Path) -> Path:
     (["run", "m.onnx"], ["compile m.onnx", "kernels"]),
 ], ids=["compile", "several", "split", "run"])
 def test_a_terminal_shows_progress_by_stage(ws, argv, stages) -> None:
-    code, out, shown = _stderr_on_a_terminal(ws, *argv)
+    code, out, shown = on_a_terminal(ws, *argv)
     assert code == 0 and out.startswith(("wrote", "y:")), (out, shown)
     for stage in stages:
         assert stage in shown, (stage, shown)
@@ -69,7 +35,7 @@ def test_a_terminal_shows_progress_by_stage(ws, argv, stages) -> None:
                                   ["compile", "m.onnx", "--split", "2", "-o", "parts", "-q"],
                                   ["run", "m.onnx", "--quiet"]])
 def test_quiet_shows_nothing(ws, argv) -> None:
-    code, out, shown = _stderr_on_a_terminal(ws, *argv)
+    code, out, shown = on_a_terminal(ws, *argv)
     assert code == 0 and shown == "", shown
 
 

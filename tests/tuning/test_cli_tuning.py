@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from tuning_helpers import mlp_model, on_a_terminal
+from cli_helpers import on_a_terminal
+from tuning_helpers import mlp_model
 
 from ctxrt.cli import main
 

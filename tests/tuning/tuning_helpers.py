@@ -34,37 +34,3 @@ def entry(n: int) -> dict:
     return {"signature": {"op": "Relu", "n": n}, "label": f"kernel {n}", "default": {"VW": 4, "WGS": 64},
             "default_time_s": 2e-6, "best": params, "best_time_s": 1e-6, "tried": [[params, 1e-6, None]],
             "complete": True, "note": ""}
-
-
-def on_a_terminal(cwd: Path, *argv: str) -> tuple[int, str, str]:
-    """Run `ctxrt ARGV` with stderr on a pseudo-terminal: (exit status, stdout, what the terminal showed)."""
-    import fcntl
-    import os
-    import pty
-    import select
-    import struct
-    import subprocess
-    import sys
-    import termios
-
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
-    child = subprocess.Popen([sys.executable, "-m", "ctxrt.cli", *argv], cwd=cwd, stdout=subprocess.PIPE,
-                             stderr=slave, text=True)
-    os.close(slave)
-    shown = b""
-    try:
-        while True:
-            ready, _, _ = select.select([master], [], [], 300)
-            assert ready, "no output and no end in 300 s"
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # the child closed the terminal (EIO on Linux)
-                break
-            if not chunk:
-                break
-            shown += chunk
-    finally:
-        os.close(master)
-    out = child.stdout.read()  # type: ignore[union-attr]
-    return child.wait(), out, shown.decode(errors="replace")

@@ -89,6 +89,16 @@ def test_compile_binds_an_unbound_dim_to_one_and_says_so(capsys, mlp, tmp_path) 
     assert code == 0 and err == ""
 
 
+def test_a_compile_failing_at_a_dim_bound_to_one_says_so_in_its_error_line(capsys, tmp_path) -> None:
+    # reflect padding needs an axis longer than 1: the error alone would not tell the user why it is 1
+    path = save(tmp_path, [helper.make_node("Pad", ["x", "pads"], ["y"], mode="reflect")],
+                [vi("x", T.FLOAT, [1, "n"])], [vi("y", T.FLOAT, None)], {"pads": np.array([0, 1, 0, 1], np.int64)})
+    code, _, err = cli_run(capsys, "compile", path, "-o", tmp_path / "m.ctx")
+    assert code == 2 and err.count("\n") == 1
+    assert "reflect" in err and "note: dynamic dims bound to 1: input 'x' axis 1 (n)" in err
+    assert not (tmp_path / "m.ctx").exists()
+
+
 def test_value_inputs_are_found_through_computation_and_named_when_missing(reshaper) -> None:
     with pytest.raises(ValueInputError, match="input 'rest' is needed at compile time.*Reshape.*--value rest=") as e:
         ctxrt.compile(reshaper)

@@ -140,12 +140,7 @@ def conv(spec: NodeSpec) -> Kernel:
             constants = {1: prepack(spec.consts[1], wdims, plain, prim.md(api.Q_WEIGHTS_MD))}
         attrs = {"weights_tag": packed, "weight_shape": [m, cg, kh, kw]}
     reject_reference(prim, spec)
-    args = [(api.ARG_SRC, "in", 0, src_md), (api.ARG_WEIGHTS, "in", 1, prim.md(api.Q_WEIGHTS_MD)),
-            (api.ARG_DST, "out", 0, dst_md)]
-    if bias_md is not None:
-        args.append((api.ARG_BIAS, "in", 2, bias_md))
-    if residual:
-        args.append((api.post_op_arg(attr.binary_index, api.ARG_SRC_1), "in", 3, dst_md))
+    args = weighted_args(prim, src_md, dst_md, bias_md, attr.binary_index if residual else None)
     kind = "depthwise" if g > 1 and g == m == x[1] else "grouped" if g > 1 else "conv"
     return OneDnnKernel(spec, prim, args, kind, attrs, constants)
 
@@ -210,6 +205,19 @@ def prepack(weights: np.ndarray, wdims: tuple[int, ...], tag: str, to: api.Desc)
         raise UnsupportedOpError("oneDNN weight reorder needs a scratchpad")
     prim.launch([(api.ARG_FROM, api.Memory(plain, src.ctypes.data)), (api.ARG_TO, api.Memory(to, out.ctypes.data))])()
     return out
+
+
+def weighted_args(prim: api.Primitive, src_md: Any, dst_md: Any, bias_md: Any, residual_index: int | None
+                  ) -> list[tuple[int, str, int, Any]]:
+    """A conv's or matmul's execution arguments: (oneDNN argument, "in"/"out", tensor index, descriptor) for the
+    source, the prepacked weights, the destination, the bias and a residual summed in as a binary post-op."""
+    args = [(api.ARG_SRC, "in", 0, src_md), (api.ARG_WEIGHTS, "in", 1, prim.md(api.Q_WEIGHTS_MD)),
+            (api.ARG_DST, "out", 0, dst_md)]
+    if bias_md is not None:
+        args.append((api.ARG_BIAS, "in", 2, bias_md))
+    if residual_index is not None:
+        args.append((api.post_op_arg(residual_index, api.ARG_SRC_1), "in", 3, dst_md))
+    return args
 
 
 def reject_reference(prim: api.Primitive, spec: NodeSpec) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.cpu.onednn import api
-from ctxrt.backends.cpu.onednn.kernels import OneDnnKernel, choose_weights, create, prepack, recreate
+from ctxrt.backends.cpu.onednn.kernels import OneDnnKernel, choose_weights, create, prepack, recreate, weighted_args
 from ctxrt.backends.kernel import Kernel, NodeSpec
 from ctxrt.errors import UnsupportedOpError
 
@@ -78,10 +78,5 @@ def matmul(spec: NodeSpec) -> Kernel:
         if not spec.options.get("probe"):
             constants = {1: prepack(spec.consts[1], (k, n), "ba" if transposed else "ab", prim.md(api.Q_WEIGHTS_MD))}
         attrs = {"weights_tag": packed, "weight_shape": [k, n]}
-    args = [(api.ARG_SRC, "in", 0, src_md), (api.ARG_WEIGHTS, "in", 1, prim.md(api.Q_WEIGHTS_MD)),
-            (api.ARG_DST, "out", 0, dst_md)]
-    if bias_md is not None:
-        args.append((api.ARG_BIAS, "in", 2, bias_md))
-    if residual:
-        args.append((api.post_op_arg(attr.binary_index, api.ARG_SRC_1), "in", 3, dst_md))
+    args = weighted_args(prim, src_md, dst_md, bias_md, attr.binary_index if residual else None)
     return OneDnnKernel(spec, prim, args, "matmul", attrs, constants)
