@@ -239,6 +239,31 @@ def test_geometry_helpers() -> None:
     assert collapse([3, 5], [1, 3]) == ([3, 5], [1, 3])
 
 
+# ---- MatMul epilogues folded into the GEMM ------------------------------------------------------------------
+
+@pytest.mark.parametrize("act", ["Relu", "Gelu", "GeluTanh", None])
+@pytest.mark.parametrize("m, k, n, const_b", [(9, 33, 37, True), (1, 64, 70, True), (9, 33, 37, False),
+                                              (5, 16, 48, False)])
+def test_matmul_bias_residual_and_activation_fold_into_one_launch(act, m, k, n, const_b) -> None:
+    """MatMul + constant bias + residual + Relu/Gelu: one OpenCL step (weights stored [N, K]: the NT dot
+    products; B an input: the NN vector path), as onnx.reference computes the four nodes."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["hb"]),
+             helper.make_node("Add", ["r", "hb"], ["s"])]
+    if act == "Relu":
+        nodes.append(helper.make_node("Relu", ["s"], ["y"]))
+    elif act is not None:
+        nodes.append(helper.make_node("Gelu", ["s"], ["y"], approximate="tanh" if act == "GeluTanh" else "none"))
+    else:
+        nodes[-1].output[0] = "y"
+    feeds = {"x": rand(2, m, k), "r": rand(2, m, n)}
+    inits = {"b": rand(n)}
+    (feeds if not const_b else inits)["w"] = rand(k, n)
+    model = make_model(nodes, feeds, inits, opset=20)
+    with ctxrt.compile(model, backend="opencl") as ctx:
+        assert ctx.graph().partitions == [{"backend": "opencl", "steps": 1, "ops": {"MatMul": 1}}]
+    run_on_device(nodes, feeds, inits, opset=20, rtol=1e-5, atol=2e-6)
+
+
 # ---- tunable spaces: defaults valid, every configuration computes the same ---------------------------------
 
 def _t(shape, dt=F32) -> TensorSpec:

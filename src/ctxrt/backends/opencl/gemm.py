@@ -1,5 +1,6 @@
 """Gemm and MatMul (batched, broadcast over batch dims, as attention needs) on one register-tiled kernel
-(kernels/gemm.cl) with the bias, alpha/beta and a fused ReLU in its epilogue."""
+(kernels/gemm.cl) with alpha/beta, the bias, a residual and a fused Relu or Gelu in its epilogue (a MatMul's
+bias, residual and activation are folded into it by `OpenCLBackend.lower`: FuseMatMulEpilogue)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.kernel import Launch, NodeSpec
+from ctxrt.backends.kernel import Launch, NodeSpec, TensorSpec
 from ctxrt.backends.opencl.kernel import ClKernel, Space
 from ctxrt.errors import UnsupportedOpError
+from ctxrt.ir.graph import Graph as IRGraph
+from ctxrt.ir.graph import Node
 
 MAX_BATCH_RANK = 4  # dims of an int4 kernel argument
 _LIMIT = 1 << 31  # int32 element indices
+PROVIDER = "opencl"  # FuseMatMulEpilogue's provider name while it folds
+ACTIVATIONS = {None: 0, "Relu": 1, "Gelu": 2, "GeluTanh": 3}  # the kernel's ACT
 
 
 def _batch_strides(shape: tuple[int, ...], batch: tuple[int, ...]) -> list[int]:
@@ -76,15 +81,18 @@ class Gemm(ClKernel):
         self.dtype = next(iter(dts))
         self.T = self.cl_type(self.dtype)
         act = spec.attr("activation")
-        if act not in (None, "Relu"):
+        if act == "Gelu":
+            act = "GeluTanh" if spec.attr("approximate", "none") == "tanh" else "Gelu"
+        if act not in ACTIVATIONS:
             raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: fused activation {act!r}")
-        self.relu = act == "Relu"
+        self.act = ACTIVATIONS[act]
 
     def _shape(self, spec: NodeSpec) -> None:
         """M, N, K, layouts, batch dims and strides, bias strides; declines what the kernel cannot address."""
         a, b = spec.inputs[0].shape, spec.inputs[1].shape
         self.alpha, self.beta = 1.0, 1.0
         self.has_c, self.scm, self.scn = False, 0, 0
+        self.residual: int | None = None  # the input index of a MatMul's folded residual
         if spec.op == "Gemm":
             self.a_t, self.b_t = bool(spec.attr("transA", 0)), bool(spec.attr("transB", 0))
             self.alpha, self.beta = float(spec.attr("alpha", 1.0)), float(spec.attr("beta", 1.0))
@@ -96,8 +104,11 @@ class Gemm(ClKernel):
                 cs = (1,) * (2 - len(c.shape)) + tuple(c.shape)
                 self.has_c, self.scm, self.scn = True, 0 if cs[0] == 1 else cs[1], 0 if cs[1] == 1 else 1
             self.batch, self.bsa, self.bsb = [], [], []
-        else:  # MatMul: numpy's rules; B may be stored [N, K] (TransposeMatMulWeights)
+        else:  # MatMul: numpy's rules; B may be stored [N, K] (TransposeMatMulWeights); a folded bias [N] is C
             self.a_t, self.b_t = False, bool(spec.attr("transB", 0))
+            self.has_c, self.scn = bool(spec.attr("bias", 0)), 1
+            if spec.attr("residual", 0):
+                self.residual = 2 + self.has_c
             a2 = a if len(a) >= 2 else (1, *a)
             b2 = b if len(b) >= 2 else (*b, 1)
             self.M, self.K = a2[-2:]
@@ -125,7 +136,7 @@ class Gemm(ClKernel):
 
     def defines(self) -> dict[str, Any]:
         d = {"T": self.T, "A_T": int(self.a_t), "B_T": int(self.b_t), "HAS_C": int(self.has_c),
-             "RELU": int(self.relu), **self.params}
+             "HAS_R": int(self.residual is not None), "ACT": self.act, **self.params}
         if self.T == "double":
             d["FP64"] = 1
         return d
@@ -142,10 +153,12 @@ class Gemm(ClKernel):
 
         a, b, y = ins[0], ins[1], outs[0]
         c = ins[2] if self.has_c else a
+        r = a if self.residual is None else ins[self.residual]
         scalar = self.dtype.type
         args = [np.int32(self.M), np.int32(self.N), np.int32(self.K),
                 a.mem, np.uint64(a.offset), np.int32(self.lda), b.mem, np.uint64(b.offset), np.int32(self.ldb),
-                c.mem, np.uint64(c.offset), np.int32(self.scm), np.int32(self.scn), y.mem, np.uint64(y.offset),
+                c.mem, np.uint64(c.offset), np.int32(self.scm), np.int32(self.scn), r.mem, np.uint64(r.offset),
+                y.mem, np.uint64(y.offset),
                 scalar(self.alpha), scalar(self.beta), vec(self.batch, 1), vec(self.bsa, 0), vec(self.bsb, 0)]
         rn, rm = p["TN"] // (p["WN"] * p["VN"]), p["TM"] // p["WM"]
         gsize = (-(-self.N // p["TN"]) * rn, -(-self.M // p["TM"]) * rm, batch)
@@ -154,6 +167,33 @@ class Gemm(ClKernel):
 
 def _gemm(spec: NodeSpec, backend: Any) -> Gemm:
     return Gemm(spec, backend)
+
+
+def fold_epilogues(graph: IRGraph, backend: Any) -> IRGraph:
+    """Each MatMul this kernel runs gets the constant bias Add, the residual Add and the Relu or Gelu that follow
+    it folded into its epilogue (a transformer layer's projections: one launch instead of up to four, and the
+    intermediate tensors gone), where the kernel accepts the fused node."""
+    from ctxrt.ir.passes.fuse_epilogue import FuseMatMulEpilogue
+
+    def accepts(g: IRGraph, node: Node) -> bool:
+        ins = [g.values[n] if n else None for n in node.inputs]
+        spec = NodeSpec(node.op, node.name, node.attrs,
+                        [None if v is None else TensorSpec(v.shape, np.dtype(v.dtype)) for v in ins],
+                        [TensorSpec(g.values[o].shape, np.dtype(g.values[o].dtype)) for o in node.outputs],
+                        [None if v is None else v.const for v in ins], g.opset)
+        try:
+            Gemm(spec, backend)
+        except UnsupportedOpError:
+            return False
+        return True
+
+    marked = [n for n in graph.nodes if n.op == "MatMul" and accepts(graph, n)]
+    for node in marked:  # the pass folds into the nodes of one provider
+        node.attrs = {**node.attrs, "kernel": PROVIDER}
+    graph = FuseMatMulEpilogue(PROVIDER, accepts)(graph).graph
+    for node in marked:
+        node.attrs = {k: v for k, v in node.attrs.items() if k != "kernel"}
+    return graph
 
 
 KERNELS = {"Gemm": _gemm, "MatMul": _gemm}
