@@ -61,6 +61,14 @@ def _eltwise(op: str, shapes: list[tuple[int, ...]]) -> Any:
     return NodeSpec(op, op.lower(), {}, [TensorSpec(s, F32) for s in shapes], [TensorSpec(out, F32)])
 
 
+def _node(op: str, attrs: dict[str, Any], ins: list[tuple[tuple[int, ...], Any]],
+          outs: list[tuple[tuple[int, ...], Any]]) -> Any:
+    from ctxrt.backends.kernel import NodeSpec, TensorSpec
+
+    return NodeSpec(op, op.lower(), attrs, [TensorSpec(s, np.dtype(d)) for s, d in ins],
+                    [TensorSpec(s, np.dtype(d)) for s, d in outs], opset=17)
+
+
 def kernel_classes() -> list[tuple[str, Any]]:
     """(label, node spec): B of the projections stored [N, K] as the compiler stores constant MatMul weights."""
     return [
@@ -73,6 +81,19 @@ def kernel_classes() -> list[tuple[str, Any]]:
         ("BERT bias Add 128x384 + 384", _eltwise("Add", [(1, 128, 384), (384,)])),
         ("BERT Gelu 128x1536", _eltwise("Gelu", [(1, 128, 1536)])),
         ("ResNet-50 Relu 256x56x56", _eltwise("Relu", [(1, 256, 56, 56)])),
+        ("BERT attention Softmax 12x128x128", _node("Softmax", {"axis": -1}, [((1, 12, 128, 128), F32)],
+                                                     [((1, 12, 128, 128), F32)])),
+        ("BERT LayerNorm 128x384", _node("LayerNormalization", {"axis": -1}, [((1, 128, 384), F32), ((384,), F32),
+                                                                              ((384,), F32)], [((1, 128, 384), F32)])),
+        ("BERT heads Transpose 128x12x32 -> 12x128x32", _node("Transpose", {"perm": [0, 2, 1, 3]},
+                                                               [((1, 128, 12, 32), F32)], [((1, 12, 128, 32), F32)])),
+        ("BERT K^T Transpose 12x128x32 -> 12x32x128", _node("Transpose", {"perm": [0, 2, 1]}, [((12, 128, 32), F32)],
+                                                             [((12, 32, 128), F32)])),
+        ("BERT embedding Gather 30522x384 [128]", _node("Gather", {"axis": 0}, [((30522, 384), F32),
+                                                                              ((1, 128), np.int64)],
+                                                        [((1, 128, 384), F32)])),
+        ("ResNet-50 ReduceMean 2048x7x7 (global average)", _node("ReduceMean", {"axes": [2, 3], "keepdims": 1},
+                                                                 [((1, 2048, 7, 7), F32)], [((1, 2048, 1, 1), F32)])),
     ]
 
 

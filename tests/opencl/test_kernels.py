@@ -183,11 +183,11 @@ def _gpu(info):
 def test_defaults_are_valid_on_this_device_and_on_a_gpu() -> None:
     be = get_backend("opencl")
     for info in (be.info, _gpu(be.info)):
-        for kernel, variants in ((Gemm, ("", "nt", "narrow")), (Elementwise, ("",))):
+        for kernel, variants in ((Gemm, ("", "nt", "gemv", "scalar")), (Elementwise, ("",))):
             for v in variants:
                 p = kernel.space.default(info, v)
-                assert kernel.space.why_invalid(p, {"M": 37, "N": 29, "K": 53, "a_t": 0, "b_t": int(v == "nt"),
-                                                    "itemsize": 4}, info) is None, (kernel, v, info.type)
+                problem = {"M": 37, "N": 29, "K": 53, "a_t": 0, "b_t": int(v in ("nt", "gemv")), "itemsize": 4}
+                assert kernel.space.why_invalid(p, problem, info) is None, (kernel, v, info.type)
 
 
 def test_space_prunes_by_work_group_and_local_memory() -> None:
@@ -195,7 +195,7 @@ def test_space_prunes_by_work_group_and_local_memory() -> None:
     gpu = _gpu(be.info)
     problem = {"M": 64, "N": 64, "K": 64, "a_t": 0, "b_t": 0, "itemsize": 4}
     found = list(Gemm.space.candidates(problem, gpu))
-    assert found and all((p["TM"] // p["WM"]) * (p["TN"] // p["WN"]) <= 256 for p in found)
+    assert found and all((p["TM"] // p["WM"]) * (p["TN"] // (p["WN"] * p["VN"])) <= 256 for p in found)
     assert all(p["LOCAL"] * p["TK"] * (p["TM"] + p["TN"]) * 4 <= 32768 for p in found)
     assert all(p["KV"] == 1 for p in found)  # the dot-product variant needs B stored [N, K]
     assert "work-group" in Gemm.space.why_invalid(dict(Gemm.space.default(gpu), TM=128, WM=1), problem, gpu)

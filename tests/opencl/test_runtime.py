@@ -24,15 +24,16 @@ pytestmark = pytest.mark.usefixtures("opencl")
 
 
 def _mixed():
-    """x -> MatMul (opencl) -> Softmax (cpu) -> Add (opencl) -> Transpose (cpu) -> Mul (opencl) -> y, plus
-    Softmax reading the graph input directly: CPU partitions in the middle, at the start and at the end."""
-    nodes = [helper.make_node("Softmax", ["x"], ["s0"], axis=-1),
+    """x -> MatMul (opencl) -> Einsum (cpu) -> Add (opencl) -> Einsum transpose (cpu) -> Mul (opencl) -> y, plus
+    Einsum reading the graph input directly: CPU partitions in the middle, at the start and at the end (Einsum
+    has no OpenCL kernel)."""
+    nodes = [helper.make_node("Einsum", ["x"], ["s0"], equation="ij->ij"),
              helper.make_node("MatMul", ["s0", "w"], ["h"]),
-             helper.make_node("Softmax", ["h"], ["s"], axis=-1),
+             helper.make_node("Einsum", ["h"], ["s"], equation="ij->ij"),
              helper.make_node("Add", ["s", "h"], ["a"]),
-             helper.make_node("Transpose", ["a"], ["t"], perm=[1, 0]),
+             helper.make_node("Einsum", ["a"], ["t"], equation="ij->ji"),
              helper.make_node("Mul", ["t", "k"], ["m"]),
-             helper.make_node("Transpose", ["m"], ["y"], perm=[1, 0])]
+             helper.make_node("Einsum", ["m"], ["y"], equation="ij->ji")]
     feeds = {"x": rand(5, 12)}
     return make_model(nodes, feeds, {"w": rand(12, 7), "k": rand(7, 1)}), feeds
 
@@ -56,7 +57,7 @@ def test_cpu_partitions_over_mappings_or_counted_copies(zero_copy) -> None:
         if zero_copy:
             assert s["staging_copies_to_host"] == s["staging_copies_to_device"] == s["alloc_staging_bytes"] == 0
         else:
-            # in: x (first Softmax), h (second Softmax), a (Transpose), m (Transpose): 4 per run, their bytes;
+            # in: x (first Einsum), h (second Einsum), a (third), m (fourth): 4 per run, their bytes;
             # out: s0, s, t, y
             assert s["staging_copies_to_host"] == 4 * runs and s["staging_copies_to_device"] == 4 * runs
             f4 = 4
@@ -88,15 +89,16 @@ def test_steady_loop_with_fallback_creates_and_records_nothing(zero_copy) -> Non
 
 @pytest.mark.parametrize("zero_copy", [True, False], ids=["mapped", "copies"])
 def test_only_weights_device_kernels_read_are_uploaded(zero_copy) -> None:
-    """Gather (a CPU partition) reads its table from the host weights; only Add's bias goes to the device."""
+    """Einsum (a CPU partition) reads its table from the host weights; only Add's bias goes to the device."""
     table, bias = rand(1000, 16), rand(16)
-    nodes = [helper.make_node("Gather", ["table", "ids"], ["g"]), helper.make_node("Add", ["g", "bias"], ["y"])]
-    feeds = {"ids": np.array([[3, 999, 0], [7, 7, 1]], np.int64)}
+    nodes = [helper.make_node("Einsum", ["x", "table"], ["g"], equation="ij,jk->ik"),
+             helper.make_node("Add", ["g", "bias"], ["y"])]
+    feeds = {"x": rand(2, 1000)}
     model = make_model(nodes, feeds, {"table": table, "bias": bias})
     with ctxrt.compile(model, backend=OpenCLBackend(0, zero_copy=zero_copy)) as ctx:
         assert [p["backend"] for p in ctx.graph().partitions] == ["cpu", "opencl"]
         assert ctx.stats["alloc_weights_bytes"] == ctx.stats["weights_uploaded_bytes"] == bias.nbytes
-        np.testing.assert_allclose(ctx.graph().run(feeds)["y"], table[feeds["ids"]] + bias, rtol=1e-6)
+        np.testing.assert_allclose(ctx.graph().run(feeds)["y"], feeds["x"] @ table + bias, rtol=1e-5, atol=1e-5)
 
 
 def test_inspect_shows_device_driver_and_partitions(tmp_path, capsys) -> None:
@@ -113,7 +115,7 @@ def test_inspect_shows_device_driver_and_partitions(tmp_path, capsys) -> None:
     assert cli(["inspect", str(out)]) == 0
     text = capsys.readouterr().out
     assert f"backend opencl ({info.name}, driver {info.driver})" in text
-    assert "partitions: cpu 1 steps (Softmax 1) | opencl 1 steps (MatMul 1) | cpu 1 steps (Softmax 1)" in text
+    assert "partitions: cpu 1 steps (Einsum 1) | opencl 1 steps (MatMul 1) | cpu 1 steps (Einsum 1)" in text
 
 
 # ---- program binaries -------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ DEVICE = {"backend": "opencl", "vendor": "Acme Corp.", "device": "Acme(R) GPU 90
 
 
 def mlp_model(path: Path, k: int = 16, n: int = 32, seed: int = 0) -> Path:
-    """x[8, k] -> MatMul W[k, n] -> Add b -> Relu -> y: three tunable OpenCL kernels."""
+    """x[8, k] -> MatMul W[k, n] -> Add b -> Relu -> y: three tunable OpenCL kernels (b is [1, n], not the [n]
+    bias the OpenCL backend folds into the GEMM's epilogue)."""
     rng = np.random.default_rng(seed)
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
              helper.make_node("Add", ["h", "b"], ["a"], name="add"),
@@ -23,7 +24,7 @@ def mlp_model(path: Path, k: int = 16, n: int = 32, seed: int = 0) -> Path:
     g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, k])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, n])],
                           [numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w"),
-                           numpy_helper.from_array(rng.standard_normal(n).astype(np.float32), "b")])
+                           numpy_helper.from_array(rng.standard_normal((1, n)).astype(np.float32), "b")])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     return path
 

@@ -64,6 +64,13 @@ class OpenCLBackend:
         mode = "zero-copy" if self.zero_copy else "copies"
         return f"OpenCLBackend({self.info.index}: {self.info.name}, {mode})"
 
+    def lower(self, graph: Any, options: Any) -> Any:
+        """The OpenCL backend's own pass, last before kernels are chosen: MatMuls' bias, residual and Relu/Gelu
+        folded into the GEMM's epilogue."""
+        from ctxrt.backends.opencl.gemm import fold_epilogues
+
+        return fold_epilogues(graph, self)
+
     # -- memory --------------------------------------------------------------------------------------
     def alloc_shared(self, nbytes: int, alignment: int = 64) -> ClBuffer:
         return ClBuffer(self, int(nbytes), int(alignment), host_visible=True)

@@ -7,10 +7,22 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ctxrt.backends.kernel import Kernel
-from ctxrt.backends.opencl import conv, elementwise, gemm, norm, pool, window
+from ctxrt.backends.opencl import (
+    concat,
+    conv,
+    elementwise,
+    gather,
+    gemm,
+    norm,
+    norm_layer,
+    pool,
+    reduce,
+    shape_ops,
+    window,
+)
 
 KERNELS: dict[str, Callable[..., Kernel]] = {}
-for _module in (elementwise, gemm, conv, window, pool, norm):
+for _module in (elementwise, gemm, conv, window, pool, norm, reduce, norm_layer, shape_ops, concat, gather):
     _dup = KERNELS.keys() & _module.KERNELS.keys()
     assert not _dup, f"ops registered twice: {_dup}"
     KERNELS.update(_module.KERNELS)

@@ -1,4 +1,4 @@
-/* Batched GEMM for Gemm and MatMul: Y[b] = act(alpha * A[b] @ B[b] + beta * C).
+/* Batched GEMM for Gemm and MatMul: Y[b] = act(alpha * A[b] @ B[b] + beta * C + R[b]).
  *
  * Register-tiled: a work-group computes a TM x TN tile of Y, each work-item WM x WN outputs of it, at rows
  * ly + i * RM and columns lx + j * RN (RM = TM / WM and RN = TN / WN work-items per dim), so neighbouring
@@ -9,18 +9,26 @@
  *
  * KV > 1 (with LOCAL=0, A [M, K] and B [N, K]: NT GEMMs, GEMVs against stored weights) accumulates dot
  * products of KV-wide vectors along K instead, both operands read contiguously by each work-item.
+ * VN > 1 (with LOCAL=0, B [K, N]: NN GEMMs, attention's batched products; the CPU's micro-kernel) makes each
+ * work-item's WN columns WN vectors of VN adjacent columns: per step of K, WN vector loads of B, WM scalars of
+ * A broadcast, WM x WN vector FMAs (RN = TN / (WN * VN) work-items per row of the tile). A vector that would
+ * cross column N is loaded from N - VN instead (N >= VN) and stores only the columns it owns.
  *
- * Build options: T (float or double), TM TN TK WM WN LOCAL KV (tunable), A_T (A stored [K, M]), B_T (B stored
- * [N, K]), HAS_C (add beta * C, C read with strides scm, scn: 0 where it broadcasts), RELU (fused
- * activation), FP64. Batches: get_global_id(2) over up to 4 dims (int4 bdims, s0 innermost) with the
+ * Build options: T (float or double), TM TN TK WM WN LOCAL KV VN (tunable), A_T (A stored [K, M]), B_T (B stored
+ * [N, K]), HAS_C (add beta * C, C read with strides scm, scn: 0 where it broadcasts; a MatMul's folded bias),
+ * HAS_R (add R, a residual of Y's shape), ACT (fused activation: 0 none, 1 Relu, 2 Gelu, 3 Gelu's tanh form),
+ * FP64. Batches: get_global_id(2) over up to 4 dims (int4 bdims, s0 innermost) with the
  * element strides of A and B per batch dim (0 where they broadcast); Y is contiguous.
  */
 #ifdef FP64
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #endif
 
+#ifndef VN
+#define VN 1
+#endif
 #define RM (TM / WM)
-#define RN (TN / WN)
+#define RN (TN / (WN * VN))
 #if A_T
 #define A_AT(m, k) A[(k) * lda + (m)]
 #else
@@ -34,6 +42,7 @@
 #define CAT(a, b) a##b
 #define VEC(t, n) CAT(t, n)
 #define VLOAD(n) CAT(vload, n)
+#define VSTORE(n) CAT(vstore, n)
 #if KV == 4
 #define HSUM(v) dot(v, (VEC(T, 4))(1))
 #elif KV == 8
@@ -41,6 +50,64 @@
 #elif KV == 16
 #define HSUM(v) dot((v).lo.lo + (v).lo.hi + (v).hi.lo + (v).hi.hi, (VEC(T, 4))(1))
 #endif
+/* The epilogue works on EW-wide vectors (the VN columns of a vector accumulator, or a work-item's WN scalar
+ * columns gathered), so its activation is vectorised like any arithmetic: act(alpha * v + beta * C + R). */
+#if VN > 1
+#define EW VN
+#else
+#define EW WN
+#endif
+#if EW == 1
+#define TE T
+#define TOV(arr) (arr)[0]
+#define FROMV(v, arr) (arr)[0] = (v)
+#else
+#define TE VEC(T, EW)
+#define TOV(arr) VLOAD(EW)(0, arr)
+#define FROMV(v, arr) VSTORE(EW)(v, 0, arr)
+#endif
+
+/* Gelu: float32 as elementwise.cl's (a branch-free erfc, relative error < 1.2e-7: PoCL's erfc is a scalar call
+ * 30x slower than exp; keep the two copies equal), float64 from the builtin; tanh form as x * sigmoid(2z) */
+#if ACT == 2 && !defined(FP64)
+inline TE gelu(const TE x)
+{
+    const TE z = fabs(x) * 0.70710678f;
+    const TE t = 1.0f / (1.0f + 0.5f * z);
+    const TE p = -1.26551223f + t * (1.00002368f + t * (0.37409196f + t * (0.09678418f + t * (-0.18628806f
+                 + t * (0.27886807f + t * (-1.13520398f + t * (1.48851587f + t * (-0.82215223f
+                 + t * 0.17087277f))))))));
+    const TE e = 0.5f * t * exp(p - z * z);
+    return x * (x < (TE)0 ? e : (TE)1 - e);
+}
+#define ACT_E(v) gelu(v)
+#elif ACT == 2
+#define ACT_E(v) ((v) * (T)0.5 * erfc((v) * (T)-0.70710678118654752440))
+#elif ACT == 3
+#define ACT_E(v) ((v) / ((T)1 + exp((T)-1.5957691216057307118 * ((v) + (T)0.044715 * (v) * (v) * (v)))))
+#elif ACT == 1
+#define ACT_E(v) max(v, (TE)0)
+#else
+#define ACT_E(v) (v)
+#endif
+#if HAS_C
+#define ADD_C(m, COL) { for (int e = 0; e < EW; e++) t_[e] = C[(m) * scm + COL(e) * scn]; v += beta * TOV(t_); }
+#else
+#define ADD_C(m, COL)
+#endif
+#if HAS_R
+#define ADD_R(m, COL) { for (int e = 0; e < EW; e++) t_[e] = R[(m) * N + COL(e)]; v += TOV(t_); }
+#else
+#define ADD_R(m, COL)
+#endif
+/* row m's EW values: Y[m, COL(e)] for e < EW where KEEP(e) (COL(e) is inside N even where not kept) */
+#define EPILOGUE(m, VALUE, COL, KEEP) {                                                                   \
+    T t_[EW];                                                                                             \
+    TE v = alpha * (VALUE);                                                                               \
+    ADD_C(m, COL) ADD_R(m, COL)                                                                           \
+    v = ACT_E(v);                                                                                         \
+    FROMV(v, t_);                                                                                         \
+    for (int e = 0; e < EW; e++) if (KEEP(e)) Y[(m) * N + COL(e)] = t_[e]; }
 #define BATCH(c) { const int q = r / bdims.c; const int x = r - q * bdims.c; r = q; \
                    ba += (long)x * bsa.c; bb += (long)x * bsb.c; }
 
@@ -49,7 +116,7 @@ void gemm(const int M, const int N, const int K,
           __global const char* a_, const ulong oa, const int lda,
           __global const char* b_, const ulong ob, const int ldb,
           __global const char* c_, const ulong oc, const int scm, const int scn,
-          __global char* y_, const ulong oy, const T alpha, const T beta,
+          __global const char* r_, const ulong or_, __global char* y_, const ulong oy, const T alpha, const T beta,
           const int4 bdims, const int4 bsa, const int4 bsb)
 {
     const int lx = get_local_id(0), ly = get_local_id(1);
@@ -60,7 +127,47 @@ void gemm(const int M, const int N, const int K,
     __global const T* A = (__global const T*)(a_ + oa) + ba;
     __global const T* B = (__global const T*)(b_ + ob) + bb;
     __global T* Y = (__global T*)(y_ + oy) + (long)get_global_id(2) * M * N;
+#if HAS_C
+    __global const T* C = (__global const T*)(c_ + oc);
+#endif
+#if HAS_R
+    __global const T* R = (__global const T*)(r_ + or_) + (long)get_global_id(2) * M * N;
+#endif
 
+#if VN > 1
+    /* B [K, N]: WN vectors of VN columns per work-item, starting at cols[j] (shifted back to stay inside N) */
+    int rows[WM], cols[WN], own[WN];
+#pragma unroll
+    for (int i = 0; i < WM; i++) rows[i] = min(m0 + ly + i * RM, M - 1);
+#pragma unroll
+    for (int j = 0; j < WN; j++) { own[j] = n0 + (lx + j * RN) * VN; cols[j] = min(own[j], N - VN); }
+    VEC(T, VN) vacc[WM][WN];
+#pragma unroll
+    for (int i = 0; i < WM; i++)
+#pragma unroll
+        for (int j = 0; j < WN; j++)
+            vacc[i][j] = (VEC(T, VN))(0);
+    for (int k = 0; k < K; k++) {
+        VEC(T, VN) bv[WN];
+#pragma unroll
+        for (int j = 0; j < WN; j++) bv[j] = VLOAD(VN)(0, B + k * ldb + cols[j]);
+#pragma unroll
+        for (int i = 0; i < WM; i++) {
+            const VEC(T, VN) av = (VEC(T, VN))(A_AT(rows[i], k));
+#pragma unroll
+            for (int j = 0; j < WN; j++)
+                vacc[i][j] = fma(av, bv[j], vacc[i][j]);
+        }
+    }
+#define VCOL(e) (cols[j] + (e))
+#define VKEEP(e) (cols[j] + (e) >= own[j])
+    for (int i = 0; i < WM; i++) {
+        const int m = m0 + ly + i * RM;
+        if (m >= M) break;
+        for (int j = 0; j < WN; j++)
+            EPILOGUE(m, vacc[i][j], VCOL, VKEEP)
+    }
+#else
     T acc[WM][WN];
     for (int i = 0; i < WM; i++)
         for (int j = 0; j < WN; j++)
@@ -106,21 +213,36 @@ void gemm(const int M, const int N, const int K,
     for (int j = 0; j < WN; j++) cols[j] = min(n0 + lx + j * RN, N - 1);
     int k = 0;
 #if KV > 1
-    /* A [M, K] and B [N, K] are both contiguous along K: dot products of KV-wide vectors */
+    /* A [M, K] and B [N, K] are both contiguous along K: dot products of KV-wide vectors, WM x WN of them per
+     * work-item (row pointers hoisted, loops unrolled: PoCL keeps the accumulators in registers) */
     {
+        __global const T* ap[WM];
+        __global const T* bp[WN];
         VEC(T, KV) vacc[WM][WN];
+#pragma unroll
+        for (int i = 0; i < WM; i++) ap[i] = A + rows[i] * lda;
+#pragma unroll
+        for (int j = 0; j < WN; j++) bp[j] = B + cols[j] * ldb;
+#pragma unroll
         for (int i = 0; i < WM; i++)
+#pragma unroll
             for (int j = 0; j < WN; j++)
                 vacc[i][j] = (VEC(T, KV))(0);
         for (; k + KV <= K; k += KV) {
             VEC(T, KV) av[WM], bv[WN];
-            for (int i = 0; i < WM; i++) av[i] = VLOAD(KV)(0, A + rows[i] * lda + k);
-            for (int j = 0; j < WN; j++) bv[j] = VLOAD(KV)(0, B + cols[j] * ldb + k);
+#pragma unroll
+            for (int i = 0; i < WM; i++) av[i] = VLOAD(KV)(0, ap[i] + k);
+#pragma unroll
+            for (int j = 0; j < WN; j++) bv[j] = VLOAD(KV)(0, bp[j] + k);
+#pragma unroll
             for (int i = 0; i < WM; i++)
+#pragma unroll
                 for (int j = 0; j < WN; j++)
                     vacc[i][j] = fma(av[i], bv[j], vacc[i][j]);
         }
+#pragma unroll
         for (int i = 0; i < WM; i++)
+#pragma unroll
             for (int j = 0; j < WN; j++)
                 acc[i][j] = HSUM(vacc[i][j]);
     }
@@ -135,23 +257,12 @@ void gemm(const int M, const int N, const int K,
     }
 #endif
 
-#if HAS_C
-    __global const T* C = (__global const T*)(c_ + oc);
-#endif
+#define SCOL(e) min(n0 + lx + (e) * RN, N - 1)
+#define SKEEP(e) (n0 + lx + (e) * RN < N)
     for (int i = 0; i < WM; i++) {
         const int m = m0 + ly + i * RM;
         if (m >= M) break;
-        for (int j = 0; j < WN; j++) {
-            const int n = n0 + lx + j * RN;
-            if (n >= N) break;
-            T v = alpha * acc[i][j];
-#if HAS_C
-            v += beta * C[m * scm + n * scn];
-#endif
-#if RELU
-            v = max(v, (T)0);
-#endif
-            Y[m * N + n] = v;
-        }
+        EPILOGUE(m, TOV(acc[i]), SCOL, SKEEP)
     }
+#endif
 }
