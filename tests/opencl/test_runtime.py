@@ -17,7 +17,7 @@ from ctxrt.backends.opencl import device as cl_device
 from ctxrt.backends.opencl.backend import OpenCLBackend
 from ctxrt.cli import main as cli
 from ctxrt.compiler import compile_graphs
-from ctxrt.errors import CtxrtError, CtxrtWarning, RegistrationError
+from ctxrt.errors import CtxrtError, CtxrtWarning, FormatError, RegistrationError
 from ctxrt.format import ContextFile, write_context
 
 pytestmark = pytest.mark.usefixtures("opencl")
@@ -152,6 +152,16 @@ def test_stored_context_loads_without_building(stored) -> None:
         assert ctx.stats["programs_built_from_source"] == 0
         assert ctx.stats["programs_loaded_from_binary"] == len(programs)
         _run(ctx, feeds, want)
+
+
+def test_stored_context_runs_on_its_own_backend_by_default(stored) -> None:
+    """context_from_binary without a backend: the one the binary was compiled for (as `ctxrt run` does)."""
+    out, feeds, want = stored
+    with ctxrt.context_from_binary(out) as ctx:
+        assert ctx.backend.name == "opencl"
+        _run(ctx, feeds, want)
+    with pytest.raises(FormatError, match="compiled for backend 'opencl', not 'cpu'"):
+        ctxrt.context_from_binary(out, "cpu")
 
 
 def _retarget(path, tier: str = "acme/gpu-9000/driver-1.0", binary: bytes | None = None) -> None:

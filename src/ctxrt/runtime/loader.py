@@ -14,17 +14,19 @@ from ctxrt.format.weights import WeightEntry, pack
 from ctxrt.runtime.context import Context
 
 
-def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backend = "cpu",
+def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backend | None = None,
                         defer_graph_init: bool = False, num_threads: int | None = None) -> Context:
     """Create a context from a context binary (a path, memory-mapped; or its bytes). Device programs stored
     in it are loaded instead of built (a binary made for another device is rebuilt from its stored source,
-    with one warning). `num_threads`: the threads its runs use (None: the cores other processes leave idle)."""
+    with one warning). `backend`: None runs it on the backend it was compiled for (opencl: the device of
+    $CTXRT_OPENCL_DEVICE, else 0). `num_threads`: the threads its runs use (None: the cores other processes leave
+    idle)."""
     from ctxrt.format import ContextFile
 
-    be = get_backend(backend)
     f = ContextFile.open(source)
     try:
         meta = f.metadata
+        be = get_backend(meta["backend"] if backend is None else backend)
         if meta["backend"] != be.name:
             raise FormatError(f"context binary was compiled for backend {meta['backend']!r}, not {be.name!r}")
         programs = f.programs()
