@@ -1,4 +1,4 @@
-"""Single-op latency, ctxrt vs onnxruntime, for the spatial, resampling and activation kernels (issue 9).
+"""Single-op latency, ctxrt vs onnxruntime, for the spatial, resampling and activation kernels.
 
 Each case is a one-node model with constant weights; both engines run it with their IO bound once (no copies).
 The engines alternate in `--rounds` rounds of `--repeat` runs (onnxruntime second, then a pause: its threads

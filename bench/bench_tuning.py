@@ -1,4 +1,4 @@
-"""Tuning mode on this machine's OpenCL device (issue 11): what tuning buys and what the performance cache saves.
+"""Tuning mode on this machine's OpenCL device: what tuning buys and what the performance cache saves.
 
 1. kernels: the GEMM shapes of BERT (6 layers, hidden 384, seq 128: projections, feed-forward, attention) and
    of ResNet-50 (its FC layer), element-wise classes of both, and the conv classes of ResNet-50, SqueezeNet,

@@ -62,6 +62,7 @@ class Context:
         self.arena: tuple[Any, int] | None = None
         self._handles: dict[tuple, MemHandle] = {}
         self.threads: Any = contextlib.nullcontext()
+        self._openmp_kernels = any(str(s.algorithm).startswith("onednn") for g in graphs for s in g.steps)
         self.num_threads = num_threads
         if not defer_graph_init:
             self.finalize()
@@ -85,6 +86,8 @@ class Context:
     def num_threads(self, value: int | None) -> None:
         make = getattr(self.backend, "threads", None)  # a backend without host thread pools has none to set
         scope = make(value) if make is not None else contextlib.nullcontext()
+        if hasattr(scope, "openmp_owns"):
+            scope.openmp_owns = self._openmp_kernels
         with self.lock:
             self._num_threads = getattr(scope, "num_threads", value)
             self.threads = scope

@@ -164,6 +164,11 @@ class ThreadScope:
         self.num_threads = check_num_threads(num_threads)
         self._restore: list[tuple[_Pool, int]] = []
         self.last = 0  # the thread count of the latest run
+        # Set for a context with oneDNN kernels: OpenMP's threads do its heavy work, BLAS gets one thread. Two
+        # pools of n threads on n cores fight: after each BLAS call (a GEMV, attention's small GEMMs) OpenBLAS's
+        # workers spin for ~0.1 s, taking a core from oneDNN's threads for the whole next run (ResNet-50 on 2
+        # cores: 78-90 ms with both pools at 2 threads, 40-46 ms with BLAS at 1).
+        self.openmp_owns = False
 
     def count(self) -> int:
         return self.num_threads or monitor().available()
@@ -172,7 +177,8 @@ class ThreadScope:
         n = self.last = self.count()
         cap = openmp_cap()
         for pool in pools():
-            want = min(n, cap) if pool.openmp else n  # never more than oneDNN's primitives were made for
+            # OpenMP never gets more than oneDNN's primitives were made for
+            want = min(n, cap) if pool.openmp else 1 if self.openmp_owns else n
             old = pool.get()
             if old != want:
                 pool.set(want)
