@@ -145,5 +145,4 @@ def test_onednn_primitives_keep_the_thread_count_they_were_compiled_for(monkeypa
     monkeypatch.setattr(threads, "usable_cores", lambda: 2)
     with compile_to_context(graphs, weights, be, num_threads=2) as ctx:
         ctx.graph().run({"x": np.ones((1, 8, 12, 12), np.float32)})
-    apis = {p["filepath"]: p["user_api"] for p in threadpool_info()}
     assert all(v == 1 for limits in be.seen for k, v in limits.items()), be.seen  # OpenMP capped; BLAS beside it

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import threading
 import warnings
 from collections import Counter
@@ -23,13 +24,20 @@ if TYPE_CHECKING:
     from ctxrt.backends.opencl.backend import OpenCLBackend
 
 
+_INCLUDE = re.compile(r'^#include "([\w.]+\.clh)"$', re.MULTILINE)
+
+
 @functools.cache
 def source(name: str) -> str:
-    """The text of `kernels/<name>`, shipped as package data."""
+    """The text of `kernels/<name>`, shipped as package data, with each `#include "x.clh"` line replaced by that
+    header's text (one level: the program is built, and hashed, as one self-contained string)."""
     try:
-        return (resources.files("ctxrt.backends.opencl") / "kernels" / name).read_text(encoding="utf-8")
+        text = (resources.files("ctxrt.backends.opencl") / "kernels" / name).read_text(encoding="utf-8")
     except (FileNotFoundError, OSError) as e:
         raise CtxrtError(f"OpenCL kernel source {name!r} is missing from the ctxrt package") from e
+    if name.endswith(".clh"):
+        return text
+    return _INCLUDE.sub(lambda m: source(m.group(1)), text)
 
 
 @functools.cache

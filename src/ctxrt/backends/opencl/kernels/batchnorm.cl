@@ -8,17 +8,7 @@
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #endif
 
-#define CAT_(a, b) a##b
-#define CAT(a, b) CAT_(a, b)
-#if VW == 1
-#define VT T
-#define VLOADW(p) (*(p))
-#define VSTOREW(v, p) (*(p) = (v))
-#else
-#define VT CAT(T, VW)
-#define VLOADW(p) CAT(vload, VW)(0, p)
-#define VSTOREW(v, p) CAT(vstore, VW)(v, 0, p)
-#endif
+#include "vectors.clh"
 
 __kernel __attribute__((reqd_work_group_size(WX, WY, 1)))
 void batchnorm(const int C, const int HW, const T epsilon,

@@ -10,17 +10,7 @@
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 #endif
 
-#define CAT_(a, b) a##b
-#define CAT(a, b) CAT_(a, b)
-#if VW == 1
-#define VT T
-#define VLOADW(p) (*(p))
-#define VSTOREW(v, p) (*(p) = (v))
-#else
-#define VT CAT(T, VW)
-#define VLOADW(p) CAT(vload, VW)(0, p)
-#define VSTOREW(v, p) CAT(vstore, VW)(v, 0, p)
-#endif
+#include "vectors.clh"
 
 /* VW values of a plane from p on; 0 past its n values */
 inline VT load(__global const T* plane, const int p, const int n)

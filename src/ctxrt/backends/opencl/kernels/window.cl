@@ -23,17 +23,7 @@
 #define OP_MAX 1
 #define OP_AVG 2
 
-#define CAT_(a, b) a##b
-#define CAT(a, b) CAT_(a, b)
-#if VW == 1
-#define VT T
-#define VLOADW(p) (*(p))
-#define VSTOREW(v, p) (*(p) = (v))
-#else
-#define VT CAT(T, VW)
-#define VLOADW(p) CAT(vload, VW)(0, p)
-#define VSTOREW(v, p) CAT(vstore, VW)(v, 0, p)
-#endif
+#include "vectors.clh"
 #define as_VU CAT(as_, VU)
 #if VW == 2
 #define VLOAD2W(p) vload4(0, p)
