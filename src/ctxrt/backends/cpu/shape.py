@@ -289,15 +289,19 @@ def _pad_constant(spec: NodeSpec, before: list[int], after: list[int]) -> Kernel
     return BoundKernel(make)
 
 
-def depth_space(spec: NodeSpec) -> Kernel:
+def depth_space_split(spec: NodeSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """DepthToSpace / SpaceToDepth as a 6-D split of the input and a permutation of it (every backend's)."""
     n, c, h, w = spec.inputs[0].shape
     b = int(spec.attr("blocksize"))
     if spec.op == "SpaceToDepth":
-        split, perm = (n, c, h // b, b, w // b, b), (0, 3, 5, 1, 2, 4)
-    elif spec.attr("mode", "DCR") == "DCR":
-        split, perm = (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2)
-    else:
-        split, perm = (n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3)
+        return (n, c, h // b, b, w // b, b), (0, 3, 5, 1, 2, 4)
+    if spec.attr("mode", "DCR") == "DCR":
+        return (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2)
+    return (n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3)
+
+
+def depth_space(spec: NodeSpec) -> Kernel:
+    split, perm = depth_space_split(spec)
     moved = tuple(split[p] for p in perm)
 
     def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:

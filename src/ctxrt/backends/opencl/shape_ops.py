@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.cpu.shape import _axis
+from ctxrt.backends.cpu.shape import _axis, depth_space_split
 from ctxrt.backends.kernel import Launch, NodeSpec
 from ctxrt.backends.opencl.kernel import ClKernel, Space
 from ctxrt.errors import UnsupportedOpError
@@ -112,14 +112,7 @@ def _tile(spec: NodeSpec) -> View:
 
 
 def _depth_space(spec: NodeSpec) -> View:
-    n, c, h, w = spec.inputs[0].shape
-    b = int(spec.attr("blocksize"))
-    if spec.op == "SpaceToDepth":
-        split, perm = (n, c, h // b, b, w // b, b), (0, 3, 5, 1, 2, 4)
-    elif spec.attr("mode", "DCR") == "DCR":
-        split, perm = (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2)
-    else:
-        split, perm = (n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3)
+    split, perm = depth_space_split(spec)
     st = strides_of(split)
     return 0, [split[p] for p in perm], [st[p] for p in perm]
 
