@@ -64,7 +64,7 @@ def test_every_pool_holds_the_thread_count_during_a_run_and_gets_it_back_after(n
         for path, value in limits.items():
             # OpenMP never above what oneDNN's primitives were made for (their scratch is sized by it); BLAS
             # at one thread beside oneDNN (its spinning workers would take a core from oneDNN's threads)
-            assert value == (min(n, cap) if apis[path] == "openmp" else 1), (path, limits)
+            assert value == (threads.openmp_count(n) if apis[path] == "openmp" else 1), (path, limits)
     assert after == before
 
 
@@ -116,6 +116,15 @@ def test_default_takes_away_the_cores_other_processes_use(monkeypatch) -> None:
     assert mon.available() == 4  # others: 0.3 - 0.3 = 0
 
 
+def test_busy_ticks_leave_out_idle_iowait_steal_and_guest() -> None:
+    """A neighbour on the hypervisor (steal) is not a process on this machine, and guest time is in user."""
+    line = b"cpu  100 5 20 9000 40 3 2 700 50 1".split()  # user nice system idle iowait irq softirq steal guest gnice
+    assert threads.busy_ticks(line) == 100 + 5 + 20 + 3 + 2
+    assert threads.busy_ticks(b"cpu  100 5 20".split()) is None  # too short
+    assert threads.busy_ticks(b"cpu0 1 2 3 4 5".split()) is None  # not the machine's line
+    assert threads.busy_ticks(b"cpu 1 2 x 4 5".split()) is None
+
+
 def test_default_thread_scope_uses_the_monitor(monkeypatch) -> None:
     class Busy:
         cores = 2
@@ -146,3 +155,64 @@ def test_onednn_primitives_keep_the_thread_count_they_were_compiled_for(monkeypa
     with compile_to_context(graphs, weights, be, num_threads=2) as ctx:
         ctx.graph().run({"x": np.ones((1, 8, 12, 12), np.float32)})
     assert all(v == 1 for limits in be.seen for k, v in limits.items()), be.seen  # OpenMP capped; BLAS beside it
+
+
+def test_openmp_counts_are_the_cap_or_powers_of_two_below_it(monkeypatch) -> None:
+    monkeypatch.setitem(threads._STATE, "openmp_cap", 8)
+    assert [threads.openmp_count(n) for n in (1, 2, 3, 5, 7, 8, 12)] == [1, 2, 2, 4, 4, 8, 8]
+    monkeypatch.setitem(threads._STATE, "openmp_cap", 6)
+    assert [threads.openmp_count(n) for n in (1, 3, 5, 6, 9)] == [1, 2, 4, 6, 6]
+
+
+def _onednn_kernels(ctx: ctxrt.Context) -> list:
+    from ctxrt.backends.cpu.onednn.kernels import OneDnnKernel
+
+    ks = [k for k in ctx.graph()._kernels if isinstance(k, OneDnnKernel)]
+    assert ks, "no oneDNN kernels"
+    return ks
+
+
+def test_a_run_with_fewer_threads_runs_primitives_made_for_that_count(monkeypatch) -> None:
+    """Made for 2 threads (a Conv's splits its work at creation and opens `omp parallel num_threads(2)` whatever
+    OpenMP's limit): a 1-thread run (num_threads=1, or the default beside a busy core) makes each node's variant
+    for 1 thread once, on first need, and runs it; the outputs are the same, and the cap of the process stays."""
+    monkeypatch.setitem(threads._STATE, "openmp_cap", None)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    x = np.random.default_rng(1).standard_normal((1, 8, 12, 12)).astype(np.float32)
+    be = SpyBackend()
+    with ctxrt.compile(_model(), backend=be, num_threads=2) as ctx:
+        want = ctx.graph().run({"x": x})["y"]
+        kernels = _onednn_kernels(ctx)
+        assert all(set(k._variants) == {2} for k in kernels)  # none made before a run needs it
+        ctx.num_threads = 1
+        be.seen.clear()
+        for _ in range(2):
+            got = ctx.graph().run({"x": x})["y"]
+            np.testing.assert_array_equal(got, want)
+        assert be.seen and all(v == 1 for limits in be.seen for v in limits.values())  # OpenMP and BLAS
+        assert threads.openmp_now() == 0  # outside a run
+        for k in kernels:
+            assert k._variants[1] is not None and k._variants[1] is not k.prim, k.algorithm
+        assert threads.openmp_cap() == 2  # a variant for 1 thread does not hold later runs to 1
+        ctx.num_threads = 2
+        np.testing.assert_array_equal(ctx.graph().run({"x": x})["y"], want)
+        assert all(set(k._variants) == {1, 2} for k in kernels)
+
+
+def test_a_variant_that_cannot_be_made_leaves_the_first_primitive_running(monkeypatch) -> None:
+    from ctxrt.errors import UnsupportedOpError
+
+    monkeypatch.setitem(threads._STATE, "openmp_cap", None)
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    x = np.ones((1, 8, 12, 12), np.float32)
+    with ctxrt.compile(_model(), backend=CpuBackend(onednn=True), num_threads=2) as ctx:
+        want = ctx.graph().run({"x": x})["y"]
+        kernels = _onednn_kernels(ctx)
+
+        def refuse(n: int):
+            raise UnsupportedOpError("no variant here")
+        for k in kernels:
+            monkeypatch.setattr(k, "_variant", refuse)
+        ctx.num_threads = 1
+        np.testing.assert_array_equal(ctx.graph().run({"x": x})["y"], want)
+        assert all(k._variants.get(1, "absent") is None for k in kernels)

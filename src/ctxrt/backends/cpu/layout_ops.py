@@ -43,9 +43,8 @@ KERNELS = {"ChannelShuffle": channel_shuffle}
 
 
 def _onednn_shuffle(spec: NodeSpec, pre: int, g: int, q: int, post: int) -> Kernel:
-    from ctxrt.backends.cpu import threads
     from ctxrt.backends.cpu.onednn import api
-    from ctxrt.backends.cpu.onednn.kernels import OneDnnKernel, creation_threads, reject_reference
+    from ctxrt.backends.cpu.onednn.kernels import OneDnnKernel, reject_reference, reorder_maker
 
     api.require(f"ChannelShuffle {spec.name!r}")
     if np.dtype(spec.inputs[0].dtype) != np.float32:
@@ -53,7 +52,8 @@ def _onednn_shuffle(spec: NodeSpec, pre: int, g: int, q: int, post: int) -> Kern
     dims = (pre, g, q, post)
     src = api.Desc.strided(dims, (g * q * post, q * post, post, 1))
     dst = api.Desc.strided(dims, (g * q * post, post, g * post, 1))
-    with threads.creation(creation_threads(spec)):
-        prim = api.reorder(src, dst)
+    make = reorder_maker(spec, src, dst)
+    prim = make()
     reject_reference(prim, spec)
-    return OneDnnKernel(spec, prim, [(api.ARG_FROM, "in", 0, src), (api.ARG_TO, "out", 0, dst)], "shuffle")
+    return OneDnnKernel(spec, prim, [(api.ARG_FROM, "in", 0, src), (api.ARG_TO, "out", 0, dst)], "shuffle",
+                        variant=make)

@@ -6,8 +6,8 @@ busy, one of our threads shares a core with it and every synchronisation waits f
 ResNet-50 went from 84 ms to 1,512 ms per run with 2 threads, but 194 ms with 1 (2 cores, a Python busy loop
 as the other process). So `num_threads=None` counts the cores other processes leave idle, sampled from
 /proc/stat at most every `_PERIOD` seconds, and uses that many (at least one). OpenMP's waiting threads are
-made passive (`OMP_WAIT_POLICY`, read when libgomp loads: see `passive_openmp`), so oneDNN's idle workers
-sleep instead of spinning against the thread still working.
+told to spin only briefly (`GOMP_SPINCOUNT`, read when libgomp loads: see `openmp_waits`) before they sleep,
+and oneDNN's primitives get variants for the smaller thread counts a busy machine leaves (kernels.py).
 
 A run sets each pool's limit and restores the caller's setting afterwards: a user's own NumPy code keeps its
 threads. Limits are process-wide for OpenBLAS's pthreads build; contexts running at once in several Python
@@ -28,11 +28,20 @@ _PERIOD = 0.25  # seconds between /proc/stat samples
 _BUSY_CORE = 0.5  # another process using this much of a core takes that core away from us
 
 
-def passive_openmp() -> None:
-    """Ask OpenMP runtimes not yet loaded for passive waits (sleeping, not spinning, between parallel regions).
-    libgomp reads the variable once, when it is loaded; a user's own setting (or spin count) is kept."""
-    if "GOMP_SPINCOUNT" not in os.environ:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# libgomp's spin count before a waiting thread sleeps: about 0.14 ms (a pause costs 14 ns on a Xeon here; up to
+# 50 ns on older ones). Measured, SqueezeNet with oneDNN on 2 cores, median of 30 runs: passive (0) 7.2-8.7 ms,
+# 3,000 5.4-7.5, 10,000 4.7-5.4, 30,000 5.3-7.3 (onnxruntime 4.6-5.5). Passive waits pay a futex wake-up at each of
+# a run's ~40 parallel regions; libgomp's own default (300,000, ~4 ms) keeps a core busy long after a run.
+OPENMP_SPINCOUNT = "10000"
+
+
+def openmp_waits() -> None:
+    """Set OpenMP's waits for runtimes not yet loaded (libgomp reads them once, when it loads): spin briefly
+    between parallel regions, long enough to span the gap between a run's kernels, then sleep. Under contention
+    runs take fewer threads (the default count, and oneDNN primitive variants made for it), so no thread spins
+    against a busy core. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept."""
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", OPENMP_SPINCOUNT)
 
 
 def usable_cores() -> int:
@@ -41,6 +50,20 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def busy_ticks(head: list[bytes]) -> int | None:
+    """Ticks this machine's processes kept its cores busy, from /proc/stat's `cpu` line: user, nice, system,
+    irq and softirq. Not idle or iowait; not steal (time the hypervisor gave our virtual cores to another
+    machine: a noisy neighbour outside this machine, which more or fewer threads here do not change; counting
+    it as busy dropped a quiet 2-core VM to one thread); not guest and guest_nice, already inside user/nice."""
+    if len(head) < 5 or head[0] != b"cpu":
+        return None
+    try:
+        ticks = [int(v) for v in head[1:]]
+    except ValueError:
+        return None
+    return sum(ticks[i] for i in (0, 1, 2, 5, 6) if i < len(ticks))
 
 
 class CoreMonitor:
@@ -64,10 +87,9 @@ class CoreMonitor:
                 head = f.readline().split()
         except OSError:
             return None
-        if len(head) < 5 or head[0] != b"cpu":
+        busy = busy_ticks(head)
+        if busy is None:
             return None
-        ticks = [int(v) for v in head[1:]]
-        busy = sum(ticks) - ticks[3] - (ticks[4] if len(ticks) > 4 else 0)  # all but idle and iowait
         t = os.times()
         return time.monotonic(), busy / self._tick, t.user + t.system
 
@@ -155,6 +177,23 @@ def check_num_threads(num_threads: Any) -> int | None:
     return num_threads
 
 
+_CURRENT = threading.local()  # .n: the OpenMP thread count of the run in progress on this Python thread
+
+
+def openmp_now() -> int:
+    """The OpenMP thread count the run in progress on this thread set (0 outside a run): a oneDNN launch picks
+    the primitive made for that count."""
+    return getattr(_CURRENT, "n", 0)
+
+
+def openmp_count(n: int) -> int:
+    """OpenMP's threads for a run of `n`: every thread the primitives were made for (`openmp_cap`) when `n`
+    reaches it, else the largest power of two <= n, so that a process makes primitives for few counts (1, 2, 4,
+    ... and the cap), each once, when a run first needs it."""
+    cap = openmp_cap()
+    return cap if n >= cap else 1 << (max(n, 1).bit_length() - 1)
+
+
 class ThreadScope:
     """Enter before a run, exit after it: every pool limited to the context's thread count, then restored.
 
@@ -169,16 +208,17 @@ class ThreadScope:
         # workers spin for ~0.1 s, taking a core from oneDNN's threads for the whole next run (ResNet-50 on 2
         # cores: 78-90 ms with both pools at 2 threads, 40-46 ms with BLAS at 1).
         self.openmp_owns = False
+        self._outer = 0
 
     def count(self) -> int:
         return self.num_threads or monitor().available()
 
     def __enter__(self) -> ThreadScope:
         n = self.last = self.count()
-        cap = openmp_cap()
+        omp = openmp_count(n)  # never more than oneDNN's primitives were made for
+        self._outer, _CURRENT.n = openmp_now(), omp
         for pool in pools():
-            # OpenMP never gets more than oneDNN's primitives were made for
-            want = min(n, cap) if pool.openmp else 1 if self.openmp_owns else n
+            want = omp if pool.openmp else 1 if self.openmp_owns else n
             old = pool.get()
             if old != want:
                 pool.set(want)
@@ -189,15 +229,19 @@ class ThreadScope:
         for pool, old in self._restore:
             pool.set(old)
         self._restore.clear()
+        _CURRENT.n = self._outer
 
 
 @contextlib.contextmanager
-def creation(n: int) -> Iterator[None]:
+def creation(n: int, variant: bool = False) -> Iterator[None]:
     """Around creating a oneDNN primitive for `n` threads: OpenMP allows `n` while it is made (a primitive may
     size its scratchpad, even choose its weights format, by that count), and no run of the process will give
-    OpenMP more (`openmp_cap`): running with more threads than a primitive was made for would overrun it."""
-    with _STATE_LOCK:
-        _STATE["openmp_cap"] = min(_STATE.get("openmp_cap") or n, n)
+    OpenMP more (`openmp_cap`): running with more threads than a primitive was made for would overrun it. A
+    `variant` (the same node's primitive for a run with fewer threads, used only when OpenMP has exactly `n`)
+    leaves the cap alone."""
+    if not variant:
+        with _STATE_LOCK:
+            _STATE["openmp_cap"] = min(_STATE.get("openmp_cap") or n, n)
     changed = [(p, p.get()) for p in pools() if p.openmp]
     for pool, old in changed:
         if old != n:

@@ -107,7 +107,7 @@ def _prototype(lib: ctypes.CDLL) -> None:
 def _load() -> ctypes.CDLL | None:
     from ctxrt.backends.cpu import threads
 
-    threads.passive_openmp()  # before libgomp is loaded with libdnnl: idle OpenMP workers sleep
+    threads.openmp_waits()  # before libgomp is loaded with libdnnl: short spins, then sleep
     for path in _candidates():
         try:
             lib = ctypes.CDLL(path)

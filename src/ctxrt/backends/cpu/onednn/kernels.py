@@ -10,11 +10,17 @@ reorders nothing and the prepacked weights are memory-mapped and shared like any
 
 A primitive is made for the OpenMP thread count recorded at compile time (`threads`: the compiling machine's
 cores): some choose their weights format and size their scratchpad by it, so the loaded primitive is the
-compiled one; no run gives OpenMP more threads than that (threads.openmp_cap).
+compiled one; no run gives OpenMP more threads than that (threads.openmp_cap). A primitive also keeps the
+count it was made for: oneDNN's convs open `omp parallel num_threads(n)` whatever OpenMP's limit says. So a
+run with fewer threads (another process took a core, or `num_threads` asks for fewer) runs each node's
+*variant* for that count, made from the same descriptors the first time a run needs it, reading the same
+prepacked weights and the same planned scratch (a variant that would need a different weights format or more
+scratch is not made: the node then runs its first primitive, as before).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -69,8 +75,12 @@ class OneDnnKernel(Kernel):
 
     def __init__(self, spec: NodeSpec, prim: api.Primitive, args: list[tuple[int, str, int, api.Desc]],
                  algorithm: str, attrs: dict[str, Any] | None = None,
-                 constants: dict[int, np.ndarray | None] | None = None) -> None:
+                 constants: dict[int, np.ndarray | None] | None = None,
+                 variant: Callable[[int], api.Primitive] | None = None) -> None:
         self.prim = prim
+        self.threads = creation_threads(spec)
+        self._variant = variant  # thread count -> the same primitive made for that many threads
+        self._variants: dict[int, api.Primitive | None] = {self.threads: prim}
         self.args = args  # (oneDNN argument, "in" / "out", index, descriptor)
         sp = prim.scratchpad_bytes
         self.scratch = (sp,) if sp else ()
@@ -82,16 +92,52 @@ class OneDnnKernel(Kernel):
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Callable[[], None]:
         places = {"in": ins, "out": outs}
         args = [(arg, api.Memory(md, places[side][i].ctypes.data)) for arg, side, i, md in self.args]
-        if self.scratch:
-            args.append((api.ARG_SCRATCHPAD, api.Memory(self.prim.md(api.Q_SCRATCHPAD_MD), scratch[0].ctypes.data)))
-        return self.prim.launch(args)
+        address = scratch[0].ctypes.data if self.scratch else 0
+
+        def launch(prim: api.Primitive) -> Callable[[], None]:
+            if not prim.scratchpad_bytes:
+                return prim.launch(args)
+            return prim.launch([*args, (api.ARG_SCRATCHPAD, api.Memory(prim.md(api.Q_SCRATCHPAD_MD), address))])
+
+        first = launch(self.prim)
+        if self._variant is None:
+            return first
+        table: dict[int, Callable[[], None]] = {self.threads: first}
+        now = threads.openmp_now
+
+        def run() -> None:
+            n = now()
+            fn = table.get(n)
+            if fn is None:
+                prim = self.variant(n)
+                fn = table[n] = first if prim is None else launch(prim)
+            fn()
+        return run
+
+    def variant(self, n: int) -> api.Primitive | None:
+        """The primitive for runs with `n` OpenMP threads (made once), or None where the first one runs: `n` is
+        not fewer than it was made for, or the variant would read other weights or need more scratch."""
+        if n <= 0 or n >= self.threads or self._variant is None:
+            return None
+        if n not in self._variants:
+            prim: api.Primitive | None = None
+            with contextlib.suppress(CtxrtError):
+                prim = self._variant(n)
+            if prim is not None and (prim.impl.startswith("ref")
+                                     or prim.scratchpad_bytes > (self.scratch[0] if self.scratch else 0)
+                                     or any(prim.md(api.Q_WEIGHTS_MD) != md
+                                            for arg, _, _, md in self.args if arg == api.ARG_WEIGHTS)):
+                prim = None
+            self._variants[n] = prim
+        return self._variants[n]
 
 
-def create(spec: NodeSpec, fn: str, *args: Any, attr: api.Attr | None = None) -> api.Primitive:
-    """`api.create` for the node's creation threads, the last argument the attributes (default ones: a
-    user-managed scratchpad). `attr` is held until the primitive exists."""
+def create(spec: NodeSpec, fn: str, *args: Any, attr: api.Attr | None = None, nthr: int | None = None
+           ) -> api.Primitive:
+    """`api.create` for the node's creation threads (or a variant's `nthr`), the last argument the attributes
+    (default ones: a user-managed scratchpad). `attr` is held until the primitive exists."""
     attr = attr or api.Attr()
-    with threads.creation(creation_threads(spec)):
+    with threads.creation(nthr or creation_threads(spec), variant=nthr is not None):
         return api.create(fn, f"{spec.op} {spec.name!r}", *args, attr.handle)
 
 
@@ -123,11 +169,11 @@ def conv(spec: NodeSpec) -> Kernel:
     bias_md = api.Desc.make((m,), "a") if has_bias else None
     attr = api.Attr(api.ELTWISE_RELU if act == "Relu" else None, add=dst_md if residual else None)
 
-    def make(wfmt: int | str) -> api.Primitive:
+    def make(wfmt: int | str, nthr: int | None = None) -> api.Primitive:
         w_md = api.Desc.make(wdims, wfmt)
         return create(spec, "convolution_forward", api.FORWARD_INFERENCE, api.CONVOLUTION_DIRECT,
                        src_md.handle, w_md.handle, bias_md.handle if bias_md else None, dst_md.handle,
-                       api.Dims(*strides), api.Dims(*dil), api.Dims(*pb), api.Dims(*pe), attr=attr)
+                       api.Dims(*strides), api.Dims(*dil), api.Dims(*pb), api.Dims(*pe), attr=attr, nthr=nthr)
 
     attrs: dict[str, Any] = {}
     constants: dict[int, np.ndarray | None] = {}
@@ -142,7 +188,7 @@ def conv(spec: NodeSpec) -> Kernel:
     reject_reference(prim, spec)
     args = weighted_args(prim, src_md, dst_md, bias_md, attr.binary_index if residual else None)
     kind = "depthwise" if g > 1 and g == m == x[1] else "grouped" if g > 1 else "conv"
-    return OneDnnKernel(spec, prim, args, kind, attrs, constants)
+    return OneDnnKernel(spec, prim, args, kind, attrs, constants, variant=variant_of(spec, make, wdims, packed))
 
 
 # Weights formats tried, in order, when the one oneDNN prefers is padded and prefer="memory" (measured: given
@@ -195,6 +241,13 @@ def recreate(spec: NodeSpec, make: Callable[[int | str], api.Primitive], wdims: 
     return prim
 
 
+def variant_of(spec: NodeSpec, make: Callable[..., api.Primitive], wdims: tuple[int, ...], name: str
+               ) -> Callable[[int], api.Primitive]:
+    """How a weighted node (Conv, MatMul) makes its primitive for another thread count: reading the weights
+    stored in format `name`."""
+    return lambda n: recreate(spec, lambda wfmt: make(wfmt, n), wdims, name)
+
+
 def prepack(weights: np.ndarray, wdims: tuple[int, ...], tag: str, to: api.Desc) -> np.ndarray:
     """Weights stored as `tag` (over dims `wdims`) reordered into `to` (at compile time; stored in the binary)."""
     src = np.ascontiguousarray(weights, np.float32)
@@ -238,13 +291,17 @@ def _pool(spec: NodeSpec, alg: int, kernel: tuple[int, int] | None = None) -> Ke
     if alg == api.POOLING_AVG_INCLUDE and spec.attr("auto_pad", "NOTSET") == "NOTSET" and pe != given:
         raise UnsupportedOpError(f"AveragePool {spec.name!r}: count_include_pad with ceil_mode is left to NumPy")
     src_md, dst_md = api.Desc.make(x, _tag(src, x, dst)), api.Desc.make(y, _tag(dst, y, src))
-    prim = create(spec, "pooling_forward", api.FORWARD_INFERENCE, alg, src_md.handle,
-                   dst_md.handle, api.Dims(*strides), api.Dims(*kernel), api.Dims(*dil), api.Dims(*pb),
-                   api.Dims(*pe))
+
+    def make(nthr: int | None = None) -> api.Primitive:
+        return create(spec, "pooling_forward", api.FORWARD_INFERENCE, alg, src_md.handle, dst_md.handle,
+                      api.Dims(*strides), api.Dims(*kernel), api.Dims(*dil), api.Dims(*pb), api.Dims(*pe), nthr=nthr)
+
+    prim = make()
     reject_reference(prim, spec)
     if prim.md(api.Q_WORKSPACE_MD).nbytes:
         raise UnsupportedOpError(f"{spec.op} {spec.name!r}: oneDNN asks for a workspace in inference")
-    return OneDnnKernel(spec, prim, [(api.ARG_SRC, "in", 0, src_md), (api.ARG_DST, "out", 0, dst_md)], "pool")
+    return OneDnnKernel(spec, prim, [(api.ARG_SRC, "in", 0, src_md), (api.ARG_DST, "out", 0, dst_md)], "pool",
+                        variant=make)
 
 
 def maxpool(spec: NodeSpec) -> Kernel:
@@ -271,13 +328,18 @@ def lrn(spec: NodeSpec) -> Kernel:
     src, dst = _layouts(spec)
     x = src.logical(spec.inputs[0].shape)
     src_md, dst_md = api.Desc.make(x, src.tag), api.Desc.make(x, dst.tag)
-    prim = create(spec, "lrn_forward", api.FORWARD_INFERENCE, api.LRN_ACROSS_CHANNELS,
-                   src_md.handle, dst_md.handle, size, float(spec.attr("alpha", 1e-4)),
-                   float(spec.attr("beta", 0.75)), float(spec.attr("bias", 1.0)))
+
+    def make(nthr: int | None = None) -> api.Primitive:
+        return create(spec, "lrn_forward", api.FORWARD_INFERENCE, api.LRN_ACROSS_CHANNELS, src_md.handle,
+                      dst_md.handle, size, float(spec.attr("alpha", 1e-4)), float(spec.attr("beta", 0.75)),
+                      float(spec.attr("bias", 1.0)), nthr=nthr)
+
+    prim = make()
     reject_reference(prim, spec)
     if prim.md(api.Q_WORKSPACE_MD).nbytes:
         raise UnsupportedOpError(f"LRN {spec.name!r}: oneDNN asks for a workspace in inference")
-    return OneDnnKernel(spec, prim, [(api.ARG_SRC, "in", 0, src_md), (api.ARG_DST, "out", 0, dst_md)], "lrn")
+    return OneDnnKernel(spec, prim, [(api.ARG_SRC, "in", 0, src_md), (api.ARG_DST, "out", 0, dst_md)], "lrn",
+                        variant=make)
 
 
 def batchnorm(spec: NodeSpec) -> Kernel:
@@ -291,13 +353,17 @@ def batchnorm(spec: NodeSpec) -> Kernel:
     x = src.logical(spec.inputs[0].shape)
     src_md, dst_md = api.Desc.make(x, src.tag), api.Desc.make(x, dst.tag)
     flags = api.USE_GLOBAL_STATS | api.USE_SCALE | api.USE_SHIFT
-    prim = create(spec, "batch_normalization_forward", api.FORWARD_INFERENCE,
-                   src_md.handle, dst_md.handle, float(spec.attr("epsilon", 1e-5)), flags)
+
+    def make(nthr: int | None = None) -> api.Primitive:
+        return create(spec, "batch_normalization_forward", api.FORWARD_INFERENCE, src_md.handle, dst_md.handle,
+                      float(spec.attr("epsilon", 1e-5)), flags, nthr=nthr)
+
+    prim = make()
     reject_reference(prim, spec)
     vec = api.Desc.make((x[1],), "a")
     args = [(api.ARG_SRC, "in", 0, src_md), (api.ARG_DST, "out", 0, dst_md), (api.ARG_SCALE, "in", 1, vec),
             (api.ARG_SHIFT, "in", 2, vec), (api.ARG_MEAN, "in", 3, vec), (api.ARG_VARIANCE, "in", 4, vec)]
-    return OneDnnKernel(spec, prim, args, "batchnorm")
+    return OneDnnKernel(spec, prim, args, "batchnorm", variant=make)
 
 
 def reorder(spec: NodeSpec) -> Kernel:
@@ -306,6 +372,14 @@ def reorder(spec: NodeSpec) -> Kernel:
     src, dst = LAYOUTS[spec.attr("from")], LAYOUTS[spec.attr("to")]
     x = src.logical(spec.inputs[0].shape)
     src_md, dst_md = api.Desc.make(x, src.tag), api.Desc.make(x, dst.tag)
-    with threads.creation(creation_threads(spec)):
-        prim = api.reorder(src_md, dst_md)
-    return OneDnnKernel(spec, prim, [(api.ARG_FROM, "in", 0, src_md), (api.ARG_TO, "out", 0, dst_md)], "reorder")
+    make = reorder_maker(spec, src_md, dst_md)
+    return OneDnnKernel(spec, make(), [(api.ARG_FROM, "in", 0, src_md), (api.ARG_TO, "out", 0, dst_md)], "reorder",
+                        variant=make)
+
+
+def reorder_maker(spec: NodeSpec, src: api.Desc, dst: api.Desc) -> Callable[..., api.Primitive]:
+    """A reorder primitive from `src` to `dst` for the node's creation threads, or (given) a variant's."""
+    def make(nthr: int | None = None) -> api.Primitive:
+        with threads.creation(nthr or creation_threads(spec), variant=nthr is not None):
+            return api.reorder(src, dst)
+    return make

@@ -14,7 +14,15 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.cpu.onednn import api
-from ctxrt.backends.cpu.onednn.kernels import OneDnnKernel, choose_weights, create, prepack, recreate, weighted_args
+from ctxrt.backends.cpu.onednn.kernels import (
+    OneDnnKernel,
+    choose_weights,
+    create,
+    prepack,
+    recreate,
+    variant_of,
+    weighted_args,
+)
 from ctxrt.backends.kernel import Kernel, NodeSpec
 from ctxrt.errors import UnsupportedOpError
 
@@ -64,10 +72,10 @@ def matmul(spec: NodeSpec) -> Kernel:
     bias_md = api.Desc.make((1, n), "ab") if has_bias else None
     attr = api.Attr(_ELTWISE.get(act), add=dst_md if residual else None)
 
-    def make(wfmt: int | str) -> api.Primitive:
+    def make(wfmt: int | str, nthr: int | None = None) -> api.Primitive:
         w_md = api.Desc.make((k, n), wfmt)
         return create(spec, "matmul", src_md.handle, w_md.handle, bias_md.handle if bias_md else None,
-                      dst_md.handle, attr=attr)
+                      dst_md.handle, attr=attr, nthr=nthr)
 
     attrs: dict[str, Any] = {}
     constants: dict[int, np.ndarray | None] = {}
@@ -79,4 +87,4 @@ def matmul(spec: NodeSpec) -> Kernel:
             constants = {1: prepack(spec.consts[1], (k, n), "ba" if transposed else "ab", prim.md(api.Q_WEIGHTS_MD))}
         attrs = {"weights_tag": packed, "weight_shape": [k, n]}
     args = weighted_args(prim, src_md, dst_md, bias_md, attr.binary_index if residual else None)
-    return OneDnnKernel(spec, prim, args, "matmul", attrs, constants)
+    return OneDnnKernel(spec, prim, args, "matmul", attrs, constants, variant=variant_of(spec, make, (k, n), packed))
