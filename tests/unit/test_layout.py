@@ -133,6 +133,32 @@ def test_channel_shuffle_fused_and_kept_channels_last(onednn: bool) -> None:
     np.testing.assert_allclose(got, _reference(model, x), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])  # LogSoftmax: NumPy's (oneDNN's log is less accurate)
+@pytest.mark.parametrize(("opset", "axis", "shape", "on_onednn"), [
+    (17, -1, (2, 12, 16, 16), True), (17, 1, (1, 1000, 1, 1), True), (11, 1, (2, 3, 5), True),
+    (11, 2, (2, 3, 4, 5), True), (17, 1, (2, 3, 5), False), (17, 0, (4, 3), False)])
+def test_softmax_on_onednn_matches_onnxruntime(op: str, opset: int, axis: int, shape: tuple[int, ...],
+                                               on_onednn: bool) -> None:
+    """Legacy opsets (< 13) normalize over every axis from `axis` on (onnx.reference gets that wrong: the
+    oracle is onnxruntime). Along an axis with more after it oneDNN 3.2 has only its reference implementation:
+    NumPy's kernel runs those."""
+    import onnxruntime as ort
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))
+    g = helper.make_graph([helper.make_node(op, ["x"], ["y"], axis=axis)], "t", [x],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    xv = (RNG.standard_normal(shape) * 10).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": xv})[0]
+    with ctxrt.compile(model, backend=CpuBackend(onednn=True)) as ctx:
+        g = ctx.graph()
+        (step,) = g.compiled.steps
+        assert step.algorithm.startswith("onednn:softmax") == (on_onednn and op == "Softmax")
+        for n in (1, 2):
+            ctx.num_threads = n
+            np.testing.assert_allclose(g.run({"x": xv})["y"], want, rtol=1e-5, atol=1e-5)
+
+
 def test_kernel_choice_recorded_in_the_binary_and_reloaded(tmp_path) -> None:
     from ctxrt.compiler import context_info
     from ctxrt.format import write_context

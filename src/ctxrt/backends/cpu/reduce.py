@@ -19,24 +19,31 @@ def _axis(spec: NodeSpec, axis: int, rank: int) -> int:
     return axis % max(rank, 1)
 
 
-class Softmax(Kernel):
-    """Softmax / LogSoftmax of a (outer, n, inner) view along n, in blocks of outer rows.
+def softmax_view(spec: NodeSpec) -> tuple[int, ...]:
+    """The (outer, n, inner) view a Softmax / LogSoftmax normalizes along n; (outer, n) when inner is 1.
 
     Opset >= 13 normalizes along `axis` (default -1); before 13 the input is coerced to 2-D at `axis`
-    (default 1), so n is the product of every dimension from `axis` on. Correct in place."""
+    (default 1), so n is the product of every dimension from `axis` on."""
+    shape = spec.inputs[0].shape
+    legacy = spec.opset < 13
+    axis = _axis(spec, int(spec.attr("axis", 1 if legacy else -1)), len(shape))
+    outer = int(np.prod(shape[:axis]))
+    n = int(np.prod(shape[axis:])) if legacy else shape[axis] if shape else 1
+    inner = 1 if legacy else int(np.prod(shape[axis + 1:]))
+    # A trailing inner dimension of 1 is dropped: reductions along the last axis are faster.
+    return (outer, n, inner) if inner > 1 else (outer, n)
+
+
+class Softmax(Kernel):
+    """Softmax / LogSoftmax of a (outer, n, inner) view along n (`softmax_view`), in blocks of outer rows.
+    Correct in place."""
 
     def __init__(self, spec: NodeSpec, log: bool) -> None:
-        shape = spec.inputs[0].shape
         self.dtype = np.dtype(spec.outputs[0].dtype)
         if self.dtype.kind != "f":
             raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: dtype {self.dtype} is not supported")
-        legacy = spec.opset < 13
-        axis = _axis(spec, int(spec.attr("axis", 1 if legacy else -1)), len(shape))
-        outer = int(np.prod(shape[:axis]))
-        n = int(np.prod(shape[axis:])) if legacy else shape[axis] if shape else 1
-        inner = 1 if legacy else int(np.prod(shape[axis + 1:]))
-        # A trailing inner dimension of 1 is dropped: reductions along the last axis are faster.
-        self.view = (outer, n, inner) if inner > 1 else (outer, n)
+        self.view = softmax_view(spec)
+        outer, n, inner = (*self.view, 1)[:3]
         self.rows = max(1, min(outer, SOFTMAX_BLOCK // max(1, n * inner)))
         self.log = log
         stats = self.rows * inner * self.dtype.itemsize

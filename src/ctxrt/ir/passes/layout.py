@@ -15,7 +15,7 @@ made once per value. Graph inputs and outputs stay plain. Rules, in graph order:
   it is always kept plain, so it never needs a reorder.
 
 The chosen nodes get `kernel` (the provider's name), `src_layout` and `dst_layout` attributes; values in `L`
-get their stored shape (ctxrt/ir/layouts.py). Ops the provider runs on plain tensors (MatMul, Gemm) get only
+get their stored shape (ctxrt/ir/layouts.py). Ops the provider runs on plain tensors (MatMul, Gemm, Softmax) get only
 `kernel`, where it supports them. Reorders are ordinary nodes: the planner gives their outputs
 arena space like any tensor, and `ctxrt inspect --kernels` lists them.
 """

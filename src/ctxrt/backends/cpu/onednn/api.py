@@ -27,6 +27,7 @@ CONVOLUTION_DIRECT = 1
 ELTWISE_RELU, ELTWISE_GELU_TANH, ELTWISE_GELU_ERF = 32, 43, 49
 POOLING_MAX, POOLING_AVG_INCLUDE, POOLING_AVG_EXCLUDE = 511, 767, 1023
 LRN_ACROSS_CHANNELS = 2815
+SOFTMAX_ACCURATE = 0x30000
 BINARY_ADD = 131056
 SCRATCHPAD_USER = 1
 ENGINE_CPU = 1
@@ -91,6 +92,7 @@ def _prototype(lib: ctypes.CDLL) -> None:
         "dnnl_batch_normalization_forward_primitive_desc_create": [pp, vp, i, vp, vp, f, ctypes.c_uint, vp],
         "dnnl_reorder_primitive_desc_create": [pp, vp, vp, vp, vp, vp],
         "dnnl_matmul_primitive_desc_create": [pp, vp, vp, vp, vp, vp, vp],
+        "dnnl_softmax_forward_primitive_desc_create": [pp, vp, i, i, vp, vp, i, vp],
         "dnnl_primitive_desc_query": [vp, i, i, vp], "dnnl_primitive_desc_destroy": [vp],
         "dnnl_primitive_create": [pp, vp], "dnnl_primitive_destroy": [vp],
         "dnnl_primitive_execute": [vp, vp, i, ctypes.POINTER(ExecArg)],

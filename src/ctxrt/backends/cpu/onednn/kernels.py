@@ -280,6 +280,32 @@ def reject_reference(prim: api.Primitive, spec: NodeSpec) -> None:
                                  f"for these layouts ({spec.attr('src_layout')} -> {spec.attr('dst_layout')})")
 
 
+# -- Softmax --------------------------------------------------------------------------------------------------
+def softmax(spec: NodeSpec) -> Kernel:
+    """Softmax of float32 along n of the (outer, n, inner) view NumPy's kernel uses, where n is innermost: one
+    pass per row on every thread of the run. BERT's attention scores (12 x 128 rows of 128): 274 us with NumPy,
+    97 us with oneDNN on one thread, 50 on two; a MiniLM-L6-shaped BERT on 2 cores went from 12.2 to 10.6 ms.
+    (Concat was tried too: NumPy's copy was as fast, 42 us vs 54 for 55 x 55 x 128 channels-last.)"""
+    from ctxrt.backends.cpu.reduce import softmax_view
+
+    api.require(f"Softmax {spec.name!r}")
+    if np.dtype(spec.inputs[0].dtype) != np.float32 or np.dtype(spec.outputs[0].dtype) != np.float32:
+        raise UnsupportedOpError(f"Softmax {spec.name!r}: oneDNN's softmax is used for float32")
+    view = softmax_view(spec)
+    if 0 in view:
+        raise UnsupportedOpError(f"{spec.op} {spec.name!r}: empty tensor")
+    md = api.Desc.make(view, "abc"[:len(view)])
+
+    def make(nthr: int | None = None) -> api.Primitive:
+        return create(spec, "softmax_forward", api.FORWARD_INFERENCE, api.SOFTMAX_ACCURATE, md.handle, md.handle,
+                      1, nthr=nthr)
+
+    prim = make()
+    reject_reference(prim, spec)
+    return OneDnnKernel(spec, prim, [(api.ARG_SRC, "in", 0, md), (api.ARG_DST, "out", 0, md)], "softmax",
+                        variant=make)
+
+
 # -- pools, LRN, BatchNormalization ---------------------------------------------------------------------------
 def _pool(spec: NodeSpec, alg: int, kernel: tuple[int, int] | None = None) -> Kernel:
     api.require(f"{spec.op} {spec.name!r}")
