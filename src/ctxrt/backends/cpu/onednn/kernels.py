@@ -100,7 +100,7 @@ class OneDnnKernel(Kernel):
             return prim.launch([*args, (api.ARG_SCRATCHPAD, api.Memory(prim.md(api.Q_SCRATCHPAD_MD), address))])
 
         first = launch(self.prim)
-        if self._variant is None:
+        if self._variant is None or self.threads <= 1:  # no run has fewer threads: no lookup per launch
             return first
         table: dict[int, Callable[[], None]] = {self.threads: first}
         now = threads.openmp_now
@@ -137,8 +137,13 @@ def create(spec: NodeSpec, fn: str, *args: Any, attr: api.Attr | None = None, nt
     """`api.create` for the node's creation threads (or a variant's `nthr`), the last argument the attributes
     (default ones: a user-managed scratchpad). `attr` is held until the primitive exists."""
     attr = attr or api.Attr()
-    with threads.creation(nthr or creation_threads(spec), variant=nthr is not None):
+    with _creating(spec, nthr):
         return api.create(fn, f"{spec.op} {spec.name!r}", *args, attr.handle)
+
+
+def _creating(spec: NodeSpec, nthr: int | None) -> contextlib.AbstractContextManager[None]:
+    """threads.creation for the node's first primitive (nthr None: its creation threads) or a variant's."""
+    return threads.creation(nthr or creation_threads(spec), variant=nthr is not None)
 
 
 # -- Conv --------------------------------------------------------------------------------------------------
@@ -293,7 +298,7 @@ def softmax(spec: NodeSpec) -> Kernel:
         raise UnsupportedOpError(f"Softmax {spec.name!r}: oneDNN's softmax is used for float32")
     view = softmax_view(spec)
     if 0 in view:
-        raise UnsupportedOpError(f"{spec.op} {spec.name!r}: empty tensor")
+        raise UnsupportedOpError(f"Softmax {spec.name!r}: empty tensor")
     md = api.Desc.make(view, "abc"[:len(view)])
 
     def make(nthr: int | None = None) -> api.Primitive:
@@ -406,6 +411,6 @@ def reorder(spec: NodeSpec) -> Kernel:
 def reorder_maker(spec: NodeSpec, src: api.Desc, dst: api.Desc) -> Callable[..., api.Primitive]:
     """A reorder primitive from `src` to `dst` for the node's creation threads, or (given) a variant's."""
     def make(nthr: int | None = None) -> api.Primitive:
-        with threads.creation(nthr or creation_threads(spec), variant=nthr is not None):
+        with _creating(spec, nthr):
             return api.reorder(src, dst)
     return make
