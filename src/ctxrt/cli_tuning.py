@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import ipaddress
 import json
 import os
+import signal
 import sys
 from typing import Any
 
-from ctxrt.cli_args import UsageError, naming, not_an_input, output_file, readable_file
+from ctxrt.cli_args import UsageError, naming, non_negative_int, not_an_input, output_file, readable_file
 
 
 def port_number(text: str) -> int:
@@ -63,11 +63,12 @@ def compile_backend(name: str, config: str | None, tuning: dict[str, Any]) -> An
 
 
 # -- serve -----------------------------------------------------------------------------------------
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
+class _Terminated(Exception):
+    """SIGTERM (how systemd and docker stop a service), raised in the main thread."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -77,18 +78,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     if token is not None and not token.strip():
         raise UsageError("--token must not be empty")
-    server = Server(args.host, args.port, token, job_timeout=args.job_timeout)
+    server = Server(args.host, args.port, token, job_timeout=args.job_timeout, job_memory=args.job_memory << 20)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         device = server.worker.info["device_id"]
         host, port = server.address
         print(f"ctxrt target server on {host}:{port} for {device['device']} (driver {device['driver']}); "
-              f"{'a token is required' if token else 'no token'}; Ctrl-C stops it", flush=True)
-        if token is None and not _loopback(host):
-            print(f"ctxrt: warning: {host} is reachable from other machines and no --token is set: anyone who can "
-                  "connect can run kernels on this device", file=sys.stderr, flush=True)
+              "a token is required; Ctrl-C stops it", flush=True)
+        if token is None:
+            print(f"token: {server.token}  (clients: {TOKEN_ENV}={server.token})", flush=True)
         server.serve_forever()
+    except _Terminated:
+        print("ctxrt serve: stopped (SIGTERM)", file=sys.stderr, flush=True)
     finally:
         server.close()
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 
@@ -137,11 +141,14 @@ def add_commands(sub: Any) -> None:
                    help="address to listen on (default 127.0.0.1: this machine only; anyone who can connect can "
                         "run kernels here, so set --token when you open it wider)")
     s.add_argument("--port", type=port_number, default=DEFAULT_PORT, help=f"TCP port (default {DEFAULT_PORT})")
-    s.add_argument("--token", help="a secret every client must send (clients read $CTXRT_SERVER_TOKEN; "
-                                   "default: $CTXRT_SERVER_TOKEN, else none)")
+    s.add_argument("--token", help="the secret every client must send (clients read $CTXRT_SERVER_TOKEN; "
+                                   "default: $CTXRT_SERVER_TOKEN, else a new random token, printed at start)")
     s.add_argument("--job-timeout", type=seconds, default=600.0, metavar="S",
                    help="time limit of one device job in seconds (default 600); an overrun is answered with a "
                         "timeout error and the device process restarted")
+    s.add_argument("--job-memory", type=non_negative_int, default=4096, metavar="MIB",
+                   help="memory a device job may use beyond what opening the device took, in MiB (default 4096; 0: "
+                        "no limit); past it the job fails and the device process restarts")
     s.set_defaults(func=cmd_serve)
     t = sub.add_parser("tune-report", help="per tuned kernel of a context binary: default and tuned time, speed-up")
     t.add_argument("file", metavar="FILE.ctx|FILE_ctx.onnx")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,9 @@ MAGIC = b"CTXRTRPC"
 PROTOCOL = 1
 DEFAULT_PORT = 22598
 MAX_FRAME = 256 << 20  # bytes of one frame: a hostile length never makes the server allocate more
+MAX_HELLO = 4096  # bytes of the handshake's frame: nothing bigger is read from a client not yet authenticated
+MAX_ARRAY = 8192  # elements of one msgpack array in a frame (twice the longest the protocol has: candidates)
+MAX_MAP = 1024  # entries of one msgpack map in a frame
 LENGTH = struct.Struct("<I")
 MAX_SOURCE = 4 << 20  # characters of one OpenCL source
 MAX_OPTIONS = 64 << 10
@@ -58,11 +62,17 @@ def error_frame(code: str, message: str, request_id: int | None = None) -> bytes
     return pack({"id": request_id, "error": {"code": code, "message": message[:2000]}})
 
 
-def read_exact(sock: socket.socket, n: int, started: bool) -> bytes:
+def read_exact(sock: socket.socket, n: int, started: bool, deadline: float | None = None) -> bytes:
     """n bytes. A clean end of stream before the first byte of a frame is EOFError; anywhere else a
-    'truncated' ProtocolError. Socket timeouts propagate (the caller knows which timeout applied)."""
+    'truncated' ProtocolError. With a `deadline` (time.monotonic()), all n bytes must arrive before it, however
+    the client spaces them: TimeoutError otherwise. Socket timeouts propagate (the caller knows which applied)."""
     chunks, got = [], 0
     while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            sock.settimeout(left)
         chunk = sock.recv(min(n - got, 1 << 20))
         if not chunk:
             if got == 0 and not started:
@@ -73,20 +83,33 @@ def read_exact(sock: socket.socket, n: int, started: bool) -> bytes:
     return b"".join(chunks)
 
 
-def read_frame(sock: socket.socket, on_start: Callable[[], None] | None = None) -> Any:
-    """One decoded frame. `on_start` runs once the frame's first bytes arrived (the server then switches from
-    the idle timeout to the read timeout)."""
+def read_frame(sock: socket.socket, on_start: Callable[[], float | None] | None = None, max_len: int = MAX_FRAME,
+               reserve: Callable[[int, float | None], Any] | None = None) -> Any:
+    """One decoded frame. `on_start` runs once the frame's first byte arrived and returns the deadline of the
+    whole frame (or None). A length over `max_len` is refused before its body is read. `reserve(n, deadline)`
+    is called with the body's length before the body is read (the server's memory budget): it may raise."""
     head = read_exact(sock, 1, False)
-    if on_start is not None:
-        on_start()
-    (n,) = LENGTH.unpack(head + read_exact(sock, LENGTH.size - 1, True))
-    if not 1 <= n <= MAX_FRAME:
-        raise ProtocolError("too_large", f"frame length {n} is outside 1..{MAX_FRAME}")
-    body = read_exact(sock, n, True)
+    deadline = on_start() if on_start is not None else None
+    (n,) = LENGTH.unpack(head + read_exact(sock, LENGTH.size - 1, True, deadline))
+    if not 1 <= n <= max_len:
+        raise ProtocolError("too_large", f"frame length {n} is outside 1..{max_len}")
+    if reserve is not None:
+        reserve(n, deadline)
+    body = read_exact(sock, n, True, deadline)
+    return decode(body)
+
+
+def decode(body: bytes) -> Any:
+    """A frame's MessagePack, with strings, arrays and maps bounded before objects are made for them (msgpack
+    itself bounds nesting; fields are checked for depth where they are read)."""
+    n = len(body)
     try:
-        return codec.decode(body, "frame", keep_ext=True)
-    except FormatError as e:
-        raise ProtocolError("malformed", str(e)) from None
+        value = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True, ext_hook=msgpack.ExtType,
+                                max_str_len=min(n, 4 * MAX_SOURCE), max_bin_len=n, max_array_len=min(n, MAX_ARRAY),
+                                max_map_len=min(n // 2, MAX_MAP), max_ext_len=n)
+    except Exception as e:  # msgpack raises ValueError subclasses, UnicodeDecodeError, TypeError, ...
+        raise ProtocolError("malformed", f"frame is not valid msgpack: {type(e).__name__}: {e}") from None
+    return value
 
 
 # -- typed fields ----------------------------------------------------------------------------------------
