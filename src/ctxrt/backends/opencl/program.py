@@ -7,13 +7,14 @@ another device or driver is rebuilt from its stored sources, with one warning na
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import re
 import threading
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -133,7 +134,8 @@ class ProgramStore:
     def _from_binary(self, key: ProgramKey, binary: bytes) -> Any | None:
         cl, be = self.backend.cl, self.backend
         try:
-            return cl.Program(be.context, [be.device], [binary]).build(options=key.options)
+            with _quiet_driver(cl):
+                return cl.Program(be.context, [be.device], [binary]).build(options=key.options)
         except cl.Error as e:  # a binary this driver does not take after all: build from source instead
             warnings.warn(f"OpenCL program {key.name} ({key.options}): the stored binary was refused by "
                           f"{be.info.name} ({type(e).__name__}); rebuilding it from source", CtxrtWarning,
@@ -144,11 +146,21 @@ class ProgramStore:
         cl, be = self.backend.cl, self.backend
         text = self._sources.get(key.source_hash) or source(key.name)
         try:
-            return cl.Program(be.context, text).build(options=key.options, devices=[be.device])
+            with _quiet_driver(cl):
+                return cl.Program(be.context, text).build(options=key.options, devices=[be.device])
         except cl.Error as e:
             log = str(e).strip().splitlines()
             raise CtxrtError(f"OpenCL program {key.name} ({key.options}) does not build on {be.info.name}: "
                              f"{' | '.join(log[-6:])}") from e
+
+
+@contextlib.contextmanager
+def _quiet_driver(cl: Any) -> Iterator[None]:
+    """A build whose log is not empty is no error: PoCL's notes on vector ABIs, for one, are nothing a user can act
+    on, and a failed build raises with its log anyway."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cl.CompilerWarning)
+        yield
 
 
 def _label(device: Mapping[str, str]) -> str:
