@@ -218,7 +218,7 @@ def test_no_compile_request_returns_a_file_of_the_server(server: Server, tmp_pat
 def test_a_macro_bomb_is_stopped_by_the_memory_limit(opencl: str) -> None:
     levels = "\n".join(f"#define L{i + 1} L{i} L{i} L{i} L{i} L{i} L{i} L{i} L{i}" for i in range(12))
     source = f"#define L0 (1+1)\n{levels}\nkernel void k(global int* x) {{ x[0] = L12; }}\n"
-    srv = Server("127.0.0.1", 0, TOKEN, job_timeout=120.0, job_memory=1 << 30).start()
+    srv = Server("127.0.0.1", 0, TOKEN, job_timeout=120.0, job_memory=512 << 20).start()
     try:
         client = Client(srv.address, TOKEN)
         with pytest.raises(ServerError) as e:
@@ -340,3 +340,16 @@ def test_accept_errors_are_logged_and_retried(opencl: str, capsys: pytest.Captur
         assert "accept failed (Too many open files); retrying" in capsys.readouterr().err
     finally:
         srv.close()
+
+
+def test_the_compiler_cache_is_emptied_past_its_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ctxrt.tuning import worker
+
+    monkeypatch.setattr(worker, "CACHE_LIMIT", 1000)
+    (tmp_path / "kcache" / "ab").mkdir(parents=True)
+    (tmp_path / "kcache" / "ab" / "program.bc").write_bytes(b"x" * 600)
+    worker._trim_cache(str(tmp_path))
+    assert (tmp_path / "kcache" / "ab" / "program.bc").exists()  # under the limit: kept
+    (tmp_path / "kcache" / "cd.bc").write_bytes(b"x" * 600)
+    worker._trim_cache(str(tmp_path))
+    assert list(tmp_path.iterdir()) == []

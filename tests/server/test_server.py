@@ -71,7 +71,7 @@ def test_a_job_past_its_time_limit_is_answered_and_the_device_process_restarted(
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     monkeypatch.setenv("CTXRT_TEST_PAUSE", f"server-job:{fifo}")  # the device process stops at its first job
-    srv = Server("127.0.0.1", 0, TOKEN, job_timeout=2.0).start()
+    srv = Server("127.0.0.1", 0, TOKEN, job_timeout=5.0).start()
     try:
         client = Client(srv.address, TOKEN)
         result: list[Any] = []

@@ -7,7 +7,8 @@ process per session for the same reason; one long-lived process keeps built prog
 
 The process is contained: its address space is limited (RLIMIT_AS, `job_memory` bytes beyond what opening the
 device took), it dies with the server (PR_SET_PDEATHSIG), and the OpenCL compiler's on-disk cache is a directory
-of the server's own, emptied when it passes CACHE_LIMIT bytes and removed when the server stops.
+of the server's own (kept between runs, so a restarted server does not rebuild what it built), emptied when it
+passes CACHE_LIMIT bytes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from dataclasses import asdict
 from multiprocessing.connection import Connection
@@ -123,9 +123,16 @@ def _limit_memory(job_memory: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
 
 
-def _trim_cache() -> None:
+def cache_dir() -> str:
+    """The OpenCL compiler cache of `ctxrt serve`: $CTXRT_SERVE_CACHE, else ~/.cache/ctxrt/serve-opencl."""
+    root = os.environ.get("CTXRT_SERVE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ctxrt", "serve-opencl")
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    return root
+
+
+def _trim_cache(root: str | None) -> None:
     """Empty the compiler's cache directory once it holds more than CACHE_LIMIT bytes."""
-    root = os.environ.get("POCL_CACHE_DIR")
     if not root:
         return
     total = 0
@@ -172,7 +179,7 @@ def worker_main(conn: Any, parent: int, job_memory: int) -> None:
             conn.send(("error", "device_error", f"{type(e).__name__}: {' '.join(str(e).split())}"[:2000]))
         finally:
             if method == "compile":
-                _trim_cache()
+                _trim_cache(os.environ.get("POCL_CACHE_DIR"))
 
 
 # -- in the server -------------------------------------------------------------------------------------
@@ -184,7 +191,8 @@ class DeviceWorker:
 
     def __init__(self, job_timeout: float, job_memory: int | None = 4 << 30) -> None:
         self.job_timeout, self.job_memory = job_timeout, job_memory or 0
-        self.cache_dir = tempfile.mkdtemp(prefix="ctxrt-serve-cl-cache-")
+        self.cache_dir = cache_dir()
+        _trim_cache(self.cache_dir)
         self._lock = threading.Lock()
         self.info: dict[str, Any] = {}
         self.restarts = 0
@@ -257,7 +265,6 @@ class DeviceWorker:
         """Stop the device process now, also in the middle of a job (that job is answered with an error)."""
         self.closed = True
         self._stop()
-        shutil.rmtree(self.cache_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
