@@ -7,6 +7,7 @@ run in a child process with a time and an address-space limit."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import socket
@@ -270,10 +271,71 @@ def test_a_lock_file_that_is_a_fifo_is_a_config_error(tmp_path: Path) -> None:
         PerformanceCache(tmp_path, DEVICE)
 
 
+# -- performance_cache_dir and the config file -----------------------------------------------------------
+@pytest.mark.parametrize("directory", ["perf\0x", "\0"])
+def test_a_nul_in_performance_cache_dir_is_a_config_error(tmp_path: Path, directory: str) -> None:
+    with pytest.raises(ConfigError, match="performance_cache_dir must be a directory path without NUL"):
+        TuningConfig.parse({"tuning_mode": True, "performance_cache_dir": directory}, "tuning.json")
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"tuning_mode": True, "performance_cache_dir": directory}))
+    with pytest.raises(ConfigError, match="c.json: performance_cache_dir must be a directory path without NUL"):
+        TuningConfig.load(config)
+    with pytest.raises(ConfigError, match="performance_cache_dir .* is not a usable path"):
+        PerformanceCache(directory, DEVICE)  # the class itself, used without a config
+
+
+def test_an_overlong_performance_cache_dir_is_a_short_config_error() -> None:
+    with pytest.raises(ConfigError, match="at most 4096 characters") as e:
+        TuningConfig.parse({"tuning_mode": True, "performance_cache_dir": "d" * 100_000})
+    assert len(str(e.value)) < 300
+
+
+_CONFIG_CHILD = """
+import sys
+from ctxrt.errors import ConfigError
+from ctxrt.tuning.config import TuningConfig
+try:
+    TuningConfig.load(sys.argv[1], "--config c.json")
+except ConfigError as e:
+    print(e)
+"""
+
+
+@pytest.mark.parametrize("make, needle", [
+    ("fifo", "is a FIFO, not a regular file"), ("zero", "is a character device, not a regular file"),
+    ("deep", "nested too deeply"), ("big", "over the limit of 1 MiB"), ("digits", "not valid JSON"),
+])
+def test_a_hostile_config_file_is_one_config_error(tmp_path: Path, make: str, needle: str) -> None:
+    path = tmp_path / "c.json"
+    if make == "fifo":
+        os.mkfifo(path)
+    elif make == "zero":
+        path.symlink_to("/dev/zero")
+    else:
+        path.write_bytes({"deep": b"[" * 100_000, "big": b" " * (2 << 20) + b"{}",
+                          "digits": b'{"tuning_budget_candidates": ' + b"7" * 5000 + b"}"}[make])
+    proc = subprocess.run([sys.executable, "-c", _CONFIG_CHILD, str(path)], capture_output=True, text=True,
+                          timeout=60, preexec_fn=_limits)
+    assert proc.returncode == 0 and proc.stdout.startswith("--config c.json") and needle in proc.stdout, (
+        proc.stdout, proc.stderr[-2000:])
+
+
+@pytest.mark.parametrize("value", [10**400, 10**5000, 1e300, math.inf], ids=["1e400", "1e5000", "1e300", "inf"])
+def test_huge_budget_seconds_are_a_config_error(value: float) -> None:
+    with pytest.raises(ConfigError, match="tuning_budget_seconds must be a number of seconds > 0"):
+        TuningConfig.parse({"tuning_mode": True, "tuning_budget_seconds": value})
+
+
+def test_config_errors_show_hostile_values_briefly() -> None:
+    with pytest.raises(ConfigError) as e:
+        TuningConfig.parse({"tuning_mode": _deep(5000), "tuning_budget_candidates": "c" * 10**6})
+    assert len(str(e.value)) < 400 and "tuning_mode must be true or false" in str(e.value)
+
+
 # -- through the command line ----------------------------------------------------------------------------
 def test_cli_compile_with_hostile_caches_warns_in_one_line(opencl: str, tmp_path: Path) -> None:
     """`ctxrt compile --config` over each hostile cache: exit 0, one `ctxrt:` warning line naming the file, no
-    traceback."""
+    traceback; a NUL in performance_cache_dir: exit 2, one error line."""
     mlp_model(tmp_path / "mlp.onnx")
     (tmp_path / "t.json").write_text(json.dumps({"tuning_mode": True, "performance_cache_dir": "perf",
                                                  "tuning_budget_candidates": 1}))
@@ -301,3 +363,8 @@ def test_cli_compile_with_hostile_caches_warns_in_one_line(opencl: str, tmp_path
         assert code == 0 and "Traceback" not in err, (name, err)
         assert len(said) == 1 and str(path.name) in said[0] and "set aside as" in said[0], (name, said)
         assert json.loads(path.read_text())["entries"], name  # a fresh cache, filled by this compile
+    (tmp_path / "nul.json").write_text(json.dumps({"tuning_mode": True, "performance_cache_dir": "pe\0rf"}))
+    code, said, err = compile_("nul.json")
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
+    assert said[0].startswith("ctxrt: error: --config nul.json: performance_cache_dir must be a directory path "
+                              "without NUL"), said
