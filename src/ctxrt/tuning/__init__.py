@@ -7,6 +7,7 @@ server (`ctxrt serve`) that compiles, profiles and executes kernels for a host t
     profiler.py   timing candidates with OpenCL profiling events, outputs checked against the default's
     tuner.py      the search, the cache look-ups, the record
     cache.py      the performance cache file (locked, atomic, crash-safe)
+    cache_schema.py  what the cache file may hold, checked field by field; readfile.py reads it safely
     record.py     the record in META and the report made from it
     protocol.py   the target server's wire format (docs/protocol.md)
     server.py     `ctxrt serve`; worker.py its device process

@@ -9,8 +9,11 @@ new file instead of trusting measurements made with the old one. Entries are key
   entry merged in, and the whole file written to a temporary file, fsynced and renamed over the old one, so
   concurrent tuners lose no entry and a crash (even kill -9) at any point leaves the old file or the new one;
 - entries are saved as each kernel finishes, so a run killed half way keeps what it measured;
-- a file that cannot be read or parsed is set aside (renamed `*.corrupt-N`) with one warning and rebuilt;
-- a directory that cannot be written is one ConfigError when the cache is opened, before any profiling.
+- the file is read like a hostile input (cache_schema.py): only a regular file (never a FIFO, a device or a
+  symbolic link), opened without blocking, at most MAX_FILE_BYTES read, every field of every entry checked; a
+  file that fails any of this is set aside (renamed `*.corrupt-N`) with one warning and rebuilt;
+- a directory that cannot be written, or a lock file that is not a regular file, is one ConfigError when the
+  cache is opened, before any profiling.
 
 MNN rewrites its cache file in place (a crash mid-write loses it); here the file is only ever replaced whole.
 """
@@ -23,6 +26,7 @@ import hashlib
 import json
 import os
 import secrets
+import stat
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -31,9 +35,12 @@ from typing import Any
 from ctxrt.backends.opencl.device import normalise
 from ctxrt.errors import ConfigError, CtxrtWarning
 from ctxrt.format.atomic import pause_point
+from ctxrt.tuning import cache_schema
+from ctxrt.tuning.cache_schema import FORMAT, MAX_FILE_BYTES, VERSION
+from ctxrt.tuning.readfile import BadFile, kind, read_regular, size_text
 
-FORMAT = "ctxrt-performance-cache"
-VERSION = 1
+__all__ = ["FORMAT", "MAX_FILE_BYTES", "VERSION", "PerformanceCache", "cache_file_name"]
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NAME_PART = 48  # characters kept of each normalised name part (long names get a digest instead of the rest)
 
 
@@ -54,13 +61,6 @@ def _better(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
                                                                       len(old.get("tried", [])))
 
 
-def _valid_entry(e: Any) -> bool:
-    if not isinstance(e, dict) or not isinstance(e.get("tried"), list):
-        return False
-    return (isinstance(e.get("best"), dict) and isinstance(e.get("default"), dict)
-            and all(isinstance(e.get(k), int | float | type(None)) for k in ("best_time_s", "default_time_s")))
-
-
 class PerformanceCache:
     """One device tier's file in `directory`. `get` looks an entry up, `put` saves one (merged under the lock)."""
 
@@ -71,10 +71,15 @@ class PerformanceCache:
         self._lock_path = self.path.with_name(self.path.name + ".lock")
         self._check_writable()
         self.entries: dict[str, dict[str, Any]] = {}
+        self._told: set[str] = set()  # warnings given: each at most once per cache
         with self._locked():
             if invalidate:
-                with contextlib.suppress(FileNotFoundError):
+                try:
                     self.path.unlink()
+                except (FileNotFoundError, IsADirectoryError):  # a directory is set aside below
+                    pass
+                except OSError as e:
+                    raise ConfigError(f"performance cache {self.path} cannot be deleted: {e.strerror or e}") from None
             self.entries = self._read(set_aside=True)
 
     def _check_writable(self) -> None:
@@ -85,13 +90,31 @@ class PerformanceCache:
             probe = self.directory / f".{self.path.name}.{secrets.token_hex(6)}.probe"
             os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
             probe.unlink()
-            os.close(os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o666))
         except OSError as e:
             raise ConfigError(f"{where} cannot be written: {e.strerror or e}") from None
+        except ValueError as e:  # a NUL byte in the path
+            raise ConfigError(f"{where} is not a usable path: {e}") from None
+        os.close(self._open_lock())
+
+    def _open_lock(self) -> int:
+        """The lock file, made if missing: a regular file, never followed through a symbolic link (O_CREAT would
+        create the link's target) and never waited on (a FIFO)."""
+        try:
+            fd = os.open(self._lock_path, _LOCK_FLAGS, 0o666)
+        except OSError as e:
+            what = ("is a symbolic link" if os.path.islink(self._lock_path)
+                    else f"cannot be opened ({e.strerror or e})")
+            raise ConfigError(f"performance cache lock file {self._lock_path} {what}: remove it") from None
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            raise ConfigError(f"performance cache lock file {self._lock_path} is {kind(mode)}, not a regular "
+                              "file: remove it")
+        return fd
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = self._open_lock()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies, even by kill -9
             yield
@@ -101,38 +124,27 @@ class PerformanceCache:
     def _read(self, set_aside: bool) -> dict[str, dict[str, Any]]:
         """The file's entries; {} when there is none. A bad file is set aside (under the lock) with a warning."""
         try:
-            raw = self.path.read_bytes()
+            return cache_schema.parse(read_regular(self.path, MAX_FILE_BYTES))
         except FileNotFoundError:
             return {}
-        except OSError as e:
-            problem = f"cannot be read ({e.strerror or e})"
-        else:
-            problem, entries = self._parse(raw)
-            if problem is None:
-                return entries
+        except BadFile as e:
+            problem = str(e)
         if set_aside:
             n = 1
-            while (aside := self.path.with_name(f"{self.path.name}.corrupt-{n}")).exists():
+            while os.path.lexists(aside := self.path.with_name(f"{self.path.name}.corrupt-{n}")):
                 n += 1
-            with contextlib.suppress(OSError):
-                os.replace(self.path, aside)
-            warnings.warn(f"performance cache {self.path} {problem}: set aside as {aside.name}, starting a new one",
-                          CtxrtWarning, stacklevel=4)
+            try:
+                os.replace(self.path, aside)  # renames a FIFO or a link itself: nothing is opened
+                done = f"set aside as {aside.name}"
+            except OSError as e:
+                done = f"could not be set aside ({e.strerror or e})"
+            self._warn(f"performance cache {self.path} {problem}: {done}, starting a new one")
         return {}
 
-    def _parse(self, raw: bytes) -> tuple[str | None, dict[str, dict[str, Any]]]:
-        try:
-            doc = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            return f"is not valid JSON ({e})", {}
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            return "is not a ctxrt performance cache", {}
-        if doc.get("version") != VERSION:
-            return f"has version {doc.get('version')!r}, this ctxrt writes {VERSION}", {}
-        entries = doc.get("entries")
-        if not isinstance(entries, dict) or not all(_valid_entry(e) for e in entries.values()):
-            return "has malformed entries", {}
-        return None, entries
+    def _warn(self, message: str) -> None:
+        if message not in self._told:
+            self._told.add(message)
+            warnings.warn(message, CtxrtWarning, stacklevel=5)
 
     def get(self, key: str) -> dict[str, Any] | None:
         """The entry for a signature key; the file is read again on a miss (another tuner may have added it)."""
@@ -143,15 +155,24 @@ class PerformanceCache:
         return entry
 
     def put(self, key: str, entry: Mapping[str, Any]) -> None:
-        """Save one kernel's result now: merged with what other tuners wrote, replacing the file whole."""
+        """Save one kernel's result now: merged with what other tuners wrote, replacing the file whole. An entry
+        the reader would refuse is not saved (one warning), and neither is one that would make the file larger
+        than the reader reads."""
+        entry = cache_schema.for_writing(entry)
+        why = cache_schema.problem(key, entry)
+        if why is not None:
+            self._warn(f"performance cache {self.path}: a result is not saved: {why}")
+            return
         with self._locked():
             self._sweep()
             current = self._read(set_aside=True)
             old = current.get(key)
             if old is None or _better(entry, old):
-                current[key] = dict(entry)
-            self._write(current)
-            self.entries = current
+                current[key] = entry
+            if self._write(current):
+                self.entries = current
+            else:
+                self.entries[key] = entry  # this compile still uses it
 
     def _sweep(self) -> None:
         """Temporary files of this cache are only made under the lock: any found now are a dead writer's."""
@@ -159,9 +180,16 @@ class PerformanceCache:
             with contextlib.suppress(OSError):
                 stale.unlink()
 
-    def _write(self, entries: Mapping[str, Any]) -> None:
-        doc = {"format": FORMAT, "version": VERSION, "device": self.device, "entries": dict(entries)}
+    def _write(self, entries: Mapping[str, Any]) -> bool:
+        """Replace the file whole; False (with one warning) when it would be over MAX_FILE_BYTES."""
+        device = {k: v[:cache_schema.MAX_TEXT] for k, v in list(self.device.items())[:cache_schema.MAX_DEVICE_FIELDS]}
+        doc = {"format": FORMAT, "version": VERSION, "device": device, "entries": dict(entries)}
         data = json.dumps(doc, indent=1, sort_keys=True).encode()
+        if len(data) > MAX_FILE_BYTES or len(entries) > cache_schema.MAX_ENTRIES:
+            self._warn(f"performance cache {self.path} is full (the limit is {size_text(MAX_FILE_BYTES)} and "
+                       f"{cache_schema.MAX_ENTRIES} entries): new results are not saved (set "
+                       "invalidate_performance_cache or use another performance_cache_dir)")
+            return False
         tmp = self.directory / f".{self.path.name}.{secrets.token_hex(6)}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -178,6 +206,7 @@ class PerformanceCache:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise ConfigError(f"performance cache {self.path} cannot be written: {e.strerror or e}") from None
+        return True
 
 
 def _fsync_dir(path: Path) -> None:

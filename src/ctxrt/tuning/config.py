@@ -12,11 +12,19 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import reprlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ctxrt.errors import ConfigError
+from ctxrt.tuning.readfile import BadFile, read_regular
+
+MAX_CONFIG_BYTES = 1 << 20
+MAX_PATH = 4096  # characters of performance_cache_dir (Linux's PATH_MAX)
+MAX_SECONDS = 1e9
+_SHORT = reprlib.Repr()  # bounded: a hostile value (huge, deeply nested) is shown in a few characters
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict = 2, 60, 60, 4, 3
 
 
 @dataclass(frozen=True)
@@ -43,8 +51,7 @@ class TuningConfig:
                 continue
             why = check(value)
             if why:
-                problems.append(f"{key} {why}, got {json.dumps(value, default=repr)[:60]} "
-                                f"({type(value).__name__})")
+                problems.append(f"{key} {why}, got {_shown(value)} ({type(value).__name__})")
             else:
                 out[key] = value
         if not out.get("tuning_mode"):
@@ -65,15 +72,28 @@ class TuningConfig:
     def load(cls, path: str | os.PathLike[str], label: str | None = None) -> TuningConfig:
         """The config in a JSON file; `label` names it in errors (e.g. "--config tuning.json")."""
         label = label or os.fspath(path)
-        with open(path, "rb") as f:  # OSError (missing, a directory, unreadable) names the path itself
-            raw = f.read(1 << 20)
+        try:  # a regular file only (a FIFO would block), at most MAX_CONFIG_BYTES; missing: FileNotFoundError
+            raw = read_regular(path, MAX_CONFIG_BYTES, follow_symlinks=True)
+        except BadFile as e:
+            raise ConfigError(f"{label} {e}") from None
         try:
             values = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
             raise ConfigError(f"{label}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{label}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        except RecursionError:
+            raise ConfigError(f"{label}: not a tuning config (JSON nested too deeply)") from None
+        except ValueError as e:  # an integer over Python's digit limit
+            raise ConfigError(f"{label}: not valid JSON: {' '.join(str(e).split())[:120]}") from None
         return cls.parse(values, label)
+
+
+def _shown(v: Any) -> str:
+    try:
+        return _SHORT.repr(v)
+    except ValueError:  # an int over Python's digit limit
+        return f"<{type(v).__name__}>"
 
 
 def _boolean(v: Any) -> str | None:
@@ -81,14 +101,21 @@ def _boolean(v: Any) -> str | None:
 
 
 def _directory(v: Any) -> str | None:
-    if v is None or (isinstance(v, str | os.PathLike) and os.fspath(v) not in ("", b"")):
+    if v is None:
         return None
-    return "must be a directory path (a non-empty string)"
+    path = os.fspath(v) if isinstance(v, str | os.PathLike) else None
+    if not isinstance(path, str) or not path:
+        return "must be a directory path (a non-empty string)"
+    if "\0" in path:
+        return "must be a directory path without NUL characters"
+    if len(path) > MAX_PATH:
+        return f"must be a directory path of at most {MAX_PATH} characters"
+    return None
 
 
 def _seconds(v: Any) -> str | None:
-    ok = v is None or (isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < float("inf"))
-    return None if ok else "must be a number of seconds > 0"
+    ok = v is None or (isinstance(v, int | float) and not isinstance(v, bool) and 0 < v <= MAX_SECONDS)
+    return None if ok else f"must be a number of seconds > 0 (at most {MAX_SECONDS:g})"
 
 
 def _count(v: Any) -> str | None:

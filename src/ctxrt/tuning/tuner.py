@@ -144,6 +144,9 @@ class Tuner:
         budget = self.config.tuning_budget_seconds or self.config.tuning_budget_candidates
         if not (entry.get("complete") or budget):
             return False
+        values = kernel.space.params
+        if any(type(v) not in {type(x) for x in values.get(k, ())} for k, v in entry["best"].items()):
+            return False  # 1.0 or true where the space has 1: equal in Python, another build of the kernel
         return kernel.space.why_invalid(entry["best"], kernel.problem(), kernel.backend.info) is None
 
     def _show(self) -> None:
