@@ -146,8 +146,8 @@ def test_stored_context_loads_without_building(stored) -> None:
         programs = f.programs()["programs"]
     assert programs and all(p["binary"] and p["source"] for p in programs)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", CtxrtWarning)  # no warning of ctxrt's on the device it was made for (the
-        ctx = ctxrt.context_from_binary(out, OpenCLBackend(0))  # driver's own build log may still say things)  # a new context: nothing built in it yet
+        warnings.simplefilter("error", CtxrtWarning)  # no warning of ctxrt's on the device it was made for
+        ctx = ctxrt.context_from_binary(out, OpenCLBackend(0))  # a new context: nothing built in it yet
     with ctx:
         assert ctx.stats["programs_built_from_source"] == 0
         assert ctx.stats["programs_loaded_from_binary"] == len(programs)
