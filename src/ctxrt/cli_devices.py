@@ -20,7 +20,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
             shared = ", memory shared with the host" if d["unified_memory"] else ""
             about = f"{d['vendor']}, {d['type']}, driver {d['driver']}"
         else:
-            shared, about = "", d["driver"]
+            shared, about = "", f"{d['driver']}; kernels: {d['provider']}"
         print(f"{d['backend']:<10} {d['name']} ({about}): {d['compute_units']} compute units, {mem}{shared}")
     if not any("type" in d for d in devices):
         print(f"no OpenCL device: {INSTALL_HINT}")

@@ -77,7 +77,7 @@ class CpuBuffer:
 
 
 class CpuBackend:
-    """NumPy kernels, and oneDNN's for convolution chains where it is installed (`pip install 'ctxrt[onednn]'`).
+    """NumPy kernels, and oneDNN's for convolution chains where it is installed (a dependency on Linux x86-64).
 
     `onednn`: None uses it when installed, False never, True requires it. `layout`: the layout the compiler
     gives oneDNN's chains ("nhwc", "nChw8c" or "nChw16c"); channels-last measured fastest with oneDNN 3.2 on
@@ -98,7 +98,7 @@ class CpuBackend:
             raise CtxrtError(f"layout must be one of {[k for k, v in LAYOUTS.items() if v is not PLAIN]}, "
                              f"got {layout!r}")
         if onednn and not onednn_api.available():
-            raise CtxrtError("oneDNN was asked for but is not installed: pip install 'ctxrt[onednn]'")
+            raise CtxrtError("oneDNN was asked for but is not installed: pip install onednn-cpu-gomp (Linux x86-64)")
         self.onednn = onednn_api.available() if onednn is None else bool(onednn)
         self.layout = LAYOUTS[layout]
 
@@ -177,10 +177,13 @@ class CpuBackend:
 
     @staticmethod
     def describe() -> dict[str, Any]:
-        """This backend as `ctxrt devices` lists it."""
+        """This backend as `ctxrt devices` lists it; `provider` says whose kernels run its convs, pools and GEMMs."""
+        from ctxrt.backends.cpu.onednn import api
+
         return {"backend": "cpu", "index": None, "name": platform.processor() or platform.machine(),
                 "vendor": "", "driver": f"numpy {np.__version__}", "compute_units": os.cpu_count() or 1,
-                "global_memory": _physical_memory(), "unified_memory": True}
+                "global_memory": _physical_memory(), "unified_memory": True,
+                "provider": api.describe() or "numpy (oneDNN is not installed: pip install onednn-cpu-gomp)"}
 
 
 def _physical_memory() -> int:

@@ -1,5 +1,5 @@
-"""oneDNN as a kernel provider of the CPU backend (`pip install 'ctxrt[onednn]'`): which ops it runs, and the
-question the layout pass asks of it."""
+"""oneDNN as a kernel provider of the CPU backend (`onednn-cpu-gomp`, a dependency on Linux x86-64): which ops it
+runs, and the question the layout pass asks of it."""
 
 from __future__ import annotations
 

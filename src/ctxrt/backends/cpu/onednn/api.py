@@ -1,7 +1,7 @@
 """The part of oneDNN 3.x's C API ctxrt uses, through ctypes: memory descriptors, primitive descriptors and
 primitives, memory objects over caller-owned memory, user-managed scratchpads.
 
-The library comes from PyPI's `onednn-cpu-gomp` wheel (`pip install 'ctxrt[onednn]'`), which installs
+The library comes from PyPI's `onednn-cpu-gomp` wheel (a dependency of ctxrt on Linux x86-64), which installs
 `libdnnl.so.3` into the environment's `lib/`. Enum values are those of oneDNN 3.2's headers (`dnnl_types.h`);
 format tags are looked up by name through `dnnl_fmt_tag2str`, so a binary records names, not numbers.
 """
@@ -134,11 +134,34 @@ def available() -> bool:
     return library() is not None
 
 
+class _Version(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_int), ("minor", ctypes.c_int), ("patch", ctypes.c_int), ("hash", ctypes.c_char_p),
+                ("cpu_runtime", ctypes.c_uint), ("gpu_runtime", ctypes.c_uint)]
+
+
+# dnnl_cpu_isa_t values (oneDNN 3.x) -> name
+_ISA = {0x1: "sse41", 0x3: "avx", 0x7: "avx2", 0xF: "avx2_vnni", 0x1F: "avx2_vnni_2", 0x27: "avx512_core",
+        0x67: "avx512_core_vnni", 0xE7: "avx512_core_bf16", 0x1E7: "avx512_core_fp16", 0x3E7: "avx512_core_amx",
+        0x7E7: "avx512_core_amx_fp16"}
+
+
+def describe() -> str | None:
+    """'oneDNN 3.2.0 (avx2)': the library and the instruction set its kernels use here; None without oneDNN."""
+    lib = library()
+    if lib is None:
+        return None
+    lib.dnnl_version.restype = ctypes.POINTER(_Version)
+    lib.dnnl_get_effective_cpu_isa.restype = ctypes.c_int
+    v = lib.dnnl_version().contents
+    isa = lib.dnnl_get_effective_cpu_isa()
+    return f"oneDNN {v.major}.{v.minor}.{v.patch} ({_ISA.get(isa, hex(isa))})"
+
+
 def require(what: str) -> ctypes.CDLL:
     lib = library()
     if lib is None:
-        raise UnsupportedOpError(f"{what} was compiled to run on oneDNN, which is not installed here: "
-                                 "pip install 'ctxrt[onednn]', or compile the model again where it is absent")
+        raise UnsupportedOpError(f"{what} was compiled to run on oneDNN, which is not installed here: pip install "
+                                 "onednn-cpu-gomp (Linux x86-64), or compile the model again where it is absent")
     return lib
 
 
