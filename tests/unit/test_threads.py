@@ -216,3 +216,40 @@ def test_a_variant_that_cannot_be_made_leaves_the_first_primitive_running(monkey
         ctx.num_threads = 1
         np.testing.assert_array_equal(ctx.graph().run({"x": x})["y"], want)
         assert all(k._variants.get(1, "absent") is None for k in kernels)
+
+
+def _conv(c: int, hw: int) -> object:
+    w = np.random.default_rng(1).standard_normal((c, c, 3, 3)).astype(np.float32) * 0.05
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "c",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, hw, hw])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, hw, hw])],
+                          [numpy_helper.from_array(w, "w")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize(("model", "want"), [(_model, 1), (lambda: _conv(64, 56), 2)], ids=["small", "large_conv"])
+def test_a_program_of_small_kernels_runs_on_one_thread_a_large_conv_on_the_idle_cores(monkeypatch, model,
+                                                                                     want) -> None:
+    class Idle:
+        cores = 2
+
+        @staticmethod
+        def available() -> int:
+            return 2
+
+    monkeypatch.setitem(threads._STATE, "monitor", Idle())
+    m = model()
+    shape = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    ctx = ctxrt.compile(m.SerializeToString(), backend=CpuBackend(onednn=True))
+    g = ctx.graph()
+    assert g.thread_cap == (1 if want == 1 else None)
+    outputs = {}
+    for n in (None, 1, 2):  # the default, then each count by hand: the same outputs
+        ctx.num_threads = n
+        outputs[n] = next(iter(g.run({"x": x}).values()))
+        if n is None:
+            assert ctx.threads.last == want
+    tol = 1e-4 * np.abs(outputs[None]).max() + 1e-5  # another thread count sums in another order
+    assert np.abs(outputs[1] - outputs[None]).max() <= tol and np.abs(outputs[2] - outputs[None]).max() <= tol
+    ctx.free()

@@ -14,6 +14,7 @@ from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, R
 from ctxrt.errors import FormatError, LifecycleError, RegistrationError, ShapeError
 from ctxrt.runtime.memhandle import MemHandle
 from ctxrt.runtime.partition import HostSteps
+from ctxrt.runtime.work import thread_cap
 
 if TYPE_CHECKING:
     from ctxrt.runtime.context import Context
@@ -43,6 +44,8 @@ class Graph:
         self.value_inputs: dict[str, np.ndarray] = dict(compiled.value_inputs)
         self._values = [(t, compiled.value_inputs[t.name]) for t in self.inputs if t.name in compiled.value_inputs]
         self._extents: list[tuple[TensorInfo, int, Any]] = []
+        # 1 when every kernel is small: one thread, no barrier per kernel (runtime/work.py); None: the idle cores
+        self.thread_cap: int | None = thread_cap(compiled.steps)
 
     @property
     def spillfill_size(self) -> int:
@@ -218,7 +221,9 @@ class Graph:
                     backend.copy_in(self._internal[info.name], v)
                     stats["copies_in"] += 1
                     stats["bytes_in"] += info.nbytes
-            with ctx.threads:
+            threads = ctx.threads
+            threads.cap = self.thread_cap
+            with threads:
                 backend.run(self._launches)
             for info in self.outputs:
                 v = outputs.get(info.name)

@@ -209,9 +209,12 @@ class ThreadScope:
         # cores: 78-90 ms with both pools at 2 threads, 40-46 ms with BLAS at 1).
         self.openmp_owns = False
         self._outer = 0
+        self.cap: int | None = None  # set by the program about to run: 1 when all its kernels are small (work.py)
 
     def count(self) -> int:
-        return self.num_threads or monitor().available()
+        if self.num_threads:
+            return self.num_threads
+        return 1 if self.cap == 1 else monitor().available()
 
     def __enter__(self) -> ThreadScope:
         n = self.last = self.count()

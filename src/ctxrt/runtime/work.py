@@ -1,0 +1,47 @@
+"""How much work a program's kernels do, for its thread policy (docs/cpu.md, "Threads").
+
+A program whose largest kernel is small runs on one thread: each kernel of many threads ends at a barrier, and
+when another process takes a core, one of our threads waits a scheduler time slice at every barrier (a 565-node
+Qwen2-style decoder: 2.1 ms per run on one thread, 26 ms on two with the machine busy). Splitting a small kernel
+gains microseconds; a barrier against a busy core costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from ctxrt.compiler.program import Step
+
+SMALL_WORK = 1 << 22  # multiply-adds (or elements) of a program's largest kernel under which it runs on 1 thread
+_GEMMS = {"MatMul", "Gemm", "MatMulInteger", "QLinearMatMul", "FusedMatMul", "MatMulNBits"}
+_CONVS = {"Conv", "ConvInteger", "QLinearConv", "ConvTranspose"}
+_OPAQUE = {"If", "Loop", "Scan"}  # bodies whose work a step's shapes do not show
+
+
+def step_work(step: Step) -> int | None:
+    """Multiply-adds of a GEMM or conv step, elements moved by any other; None where the shapes cannot tell."""
+    if step.op in _OPAQUE:
+        return None
+    out = max((math.prod(r.shape) for r in step.outputs), default=0)
+    ins = [r for r in step.inputs if r is not None]
+    if step.op in _GEMMS and ins and ins[0].shape:
+        a = ins[0].shape
+        k = a[0] if step.op == "Gemm" and step.attrs.get("transA") and len(a) == 2 else a[-1]
+        return out * k
+    if step.op in _CONVS and len(ins) > 1:
+        w = step.attrs.get("weight_shape") or ins[1].shape
+        per_output = math.prod(w[1:]) if len(w) > 1 else 1
+        return out * per_output
+    return max([out, *(math.prod(r.shape) for r in ins)])
+
+
+def thread_cap(steps: Iterable[Step]) -> int | None:
+    """1 when every kernel of the program is small (SMALL_WORK), else None (as many threads as are idle)."""
+    largest = 0
+    for step in steps:
+        work = step_work(step)
+        if work is None:
+            return None
+        largest = max(largest, work)
+    return 1 if largest < SMALL_WORK else None
