@@ -1,9 +1,9 @@
 """CPU latency of ctxrt against onnxruntime, side by side in one process: every light model and a MiniLM-L6-shaped
 BERT, ctxrt with oneDNN's kernels and with NumPy's alone, on a quiet machine and with one other process spinning
-on a core; then (with --memory) the three-model memory scenario of bench_memory.py.
+on a core (or several: --spin 1,2); then (with --memory) the three-model memory scenario of bench_memory.py.
 
     .venv/bin/python bench/bench_cpu.py [--models resnet50,shufflenet,...] [--repeat 10] [--rounds 3]
-                                        [--threads N] [--ort-threads N] [--no-spin] [--memory] [--json]
+                                        [--threads N] [--ort-threads N] [--spin 1,2 | --no-spin] [--memory] [--json]
 
 Per model the three engines (onnxruntime, ctxrt + oneDNN, ctxrt NumPy) run in `--rounds` rounds, the order
 rotated each round; in a round each engine gets one untimed run and `--repeat` timed runs after a 0.3 s pause
@@ -35,7 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_latency import environment, markdown, model_and_feeds, zoo  # noqa: E402
 
-MODELS = [*zoo.LIGHT, "bert"]
+MODELS = [*zoo.LIGHT, "bert", "qwen2", "llama"]
 ENGINES = ("ort", "ctxrt+onednn", "ctxrt numpy")
 
 
@@ -56,6 +56,8 @@ def cpu_name() -> tuple[str, str]:
 
 
 def _feeds_for(name: str) -> tuple[Path, dict[str, np.ndarray]]:
+    if name in ("qwen2", "llama"):  # small decoders: hundreds of tiny ops (hidden 128, 4 layers, 8 tokens)
+        return zoo.decoder_model(name), zoo.decoder_feeds()
     return model_and_feeds(name) if name in ("resnet50", "bert") else (zoo.light_model(name), zoo.light_feeds(name))
 
 
@@ -117,20 +119,24 @@ def rounds(runs: dict[str, Callable[[], Any]], info: dict[str, Any], repeat: int
 
 
 class Spinner:
-    """Another process keeping one core busy while the block runs."""
+    """`n` other processes, each keeping a core busy while the block runs."""
+
+    def __init__(self, n: int = 1) -> None:
+        self.n = n
 
     def __enter__(self) -> Spinner:
-        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        time.sleep(1.0)  # let the default thread count see it
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.n)]
+        time.sleep(1.0)  # let the default thread count see them
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.proc.kill()
-        self.proc.wait()
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
         time.sleep(1.0)
 
 
-def measure(names: list[str], repeat: int, n_rounds: int, threads: int | None, ort_threads: int, spin: bool
+def measure(names: list[str], repeat: int, n_rounds: int, threads: int | None, ort_threads: int, spin: list[int]
             ) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for name in names:
@@ -140,9 +146,9 @@ def measure(names: list[str], repeat: int, n_rounds: int, threads: int | None, o
                 for _ in range(2):
                     runs[engine]()
             entry = {"quiet": rounds(runs, info, repeat, n_rounds)}
-            if spin:
-                with Spinner():
-                    entry["spin"] = rounds(runs, info, repeat, n_rounds)
+            for n in spin:
+                with Spinner(n):
+                    entry["spin" if n == 1 else f"spin{n}"] = rounds(runs, info, repeat, n_rounds)
             entry["info"] = {e: {k: v for k, v in i.items() if k not in ("ctx", "outs")} for e, i in info.items()}
             results[name] = entry
             print(f"{name}: " + ", ".join(f"{c} ort {r['ort']:.2f} ms, oneDNN {r['ctxrt+onednn']:.2f}, NumPy "
@@ -157,7 +163,7 @@ def measure(names: list[str], repeat: int, n_rounds: int, threads: int | None, o
 def table(results: dict[str, Any]) -> str:
     rows = []
     for name, entry in results.items():
-        for cond in ("quiet", "spin"):
+        for cond in ("quiet", "spin", "spin2", "spin3"):
             if cond not in entry:
                 continue
             r = entry[cond]
@@ -180,7 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ort-threads", type=int, default=0,
                    help="onnxruntime's intra_op_num_threads (0: its default); 1 and --threads 1 compare the engines' "
                         "work per core, which a busy machine disturbs less")
-    p.add_argument("--no-spin", action="store_true", help="skip the rounds with a spinning process")
+    p.add_argument("--no-spin", action="store_true", help="skip the rounds with spinning processes")
+    p.add_argument("--spin", default="1", help="comma-separated counts of spinning processes, one set of rounds "
+                                               "each (default 1; e.g. 1,2)")
     p.add_argument("--memory", action="store_true", help="also the three-model memory scenario (bench_memory.py)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -190,7 +198,8 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"unknown models {unknown}" if unknown else "--repeat and --rounds must be >= 1")
     for name in names:
         _feeds_for(name)  # build and cache the models first
-    results = measure(names, args.repeat, args.rounds, args.threads or None, args.ort_threads, not args.no_spin)
+    spin = [] if args.no_spin else [int(n) for n in args.spin.split(",")]
+    results = measure(names, args.repeat, args.rounds, args.threads or None, args.ort_threads, spin)
     memory = None
     if args.memory:
         import bench_memory

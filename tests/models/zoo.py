@@ -422,3 +422,51 @@ def bert_feeds(seq: int, batch: int = 1, vocab: int = 1000, pad: int = 4,
     mask = np.ones((batch, seq), dtype=np.int64)
     mask[:, max(seq - pad, 0):] = 0
     return {"input_ids": rng.integers(0, vocab, size=(batch, seq), dtype=np.int64), "attention_mask": mask}
+
+
+# ---- small decoders (Qwen2 / Llama style) -----------------------------------------------------------
+
+def decoder_model(kind: str = "qwen2", layers: int = 4, hidden: int = 128, heads: int = 4, kv_heads: int = 2,
+                  vocab: int = 1000, seq: int = 8, seed: int = 0) -> Path:
+    """A randomly initialised transformers Qwen2/Llama causal LM (no KV cache), legacy export at opset 17: a
+    graph of hundreds of tiny ops. Inputs `input_ids`, `attention_mask` (int64 [1, seq]); output `logits`."""
+    if kind not in ("qwen2", "llama"):
+        raise ValueError(f"kind must be 'qwen2' or 'llama', not {kind!r}")
+    path = cache_dir() / f"{kind}_L{layers}_H{hidden}_A{heads}_K{kv_heads}_V{vocab}_S{seq}_s{seed}_{SALT}.onnx"
+    return _cached(path, lambda: _export_decoder(kind, layers, hidden, heads, kv_heads, vocab, seq, seed))
+
+
+def _export_decoder(kind: str, layers: int, hidden: int, heads: int, kv_heads: int, vocab: int, seq: int,
+                    seed: int) -> onnx.ModelProto:
+    import torch
+    import transformers
+
+    make = {"qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+            "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM)}[kind]
+    config = make[0](vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
+                     num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                     max_position_embeddings=max(256, seq))
+    torch.manual_seed(seed)
+    lm = make[1](config).eval()
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.lm(input_ids=ids, attention_mask=mask, use_cache=False).logits
+
+    feeds = decoder_feeds(seq, vocab, seed)
+    args = (torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"]))
+    with _quiet(), torch.no_grad():
+        buf = io.BytesIO()
+        torch.onnx.export(Wrapper(), args, buf, opset_version=17, dynamo=False,
+                          input_names=["input_ids", "attention_mask"], output_names=["logits"])
+        return onnx.load_from_string(buf.getvalue())
+
+
+def decoder_feeds(seq: int = 8, vocab: int = 1000, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"input_ids": rng.integers(0, vocab, size=(1, seq), dtype=np.int64),
+            "attention_mask": np.ones((1, seq), dtype=np.int64)}
