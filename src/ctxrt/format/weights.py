@@ -86,7 +86,7 @@ def pack(weights: Mapping[str, np.ndarray]) -> tuple[dict[str, WeightEntry], np.
     return table, block
 
 
-def views(table: Mapping[str, WeightEntry], block: np.ndarray) -> dict[str, np.ndarray]:
-    """Zero-copy arrays over `block` (a uint8 array; read-only stays read-only)."""
-    return {name: block[e.offset:e.offset + e.nbytes].view(np.dtype(e.dtype)).reshape(e.shape)
+def views(table: Mapping[str, WeightEntry], segments: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """Zero-copy arrays over the segments (uint8 arrays; read-only stays read-only)."""
+    return {name: segments[e.segment][e.offset:e.offset + e.nbytes].view(np.dtype(e.dtype)).reshape(e.shape)
             for name, e in table.items()}

@@ -43,6 +43,7 @@ class Graph:
         self.value_inputs: dict[str, np.ndarray] = dict(compiled.value_inputs)
         self._values = [(t, compiled.value_inputs[t.name]) for t in self.inputs if t.name in compiled.value_inputs]
         self._extents: list[tuple[TensorInfo, int, Any]] = []
+        self._view: Any = None  # Ref -> the backend's tensor, made at _prepare
 
     @property
     def spillfill_size(self) -> int:
@@ -268,8 +269,10 @@ class Graph:
         return True
 
     def _release(self) -> None:
+        """Drop everything that reaches the context's memory (the view maker holds its weights and arena)."""
         self._launches, self._views, self._internal, self._kernels, self._bound = [], {}, {}, [], None
-        self._host = None
+        self._host, self._extents = None, []
+        self._view = None
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once and return new arrays for every output (of their real shapes, see `execute`)."""
