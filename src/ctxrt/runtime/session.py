@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import warnings
 import weakref
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -21,12 +22,13 @@ import numpy as np
 
 from ctxrt.backends import Backend, get_backend
 from ctxrt.compiler.program import TensorInfo
-from ctxrt.errors import CtxrtError, LifecycleError, RegistrationError, ShapeError, ValueInputError
+from ctxrt.errors import CtxrtError, CtxrtWarning, LifecycleError, RegistrationError, ShapeError, ValueInputError
+from ctxrt.runtime.compile_cache import VariantCompiler
 from ctxrt.runtime.context import Context
 from ctxrt.runtime.options import is_session_options, threads_of
 from ctxrt.runtime.ort_api import IOBinding, NodeArg, cut, node_arg
 from ctxrt.runtime.tensor import Tensor, TensorCache
-from ctxrt.runtime.variant import Stage, Variant, array_of, compile_variant
+from ctxrt.runtime.variant import HELD, Stage, Variant, array_of, held_stats, variants_warning
 
 
 class InferenceSession:
@@ -35,12 +37,15 @@ class InferenceSession:
 
     Options: `shapes` binds dynamic input dimensions; `graph` picks a graph of a multi-graph context (or
     of an EPContext file holding several models; default: the first); `cache_dir` keeps compiled context
-    binaries keyed by the model's hash and the options; `tensor_cache_bytes` caps the bytes of tensors the cache keeps;
-    `enable_tensor_cache=False` destroys a run's tensors after it; `enable_pinning=False` stops preferring
-    last run's tensor for each input and output (both only to measure what they save); `max_shape_variants`
-    bounds how many input-shape variants of an ONNX model stay compiled (each holds its own weights and
-    arena; the least recently used is freed first). `sess_options` (ctxrt.SessionOptions or onnxruntime's,
-    also accepted second, in onnxruntime's order): `intra_op_num_threads` sets the threads of every run."""
+    binaries keyed by the model (its bytes and its external-data files), the options, the shapes and values,
+    their weights once per content in `cache_dir/weights/`; `tensor_cache_bytes` caps the bytes of tensors the
+    cache keeps; `enable_tensor_cache=False` destroys a run's tensors after it; `enable_pinning=False` stops
+    preferring last run's tensor for each input and output (both only to measure what they save);
+    `max_shape_variants` bounds how many input-shape variants of an ONNX model stay compiled (each holds its
+    own arena, all share one copy of the weights; the least recently used is freed first, with the tensors
+    the cache kept for it; a session that keeps compiling warns once). `sess_options` (ctxrt.SessionOptions
+    or onnxruntime's, also accepted second, in onnxruntime's order): `intra_op_num_threads` sets the threads
+    of every run."""
 
     def __init__(self, path_or_bytes: str | os.PathLike | bytes, backend: str | Backend = "cpu", *,
                  sess_options: Any = None, shapes: Mapping[str, Sequence[int]] | None = None, graph: str | None = None,
@@ -60,6 +65,9 @@ class InferenceSession:
         self._orphans: list[list[Tensor]] = []  # session tensors of IOBindings deleted since the last run
         self._source: Any = None  # an ONNX model (path or bytes) that can be compiled for other shapes
         self._cache_dir = cache_dir
+        self._compiler: VariantCompiler | None = None  # for an ONNX model: its compiles share one WeightStore
+        self._dims: dict[tuple[str, int], set[int]] = {}  # sizes each input axis was compiled for
+        self._warned = False
         self._variants: dict[int, Variant] = {}  # least recently used first
         self._variant_ids = 0
         self._retired: Counter[str] = Counter()  # counters of freed variants' contexts
@@ -88,6 +96,7 @@ class InferenceSession:
             if source.startswith(MAGIC):
                 return self._single(context_from_binary(source, self.backend), graph)
             self._source = source
+            self._compiler = VariantCompiler(source, self.backend, self._cache_dir, self._counters)
             return self._compile_default(shapes, graph)
         path = Path(source)
         if not path.is_file():
@@ -106,6 +115,7 @@ class InferenceSession:
             return Variant(self, [c for c in group.contexts if c is not None], stages, list(group.inputs),
                             list(group.outputs), dict(group._chain_handles), group)
         self._source = path
+        self._compiler = VariantCompiler(path, self.backend, self._cache_dir, self._counters)
         return self._compile_default(shapes, graph)
 
     def _compile_default(self, shapes: Any, graph: str | None) -> Variant | None:
@@ -162,21 +172,43 @@ class InferenceSession:
                              "compiled for one value)")
         else:
             while len(self._variants) >= self._max_variants:  # free the least recently used variant first
-                old = self._variants.pop(next(iter(self._variants)))
-                for ctx in old.contexts:
-                    self._retired.update(ctx.stats)  # its counters stay in sess.stats
-                old.free()
-                self._counters["shape_variants_freed"] += 1
+                self._retire(self._variants.pop(next(iter(self._variants))))
             variant = self._single(self._compile({n: feeds[n].shape for n in decl}, feeds), None)
             self._counters["shape_variants_compiled"] += 1
+            self._cache.keep_only(variant.io_keys().union(*(v.io_keys() for v in self._variants.values())))
+            self._note_compile(variant)
         self._keep(variant)  # most recently used last
         self._current = variant
         return variant
 
+    def _retire(self, old: Variant) -> None:
+        """Free a variant: its contexts (and the weights no other variant shares), the handles tensors kept of
+        them; its event counters stay in sess.stats."""
+        for ctx in old.contexts:
+            self._retired.update({k: n for k, n in ctx.stats.items() if k not in HELD})
+        old.free()
+        if self._current is old:
+            self._current = None  # not run again should the next compile fail
+        for t in list(self._user_tensors):
+            t.drop_stale_handles()
+        self._counters["shape_variants_freed"] += 1
+
+    def _note_compile(self, variant: Variant) -> None:
+        for info in variant.inputs:
+            for axis, d in enumerate(info.shape):
+                self._dims.setdefault((info.name, axis), set()).add(d)
+        if not self._warned:
+            message = variants_warning(self._counters["shape_variants_compiled"], self._dims, self._in_decl,
+                                       self._max_variants)
+            if message:
+                self._warned = True
+                warnings.warn(message, CtxrtWarning, stacklevel=4)
+
     def _compile(self, shapes: Any, feeds: Mapping[str, Any] | None = None) -> Context:
         """Online prepare with memhandle IO (the session binds every IO tensor); through `cache_dir` when set.
         Value inputs are taken from `feeds`."""
-        return compile_variant(self._source, shapes, feeds, self.backend, self._cache_dir, self._counters)
+        assert self._compiler is not None
+        return self._compiler.compile(shapes, feeds)
 
     # -- onnxruntime's API ---------------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
@@ -297,12 +329,11 @@ class InferenceSession:
     @property
     def stats(self) -> Counter[str]:
         """Session counters (runs, copies, plans, compile cache, shape variants), tensor-cache counters
-        (hits, misses, created, destroyed, evicted, bytes held) and the contexts' counters (recordings,
-        bytes allocated by category, memory handles)."""
-        total: Counter[str] = Counter(self._retired)
-        for v in self._variants.values():
-            for ctx in v.contexts:
-                total.update(ctx.stats)
+        (hits, misses, created, destroyed, evicted, pruned, bytes held) and the contexts' counters (recordings,
+        memory handles: freed variants' included). Memory by category is what the variants compiled now hold:
+        `weights_bytes` and `weights_prepacked_bytes` count each weight shared by several variants once."""
+        total = held_stats(self._retired, [ctx for v in self._variants.values() for ctx in v.contexts],
+                           None if self._compiler is None else self._compiler.store)
         total.update(self._counters)
         total.update(self._cache.counters())
         total["alloc_cache_bytes"] = self._cache.stats["created_bytes"]
@@ -319,6 +350,7 @@ class InferenceSession:
                 t.destroy()
             for v in self._variants.values():
                 v.free()
+            self._current = None
             self._closed = True
 
     def __enter__(self) -> InferenceSession:
