@@ -113,6 +113,7 @@ def test_cache_dir_stores_the_weights_once(backend, tmp_path) -> None:
     kernels = sum(s.length for b in binaries for k, s in read_head(b).sections.items() if k == KERNELS)  # OpenCL
     total = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file()) - kernels
     assert len(binaries) == 5 and total < weights + 5 * (16 << 10)  # before: five full copies of the weights
+    assert len(list(cache.glob("*.value_inputs.json"))) == 1  # the model's value inputs: one file
     blobs = sorted((cache / "weights").glob("*.bin"))
     assert sum(b.stat().st_size for b in blobs) == weights
     assert s["compile_cache_misses"] == 5 and s["weights_written_bytes"] == weights

@@ -67,8 +67,10 @@ class VariantCompiler:
         folder, counters = self.folder, self.counters
         assert folder is not None
         folder.mkdir(parents=True, exist_ok=True)
-        key = (self.model_key() + "\0" + self.options_key(shapes)).encode()
-        names_file = folder / f"{hashlib.sha256(key).hexdigest()[:32]}.value_inputs.json"
+        model = self.model_key()
+        key = (model + "\0" + self.options_key(shapes)).encode()
+        names_of = (model + "\0" + self.options_key({})).encode()  # the same for every shape: one file a model
+        names_file = folder / f"{hashlib.sha256(names_of).hexdigest()[:32]}.value_inputs.json"
 
         def path_for(names: list[str]) -> Path:
             digest = hashlib.sha256(key)
