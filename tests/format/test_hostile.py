@@ -172,7 +172,7 @@ def _entry(index: int, **fields: int) -> Callable[[dict[str, Any], list[list[int
 HUGE = [2**63, 2**64 - 1, 2**32, 2**32 + 4096, 2**63 - 4096]  # 2**64 - 1 is -1 read as unsigned
 HOSTILE_LAYOUTS = {
     "wrong magic": (_set(magic=b"GGUF\0\0\0\0"), "magic"),
-    "version 7": (_set(version=7), r"format version 7 is not supported by this ctxrt \(supports 1\)"),
+    "version 7": (_set(version=7), r"format version 7 is not supported by this ctxrt \(supports 1, 2\)"),
     "version 0": (_set(version=0), "format version 0"),
     "version -1": (_set(version=2**32 - 1), "not supported"),
     "header size": (_set(header_size=32), "header size"),

@@ -126,12 +126,14 @@ def _info(graphs: Sequence[CompiledGraph], backend: Backend, source_models: Sequ
 
 
 def save_context(path: str | os.PathLike, graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray],
-                 backend: Backend, source_models: Sequence[str]) -> Path:
+                 backend: Backend, source_models: Sequence[str], external: Mapping[str, Any] | None = None) -> Path:
     """Write a context binary: graphs, weights, the tuning record and (for OpenCL) every program's device
-    binary."""
+    binary. `external` (name -> format.weights.ExternalWeight): weights kept outside the file, only named in it
+    (format version 2: the session's compile cache)."""
     from ctxrt.format import write_context
 
-    write_context(path, graphs, dict(weights), _info(graphs, backend, source_models), _programs(graphs, backend))
+    write_context(path, graphs, dict(weights), _info(graphs, backend, source_models), _programs(graphs, backend),
+                  external)
     return Path(path)
 
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from ctxrt.errors import FormatError
 
 MAGIC = b"CTXRTBIN"
-FORMAT_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+FORMAT_VERSION = 1  # a self-contained context: what `ctxrt compile` writes
+EXTERNAL_VERSION = 2  # version 1 plus weights kept outside the file (META external_weights): compile caches
+SUPPORTED_VERSIONS = (1, 2)
 
 # magic, version, header size, section count, table entry size, table offset, file size, flags,
 # 16 reserved bytes, crc32 of (header with this field excluded) + section table.
@@ -55,6 +56,7 @@ class Section:
 
 @dataclass(frozen=True)
 class Header:
+    version: int
     section_count: int
     table_offset: int
     file_size: int
@@ -78,10 +80,10 @@ def align(n: int, alignment: int) -> int:
 
 # -- writing ---------------------------------------------------------------------------------------
 
-def pack_head(sections: list[Section], file_size: int) -> bytes:
+def pack_head(sections: list[Section], file_size: int, version: int = FORMAT_VERSION) -> bytes:
     """Header + section table, with the header checksum filled in."""
     table = b"".join(ENTRY.pack(s.kind, s.alignment, s.offset, s.length, s.crc, 0) for s in sections)
-    header = HEADER.pack(MAGIC, FORMAT_VERSION, HEADER.size, len(sections), ENTRY.size, HEADER.size,
+    header = HEADER.pack(MAGIC, version, HEADER.size, len(sections), ENTRY.size, HEADER.size,
                          file_size, 0, bytes(16), 0)
     crc = crc32(table, crc32(header[:HEADER_CRC_AT]))
     return header[:HEADER_CRC_AT] + struct.pack("<I", crc) + table
@@ -106,9 +108,9 @@ def parse_header(data: bytes, actual_size: int) -> Header:
     (_, _, header_size, count, entry_size, table_offset, file_size, flags, reserved,
      _) = HEADER.unpack_from(data)
     if header_size != HEADER.size:
-        raise FormatError(f"header size {header_size} is not {HEADER.size} (format version 1)")
+        raise FormatError(f"header size {header_size} is not {HEADER.size} (format version {version})")
     if entry_size != ENTRY.size:
-        raise FormatError(f"section table entry size {entry_size} is not {ENTRY.size} (format version 1)")
+        raise FormatError(f"section table entry size {entry_size} is not {ENTRY.size} (format version {version})")
     if flags != 0 or reserved != bytes(16):
         raise FormatError(f"header flags {flags:#x} / reserved bytes are not zero: unknown features")
     if file_size != actual_size:
@@ -116,7 +118,7 @@ def parse_header(data: bytes, actual_size: int) -> Header:
                           f"{actual_size}: truncated or extended")
     if not 1 <= count <= MAX_SECTIONS:
         raise FormatError(f"section count {count} is outside 1..{MAX_SECTIONS}")
-    header = Header(count, table_offset, file_size)
+    header = Header(version, count, table_offset, file_size)
     if table_offset < HEADER.size or table_offset % 8:
         raise FormatError(f"section table offset {table_offset} points into the {HEADER.size}-byte header "
                           "or is not 8-aligned")

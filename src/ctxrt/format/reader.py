@@ -17,6 +17,7 @@ import numpy as np
 from ctxrt.compiler.program import CompiledGraph
 from ctxrt.errors import FormatError
 from ctxrt.format import codec, layout, schema
+from ctxrt.format.weights import ExternalWeight
 
 Source = str | os.PathLike[str] | bytes | bytearray | memoryview
 
@@ -29,9 +30,9 @@ class Head(NamedTuple):
     bytes_read: int
 
 
-def _parse_meta(raw: bytes | memoryview, sections: dict[int, layout.Section]) -> dict[str, Any]:
+def _parse_meta(raw: bytes | memoryview, sections: dict[int, layout.Section], version: int) -> dict[str, Any]:
     layout.check_crc(sections[layout.META], raw)
-    return schema.check_meta(codec.decode(raw, "META"), sections[layout.WEIGHTS].length)
+    return schema.check_meta(codec.decode(raw, "META"), sections[layout.WEIGHTS].length, version)
 
 
 def read_head(source: Source) -> Head:
@@ -53,7 +54,7 @@ def read_head(source: Source) -> Head:
         raw = f.read(meta.length)
         if len(raw) != meta.length:
             raise FormatError(f"{meta.label}: the file shrank while being read")
-        return Head(_parse_meta(raw, sections), sections, len(first) + len(table) + len(raw))
+        return Head(_parse_meta(raw, sections, header.version), sections, len(first) + len(table) + len(raw))
 
 
 def read_metadata(source: Source) -> dict[str, Any]:
@@ -76,7 +77,7 @@ class ContextFile:
             first = bytes(buf[:layout.HEADER.size])
             header = layout.parse_header(first, size)
             self.sections = layout.parse_table(first, bytes(buf[header.table_offset:header.table_end]), header)
-            self.metadata = _parse_meta(self._section(layout.META), self.sections)
+            self.metadata = _parse_meta(self._section(layout.META), self.sections, header.version)
         except BaseException:
             self.close()
             raise
@@ -143,6 +144,12 @@ class ContextFile:
                 out[name] = block[offset:offset + size].view(dt).reshape(shape)
             self._weights = out
         return dict(self._weights)
+
+    def external_weights(self) -> dict[str, ExternalWeight]:
+        """The weights this context reads from outside the file (format version 2; {} for version 1), by name:
+        whoever loads it supplies their bytes (runtime/weightstore.py)."""
+        return {name: ExternalWeight(e[0], int(e[1]), str(e[2]), tuple(int(d) for d in e[3]), int(e[4]))
+                for name, e in self.metadata.get("external_weights", {}).items()}
 
     def close(self) -> None:
         """Drop this file's views; the map closes now, or when the last array handed out is gone."""

@@ -30,7 +30,7 @@ from ctxrt.format.codec import (
     from_ext,
     nbytes,
 )
-from ctxrt.format.layout import FORMAT_VERSION, WEIGHT_ALIGNMENT
+from ctxrt.format.layout import EXTERNAL_VERSION, FORMAT_VERSION, WEIGHT_ALIGNMENT
 from ctxrt.format.tuning import check_tuning, params
 
 MEM_TYPES = ("raw", "memhandle")
@@ -42,14 +42,15 @@ META_KEYS = ("format_version", "backend", "hardware", "producer", "source_models
 
 # -- META ------------------------------------------------------------------------------------------
 
-def check_meta(value: Any, weights_size: int) -> dict[str, Any]:
-    """Check decoded META against the schema and the actual WEIGHTS section length; return it."""
+def check_meta(value: Any, weights_size: int, header_version: int = FORMAT_VERSION) -> dict[str, Any]:
+    """Check decoded META against the schema, the actual WEIGHTS section length and the header's format version;
+    return it."""
     m = as_map(value, "META")
     for key in META_KEYS:
         field(m, key, "META")
     version = as_int(m["format_version"], "META format_version")
-    if version != FORMAT_VERSION:
-        raise FormatError(f"META format_version {version} does not match the header's {FORMAT_VERSION}")
+    if version != header_version:
+        raise FormatError(f"META format_version {version} does not match the header's {header_version}")
     for key in ("backend", "hardware", "producer"):
         as_str(m[key], f"META {key}")
     for i, s in enumerate(as_list(m["source_models"], "META source_models")):
@@ -64,6 +65,13 @@ def check_meta(value: Any, weights_size: int) -> dict[str, Any]:
                           f"length {weights_size}")
     for name, entry in as_map(m["weights"], "META weights").items():
         weight_entry(entry, f"META weights[{name!r}]", weights_size)
+    if version >= EXTERNAL_VERSION:
+        for name, entry in as_map(field(m, "external_weights", "META"), "META external_weights").items():
+            external_entry(entry, f"META external_weights[{name!r}]")
+            if name in m["weights"]:
+                raise FormatError(f"META external_weights[{name!r}]: the name is also in META weights")
+    elif "external_weights" in m:
+        raise FormatError(f"META external_weights needs format version {EXTERNAL_VERSION}, the file is {version}")
     graphs = as_list(m["graphs"], "META graphs")
     if not graphs:
         raise FormatError("META graphs: a context needs at least one graph")
@@ -91,6 +99,27 @@ def weight_entry(value: Any, where: str, weights_size: int) -> tuple[int, int, n
     if offset + size > weights_size:
         raise FormatError(f"{where}: offset {offset} + nbytes {size} > weights section length {weights_size}")
     return offset, size, dt, shape
+
+
+def external_entry(value: Any, where: str) -> tuple[str, int, np.dtype, tuple[int, ...], int]:
+    """[key, nbytes, dtype, shape, crc32] of a weight kept outside the file; key: the SHA-256 of its bytes, as
+    64 lowercase hex digits."""
+    key, size, dtype, shape, crc = as_list(value, where, size=5)
+    key = as_str(key, f"{where} key")
+    if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+        raise FormatError(f"{where} key: expected a SHA-256 as 64 lowercase hex digits, got {key[:80]!r}")
+    size = as_int(size, f"{where} nbytes")
+    dt = as_dtype(dtype, f"{where} dtype")
+    shape = as_shape(shape, f"{where} shape", dt)
+    if size != nbytes(shape, dt):
+        raise FormatError(f"{where}: nbytes {size} is not that of {list(shape)} {dt} ({nbytes(shape, dt)})")
+    return key, size, dt, shape, as_int(crc, f"{where} crc", 0, 2**32 - 1)
+
+
+def weight_sizes(meta: dict[str, Any]) -> dict[str, int]:
+    """name -> nbytes of every weight a (checked) META lists, in the file or outside it."""
+    return {name: int(entry[1]) for table in (meta["weights"], meta.get("external_weights", {}))
+            for name, entry in table.items()}
 
 
 def graph_meta(value: Any, where: str) -> dict[str, Any]:
@@ -218,7 +247,7 @@ def graphs_from(value: Any, meta: dict[str, Any]) -> list[CompiledGraph]:
     metas = meta["graphs"]
     if len(programs) != len(metas):
         raise FormatError(f"PROGRAMS has {len(programs)} graphs but META lists {len(metas)}")
-    weights = {name: entry[1] for name, entry in meta["weights"].items()}
+    weights = weight_sizes(meta)
     return [_graph(p, g, weights, meta["backend"], f"PROGRAMS[{i}]")
             for i, (p, g) in enumerate(zip(programs, metas, strict=True))]
 

@@ -1,7 +1,8 @@
 """The weights section's layout: identical (dtype, shape, bytes) stored once, each start 64-aligned.
 
 The writer streams it into a file; online prepare builds the same block in memory, so a context reads
-its weights the same way wherever they live.
+its weights the same way wherever they live. A context may also read weights kept outside its file
+(format version 2, `ExternalWeight`): named by the SHA-256 of their bytes, supplied by whoever loads it.
 """
 
 from __future__ import annotations
@@ -18,10 +19,43 @@ from ctxrt.format import codec, layout
 
 @dataclass(frozen=True)
 class WeightEntry:
+    """Where one weight's bytes are: `offset` in segment `segment` of its context's weights (segment 0: the
+    weights section or the packed block; others: weights shared with other contexts, see runtime/weightstore)."""
+
     offset: int
     nbytes: int
     dtype: str
     shape: tuple[int, ...]
+    segment: int = 0
+
+
+@dataclass(frozen=True)
+class ExternalWeight:
+    """A weight kept outside the context binary: `key` is the SHA-256 (hex) of its bytes, `crc` their CRC-32
+    (checked when the bytes are supplied)."""
+
+    key: str
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+    crc: int
+
+    def as_list(self) -> list[object]:
+        """The META external_weights entry (docs/format.md)."""
+        return [self.key, self.nbytes, self.dtype, list(self.shape), self.crc]
+
+
+def content_key(raw: np.ndarray | memoryview | bytes) -> str:
+    """The SHA-256 (hex) of a weight's bytes: what identifies it across contexts and compiles."""
+    return hashlib.sha256(raw).hexdigest()
+
+
+def raw_bytes(value: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(the array, C-contiguous; its bytes as a flat uint8 view); a FormatError for a non-numeric dtype."""
+    arr = np.ascontiguousarray(value)
+    if arr.dtype.kind not in codec.NUMERIC_KINDS:
+        raise FormatError(f"weight {name!r}: dtype {arr.dtype} is not numeric or bool")
+    return arr, arr.reshape(-1).view(np.uint8)
 
 
 def plan_weights(weights: Mapping[str, np.ndarray]
@@ -32,10 +66,7 @@ def plan_weights(weights: Mapping[str, np.ndarray]
     chunks: list[tuple[int, np.ndarray]] = []
     size = 0
     for name, value in weights.items():
-        arr = np.ascontiguousarray(value)
-        if arr.dtype.kind not in codec.NUMERIC_KINDS:
-            raise FormatError(f"weight {name!r}: dtype {arr.dtype} is not numeric or bool")
-        raw = arr.reshape(-1).view(np.uint8)
+        arr, raw = raw_bytes(value, name)
         key = (arr.dtype.str, arr.shape, hashlib.sha256(raw).digest())
         if key not in seen:
             offset = layout.align(size, layout.WEIGHT_ALIGNMENT)
@@ -55,7 +86,7 @@ def pack(weights: Mapping[str, np.ndarray]) -> tuple[dict[str, WeightEntry], np.
     return table, block
 
 
-def views(table: Mapping[str, WeightEntry], block: np.ndarray) -> dict[str, np.ndarray]:
-    """Zero-copy arrays over `block` (a uint8 array; read-only stays read-only)."""
-    return {name: block[e.offset:e.offset + e.nbytes].view(np.dtype(e.dtype)).reshape(e.shape)
+def views(table: Mapping[str, WeightEntry], segments: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """Zero-copy arrays over the segments (uint8 arrays; read-only stays read-only)."""
+    return {name: segments[e.segment][e.offset:e.offset + e.nbytes].view(np.dtype(e.dtype)).reshape(e.shape)
             for name, e in table.items()}

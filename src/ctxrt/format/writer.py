@@ -2,7 +2,7 @@
 
     w = ContextWriter(info)            # NEW
     w.add_graph(g) ...                 # GRAPHS (one or more)
-    w.add_weights(weights)             # WEIGHTS: deduplicated, laid out, checksummed
+    w.add_weights(weights[, external]) # WEIGHTS: deduplicated, laid out, checksummed (external: format version 2)
     w.add_programs(programs)           # KERNELS (optional): device program binaries and their sources
     w.finish()                         # READY: META, PROGRAMS (and KERNELS) encoded and read back through the
                                        #        reader's checks
@@ -27,7 +27,7 @@ from ctxrt.compiler.program import Body, CompiledGraph, Ref, Step
 from ctxrt.errors import FormatError
 from ctxrt.format import codec, layout, schema
 from ctxrt.format.atomic import atomic_write
-from ctxrt.format.weights import plan_weights
+from ctxrt.format.weights import ExternalWeight, plan_weights
 
 INFO_REQUIRED = {"backend": str, "hardware": str, "producer": str, "alignment": int}
 INFO_OPTIONAL = {"source_models": list, "tuning": dict, "device": dict}
@@ -55,6 +55,7 @@ class ContextWriter:
         self.graphs: list[CompiledGraph] = []
         self.table: dict[str, list[Any]] = {}  # name -> [offset, nbytes, dtype, shape]
         self.chunks: list[tuple[int, np.ndarray]] = []  # (offset in the section, uint8 bytes), unique only
+        self.external: dict[str, list[Any]] = {}  # name -> [key, nbytes, dtype, shape, crc]: outside the file
         self.weights_size = 0
         self.weights_crc = 0
         self.head = self.meta = self.programs = self.kernels = b""
@@ -71,11 +72,14 @@ class ContextWriter:
         _check_steps(graph.steps, f"graph {graph.name!r}")
         self.graphs.append(graph)
 
-    def add_weights(self, weights: Mapping[str, np.ndarray]) -> None:
-        """Lay out the weights: identical (dtype, shape, bytes) are stored once, each start 64-aligned."""
+    def add_weights(self, weights: Mapping[str, np.ndarray], external: Mapping[str, ExternalWeight] | None = None
+                    ) -> None:
+        """Lay out the weights: identical (dtype, shape, bytes) are stored once, each start 64-aligned. Weights in
+        `external` are only named (by the SHA-256 of their bytes): the file is then format version 2."""
         self._advance((State.GRAPHS,), State.WEIGHTS, "add_weights")
         table, self.chunks, size = plan_weights(weights)
         self.table = {name: [e.offset, e.nbytes, e.dtype, list(e.shape)] for name, e in table.items()}
+        self.external = {name: e.as_list() for name, e in (external or {}).items()}
         crc = pos = 0
         for offset, raw in self.chunks:
             crc = layout.crc32(raw, layout.crc32(bytes(offset - pos), crc))
@@ -91,18 +95,25 @@ class ContextWriter:
             raise FormatError(f"cannot encode the device programs: {e}") from e
         schema.check_kernels(codec.decode(self.kernels, "KERNELS"))
 
+    @property
+    def version(self) -> int:
+        """The format version a reader needs: 2 when some weights are outside the file, else 1."""
+        return layout.EXTERNAL_VERSION if self.external else layout.FORMAT_VERSION
+
     def finish(self) -> None:
         self._advance((State.WEIGHTS, State.KERNELS), State.READY, "finish")
-        meta = {"format_version": layout.FORMAT_VERSION, **self.info, "weights_size": self.weights_size,
+        meta = {"format_version": self.version, **self.info, "weights_size": self.weights_size,
                 "max_spillfill_size": max(g.spillfill_size for g in self.graphs),
                 "graphs": [_graph_meta(g, self.info["backend"]) for g in self.graphs], "weights": self.table}
+        if self.external:
+            meta["external_weights"] = self.external
         try:
             self.meta = msgpack.packb(meta, use_bin_type=True)  # META is plain data: no numpy extensions
             self.programs = codec.encode([_program(g, self.info["backend"]) for g in self.graphs])
         except (TypeError, ValueError, OverflowError) as e:
             raise FormatError(f"cannot encode context metadata or programs: {e}") from e
         # Read back what would be written: a file this writer makes always passes the reader's checks.
-        checked = schema.check_meta(codec.decode(self.meta, "META"), self.weights_size)
+        checked = schema.check_meta(codec.decode(self.meta, "META"), self.weights_size, self.version)
         schema.graphs_from(codec.decode(self.programs, "PROGRAMS", keep_ext=True), checked)
         table_end = layout.HEADER.size + (4 if self.kernels else 3) * layout.ENTRY.size
         meta_at = layout.align(table_end, layout.SECTION_ALIGNMENT[layout.META])
@@ -119,7 +130,7 @@ class ContextWriter:
             kernels_at = layout.align(self.sections[layout.WEIGHTS].end, layout.PAGE)
             self.sections[layout.KERNELS] = layout.Section(layout.KERNELS, layout.PAGE, kernels_at,
                                                            len(self.kernels), layout.crc32(self.kernels))
-        self.head = layout.pack_head(list(self.sections.values()), self.size)
+        self.head = layout.pack_head(list(self.sections.values()), self.size, self.version)
 
     @property
     def size(self) -> int:
@@ -211,11 +222,12 @@ def _program(g: CompiledGraph, backend: str) -> dict[str, Any]:
 
 
 def _writer(graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray], info: Mapping[str, Any],
-            programs: Mapping[str, Any] | None) -> ContextWriter:
+            programs: Mapping[str, Any] | None, external: Mapping[str, ExternalWeight] | None = None
+            ) -> ContextWriter:
     w = ContextWriter(info)
     for g in graphs:
         w.add_graph(g)
-    w.add_weights(weights)
+    w.add_weights(weights, external)
     if programs is not None:
         w.add_programs(programs)
     w.finish()
@@ -223,16 +235,19 @@ def _writer(graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray], info
 
 
 def context_bytes(graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray], info: Mapping[str, Any],
-                  programs: Mapping[str, Any] | None = None) -> bytes:
+                  programs: Mapping[str, Any] | None = None,
+                  external: Mapping[str, ExternalWeight] | None = None) -> bytes:
     """The context binary as bytes (for embedding, e.g. in an EPContext node)."""
     buf = io.BytesIO()
-    _writer(graphs, weights, info, programs).write_to(buf)
+    _writer(graphs, weights, info, programs, external).write_to(buf)
     return buf.getvalue()
 
 
 def write_context(path: str | os.PathLike[str], graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray],
-                  info: Mapping[str, Any], programs: Mapping[str, Any] | None = None) -> None:
-    """Write a context binary atomically (format/atomic.py): the file at `path` is whole or absent."""
-    w = _writer(graphs, weights, info, programs)
+                  info: Mapping[str, Any], programs: Mapping[str, Any] | None = None,
+                  external: Mapping[str, ExternalWeight] | None = None) -> None:
+    """Write a context binary atomically (format/atomic.py): the file at `path` is whole or absent. `external`:
+    weights the file only names (format version 2), whose bytes the loader supplies."""
+    w = _writer(graphs, weights, info, programs, external)
     with atomic_write(path) as f:
         w.write_to(f)

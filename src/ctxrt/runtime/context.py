@@ -10,8 +10,8 @@ import contextlib
 import threading
 import weakref
 from collections import Counter
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from ctxrt.errors import LifecycleError, RegistrationError
 from ctxrt.format import weights as wts
 from ctxrt.runtime.graph import Graph, io_buffer_layout
 from ctxrt.runtime.memhandle import MemHandle, check_descriptor, handle_key
+
+if TYPE_CHECKING:
+    from ctxrt.runtime.weightstore import WeightStore
 
 
 def _root(a: np.ndarray) -> Any:
@@ -42,13 +45,26 @@ class Context:
     """Owns weights, kernels and graphs. Its graphs share one spill-fill buffer and never run at once."""
 
     def __init__(self, graphs: list[CompiledGraph], weight_table: Mapping[str, wts.WeightEntry],
-                 weight_block: np.ndarray, backend: Backend, *, defer_graph_init: bool = False,
+                 weight_block: np.ndarray | Sequence[np.ndarray], backend: Backend, *, defer_graph_init: bool = False,
                  info: Mapping[str, Any] | None = None, keepalive: Any = None,
-                 num_threads: int | None = None) -> None:
+                 num_threads: int | None = None, store: WeightStore | None = None,
+                 segment_keys: Sequence[str | None] | None = None) -> None:
         self.backend = backend
         self.info = dict(info or {})
         self._table = dict(weight_table)
-        self._block = weight_block  # read-only mmap of the file's weights section, or the packed block
+        # The weights' segments: the mapped file's weights section or the packed block (one), or contents a
+        # session's WeightStore shares between contexts (each entry names its segment); `segment_keys` names
+        # the store's (None: this context's own), released to the store when the context is freed.
+        self._segments = [weight_block] if isinstance(weight_block, np.ndarray) else list(weight_block)
+        self._store = store
+        self._keys = list(segment_keys) if segment_keys is not None else [None] * len(self._segments)
+        self._starts = []  # each segment's offset in a registered weights buffer
+        size = 0
+        for seg in self._segments:
+            size = -(-size // 64) * 64
+            self._starts.append(size)
+            size += int(seg.nbytes)
+        self._weights_size = size
         self._keepalive = keepalive  # e.g. the open ContextFile whose mmap backs the weights
         self.weights: dict[str, Any] = {}  # the backend's tensors: what device kernels read
         self.host_weights: dict[str, np.ndarray] = {}  # host arrays: for kernel factories and CPU partitions
@@ -71,7 +87,7 @@ class Context:
     @property
     def properties(self) -> dict[str, int]:
         return {
-            "weights_buffer_size": int(self._block.nbytes),
+            "weights_buffer_size": self._weights_size,
             "max_spillfill_buffer_size": max((g.spillfill_size for g in self._graphs.values()), default=0),
             "buffer_start_alignment": self.backend.alignment,
         }
@@ -169,33 +185,42 @@ class Context:
 
     def _place_weights(self) -> None:
         """Weights in the registered buffer (copied), else used in place where the backend reads host memory
-        (the mapped file), else uploaded once into one device buffer: only those the device's kernels read (CPU
-        partitions read the host copy), packed at 64-byte offsets."""
-        be, block, n = self.backend, self._block, int(self._block.nbytes)
-        where: dict[int, int] = {}  # offset in the weights section -> offset in the buffer holding it
+        (the mapped file, the store's contents), else uploaded once: only those the device's kernels read (CPU
+        partitions read the host copy), the store's shared with the other contexts using them, the rest packed
+        at 64-byte offsets into one buffer."""
+        be, segs = self.backend, self._segments
+        chunks = {(e.segment, e.offset): e.nbytes for e in self._table.values()}  # distinct weights
+        where: dict[tuple[int, int], tuple[Any, int]] = {}  # (segment, offset) -> (buffer, offset in it)
+        wrapped = [] if "weights" in self._registered else [be.wrap_host(seg) for seg in segs]
         if "weights" in self._registered:
             buf, off = self._registered["weights"]
-            be.copy_in(be.view(buf, off, (n,), np.uint8), block)
-            self.stats["weights_copied_bytes"] += n
-            where = {e.offset: off + e.offset for e in self._table.values()}
-        elif (buf := be.wrap_host(block)) is not None:
-            where = {e.offset: e.offset for e in self._table.values()}
+            for seg, start in zip(segs, self._starts, strict=True):
+                be.copy_in(be.view(buf, off + start, (int(seg.nbytes),), np.uint8), seg)
+                self.stats["weights_copied_bytes"] += int(seg.nbytes)
+            where = {(s, o): (buf, off + self._starts[s] + o) for s, o in chunks}
+        elif all(w is not None for w in wrapped):
+            where = {(s, o): (wrapped[s], o) for s, o in chunks}
         else:
             read = {r.key for g in self._graphs.values() for s in g.compiled.steps if s.backend in ("", be.name)
                     for r in s.inputs if r is not None and r.space == CONST}
-            size, chunks = 0, {self._table[k].offset: self._table[k].nbytes for k in read}
-            for src in sorted(chunks):
-                where[src] = size
-                size += -(-max(chunks[src], 1) // 64) * 64
-            buf = self._alloc(size, "weights")
-            for src, dst in where.items():
-                be.copy_in(be.view(buf, dst, (chunks[src],), np.uint8), block[src:src + chunks[src]])
-                self.stats["weights_uploaded_bytes"] += chunks[src]
-        self.weights = {name: be.view(buf, where[e.offset], e.shape, e.dtype)
-                        for name, e in self._table.items() if e.offset in where}
-        in_block = wts.views(self._table, block)
+            own, size = {}, 0
+            for s, o in sorted({(self._table[k].segment, self._table[k].offset) for k in read}):
+                if self._store is not None and self._keys[s] is not None:
+                    where[(s, o)] = (self._store.device(self._keys[s]), o)  # uploaded once per store
+                else:
+                    own[(s, o)] = size
+                    size += -(-max(chunks[(s, o)], 1) // 64) * 64
+            if own or self._store is None:
+                buf = self._alloc(size, "weights")
+                for (s, o), dst in own.items():
+                    n = chunks[(s, o)]
+                    be.copy_in(be.view(buf, dst, (n,), np.uint8), segs[s][o:o + n])
+                    self.stats["weights_uploaded_bytes"] += n
+                    where[(s, o)] = (buf, dst)
+        self.weights = {name: be.view(*where[(e.segment, e.offset)], e.shape, e.dtype)
+                        for name, e in self._table.items() if (e.segment, e.offset) in where}
         self.host_weights = {}
-        for name, host in in_block.items():
+        for name, host in wts.views(self._table, segs).items():
             t = self.weights.get(name)
             view = be.host_view(t) if t is not None else None
             self.host_weights[name] = host if view is None else view
@@ -207,7 +232,7 @@ class Context:
             raise LifecycleError("context is already finalized")
         be = self.backend
         self._place_weights()
-        self.stats["weights_bytes"] = int(self._block.nbytes)
+        self.stats["weights_bytes"] = sum(int(seg.nbytes) for seg in self._segments)
         self.stats["weights_prepacked_bytes"] = self._prepacked_bytes()
         if "spillfill" in self._registered:
             self.arena = self._registered["spillfill"]
@@ -241,9 +266,9 @@ class Context:
         self.stats["alloc_kernel_bytes"] = held_constants_bytes(
             [obj for g in self._graphs.values() for obj in (*g._kernels, *g._launches) if obj is not None], shared)
 
-    def _prepacked_bytes(self) -> int:
-        """Bytes of the weights section that kernels made for themselves at compile time (transformed or
-        prepacked weights, recorded in their node's `prepacked` attribute), each stored block counted once."""
+    def _prepacked(self) -> dict[tuple[int, int], int]:
+        """(segment, offset) -> bytes of each weight kernels made for themselves at compile time (transformed or
+        prepacked weights, recorded in their node's `prepacked` attribute)."""
         blocks = {}
         for g in self._graphs.values():
             for step in g.compiled.steps:
@@ -251,8 +276,19 @@ class Context:
                     ref = step.inputs[i] if i < len(step.inputs) else None
                     if ref is not None and ref.key in self._table:
                         entry = self._table[ref.key]
-                        blocks[entry.offset] = entry.nbytes
-        return sum(blocks.values())
+                        blocks[(entry.segment, entry.offset)] = entry.nbytes
+        return blocks
+
+    def _prepacked_bytes(self) -> int:
+        """Bytes of the weights that kernels made for themselves at compile time, each stored block counted once."""
+        return sum(self._prepacked().values())
+
+    def held_weights(self) -> tuple[dict[int, int], dict[tuple[int, int], int]]:
+        """(id of each weights segment -> its bytes, (segment id, offset) of each prepacked weight -> its bytes):
+        what a session counts once for all the contexts sharing a WeightStore's contents. Empty once freed."""
+        ids = [id(seg) for seg in self._segments]
+        return ({i: int(seg.nbytes) for i, seg in zip(ids, self._segments, strict=True)},
+                {(ids[s], o): n for (s, o), n in self._prepacked().items()})
 
     def memory(self) -> dict[str, int]:
         """Bytes this context holds, by category: `weights` (the weights section, memory-mapped from the binary
@@ -321,6 +357,10 @@ class Context:
             for g in self._graphs.values():
                 g._release()
             self.weights, self.host_weights, self.arena, self._keepalive = {}, {}, None, None
+            self._segments, self._table = [], {}  # the weights go now, even while something refers to the context
+            if self._store is not None:  # contents no other context uses are let go
+                self._store.release([k for k in self._keys if k is not None])
+                self._store = None
             self.finalized = False
             self.freed = True
 

@@ -46,6 +46,7 @@ class Graph:
         self._extents: list[tuple[TensorInfo, int, Any]] = []
         # 1 when every kernel is small: one thread, no barrier per kernel (runtime/work.py); None: the idle cores
         self.thread_cap: int | None = thread_cap(compiled.steps)
+        self._view: Any = None  # Ref -> the backend's tensor, made at _prepare
 
     @property
     def spillfill_size(self) -> int:
@@ -273,8 +274,10 @@ class Graph:
         return True
 
     def _release(self) -> None:
+        """Drop everything that reaches the context's memory (the view maker holds its weights and arena)."""
         self._launches, self._views, self._internal, self._kernels, self._bound = [], {}, {}, [], None
-        self._host = None
+        self._host, self._extents = None, []
+        self._view = None
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once and return new arrays for every output (of their real shapes, see `execute`)."""

@@ -8,6 +8,7 @@ from typing import Any
 
 from ctxrt.errors import CtxrtError
 from ctxrt.format.atomic import atomic_write
+from ctxrt.format.schema import weight_sizes
 
 
 def graph_memory(source: str | os.PathLike | bytes) -> list[dict[str, Any]]:
@@ -18,12 +19,12 @@ def graph_memory(source: str | os.PathLike | bytes) -> list[dict[str, Any]]:
 
     with ContextFile.open(source) as f:
         f.weights_block()
-        table = f.metadata["weights"]
+        sizes = weight_sizes(f.metadata)  # weights in the file and outside it (format version 2)
         out = []
         for g in f.graphs():
             out.append({
                 "name": g.name,
-                "weights": sum(int(table[n][1]) for n in g.const_names),
+                "weights": sum(sizes[n] for n in g.const_names),
                 "spillfill": g.spillfill_size, "lower_bound": g.lower_bound, "io": g.io_bytes,
                 "steps": len(g.steps),
                 "intervals": [[i.key, i.offset, i.size, i.first, i.last] for i in g.intervals],
@@ -79,7 +80,7 @@ def graph_kernels(source: str | os.PathLike | bytes) -> list[dict[str, Any]]:
 
     with ContextFile.open(source) as f:
         f.weights_block()
-        table = f.metadata["weights"]
+        table = {**f.metadata.get("external_weights", {}), **f.metadata["weights"]}  # [0]: offset or key
         out = []
         for g in f.graphs():
             counts = Counter((s.op, s.algorithm) for s in g.steps)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import warnings
 import weakref
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,25 +22,13 @@ import numpy as np
 
 from ctxrt.backends import Backend, get_backend
 from ctxrt.compiler.program import TensorInfo
-from ctxrt.errors import CtxrtError, LifecycleError, RegistrationError, ShapeError, ValueInputError
+from ctxrt.errors import CtxrtError, CtxrtWarning, LifecycleError, RegistrationError, ShapeError, ValueInputError
+from ctxrt.runtime.compile_cache import VariantCompiler
 from ctxrt.runtime.context import Context
 from ctxrt.runtime.options import is_session_options, threads_of
+from ctxrt.runtime.ort_api import IOBinding, NodeArg, cut, node_arg
 from ctxrt.runtime.tensor import Tensor, TensorCache
-from ctxrt.runtime.variant import Stage, Variant, array_of, compile_variant
-
-_ONNX_TYPES = {"float32": "float", "float16": "float16", "float64": "double", "bool": "bool", "int8": "int8",
-               "int16": "int16", "int32": "int32", "int64": "int64", "uint8": "uint8", "uint16": "uint16",
-               "uint32": "uint32", "uint64": "uint64"}
-
-
-@dataclass(frozen=True)
-class NodeArg:
-    """Like onnxruntime's NodeArg: `name`, `shape` (ints; a string for a dimension bound only at run),
-    `type` ("tensor(float)", ...)."""
-
-    name: str
-    shape: list[int | str]
-    type: str
+from ctxrt.runtime.variant import HELD, Stage, Variant, array_of, held_stats, variants_warning
 
 
 class InferenceSession:
@@ -49,12 +37,15 @@ class InferenceSession:
 
     Options: `shapes` binds dynamic input dimensions; `graph` picks a graph of a multi-graph context (or
     of an EPContext file holding several models; default: the first); `cache_dir` keeps compiled context
-    binaries keyed by the model's hash and the options; `tensor_cache_bytes` caps the bytes of tensors the cache keeps;
-    `enable_tensor_cache=False` destroys a run's tensors after it; `enable_pinning=False` stops preferring
-    last run's tensor for each input and output (both only to measure what they save); `max_shape_variants`
-    bounds how many input-shape variants of an ONNX model stay compiled (each holds its own weights and
-    arena; the least recently used is freed first). `sess_options` (ctxrt.SessionOptions or onnxruntime's,
-    also accepted second, in onnxruntime's order): `intra_op_num_threads` sets the threads of every run."""
+    binaries keyed by the model (its bytes and its external-data files), the options, the shapes and values,
+    their weights once per content in `cache_dir/weights/`; `tensor_cache_bytes` caps the bytes of tensors the
+    cache keeps; `enable_tensor_cache=False` destroys a run's tensors after it; `enable_pinning=False` stops
+    preferring last run's tensor for each input and output (both only to measure what they save);
+    `max_shape_variants` bounds how many input-shape variants of an ONNX model stay compiled (each holds its
+    own arena, all share one copy of the weights; the least recently used is freed first, with the tensors
+    the cache kept for it; a session that keeps compiling warns once). `sess_options` (ctxrt.SessionOptions
+    or onnxruntime's, also accepted second, in onnxruntime's order): `intra_op_num_threads` sets the threads
+    of every run."""
 
     def __init__(self, path_or_bytes: str | os.PathLike | bytes, backend: str | Backend = "cpu", *,
                  sess_options: Any = None, shapes: Mapping[str, Sequence[int]] | None = None, graph: str | None = None,
@@ -74,6 +65,9 @@ class InferenceSession:
         self._orphans: list[list[Tensor]] = []  # session tensors of IOBindings deleted since the last run
         self._source: Any = None  # an ONNX model (path or bytes) that can be compiled for other shapes
         self._cache_dir = cache_dir
+        self._compiler: VariantCompiler | None = None  # for an ONNX model: its compiles share one WeightStore
+        self._dims: dict[tuple[str, int], set[int]] = {}  # sizes each input axis was compiled for
+        self._warned = False
         self._variants: dict[int, Variant] = {}  # least recently used first
         self._variant_ids = 0
         self._retired: Counter[str] = Counter()  # counters of freed variants' contexts
@@ -102,6 +96,7 @@ class InferenceSession:
             if source.startswith(MAGIC):
                 return self._single(context_from_binary(source, self.backend), graph)
             self._source = source
+            self._compiler = VariantCompiler(source, self.backend, self._cache_dir, self._counters)
             return self._compile_default(shapes, graph)
         path = Path(source)
         if not path.is_file():
@@ -120,6 +115,7 @@ class InferenceSession:
             return Variant(self, [c for c in group.contexts if c is not None], stages, list(group.inputs),
                             list(group.outputs), dict(group._chain_handles), group)
         self._source = path
+        self._compiler = VariantCompiler(path, self.backend, self._cache_dir, self._counters)
         return self._compile_default(shapes, graph)
 
     def _compile_default(self, shapes: Any, graph: str | None) -> Variant | None:
@@ -176,28 +172,50 @@ class InferenceSession:
                              "compiled for one value)")
         else:
             while len(self._variants) >= self._max_variants:  # free the least recently used variant first
-                old = self._variants.pop(next(iter(self._variants)))
-                for ctx in old.contexts:
-                    self._retired.update(ctx.stats)  # its counters stay in sess.stats
-                old.free()
-                self._counters["shape_variants_freed"] += 1
+                self._retire(self._variants.pop(next(iter(self._variants))))
             variant = self._single(self._compile({n: feeds[n].shape for n in decl}, feeds), None)
             self._counters["shape_variants_compiled"] += 1
+            self._cache.keep_only(variant.io_keys().union(*(v.io_keys() for v in self._variants.values())))
+            self._note_compile(variant)
         self._keep(variant)  # most recently used last
         self._current = variant
         return variant
 
+    def _retire(self, old: Variant) -> None:
+        """Free a variant: its contexts (and the weights no other variant shares), the handles tensors kept of
+        them; its event counters stay in sess.stats."""
+        for ctx in old.contexts:
+            self._retired.update({k: n for k, n in ctx.stats.items() if k not in HELD})
+        old.free()
+        if self._current is old:
+            self._current = None  # not run again should the next compile fail
+        for t in list(self._user_tensors):
+            t.drop_stale_handles()
+        self._counters["shape_variants_freed"] += 1
+
+    def _note_compile(self, variant: Variant) -> None:
+        for info in variant.inputs:
+            for axis, d in enumerate(info.shape):
+                self._dims.setdefault((info.name, axis), set()).add(d)
+        if not self._warned:
+            message = variants_warning(self._counters["shape_variants_compiled"], self._dims, self._in_decl,
+                                       self._max_variants)
+            if message:
+                self._warned = True
+                warnings.warn(message, CtxrtWarning, stacklevel=4)
+
     def _compile(self, shapes: Any, feeds: Mapping[str, Any] | None = None) -> Context:
         """Online prepare with memhandle IO (the session binds every IO tensor); through `cache_dir` when set.
         Value inputs are taken from `feeds`."""
-        return compile_variant(self._source, shapes, feeds, self.backend, self._cache_dir, self._counters)
+        assert self._compiler is not None
+        return self._compiler.compile(shapes, feeds)
 
     # -- onnxruntime's API ---------------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
-        return [_node_arg(n, dt, dims) for n, (dt, dims) in self._in_decl.items()]
+        return [node_arg(n, dt, dims) for n, (dt, dims) in self._in_decl.items()]
 
     def get_outputs(self) -> list[NodeArg]:
-        return [_node_arg(n, dt, dims) for n, (dt, dims) in self._out_decl.items()]
+        return [node_arg(n, dt, dims) for n, (dt, dims) in self._out_decl.items()]
 
     def get_providers(self) -> list[str]:
         return [f"ctxrt:{self.backend.name}"]
@@ -241,7 +259,7 @@ class InferenceSession:
                 v.execute()
                 counters["session_runs"] += 1
                 shapes = v.shapes  # outputs of data-dependent size: their real shape
-                results = [_cut(v.cur_out[v.out_index[n]], shapes.get(n)) for n in names]
+                results = [cut(v.cur_out[v.out_index[n]], shapes.get(n)) for n in names]
                 counters["copies_out"] += len(names)
             finally:  # back to the cache, also when the run failed halfway
                 for i, t in enumerate(own_in):
@@ -311,12 +329,11 @@ class InferenceSession:
     @property
     def stats(self) -> Counter[str]:
         """Session counters (runs, copies, plans, compile cache, shape variants), tensor-cache counters
-        (hits, misses, created, destroyed, evicted, bytes held) and the contexts' counters (recordings,
-        bytes allocated by category, memory handles)."""
-        total: Counter[str] = Counter(self._retired)
-        for v in self._variants.values():
-            for ctx in v.contexts:
-                total.update(ctx.stats)
+        (hits, misses, created, destroyed, evicted, pruned, bytes held) and the contexts' counters (recordings,
+        memory handles: freed variants' included). Memory by category is what the variants compiled now hold:
+        `weights_bytes` and `weights_prepacked_bytes` count each weight shared by several variants once."""
+        total = held_stats(self._retired, [ctx for v in self._variants.values() for ctx in v.contexts],
+                           None if self._compiler is None else self._compiler.store)
         total.update(self._counters)
         total.update(self._cache.counters())
         total["alloc_cache_bytes"] = self._cache.stats["created_bytes"]
@@ -333,6 +350,7 @@ class InferenceSession:
                 t.destroy()
             for v in self._variants.values():
                 v.free()
+            self._current = None
             self._closed = True
 
     def __enter__(self) -> InferenceSession:
@@ -372,86 +390,6 @@ class InferenceSession:
             if n not in v.out_info:
                 raise ShapeError(f"no output {n!r}; outputs are {v.all_outputs}")
         return output_names
-
-
-class IOBinding:
-    """Like onnxruntime's IOBinding: bind inputs (Tensor: in place; ndarray: copied into a cached tensor at
-    run) and outputs (Tensor: written in place; None: a session tensor, read with get_outputs()).
-
-    Unlike onnxruntime, an output bound with None does not get a new tensor every run: the binding's next
-    run writes the same session tensor again (pinning), and when the binding is deleted its tensors go back
-    to the session's cache. Keep a result with `.numpy()` (a copy) or bind a Tensor of your own."""
-
-    def __init__(self, session: InferenceSession) -> None:
-        self.session = session
-        self._inputs: dict[str, Tensor | np.ndarray] = {}
-        self._outputs: dict[str, Tensor | None] = {}
-        self._results: dict[str, Tensor] = {}
-        self._lent: list[Tensor] = []  # session tensors this binding's last run used
-        self._shapes: Mapping[str, tuple[int, ...]] = {}  # real shapes of outputs of data-dependent size
-
-    def __del__(self) -> None:
-        # The session returns them to its cache at its next run: a binding made per iteration (as is usual
-        # with onnxruntime) does not make new tensors every run. list.append is safe wherever GC runs this.
-        if self._lent:
-            self.session._orphans.append(self._lent)
-
-    def bind_input(self, name: str, value: Tensor | np.ndarray) -> None:
-        decl = self.session._in_decl.get(name)
-        if decl is None:
-            raise ShapeError(f"no input {name!r}; inputs are {list(self.session._in_decl)}")
-        if not isinstance(value, Tensor | np.ndarray):
-            raise ShapeError(f"bind_input {name!r}: expects a ctxrt.Tensor or a numpy.ndarray, "
-                             f"got {type(value).__name__}")
-        self._check_value(name, decl[0], value, "input")  # its shape may select another compiled variant
-        self._inputs[name] = value
-
-    def bind_output(self, name: str, value: Tensor | None = None) -> None:
-        decl = self.session._out_decl.get(name)
-        if decl is None:
-            raise ShapeError(f"no output {name!r}; outputs are {list(self.session._out_decl)}")
-        if value is not None:
-            if not isinstance(value, Tensor):
-                raise ShapeError(f"bind_output {name!r}: expects a ctxrt.Tensor or None, got {type(value).__name__}")
-            self._check_value(name, decl[0], value, "output")
-        self._outputs[name] = value
-
-    def _check_value(self, name: str, dtype: np.dtype | None, value: Tensor | np.ndarray, role: str) -> None:
-        if isinstance(value, Tensor):
-            if value.session is not self.session:
-                raise RegistrationError(f"{role} {name!r}: the Tensor belongs to another session")
-            value._check()
-        if dtype is not None and value.dtype != dtype:  # None: the model does not declare it
-            raise ShapeError(f"{role} {name!r} expects {dtype}, got {value.dtype}")
-
-    def clear_binding_inputs(self) -> None:
-        self._inputs.clear()
-
-    def clear_binding_outputs(self) -> None:
-        self._outputs.clear()
-        self._results.clear()
-
-    def get_outputs(self) -> list[Tensor]:
-        """The output Tensors of the last run, in the order the outputs were bound."""
-        return [self._results[n] for n in self._outputs if n in self._results]
-
-    def copy_outputs_to_cpu(self) -> list[np.ndarray]:
-        """Copies of the outputs, of their real shapes (an output of data-dependent size is a Tensor of its
-        upper bound, its data in the leading part)."""
-        return [_cut(self._results[n], self._shapes.get(n)) for n in self._outputs if n in self._results]
-
-
-def _cut(t: Tensor, shape: tuple[int, ...] | None) -> np.ndarray:
-    """A copy of the tensor, or of its leading part of the given shape."""
-    if shape is None:
-        return t.numpy()
-    part = tuple(slice(0, d) for d in shape)
-    return (t.array[part] if t.array is not None else t.numpy()[part]).copy()
-
-
-def _node_arg(name: str, dt: np.dtype | None, dims: list[int | str]) -> NodeArg:
-    type_name = "undefined" if dt is None else _ONNX_TYPES.get(dt.name, dt.name)
-    return NodeArg(name, list(dims), f"tensor({type_name})")
 
 
 def _check_array(info: TensorInfo, dt: np.dtype, value: Any, role: str) -> None:

@@ -80,10 +80,15 @@ class Tensor:
         h = self._handles.get(id(ctx))
         if h is None or not h.registered:
             self._check()
-            for key in [k for k, old in self._handles.items() if not old.registered]:
-                del self._handles[key]  # handles of freed contexts (e.g. a freed shape variant): let them go
+            self.drop_stale_handles()
             h = self._handles[id(ctx)] = ctx.mem_register(self.buffer, 0, self.shape, self.dtype)
         return h
+
+    def drop_stale_handles(self) -> None:
+        """Let go of handles deregistered since (those of freed contexts, e.g. a freed shape variant's): a handle
+        refers to its context, so keeping one would keep what the freed context still refers to."""
+        for key in [k for k, old in self._handles.items() if not old.registered]:
+            del self._handles[key]
 
     def _check(self) -> None:
         if self.destroyed:
@@ -113,7 +118,8 @@ class TensorCache:
     `acquire(shape, dtype, prefer)` returns `prefer` when it is free (the same tensor as last run), else
     the most recently released free tensor of that shape and dtype (a hit), else a new one (a miss).
     `release(t)` puts it back; then, above the byte cap, free tensors are destroyed from the least recently
-    used."""
+    used. `keep_only(shapes)` (when the session frees a shape variant) destroys the free tensors of any other
+    (shape, dtype), and those lent now when they come back."""
 
     def __init__(self, session: InferenceSession, cap_bytes: int | None = None, enabled: bool = True) -> None:
         if cap_bytes is not None and cap_bytes < 0:
@@ -123,6 +129,7 @@ class TensorCache:
         self.enabled = enabled
         self._free: OrderedDict[int, Tensor] = OrderedDict()  # id -> tensor, oldest first
         self._lent: dict[int, Tensor] = {}
+        self._keep: set[tuple[tuple[int, ...], str]] | None = None  # (shape, dtype) worth keeping; None: all
         self.stats: Counter[str] = Counter()
 
     @property
@@ -151,7 +158,7 @@ class TensorCache:
 
     def release(self, t: Tensor) -> None:
         self._lent.pop(id(t), None)
-        if not self.enabled:
+        if not self.enabled or (self._keep is not None and (t.shape, t.dtype.str) not in self._keep):
             self._destroy(t)
             return
         self._free[id(t)] = t  # most recently used last
@@ -162,6 +169,23 @@ class TensorCache:
                 held -= old.nbytes
                 self._destroy(old)
                 self.stats["evicted"] += 1
+
+    def keep_only(self, keys: set[tuple[tuple[int, ...], str]]) -> None:
+        """Shape variants were freed: destroy the free tensors whose (shape, dtype) no variant left has (and the
+        lent ones when they are released), and drop every kept tensor's handles of freed contexts."""
+        self._keep = keys
+        for key, t in list(self._free.items()):
+            if (t.shape, t.dtype.str) not in keys:
+                del self._free[key]
+                self._destroy(t)
+                self.stats["pruned"] += 1
+        for t in (*self._free.values(), *self._lent.values()):
+            t.drop_stale_handles()
+
+    def stale_handles(self) -> int:
+        """Handles of freed contexts that tensors of this cache still hold (0 after `keep_only`)."""
+        return sum(not h.registered for t in (*self._free.values(), *self._lent.values())
+                   for h in t._handles.values())
 
     def _destroy(self, t: Tensor) -> None:
         t.destroy()
@@ -176,4 +200,5 @@ class TensorCache:
     def counters(self) -> dict[str, int]:
         return {"tensor_cache_hits": self.stats["hits"], "tensor_cache_misses": self.stats["misses"],
                 "tensors_created": self.stats["created"], "tensors_destroyed": self.stats["destroyed"],
-                "tensors_evicted": self.stats["evicted"], "tensor_cache_bytes_held": self.bytes_held}
+                "tensors_evicted": self.stats["evicted"], "tensors_pruned": self.stats["pruned"],
+                "tensor_cache_bytes_held": self.bytes_held, "tensor_cache_stale_handles": self.stale_handles()}

@@ -1,23 +1,17 @@
-"""One compiled variant of an InferenceSession's model, and the compile (through the session's cache) that
-makes it."""
+"""One compiled variant of an InferenceSession's model (runtime/compile_cache.py compiles them)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ctxrt.backends import Backend
 from ctxrt.compiler.program import TensorInfo
-from ctxrt.errors import FormatError, RegistrationError
+from ctxrt.errors import RegistrationError
 from ctxrt.runtime.context import Context
 from ctxrt.runtime.graph import Graph
 from ctxrt.runtime.memhandle import MemHandle
@@ -25,8 +19,13 @@ from ctxrt.runtime.tensor import Tensor
 
 if TYPE_CHECKING:
     from ctxrt.runtime.session import InferenceSession
+    from ctxrt.runtime.weightstore import WeightStore
 
 _NO_SHAPES: Mapping[str, tuple[int, ...]] = MappingProxyType({})
+# Memory a context holds now (set, not accumulated): a session counts these for the variants it keeps only.
+HELD = frozenset({"weights_bytes", "weights_prepacked_bytes", "alloc_kernel_bytes", "alloc_spillfill_bytes",
+                  "alloc_io_bytes", "alloc_padding_bytes", "alloc_weights_bytes"})
+WARN_AFTER = 8  # shape variants compiled by one session before it says how to compile fewer
 
 
 @dataclass
@@ -119,8 +118,15 @@ class Variant:
         self.plan_out[:] = self.cur_out
         session._counters["plans"] += 1
 
+    def io_keys(self) -> set[tuple[tuple[int, ...], str]]:
+        """(shape, dtype) of every input and output: what the session's tensor cache keeps tensors of."""
+        return {(t.shape, np.dtype(t.dtype).str) for t in self.inputs + self.outputs}
+
     def free(self) -> None:
+        """Free the contexts and let go of every tensor this variant referred to."""
         self.plan, self.plan_copies = [], []
+        for tensors in (self.last_in, self.last_out, self.cur_in, self.cur_out, self.plan_in, self.plan_out):
+            tensors[:] = [None] * len(tensors)
         if self.group is not None:
             self.group.free()
         for ctx in self.contexts:
@@ -141,55 +147,43 @@ def array_of(x: Any) -> Any:
     return x.array if x.array is not None else x.numpy()
 
 
-def compile_variant(source: Path | bytes, shapes: Mapping[str, Any] | None, feeds: Mapping[str, Any] | None,
-                    backend: Backend, cache_dir: str | os.PathLike | None, counters: Counter[str]) -> Context:
-    """Online prepare with memhandle IO; value inputs are taken from `feeds`. With `cache_dir`, the binary is
-    kept under a key of the model, the options, the shapes and the values of the model's value inputs (whose
-    names are learned at its first compile and kept beside the binaries)."""
-    from ctxrt.compiler import compile_graphs, save_context
-    from ctxrt.runtime.loader import compile_to_context, context_from_binary
-
-    shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
-    feeds = {k: array_of(v) for k, v in (feeds or {}).items()}
-    if cache_dir is None:
-        graphs, weights = compile_graphs([(source, shapes, "main")], backend, "memhandle", feeds)
-        return compile_to_context(graphs, weights, backend)
-    data = source if isinstance(source, bytes) else source.read_bytes()
-    folder = Path(cache_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    names_file = folder / f"{hashlib.sha256(data).hexdigest()[:32]}.value_inputs.json"
-    options = json.dumps({"shapes": sorted((k, list(v)) for k, v in shapes.items()), "io_mem_type": "memhandle",
-                          "device": backend.device_id()}, sort_keys=True)
-
-    def path_for(names: list[str]) -> Path:
-        digest = hashlib.sha256(data + b"\0" + options.encode())
-        for n in sorted(names):
-            v = np.asarray(feeds[n])
-            digest.update(f"\0{n}\0{v.dtype.str}{v.shape}".encode() + v.tobytes())
-        return folder / f"{digest.hexdigest()[:32]}.ctx"
-
-    names = _read_names(names_file)
-    if names is not None and all(n in feeds for n in names):
-        cached = path_for(names)
-        if cached.is_file():
-            try:
-                ctx = context_from_binary(cached, backend)
-                counters["compile_cache_hits"] += 1
-                return ctx
-            except FormatError:  # a damaged cache entry: compile again and replace it
-                counters["compile_cache_damaged"] += 1
-    counters["compile_cache_misses"] += 1
-    graphs, weights = compile_graphs([(source, shapes, "main")], backend, "memhandle", feeds)
-    names = sorted(graphs[0].value_inputs)
-    names_file.write_text(json.dumps(names))
-    cached = path_for(names)
-    save_context(cached, graphs, weights, backend, ["<bytes>" if isinstance(source, bytes) else source])
-    return context_from_binary(cached, backend)
+def held_stats(retired: Counter[str], contexts: list[Context], store: WeightStore | None) -> Counter[str]:
+    """The contexts' counters added to those of freed ones, weights that several contexts share counted once
+    (`weights_bytes`: each segment; `weights_prepacked_bytes`: each prepacked weight), with the weight store's
+    counters and its device copies (in `alloc_weights_bytes`)."""
+    total = Counter(retired)
+    segments: dict[int, int] = {}
+    prepacked: dict[tuple[int, int], int] = {}
+    for ctx in contexts:
+        total.update(ctx.stats)
+        held, packed = ctx.held_weights()
+        segments.update(held)
+        prepacked.update(packed)
+    total["weights_bytes"] = sum(segments.values())
+    total["weights_prepacked_bytes"] = sum(prepacked.values())
+    if store is not None:
+        total.update(store.stats)
+        total["alloc_weights_bytes"] += store.device_bytes
+    return total
 
 
-def _read_names(path: Path) -> list[str] | None:
-    try:
-        names = json.loads(path.read_text())
-    except (OSError, ValueError):
+def variants_warning(compiled: int, dims: Mapping[tuple[str, int], set[int]],
+                     decl: Mapping[str, tuple[Any, list[int | str]]], max_variants: int) -> str | None:
+    """What a session that keeps compiling says (once, at its WARN_AFTER-th compile): which input axes took
+    which sizes, and how to bind or widen them instead."""
+    if compiled < WARN_AFTER:
         return None
-    return names if isinstance(names, list) and all(isinstance(n, str) for n in names) else None
+    varying = {key: sorted(sizes) for key, sizes in dims.items() if len(sizes) > 1}
+    seen = []
+    for (name, axis), sizes in varying.items():
+        declared = decl[name][1] if name in decl else []
+        label = f" ({declared[axis]})" if axis < len(declared) and isinstance(declared[axis], str) else ""
+        seen.append(f"input {name!r} axis {axis}{label} took {len(sizes)} sizes from {sizes[0]} to {sizes[-1]}")
+    example = {name: [max(dims[(name, a)]) for a in range(len(declared))]
+               for name, (_, declared) in decl.items() if any((name, a) in varying for a in range(len(declared)))}
+    how = (f"pad inputs to one size and bind it, e.g. InferenceSession(..., shapes={example}), or to a few "
+           "sizes (e.g. powers of two)" if example else "feed value inputs fewer distinct values")
+    return (f"InferenceSession compiled {compiled} shape variants of its model "
+            f"({'; '.join(seen) or 'the same shapes with other values of value inputs'}): every new input shape "
+            f"compiles the model again. To compile fewer, {how}; max_shape_variants={max_variants} bounds how many "
+            "stay compiled (sess.stats['shape_variants_compiled'] counts the compiles).")

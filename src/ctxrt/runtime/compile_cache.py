@@ -1,0 +1,168 @@
+"""How an InferenceSession compiles the shape variants of its ONNX model: in memory, or through its `cache_dir`.
+
+Every context compiled for the model shares its weights through one `WeightStore` (each distinct content held
+once, however many variants read it). With `cache_dir`, a variant's context binary is kept under a key of
+everything its compile depends on: the model's bytes and every external-data file it references (contents),
+the compile options, the backend and its configuration, ctxrt's version, the shapes and the values of value
+inputs. Its weights of at least 4 KiB are written once per content into `cache_dir/weights/` and only named
+in the binary (format version 2, docs/format.md), so N variants do not write N copies of the weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import ctxrt
+from ctxrt.backends import Backend
+from ctxrt.errors import FormatError
+from ctxrt.format import layout
+from ctxrt.runtime.context import Context
+from ctxrt.runtime.weightstore import WeightStore
+
+_CHUNK = 1 << 20
+Stamp = tuple[int, int, int, int]  # size, mtime_ns, inode, device
+
+
+class VariantCompiler:
+    """Compiles one ONNX model (a path or its bytes) for the shapes and value-input values a session meets."""
+
+    def __init__(self, source: Path | bytes, backend: Backend, cache_dir: str | os.PathLike | None,
+                 counters: Counter[str]) -> None:
+        self.source = source
+        self.backend = backend
+        self.counters = counters
+        self.folder = None if cache_dir is None else Path(cache_dir)
+        self.store = WeightStore(backend, None if self.folder is None else self.folder / "weights")
+        self._digests: dict[Path, tuple[Stamp, str]] = {}  # file -> (its stamp when hashed, SHA-256 of its bytes)
+        self._external: tuple[Stamp, list[Path]] | None = None  # the model's external-data files, by its stamp
+
+    def compile(self, shapes: Mapping[str, Any] | None, feeds: Mapping[str, Any] | None) -> Context:
+        """Online prepare with memhandle IO (the session binds every IO tensor); value inputs are taken from
+        `feeds`. Through the cache folder when there is one."""
+        from ctxrt.compiler import compile_graphs
+        from ctxrt.runtime.loader import compile_to_context
+        from ctxrt.runtime.variant import array_of
+
+        shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
+        feeds = {k: array_of(v) for k, v in (feeds or {}).items()}
+        if self.folder is None:
+            graphs, weights = compile_graphs([(self.source, shapes, "main")], self.backend, "memhandle", feeds)
+            return compile_to_context(graphs, weights, self.backend, store=self.store)
+        return self._cached(shapes, feeds)
+
+    def _cached(self, shapes: dict[str, tuple[int, ...]], feeds: dict[str, Any]) -> Context:
+        """The context binary for this compile from the folder, or compiled and kept there. The names of the
+        model's value inputs are learned at its first compile and kept beside the binaries."""
+        from ctxrt.compiler import compile_graphs, save_context
+        from ctxrt.runtime.loader import context_from_binary
+
+        folder, counters = self.folder, self.counters
+        assert folder is not None
+        folder.mkdir(parents=True, exist_ok=True)
+        model = self.model_key()
+        key = (model + "\0" + self.options_key(shapes)).encode()
+        names_of = (model + "\0" + self.options_key({})).encode()  # the same for every shape: one file a model
+        names_file = folder / f"{hashlib.sha256(names_of).hexdigest()[:32]}.value_inputs.json"
+
+        def path_for(names: list[str]) -> Path:
+            digest = hashlib.sha256(key)
+            for n in sorted(names):
+                v = np.asarray(feeds[n])
+                digest.update(f"\0{n}\0{v.dtype.str}{v.shape}".encode() + v.tobytes())
+            return folder / f"{digest.hexdigest()[:32]}.ctx"
+
+        names = _read_names(names_file)
+        if names is not None and all(n in feeds for n in names):
+            cached = path_for(names)
+            if cached.is_file():
+                try:
+                    ctx = context_from_binary(cached, self.backend, store=self.store)
+                    counters["compile_cache_hits"] += 1
+                    return ctx
+                except FormatError:  # a damaged entry (or one of its weights): compile again and replace it
+                    counters["compile_cache_damaged"] += 1
+        counters["compile_cache_misses"] += 1
+        graphs, weights = compile_graphs([(self.source, shapes, "main")], self.backend, "memhandle", feeds)
+        names = sorted(graphs[0].value_inputs)
+        names_file.write_text(json.dumps(names))
+        cached = path_for(names)
+        inside, outside = self.store.save(weights)
+        del weights  # the compile's own copies go now: the context maps the saved ones
+        label = "<bytes>" if isinstance(self.source, bytes) else self.source
+        save_context(cached, graphs, inside, self.backend, [label], outside)
+        return context_from_binary(cached, self.backend, store=self.store)
+
+    # -- the key ------------------------------------------------------------------------------------
+    def model_key(self) -> str:
+        """SHA-256 over the model's bytes and, for a model file, every external-data file it references (its
+        location relative to the model and its contents): a changed weights file gives another key. A file is
+        hashed again only when its size, mtime, inode or device changed since this compiler last hashed it."""
+        if isinstance(self.source, bytes):
+            return hashlib.sha256(b"onnx-bytes\0" + self.source).hexdigest()
+        h = hashlib.sha256(b"onnx\0" + self._digest(self.source).encode())
+        for path in self._external_files():
+            rel = os.path.relpath(path, self.source.resolve().parent)
+            h.update(f"\0{rel}\0{self._digest(path)}".encode())
+        return h.hexdigest()
+
+    def options_key(self, shapes: Mapping[str, tuple[int, ...]]) -> str:
+        """Everything besides the model and the values of value inputs that a compiled binary depends on."""
+        from ctxrt.compiler import compile_options
+
+        be = self.backend
+        return json.dumps({
+            "shapes": sorted((k, list(v)) for k, v in shapes.items()), "io_mem_type": "memhandle",
+            "options": compile_options(), "device": be.device_id(), "ctxrt": ctxrt.__version__,
+            "formats": list(layout.SUPPORTED_VERSIONS), "cpus": os.cpu_count(),
+            "backend": {"onednn": getattr(be, "onednn", None), "layout": getattr(getattr(be, "layout", None), "name",
+                                                                                 None)},
+        }, sort_keys=True, default=str)
+
+    def _external_files(self) -> list[Path]:
+        from ctxrt.frontend.external import external_data_files
+
+        assert isinstance(self.source, Path)
+        stamp = _stamp(self.source)
+        if self._external is None or self._external[0] != stamp:
+            self._external = (stamp, external_data_files(self.source))
+        return self._external[1]
+
+    def _digest(self, path: Path) -> str:
+        try:
+            stamp = _stamp(path)
+        except OSError:
+            return "missing"  # the compile reports it
+        known = self._digests.get(path)
+        if known is not None and known[0] == stamp:
+            return known[1]
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+        self._digests[path] = (stamp, h.hexdigest())
+        self.counters["compile_cache_bytes_hashed"] += stamp[0]
+        return h.hexdigest()
+
+
+def _stamp(path: Path) -> Stamp:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
+
+
+def _read_names(path: Path) -> list[str] | None:
+    try:
+        names = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return names if isinstance(names, list) and all(isinstance(n, str) for n in names) else None
+
+
+__all__ = ["VariantCompiler"]
