@@ -64,7 +64,7 @@ def declared_io(model: str | os.PathLike | bytes | onnx.ModelProto
 
     def one(vi: onnx.ValueInfoProto) -> tuple[str, np.dtype | None, list[int | str]]:
         tt = vi.type.tensor_type
-        dims: list[int | str] = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
+        dims: list[int | str] = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or "?")
                                  for d in tt.shape.dim]  # some exporters write -1 for a dynamic dim
         return vi.name, np_dtype(tt.elem_type, f"{vi.name!r}") if tt.elem_type else None, dims
 
