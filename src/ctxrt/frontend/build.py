@@ -17,7 +17,7 @@ from onnx import helper, numpy_helper
 from ctxrt.errors import ModelError, ShapeError, UnsupportedOpError
 from ctxrt.frontend import control, values
 from ctxrt.frontend.checks import check_supported
-from ctxrt.ir.canonical import OUTPUTS_PRESENT, PARAM_INPUTS, SLOTTED_OUTPUTS
+from ctxrt.ir.canonical import OUTPUTS_PRESENT, PARAM_INPUTS, RUNTIME_PARAMS, SLOTTED_OUTPUTS
 from ctxrt.ir.dynamic import PASS_THROUGH
 from ctxrt.ir.graph import Graph, Node, Value
 
@@ -297,8 +297,11 @@ def _canonicalize(node: Node, consts: dict[str, np.ndarray]) -> None:
     outputs exist where a kernel cannot tell from the ones it is given."""
     if node.op in SLOTTED_OUTPUTS:
         node.attrs[OUTPUTS_PRESENT] = [int(bool(o)) for o in node.outputs]
+    runtime = RUNTIME_PARAMS.get(node.op, set())
     for pos, key in PARAM_INPUTS.get(node.op, {}).items():
         if pos < len(node.inputs) and node.inputs[pos]:
+            if pos in runtime and node.inputs[pos] not in consts:
+                continue  # read by the kernel at run time
             value = consts[node.inputs[pos]]
             node.attrs[key] = value.tolist() if value.ndim else value.item()
             node.inputs[pos] = ""

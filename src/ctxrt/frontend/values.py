@@ -2,7 +2,8 @@
 
 A small integer or boolean graph input (as TensorRT's shape tensors) whose value reaches a position that
 decides a shape (Reshape's shape, Slice's starts, ...: the tables of ir/canonical.py) or a branch or a trip
-count (If's condition, Loop's M and cond) is a *value input*: the compile specializes on its value. A shape
+count (If's condition, Loop's M and cond) is a *value input*: the compile specializes on its value. Inputs that
+decide no shape (Clip's bounds, Pad's constant value: RUNTIME_PARAMS) are read by their kernels at run time. A shape
 that comes from other data is an error; a branch from other data is decided at run time. `trace` follows
 values backwards from those positions, through every op but Shape and Size (which read only a shape), and
 into subgraphs.
@@ -18,7 +19,7 @@ import onnx
 
 from ctxrt.errors import ShapeError
 from ctxrt.frontend.control import attr, free_vars, subgraphs
-from ctxrt.ir.canonical import BRANCH_INPUTS, PARAM_INPUTS, SHAPE_INPUTS
+from ctxrt.ir.canonical import BRANCH_INPUTS, PARAM_INPUTS, RUNTIME_PARAMS, SHAPE_INPUTS
 
 # Value inputs are integer or boolean tensors of at most this many elements.
 BRANCH_VALUE_MAX = 64
@@ -28,7 +29,8 @@ _SHAPE_ONLY = {"Shape", "Size"}
 def positions(node: onnx.NodeProto) -> tuple[dict[int, str], set[int]]:
     """The node's inputs that decide a shape ({position: what}) and those that decide a branch."""
     op = node.op_type
-    required = {pos: f"input {key!r}" for pos, key in PARAM_INPUTS.get(op, {}).items()}
+    runtime = RUNTIME_PARAMS.get(op, set())
+    required = {pos: f"input {key!r}" for pos, key in PARAM_INPUTS.get(op, {}).items() if pos not in runtime}
     required.update({pos: f"input {pos}" for pos in SHAPE_INPUTS.get(op, ())})
     branch = set(BRANCH_INPUTS.get(op, ()))
     if op == "Loop":

@@ -32,6 +32,11 @@ PARAM_INPUTS: dict[str, dict[int, str]] = {
     "Upsample": {1: "scales"},
 }
 
+# Parameter inputs that decide no shape (data, not structure): moved into attributes when they are constants,
+# otherwise left as inputs that the kernel reads at run time. Never value inputs: a Clip(x, max(x) - 80) compiles
+# once, whatever its bounds.
+RUNTIME_PARAMS: dict[str, set[int]] = {"Clip": {1, 2}, "Pad": {2}}
+
 # Ops whose outputs onnx's shape inference leaves untyped (GroupNormalization is a function without an inference
 # function; BatchNormalization-9 types Y only): shape inference sees them as Identity nodes, output k <- input j.
 INFER_AS_IDENTITY: dict[str, dict[int, int]] = {

@@ -128,6 +128,14 @@ def clip(spec: NodeSpec) -> Kernel:
     # A bound may come from a 0-d or a 1-element tensor input.
     lo = lo if spec.attr("min") is None else dt.type(np.asarray(spec.attr("min")).reshape(-1)[0])
     hi = hi if spec.attr("max") is None else dt.type(np.asarray(spec.attr("max")).reshape(-1)[0])
+    runtime = [k for k in (1, 2) if k < len(spec.inputs) and spec.inputs[k] is not None]
+    if runtime:  # bounds computed at run time (inputs, not attributes): read by every launch
+        def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
+            x, y = ins[0], outs[0]
+            # 0-d views of the bound inputs; np.clip(x, lo, hi) is min(max(x, lo), hi): min > max gives max
+            b = [ins[k].reshape(()) if k in runtime else v for k, v in ((1, lo), (2, hi))]
+            return lambda: np.clip(x, b[0], b[1], out=y)
+        return BoundKernel(make)
     if lo > hi:  # ONNX: every value becomes max
         return _clip_kernel(hi, hi)
     return _clip_kernel(lo, hi)
