@@ -1,5 +1,7 @@
 """Inputs read at run time vs onnxruntime: an input that decides no shape (Clip's bounds, Pad's constant value,
-Where's condition) needs no value at compile time, and one compile serves every value."""
+Where's condition) needs no value at compile time, and one compile serves every value. Inputs that decide a shape
+(Resize's scales, NonMaxSuppression's max_output_boxes_per_class, Range's limits) still specialize: value inputs
+baked in from the feeds (docs/shapes-and-control-flow.md)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from harness import make_model, rand
 from onnx import helper
 
 import ctxrt
+from ctxrt.errors import ValueInputError
 
 
 @contextmanager
@@ -110,3 +113,45 @@ def test_a_session_compiles_once_for_every_bound() -> None:
             (y,) = sess.run(None, feeds)
             np.testing.assert_array_equal(y, oracle(model, feeds)[0])
         assert sess.stats["shape_variants_compiled"] == 0  # compiled when it opened, for the declared shapes
+
+
+def test_resize_scales_still_specialize() -> None:
+    """Scales decide the output shape: a value input (named when missing), one variant per value in a session."""
+    feeds = {"x": rand(1, 2, 3, 4), "scales": np.array([1, 1, 2, 2], np.float32)}
+    model = typed(make_model(helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest"), feeds,
+                             opset=13), np.float32)
+    with pytest.raises(ValueInputError, match="input 'scales' is needed at compile time.*Resize"):
+        ctxrt.compile(model, backend=harness.BACKEND)
+    with ctxrt.InferenceSession(model.SerializeToString(), harness.BACKEND) as sess:
+        for scales in ([1, 1, 2, 2], [1, 1, 0.5, 1.5], [1, 1, 2, 2]):
+            feeds["scales"] = np.array(scales, np.float32)
+            (y,) = sess.run(None, feeds)
+            np.testing.assert_array_equal(y, oracle(model, feeds)[0])
+        assert sess.stats["shape_variants_compiled"] == 2
+
+
+def test_non_max_suppression_limit_as_a_value_input() -> None:
+    """max_output_boxes_per_class sizes the output's bound: baked in from the feeds, read by the kernel."""
+    feeds = {"boxes": rand(1, 6, 4, low=0, high=1), "scores": rand(1, 2, 6, low=0, high=1),
+             "limit": np.array([2], np.int64), "iou": np.array([0.5], np.float32)}
+    model = typed(make_model(helper.make_node("NonMaxSuppression", ["boxes", "scores", "limit", "iou"], ["y"]),
+                             feeds, opset=11), np.int64)
+    with ctxrt.InferenceSession(model.SerializeToString(), harness.BACKEND) as sess:
+        for limit in (2, 4):
+            feeds["limit"] = np.array([limit], np.int64)
+            (y,) = sess.run(None, feeds)
+            np.testing.assert_array_equal(y, oracle(model, feeds)[0])
+
+
+def test_range_of_float_scalars_and_a_constant_output() -> None:
+    """Range's limits decide its length: float scalars are value inputs too (also through arithmetic); the
+    output, folded to a constant, is written by a copy."""
+    feeds = {"start": np.array(1.5, np.float32), "n": np.array(4, np.float32), "delta": np.array(0.5, np.float32)}
+    nodes = [helper.make_node("Mul", ["n", "delta"], ["span"]), helper.make_node("Add", ["start", "span"], ["limit"]),
+             helper.make_node("Range", ["start", "limit", "delta"], ["y"])]
+    model = typed(make_model(nodes, feeds, opset=13), np.float32)
+    with ctxrt.InferenceSession(model.SerializeToString(), harness.BACKEND) as sess:
+        for n in (4, 7):
+            feeds["n"] = np.array(n, np.float32)
+            (y,) = sess.run(None, feeds)
+            np.testing.assert_array_equal(y, oracle(model, feeds)[0])

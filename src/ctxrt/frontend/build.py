@@ -17,7 +17,7 @@ from onnx import helper, numpy_helper
 from ctxrt.errors import ModelError, ShapeError, UnsupportedOpError
 from ctxrt.frontend import control, values
 from ctxrt.frontend.checks import check_supported
-from ctxrt.ir.canonical import OUTPUTS_PRESENT, PARAM_INPUTS, RUNTIME_PARAMS, SLOTTED_OUTPUTS
+from ctxrt.ir.canonical import OUTPUTS_PRESENT, PARAM_INPUTS, RUNTIME_PARAMS, SHAPE_INPUTS, SLOTTED_OUTPUTS
 from ctxrt.ir.dynamic import PASS_THROUGH
 from ctxrt.ir.graph import Graph, Node, Value
 
@@ -196,6 +196,7 @@ def build_graph(st: Folder, name: str, body: bool = False) -> Graph:
             node_name += "~"
         names.add(node_name)
         node = _node(st, proto, node_name, read)
+        _bake_shape_inputs(st, node, vals)
         for out in node.outputs:
             if out and out not in vals:
                 dtype, shape = st.types.get(out, (None, None))
@@ -220,6 +221,17 @@ def build_graph(st: Folder, name: str, body: bool = False) -> Graph:
     graph = Graph(name, nodes, vals, list(st.inputs), outputs, st.scope.opset, dict(st.value_inputs))
     graph.prune_values()
     return graph
+
+
+def _bake_shape_inputs(st: Folder, node: Node, vals: dict[str, Value]) -> None:
+    """A value input read where it decides a shape (NonMaxSuppression's max_output_boxes_per_class) is read as
+    the constant it was compiled for (each run checks the input still holds that value)."""
+    for pos in SHAPE_INPUTS.get(node.op, ()):
+        src = node.inputs[pos] if pos < len(node.inputs) else ""
+        if src in st.value_inputs:
+            baked = st.scope.fresh(f"{src}/compiled")
+            vals[baked] = Value(baked, vals[src].dtype, vals[src].shape, st.value_inputs[src])
+            node.inputs[pos] = baked
 
 
 def _copy_constant_outputs(st: Folder, nodes: list[Node], vals: dict[str, Value]) -> None:

@@ -1,12 +1,13 @@
 """Value inputs and data-dependent sizes, at the ONNX level (DESIGN.md §9b).
 
-A small integer or boolean graph input (as TensorRT's shape tensors) whose value reaches a position that
-decides a shape (Reshape's shape, Slice's starts, ...: the tables of ir/canonical.py) or a branch or a trip
-count (If's condition, Loop's M and cond) is a *value input*: the compile specializes on its value. Inputs that
-decide no shape (Clip's bounds, Pad's constant value: RUNTIME_PARAMS) are read by their kernels at run time. A shape
-that comes from other data is an error; a branch from other data is decided at run time. `trace` follows
-values backwards from those positions, through every op but Shape and Size (which read only a shape), and
-into subgraphs.
+A small integer or boolean graph input (as TensorRT's shape tensors) whose value reaches a position that decides
+a shape (Reshape's shape, Slice's starts, ...: the tables of ir/canonical.py) or a branch or a trip count (If's
+condition, Loop's M and cond) is a *value input*: the compile specializes on its value. A float input is one where
+it decides a shape as a parameter: read at the position itself (Resize's scales), or a scalar (Range's limits,
+also through arithmetic); a shape computed from a float tensor is data-dependent. Inputs that decide no shape
+(Clip's bounds, Pad's constant value: RUNTIME_PARAMS) are read by their kernels at run time. A shape that comes
+from other data is an error; a branch from other data is decided at run time. `trace` follows values backwards
+from those positions, through every op but Shape and Size (which read only a shape), and into subgraphs.
 """
 
 from __future__ import annotations
@@ -78,8 +79,15 @@ def trace(nodes: Iterable[onnx.NodeProto]) -> tuple[dict[str, str], dict[str, st
     return shape, branch
 
 
-def small_int(dtype: np.dtype, shape: tuple[int, ...]) -> bool:
-    return np.dtype(dtype).kind in "biu" and int(np.prod(shape, dtype=np.int64)) <= BRANCH_VALUE_MAX
+def read_at_shape_positions(nodes: Iterable[onnx.NodeProto]) -> set[str]:
+    """The names these nodes read at a shape-deciding position itself (not through other ops)."""
+    return {node.input[pos] for node in nodes for pos in positions(node)[0]
+            if pos < len(node.input) and node.input[pos]}
+
+
+def small_value(dtype: np.dtype, shape: tuple[int, ...]) -> bool:
+    """Whether an input of this type can be a value input: a few numbers (floats too: Resize's scales)."""
+    return np.dtype(dtype).kind in "biuf" and int(np.prod(shape, dtype=np.int64)) <= BRANCH_VALUE_MAX
 
 
 def as_value(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...] | None) -> np.ndarray:
