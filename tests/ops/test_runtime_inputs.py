@@ -122,6 +122,12 @@ def test_resize_scales_still_specialize() -> None:
                              opset=13), np.float32)
     with pytest.raises(ValueInputError, match="input 'scales' is needed at compile time.*Resize"):
         ctxrt.compile(model, backend=harness.BACKEND)
+    ctx = ctxrt.compile(model, backend=harness.BACKEND, values={"scales": [1, 1, 0.6, 1.5]})  # as --value gives it
+    try:
+        feeds["scales"] = np.array([1, 1, 0.6, 1.5], np.float32)
+        same(ctx.graph().run(feeds), model, feeds)
+    finally:
+        ctx.free()
     with ctxrt.InferenceSession(model.SerializeToString(), harness.BACKEND) as sess:
         for scales in ([1, 1, 2, 2], [1, 1, 0.5, 1.5], [1, 1, 2, 2]):
             feeds["scales"] = np.array(scales, np.float32)

@@ -92,13 +92,14 @@ def small_value(dtype: np.dtype, shape: tuple[int, ...]) -> bool:
 
 def as_value(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...] | None) -> np.ndarray:
     """A value given for input `name` as an array of its dtype and shape (None: its rank-0/1 shape is the
-    value's own); it must convert exactly."""
+    value's own); it must convert exactly to an integer or boolean type, to the nearest for a float type (a
+    decimal 0.6 is float32's 0.6)."""
     raw = np.asarray(value)
     if raw.dtype.kind not in "biuf":
         raise ShapeError(f"value for input {name!r} must be numbers or booleans, got {raw.dtype}")
     with np.errstate(all="ignore"):
         arr = raw.astype(dtype)
-        exact = np.array_equal(arr.astype(raw.dtype), raw)
+        exact = np.dtype(dtype).kind == "f" or np.array_equal(arr.astype(raw.dtype), raw)
     if not exact:
         raise ShapeError(f"value for input {name!r}: {raw.reshape(-1).tolist()[:8]} does not convert exactly to "
                          f"its type {np.dtype(dtype)}")
