@@ -52,7 +52,7 @@ def non_negative_int(text: str) -> int:
 
 
 def parse_shape(text: str, option: str = "--shape") -> tuple[str, tuple[int, ...]]:
-    """NAME=DxDx...xD with every D a whole number >= 1."""
+    """NAME=DxDx...xD with every D a whole number >= 0 (0: an empty axis, as a decoder's first past)."""
     name, sep, dims = text.rpartition("=")
     try:
         if not sep or not name:
@@ -60,8 +60,8 @@ def parse_shape(text: str, option: str = "--shape") -> tuple[str, tuple[int, ...
         shape = tuple(int(d) for d in dims.lower().split("x"))
     except ValueError:
         raise UsageError(f"{option} expects NAME=DxDx...D (e.g. data=1x3x224x224), got {text!r}") from None
-    if any(d < 1 for d in shape):
-        raise UsageError(f"{option} {text}: every dimension must be >= 1")
+    if any(d < 0 for d in shape):
+        raise UsageError(f"{option} {text}: every dimension must be >= 0")
     return name, shape
 
 

@@ -51,6 +51,15 @@ def test_compile_inspect_run_a_context_binary(capsys, model, tmp_path) -> None:
     assert cli(capsys, "inspect", tmp_path / "m_ctx.onnx")[0] == 0
 
 
+def test_a_context_binary_with_an_empty_batch(capsys, model, tmp_path) -> None:
+    ctx = tmp_path / "empty.ctx"
+    assert cli(capsys, "compile", model, "-o", ctx, "--shape", "x=0x8")[0] == 0
+    (g,) = json.loads(cli(capsys, "inspect", ctx, "--json")[1])["graphs"]
+    assert g["inputs"][0]["shape"] == [0, 8]
+    code, out, _ = cli(capsys, "run", ctx, "--json")
+    assert code == 0 and json.loads(out)["outputs"] == {"y": [0]}
+
+
 def test_multi_graph_context_with_per_graph_shapes(capsys, model, tmp_path) -> None:
     out = tmp_path / "ab.ctx"
     code, _, err = cli(capsys, "compile", model, model, "-o", out, "--shape", "0:x=1x8", "--shape", "1:x=4x8",

@@ -108,6 +108,7 @@ def compile_graph(graph: Graph, backend: Backend, options: Mapping[str, Any] | N
     kernel_of: dict[int, Kernel] = {}
     placement: dict[int, str] = {}
     aliased: set[int] = set()
+    empty: set[int] = set()
 
     def home(name: str) -> str:
         """Where a value's bytes live: 'input', 'output', 'const' or 'arena'."""
@@ -135,6 +136,9 @@ def compile_graph(graph: Graph, backend: Backend, options: Mapping[str, Any] | N
             continue
         if any(isinstance(v, Graph) for v in node.attrs.values()):
             continue  # its body did not compile: reported with the rest
+        if all(graph.values[o].nbytes == 0 for o in node.outputs if o):
+            empty.add(step)  # zero-size outputs: nothing to compute, no kernel (nor a launch over no elements)
+            continue
         try:
             kernel_of[step], placement[step] = choose_kernel(graph, node, backend, options)
         except UnsupportedOpError as e:
@@ -195,7 +199,7 @@ def compile_graph(graph: Graph, backend: Backend, options: Mapping[str, Any] | N
 
     steps = []
     for step, node in enumerate(graph.nodes):
-        if step in aliased:
+        if step in aliased or step in empty:
             continue
         kernel = kernel_of[step]
         scratch = []
@@ -273,6 +277,6 @@ def _bounded(graph: Graph) -> dict[str, tuple[str, int]]:
 def _check_outputs_written(graph: Graph, steps: list[Step]) -> None:
     written = {r.key for s in steps for r in s.outputs if r.space == OUTPUT}
     for name in graph.outputs:
-        if name not in written:
+        if name not in written and (graph.values[name].nbytes or graph.values[name].is_const):
             raise UnsupportedOpError(f"graph output {name!r} is a graph input or a constant; "
                                      "ctxrt needs it to be computed")

@@ -17,7 +17,7 @@ from onnx import helper, numpy_helper
 from ctxrt.errors import ModelError, ShapeError, UnsupportedOpError
 from ctxrt.frontend import control, values
 from ctxrt.frontend.checks import check_supported
-from ctxrt.ir.canonical import OUTPUTS_PRESENT, PARAM_INPUTS, SLOTTED_OUTPUTS
+from ctxrt.ir.canonical import OUTPUTS_PRESENT, PARAM_INPUTS, RUNTIME_PARAMS, SHAPE_INPUTS, SLOTTED_OUTPUTS
 from ctxrt.ir.dynamic import PASS_THROUGH
 from ctxrt.ir.graph import Graph, Node, Value
 
@@ -55,22 +55,22 @@ def bind_inputs(proto: onnx.ModelProto, shapes: Shapes, given: Mapping[str, Any]
             if tt.HasField("shape") and len(shape) != len(dims):
                 raise ShapeError(f"input {vi.name!r} has rank {len(dims)}, --shape gives {shape}")
             for axis, (d, s) in enumerate(zip(dims, shape, strict=False)):
-                if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != s:
+                if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != s:
                     raise ShapeError(f"input {vi.name!r} axis {axis} is fixed at {d.dim_value}, --shape gives {s}")
-            if any(s <= 0 for s in shape):
-                raise ShapeError(f"input {vi.name!r}: dims must be positive, got {shape}")
+            if any(s < 0 for s in shape):
+                raise ShapeError(f"input {vi.name!r}: dims must be >= 0, got {shape}")
             check_size(f"input {vi.name!r} at --shape {'x'.join(map(str, shape))}", dt, shape)
         elif not tt.HasField("shape"):
             if vi.name not in given:
                 raise ShapeError(f"input {vi.name!r} has no shape; pass --shape {vi.name}=...")
             shape = values.as_value(vi.name, given[vi.name], dt, None).shape  # a value of unknown rank: 1-D
-        elif vi.name in given and len(dims) <= 1 and not all(d.HasField("dim_value") and d.dim_value > 0
+        elif vi.name in given and len(dims) <= 1 and not all(d.HasField("dim_value") and d.dim_value >= 0
                                                              for d in dims):
             shape = () if not dims else values.as_value(vi.name, given[vi.name], dt, None).shape
         else:
             shape = []
             for axis, d in enumerate(dims):
-                if d.HasField("dim_value") and d.dim_value > 0:
+                if d.HasField("dim_value") and d.dim_value >= 0:  # 0 is a size; -1 (some exporters): dynamic
                     shape.append(d.dim_value)
                 else:
                     shape.append(1)
@@ -196,6 +196,7 @@ def build_graph(st: Folder, name: str, body: bool = False) -> Graph:
             node_name += "~"
         names.add(node_name)
         node = _node(st, proto, node_name, read)
+        _bake_shape_inputs(st, node, vals)
         for out in node.outputs:
             if out and out not in vals:
                 dtype, shape = st.types.get(out, (None, None))
@@ -205,6 +206,8 @@ def build_graph(st: Folder, name: str, body: bool = False) -> Graph:
                 vals[out] = Value(out, dtype, shape)
         nodes.append(node)
     outputs = list(st.outputs)
+    if not body:
+        _copy_constant_outputs(st, nodes, vals)
     if body:  # a body's outputs must be written by its own steps, once each
         for k, out in enumerate(outputs):
             if out in st.inputs or out in st.consts or out in outputs[:k]:
@@ -218,6 +221,31 @@ def build_graph(st: Folder, name: str, body: bool = False) -> Graph:
     graph = Graph(name, nodes, vals, list(st.inputs), outputs, st.scope.opset, dict(st.value_inputs))
     graph.prune_values()
     return graph
+
+
+def _bake_shape_inputs(st: Folder, node: Node, vals: dict[str, Value]) -> None:
+    """A value input read where it decides a shape (NonMaxSuppression's max_output_boxes_per_class) is read as
+    the constant it was compiled for (each run checks the input still holds that value)."""
+    for pos in SHAPE_INPUTS.get(node.op, ()):
+        src = node.inputs[pos] if pos < len(node.inputs) else ""
+        if src in st.value_inputs:
+            baked = st.scope.fresh(f"{src}/compiled")
+            vals[baked] = Value(baked, vals[src].dtype, vals[src].shape, st.value_inputs[src])
+            node.inputs[pos] = baked
+
+
+def _copy_constant_outputs(st: Folder, nodes: list[Node], vals: dict[str, Value]) -> None:
+    """A graph output that folded to a constant (a Shape, a Range of value inputs) is written by a copy of that
+    constant, stored under another name (its readers read that)."""
+    for out in dict.fromkeys(st.outputs):
+        if out not in st.consts or out in st.inputs:
+            continue
+        src = st.scope.fresh(f"{out}/constant")
+        vals[src] = Value(src, vals[out].dtype, vals[out].shape, vals[out].const)
+        vals[out] = Value(out, vals[out].dtype, vals[out].shape)
+        for node in nodes:
+            node.inputs = [src if n == out else n for n in node.inputs]
+        nodes.append(Node("Identity", f"{out}/copy", [src], [out]))
 
 
 def _node(st: Folder, proto: onnx.NodeProto, name: str, read: set[str]) -> Node:
@@ -281,8 +309,11 @@ def _canonicalize(node: Node, consts: dict[str, np.ndarray]) -> None:
     outputs exist where a kernel cannot tell from the ones it is given."""
     if node.op in SLOTTED_OUTPUTS:
         node.attrs[OUTPUTS_PRESENT] = [int(bool(o)) for o in node.outputs]
+    runtime = RUNTIME_PARAMS.get(node.op, set())
     for pos, key in PARAM_INPUTS.get(node.op, {}).items():
         if pos < len(node.inputs) and node.inputs[pos]:
+            if pos in runtime and node.inputs[pos] not in consts:
+                continue  # read by the kernel at run time
             value = consts[node.inputs[pos]]
             node.attrs[key] = value.tolist() if value.ndim else value.item()
             node.inputs[pos] = ""

@@ -64,7 +64,7 @@ def declared_io(model: str | os.PathLike | bytes | onnx.ModelProto
 
     def one(vi: onnx.ValueInfoProto) -> tuple[str, np.dtype | None, list[int | str]]:
         tt = vi.type.tensor_type
-        dims: list[int | str] = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
+        dims: list[int | str] = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or "?")
                                  for d in tt.shape.dim]  # some exporters write -1 for a dynamic dim
         return vi.name, np_dtype(tt.elem_type, f"{vi.name!r}") if tt.elem_type else None, dims
 
@@ -286,9 +286,13 @@ class Folder:
         Without feeds (None), an input deciding only a branch or a trip count may stay one: control flow
         decides at run time. With feeds (a session compiling for a run), every value input is baked in."""
         shape, branch = values.trace(self.nodes)
-        free = [n for n in self.inputs if n not in self.consts and values.small_int(*self.inputs[n])]
-        wanted = {n: shape[n] for n in free if n in shape}
-        wanted.update({n: branch[n] for n in free if n in branch and n not in wanted})
+        direct = values.read_at_shape_positions(self.nodes)
+        free = [n for n in self.inputs if n not in self.consts and values.small_value(*self.inputs[n])]
+        ints = {n for n in free if self.inputs[n][0].kind != "f"}
+        # a float as a shape parameter only (Resize's scales, a Range limit): float tensors are data
+        params = {n for n in free if n in direct or int(np.prod(self.inputs[n][1], dtype=np.int64)) == 1}
+        wanted = {n: shape[n] for n in free if n in shape and (n in ints or n in params)}
+        wanted.update({n: branch[n] for n in ints if n in branch and n not in wanted})
         taken = [n for n in wanted if feeds and n in feeds]
         for n in taken:
             dt, s = self.inputs[n]

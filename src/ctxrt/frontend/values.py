@@ -1,11 +1,13 @@
 """Value inputs and data-dependent sizes, at the ONNX level (DESIGN.md §9b).
 
-A small integer or boolean graph input (as TensorRT's shape tensors) whose value reaches a position that
-decides a shape (Reshape's shape, Slice's starts, ...: the tables of ir/canonical.py) or a branch or a trip
-count (If's condition, Loop's M and cond) is a *value input*: the compile specializes on its value. A shape
-that comes from other data is an error; a branch from other data is decided at run time. `trace` follows
-values backwards from those positions, through every op but Shape and Size (which read only a shape), and
-into subgraphs.
+A small integer or boolean graph input (as TensorRT's shape tensors) whose value reaches a position that decides
+a shape (Reshape's shape, Slice's starts, ...: the tables of ir/canonical.py) or a branch or a trip count (If's
+condition, Loop's M and cond) is a *value input*: the compile specializes on its value. A float input is one where
+it decides a shape as a parameter: read at the position itself (Resize's scales), or a scalar (Range's limits,
+also through arithmetic); a shape computed from a float tensor is data-dependent. Inputs that decide no shape
+(Clip's bounds, Pad's constant value: RUNTIME_PARAMS) are read by their kernels at run time. A shape that comes
+from other data is an error; a branch from other data is decided at run time. `trace` follows values backwards
+from those positions, through every op but Shape and Size (which read only a shape), and into subgraphs.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import onnx
 
 from ctxrt.errors import ShapeError
 from ctxrt.frontend.control import attr, free_vars, subgraphs
-from ctxrt.ir.canonical import BRANCH_INPUTS, PARAM_INPUTS, SHAPE_INPUTS
+from ctxrt.ir.canonical import BRANCH_INPUTS, PARAM_INPUTS, RUNTIME_PARAMS, SHAPE_INPUTS
 
 # Value inputs are integer or boolean tensors of at most this many elements.
 BRANCH_VALUE_MAX = 64
@@ -28,7 +30,8 @@ _SHAPE_ONLY = {"Shape", "Size"}
 def positions(node: onnx.NodeProto) -> tuple[dict[int, str], set[int]]:
     """The node's inputs that decide a shape ({position: what}) and those that decide a branch."""
     op = node.op_type
-    required = {pos: f"input {key!r}" for pos, key in PARAM_INPUTS.get(op, {}).items()}
+    runtime = RUNTIME_PARAMS.get(op, set())
+    required = {pos: f"input {key!r}" for pos, key in PARAM_INPUTS.get(op, {}).items() if pos not in runtime}
     required.update({pos: f"input {pos}" for pos in SHAPE_INPUTS.get(op, ())})
     branch = set(BRANCH_INPUTS.get(op, ()))
     if op == "Loop":
@@ -76,19 +79,27 @@ def trace(nodes: Iterable[onnx.NodeProto]) -> tuple[dict[str, str], dict[str, st
     return shape, branch
 
 
-def small_int(dtype: np.dtype, shape: tuple[int, ...]) -> bool:
-    return np.dtype(dtype).kind in "biu" and int(np.prod(shape, dtype=np.int64)) <= BRANCH_VALUE_MAX
+def read_at_shape_positions(nodes: Iterable[onnx.NodeProto]) -> set[str]:
+    """The names these nodes read at a shape-deciding position itself (not through other ops)."""
+    return {node.input[pos] for node in nodes for pos in positions(node)[0]
+            if pos < len(node.input) and node.input[pos]}
+
+
+def small_value(dtype: np.dtype, shape: tuple[int, ...]) -> bool:
+    """Whether an input of this type can be a value input: a few numbers (floats too: Resize's scales)."""
+    return np.dtype(dtype).kind in "biuf" and int(np.prod(shape, dtype=np.int64)) <= BRANCH_VALUE_MAX
 
 
 def as_value(name: str, value: Any, dtype: np.dtype, shape: tuple[int, ...] | None) -> np.ndarray:
     """A value given for input `name` as an array of its dtype and shape (None: its rank-0/1 shape is the
-    value's own); it must convert exactly."""
+    value's own); it must convert exactly to an integer or boolean type, to the nearest for a float type (a
+    decimal 0.6 is float32's 0.6)."""
     raw = np.asarray(value)
     if raw.dtype.kind not in "biuf":
         raise ShapeError(f"value for input {name!r} must be numbers or booleans, got {raw.dtype}")
     with np.errstate(all="ignore"):
         arr = raw.astype(dtype)
-        exact = np.array_equal(arr.astype(raw.dtype), raw)
+        exact = np.dtype(dtype).kind == "f" or np.array_equal(arr.astype(raw.dtype), raw)
     if not exact:
         raise ShapeError(f"value for input {name!r}: {raw.reshape(-1).tolist()[:8]} does not convert exactly to "
                          f"its type {np.dtype(dtype)}")

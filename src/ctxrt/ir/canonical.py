@@ -15,10 +15,8 @@ PARAM_INPUTS: dict[str, dict[int, str]] = {
     "Squeeze": {1: "axes"},
     "Unsqueeze": {1: "axes"},
     "Split": {1: "split"},
-    "ReduceMean": {1: "axes"},
-    "ReduceSum": {1: "axes"},
-    "ReduceMax": {1: "axes"},
-    "ReduceMin": {1: "axes"},
+    **{f"Reduce{r}": {1: "axes"} for r in ("Mean", "Sum", "Max", "Min", "Prod", "L1", "L2", "LogSum", "LogSumExp",
+                                            "SumSquare")},
     "Reshape": {1: "shape"},
     "Expand": {1: "shape"},
     "Pad": {1: "pads", 2: "constant_value", 3: "axes"},
@@ -31,6 +29,11 @@ PARAM_INPUTS: dict[str, dict[int, str]] = {
     "Resize": {1: "roi", 2: "scales", 3: "sizes"},
     "Upsample": {1: "scales"},
 }
+
+# Parameter inputs that decide no shape (data, not structure): moved into attributes when they are constants,
+# otherwise left as inputs that the kernel reads at run time. Never value inputs: a Clip(x, max(x) - 80) compiles
+# once, whatever its bounds.
+RUNTIME_PARAMS: dict[str, set[int]] = {"Clip": {1, 2}, "Pad": {2}}
 
 # Ops whose outputs onnx's shape inference leaves untyped (GroupNormalization is a function without an inference
 # function; BatchNormalization-9 types Y only): shape inference sees them as Identity nodes, output k <- input j.

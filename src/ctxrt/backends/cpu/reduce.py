@@ -1,4 +1,4 @@
-"""Reductions: Softmax and LogSoftmax, ReduceX over attribute axes, ArgMax and ArgMin."""
+"""Reductions: Softmax and LogSoftmax, ReduceX over attribute axes (over no elements too), ArgMax and ArgMin."""
 
 from __future__ import annotations
 
@@ -92,8 +92,22 @@ def softmax(spec: NodeSpec) -> Kernel:
 _REDUCE: dict[str, tuple[np.ufunc, np.ufunc | None]] = {  # (reduction, element-wise map applied first)
     "ReduceSum": (np.add, None), "ReduceMean": (np.add, None), "ReduceMax": (np.maximum, None),
     "ReduceMin": (np.minimum, None), "ReduceProd": (np.multiply, None), "ReduceL1": (np.add, np.abs),
-    "ReduceL2": (np.add, np.square), "ReduceSumSquare": (np.add, np.square),
+    "ReduceL2": (np.add, np.square), "ReduceSumSquare": (np.add, np.square), "ReduceLogSum": (np.add, None),
 }
+
+
+def _empty_set(op: str, dt: np.dtype) -> Any:
+    """The reduction of no elements (ONNX 18+): the identity of the combination, log(0) = -inf for the
+    logarithms; the mean, which ONNX leaves undefined, is 0 as onnxruntime's."""
+    if op in ("ReduceMax", "ReduceMin"):
+        low = op == "ReduceMax"
+        if dt.kind == "b":
+            return not low
+        if dt.kind == "f":
+            return -np.inf if low else np.inf
+        info = np.iinfo(dt)
+        return info.min if low else info.max
+    return {"ReduceProd": 1, "ReduceLogSum": -np.inf, "ReduceLogSumExp": -np.inf}.get(op, 0)
 
 
 def _reduce_axes(spec: NodeSpec) -> tuple[int, ...]:
@@ -111,16 +125,20 @@ def _reduce_axes(spec: NodeSpec) -> tuple[int, ...]:
 
 
 def reduction(spec: NodeSpec) -> Kernel:
+    dt = np.dtype(spec.outputs[0].dtype)
+    axes = _reduce_axes(spec)
+    count = int(np.prod([spec.inputs[0].shape[a] for a in axes]))
+    if count == 0:  # over no elements: every output is the empty set's value
+        value = _empty_set(spec.op, dt)
+        fill = dt.type(value if dt.kind == "f" or np.isfinite(value) else 0)  # integers have no -inf
+        return BoundKernel(lambda ins, outs, _s: lambda: outs[0].fill(fill))
     if spec.op == "ReduceLogSumExp":
         return _log_sum_exp(spec)
     f, pre = _REDUCE[spec.op]
-    dt = np.dtype(spec.outputs[0].dtype)
-    axes = _reduce_axes(spec)
     keep = bool(spec.attr("keepdims", 1))
-    count = int(np.prod([spec.inputs[0].shape[a] for a in axes]))
     mean = spec.op == "ReduceMean" and count != 1
     scale = dt.type(1 / count) if mean and dt.kind == "f" else None
-    root = spec.op == "ReduceL2"
+    post = np.sqrt if spec.op == "ReduceL2" else np.log if spec.op == "ReduceLogSum" else None
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         x, y = ins[0], outs[0]
@@ -134,8 +152,8 @@ def reduction(spec: NodeSpec) -> Kernel:
                 np.multiply(y, scale, out=y)
             elif mean:  # integer mean: truncated like onnx.reference's astype
                 np.divide(y, count, out=y, casting="unsafe")
-            if root:
-                np.sqrt(y, out=y)
+            if post is not None:
+                post(y, out=y)
         return run
     return BoundKernel(make, (spec.inputs[0].nbytes,) if pre else ())
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ctxrt.backends.cpu import (
     activations,
+    clamp,
     control,
     convtranspose,
     dynamic,
@@ -29,8 +30,8 @@ from ctxrt.backends.cpu import (
 from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec
 
 KERNELS: dict[str, KernelFactory] = {}
-for _module in (elementwise, activations, logic, reduce, shape, norm, nn, spatial, convtranspose, resize, rnn_cells,
-                select, scatter, einsum, control, dynamic, layout_ops):
+for _module in (elementwise, clamp, activations, logic, reduce, shape, norm, nn, spatial, convtranspose, resize,
+                rnn_cells, select, scatter, einsum, control, dynamic, layout_ops):
     _dup = KERNELS.keys() & _module.KERNELS.keys()
     assert not _dup, f"ops registered twice: {_dup}"
     KERNELS.update(_module.KERNELS)

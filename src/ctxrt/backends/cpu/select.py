@@ -55,7 +55,7 @@ class TopK(Kernel):
         self.packed = dt.itemsize <= 4
         inner = int(np.prod(shape[axis + 1:]))
         strides = np.array([int(np.prod(shape[d + 1:])) for d in self.perm[:-1]], np.int64)
-        grid = np.indices(self.moved[:-1], dtype=np.int64).reshape(len(self.moved) - 1, -1)
+        grid = np.indices(self.moved[:-1], dtype=np.int64).reshape(len(self.moved) - 1, self.rows)  # (0, 1) at rank 1
         self.base = (strides @ grid if grid.size else np.zeros(self.rows, np.int64)).reshape(self.moved[:-1] + (1,))
         self.stride = inner
         m, kk = int(np.prod(self.moved)), max(k, 1)

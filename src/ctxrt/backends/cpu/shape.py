@@ -280,10 +280,12 @@ def _pad_constant(spec: NodeSpec, before: list[int], after: list[int]) -> Kernel
     def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
         x, y = ins[0][src], outs[0]
         views, inner = [y[s] for s in slabs], y[dst]
+        # constant_value computed at run time: a 0-d view of its input, read by every launch
+        fill = ins[2].reshape(()) if len(ins) > 2 and ins[2] is not None else value
 
         def run() -> None:
             for v in views:
-                v.fill(value)
+                np.copyto(v, fill)
             np.copyto(inner, x)
         return run
     return BoundKernel(make)

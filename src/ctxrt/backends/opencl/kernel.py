@@ -154,5 +154,7 @@ class ClKernel(Kernel):
         """A launch that enqueues `k` and returns its event. The global size is rounded up to whole work-groups
         (kernels bound-check their indices)."""
         gsize = tuple(-(-g // w) * w for g, w in zip(global_size, local_size, strict=True))
+        if not all(gsize):  # nothing to compute (a zero-size part); OpenCL < 2.1 refuses an empty range
+            return lambda: None
         enqueue, queue = self.backend.cl.enqueue_nd_range_kernel, self.backend.queue
         return lambda: enqueue(queue, k, gsize, local_size)

@@ -277,6 +277,8 @@ def _copy_factory(spec: NodeSpec, backend: Any) -> StridedCopy:
 
 
 def _pad_factory(spec: NodeSpec, backend: Any) -> Pad:
+    if len(spec.inputs) > 2 and spec.inputs[2] is not None:
+        raise _fail(spec, "a constant_value computed at run time")  # the NumPy kernel reads it
     return Pad(spec, backend)
 
 
