@@ -146,6 +146,8 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("serve --token", ["serve", "--token", "   "], ["--token", "empty"]),
     ("serve --token", ["serve", "--token"], ["--token"]),
     ("serve --job-timeout", ["serve", "--job-timeout", "0"], ["--job-timeout", "'0'", "> 0"]),
+    ("serve --job-memory", ["serve", "--job-memory", "-1"], ["--job-memory", "'-1'"]),
+    ("serve --job-memory", ["serve", "--job-memory", "lots"], ["--job-memory", "'lots'"]),
     ("serve --job-timeout", ["serve", "--job-timeout", "soon"], ["--job-timeout", "'soon'"]),
     ("serve --job-timeout", ["serve", "--job-timeout", "nan"], ["--job-timeout", "'nan'"]),
     # -- run -----------------------------------------------------------------------------------------
