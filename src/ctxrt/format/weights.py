@@ -1,4 +1,5 @@
-"""The weights section's layout: identical (dtype, shape, bytes) stored once, each start 64-aligned.
+"""The weights section's layout: identical (dtype, shape, bytes) stored once, each start 64-aligned; 4-bit
+weights packed two a byte (ctxrt.dtypes), and viewed so: a kernel unpacks them as it runs.
 
 The writer streams it into a file; online prepare builds the same block in memory, so a context reads
 its weights the same way wherever they live.
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ctxrt import dtypes
 from ctxrt.errors import FormatError
 from ctxrt.format import codec, layout
 
@@ -33,15 +35,15 @@ def plan_weights(weights: Mapping[str, np.ndarray]
     size = 0
     for name, value in weights.items():
         arr = np.ascontiguousarray(value)
-        if arr.dtype.kind not in codec.NUMERIC_KINDS:
+        if not codec.numeric(arr.dtype):
             raise FormatError(f"weight {name!r}: dtype {arr.dtype} is not numeric or bool")
-        raw = arr.reshape(-1).view(np.uint8)
-        key = (arr.dtype.str, arr.shape, hashlib.sha256(raw).digest())
+        raw = dtypes.stored(arr).reshape(-1).view(np.uint8)
+        key = (dtypes.name(arr.dtype), arr.shape, hashlib.sha256(raw).digest())
         if key not in seen:
             offset = layout.align(size, layout.WEIGHT_ALIGNMENT)
-            seen[key] = WeightEntry(offset, arr.nbytes, arr.dtype.str, tuple(arr.shape))
+            seen[key] = WeightEntry(offset, raw.nbytes, key[0], tuple(arr.shape))
             chunks.append((offset, raw))
-            size = offset + arr.nbytes
+            size = offset + raw.nbytes
         table[name] = seen[key]
     return table, chunks, size
 
@@ -56,6 +58,16 @@ def pack(weights: Mapping[str, np.ndarray]) -> tuple[dict[str, WeightEntry], np.
 
 
 def views(table: Mapping[str, WeightEntry], block: np.ndarray) -> dict[str, np.ndarray]:
-    """Zero-copy arrays over `block` (a uint8 array; read-only stays read-only)."""
-    return {name: block[e.offset:e.offset + e.nbytes].view(np.dtype(e.dtype)).reshape(e.shape)
-            for name, e in table.items()}
+    """Zero-copy arrays over `block` (a uint8 array; read-only stays read-only); 4-bit weights as their packed
+    bytes."""
+    return {name: view(block[e.offset:e.offset + e.nbytes], np.dtype(e.dtype), e.shape) for name, e in table.items()}
+
+
+def stored_form(e: WeightEntry) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of a weight's stored bytes: its own, or (nbytes,) uint8 for a packed 4-bit weight."""
+    return ((e.nbytes,), np.dtype(np.uint8)) if dtypes.is_4bit(e.dtype) else (e.shape, np.dtype(e.dtype))
+
+
+def view(raw: np.ndarray, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """A weight's stored bytes as kernels read them: the typed array, or for a 4-bit type the packed bytes."""
+    return raw if dtypes.is_4bit(dtype) else raw.view(dtype).reshape(shape)

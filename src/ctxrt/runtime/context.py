@@ -191,7 +191,7 @@ class Context:
             for src, dst in where.items():
                 be.copy_in(be.view(buf, dst, (chunks[src],), np.uint8), block[src:src + chunks[src]])
                 self.stats["weights_uploaded_bytes"] += chunks[src]
-        self.weights = {name: be.view(buf, where[e.offset], e.shape, e.dtype)
+        self.weights = {name: be.view(buf, where[e.offset], *wts.stored_form(e))
                         for name, e in self._table.items() if e.offset in where}
         in_block = wts.views(self._table, block)
         self.host_weights = {}
