@@ -17,9 +17,10 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from ctxrt import dtypes
 from ctxrt.errors import CtxrtWarning, ModelError, ShapeError, UnsupportedOpError, ValueInputError
 from ctxrt.format.codec import MAX_TENSOR_BYTES
-from ctxrt.frontend import control, values
+from ctxrt.frontend import contrib, control, values
 from ctxrt.frontend.checks import check_model, check_supported
 from ctxrt.ir.canonical import INFER_AS_IDENTITY
 from ctxrt.ir.dynamic import PASS_THROUGH
@@ -224,6 +225,8 @@ class Folder:
             return [np.array(shape[slice(start, end)], np.int64)]
         if not all(not n or n in self.consts for n in node.input):
             return None
+        if op == "DequantizeLinear" and _widens(node, self.consts):
+            return None  # quantized weights stay integers: dequantized as the model runs
         if op == "ConstantOfShape":
             fill = numpy_helper.to_array(attrs["value"].t) if "value" in attrs else np.zeros(1, np.float32)
             return [np.full(self.consts[node.input[0]].astype(np.int64), fill.reshape(-1)[0], fill.dtype)]
@@ -312,7 +315,9 @@ class Folder:
             key = node.output[0]
             if key in self.bodies or any(o in self.made_bounded for o in node.output):
                 continue
-            if node.op_type in ("If", "Loop"):
+            if contrib.accepted(node):
+                changed |= self._type_contrib(node)
+            elif node.op_type in ("If", "Loop"):
                 changed |= lower_control(self, node)
             elif node.op_type in values.UPPER_BOUNDS:
                 bound = values.UPPER_BOUNDS[node.op_type](node, self.shape_of, self.consts)
@@ -329,6 +334,23 @@ class Folder:
         self._propagate_bounded()
         return changed
 
+    def _type_contrib(self, node: onnx.NodeProto) -> bool:
+        """Output types of a com.microsoft node, which onnx cannot infer (frontend/contrib.py)."""
+        if all(o in self.fixed for o in node.output if o):
+            return False
+
+        def type_of(name: str) -> Type | None:
+            dt, shape = self.dtype_of(name), self.shape_of(name)
+            return None if dt is None or shape is None else (np.dtype(dt), tuple(shape))
+
+        types = contrib.output_types(node, type_of)
+        if types is None:
+            return False
+        for out, t in zip(node.output, types, strict=False):
+            if out:
+                self.fixed[out] = t
+        return True
+
     def _propagate_bounded(self) -> None:
         self.bounded = dict(self.made_bounded)
         for node in self.nodes:
@@ -337,6 +359,15 @@ class Folder:
                 attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
                 rank = len(self.fixed.get(src, self.types.get(src, (None, ())))[1] or ())
                 self.bounded[node.output[0]] = PASS_THROUGH[node.op_type](attrs, self.bounded[src], rank)
+
+
+def _widens(node: onnx.NodeProto, consts: Mapping[str, np.ndarray]) -> bool:
+    """Whether a DequantizeLinear's float output would take more bytes than its integer input: such a constant is
+    not folded (a model's int8 weights would become float copies four times their size); an int32 bias is."""
+    x, scale = consts[node.input[0]], consts[node.input[1]]
+    out = next((a.i for a in node.attribute if a.name == "output_dtype"), 0)
+    width = np.dtype(helper.tensor_dtype_to_np_dtype(out)).itemsize if out else scale.dtype.itemsize
+    return width > (0.5 if x.dtype in dtypes.FOUR_BIT else x.dtype.itemsize)
 
 
 def _bounded_axes(node: onnx.NodeProto) -> dict[int, int]:
