@@ -8,11 +8,11 @@ QLinearConv; `elementwise.py` QLinearAdd, QLinearMul, the lookup-table activatio
 
 from __future__ import annotations
 
-from ctxrt.backends.cpu.quant import conv, gemm, linear
+from ctxrt.backends.cpu.quant import conv, elementwise, gemm, linear, nbits, pool
 from ctxrt.backends.kernel import KernelFactory
 
 KERNELS: dict[str, KernelFactory] = {}
-for _module in (linear, gemm, conv):
+for _module in (linear, gemm, conv, elementwise, pool, nbits):
     _dup = KERNELS.keys() & _module.KERNELS.keys()
     assert not _dup, f"ops registered twice: {_dup}"
     KERNELS.update(_module.KERNELS)
