@@ -100,9 +100,10 @@ class Scope:
         self.notes: list[str] = []
         self.supported: set[str] = set()  # op types the backend has kernels for
 
-    def make_model(self, graph: onnx.GraphProto) -> onnx.ModelProto:
-        return helper.make_model(graph, opset_imports=list(self.model.opset_import),
-                                 ir_version=max(self.model.ir_version, 4))
+    def make_model(self, graph: onnx.GraphProto, min_opset: int = 0) -> onnx.ModelProto:
+        opsets = [helper.make_opsetid(o.domain, max(o.version, min_opset)) if o.domain in ("", "ai.onnx") else o
+                  for o in self.model.opset_import]
+        return helper.make_model(graph, opset_imports=opsets, ir_version=max(self.model.ir_version, 4))
 
 
 class Folder:
@@ -245,8 +246,11 @@ class Folder:
             [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
              for n, v in feeds.items()],
             [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output if o])
+        # onnx.reference implements QuantizeLinear / DequantizeLinear from opset 19 only: the 10 and 13 forms
+        # compute the same (19 added float8 types), so they fold as 19.
+        min_opset = 19 if op in ("QuantizeLinear", "DequantizeLinear") else 0
         try:
-            return list(ReferenceEvaluator(self.scope.make_model(graph)).run(None, feeds))
+            return list(ReferenceEvaluator(self.scope.make_model(graph, min_opset)).run(None, feeds))
         except Exception as e:
             raise ModelError(f"constant folding failed at node {node.name!r} ({op}){self._in()}: {e}") from e
 
