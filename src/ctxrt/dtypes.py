@@ -79,6 +79,11 @@ def unpack4(packed: np.ndarray, shape: tuple[int, ...], dtype: Any) -> np.ndarra
     return raw[:n].view(np.dtype(dtype)).reshape(shape).copy()
 
 
+def as_ref(weight: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """A weight as a step reads it: reshaped to the ref's shape, or a 4-bit one's packed bytes as they are."""
+    return weight if is_4bit(dtype) else weight.reshape(shape)
+
+
 def stored(value: np.ndarray | None) -> np.ndarray | None:
     """A constant in the form kernels are given it: 4-bit ones packed (`pack4`), others as they are."""
     if value is None or not is_4bit(value.dtype):

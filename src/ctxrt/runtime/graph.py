@@ -95,7 +95,7 @@ class Graph:
             if r.space == ARENA:
                 return backend.view(arena_buf, base + r.offset, r.shape, r.dtype)
             if r.space == CONST:  # a 4-bit weight stays packed: its kernel unpacks it
-                return weights[r.key] if dtypes.is_4bit(r.dtype) else weights[r.key].reshape(r.shape)
+                return dtypes.as_ref(weights[r.key], r.shape, r.dtype)
             return self._views[r.key].reshape(r.shape)
 
         self._view = view
