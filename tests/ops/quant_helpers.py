@@ -14,7 +14,8 @@ from onnx import helper, numpy_helper
 MS = "com.microsoft"
 INT4, UINT4 = np.dtype(ml_dtypes.int4), np.dtype(ml_dtypes.uint4)
 RANGES: dict[Any, tuple[int, int]] = {np.uint8: (0, 255), np.int8: (-128, 127), np.uint16: (0, 65535),
-                                      np.int16: (-32768, 32767), INT4: (-8, 7), UINT4: (0, 15)}
+                                      np.int16: (-32768, 32767), np.int32: (-(2**31), 2**31 - 1), INT4: (-8, 7),
+                                      UINT4: (0, 15)}
 
 
 def ints(dtype: Any, *shape: int, lo: int | None = None, hi: int | None = None) -> np.ndarray:
