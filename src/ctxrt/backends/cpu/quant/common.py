@@ -50,9 +50,11 @@ def require(spec: NodeSpec, i: int, allowed: set[np.dtype], what: str) -> np.dty
     return dt
 
 
-def limits(dt: np.dtype) -> tuple[float, float]:
+def limits(dt: np.dtype, compute: np.dtype = F32) -> tuple[Any, Any]:
+    """(min, max) of an integer type as scalars of the float type computed in (NumPy's clip converts Python
+    floats to new arrays at every call)."""
     lo, hi = dtypes.int_range(dt)
-    return float(lo), float(hi)
+    return compute.type(lo), compute.type(hi)
 
 
 def size(t: TensorSpec | tuple[int, ...]) -> int:
@@ -94,17 +96,24 @@ class Requant:
         np.rint(t32, out=t32)
         if zp is not None:
             np.add(t32, zp, out=t32)
-        np.clip(t32, self.lo, self.hi, out=t32)
+        saturate(t32, self.lo, self.hi)
         np.copyto(out, t32, casting="unsafe")
 
 
-def quantize_into(t: np.ndarray, zp: Any, lo: float, hi: float, out: np.ndarray) -> None:
+def quantize_into(t: np.ndarray, zp: Any, lo: Any, hi: Any, out: np.ndarray) -> None:
     """out = saturate(round_half_even(t) + zp); t (float, already divided by the scale) is overwritten."""
     np.rint(t, out=t)
     if zp is not None:
         np.add(t, zp, out=t)
-    np.clip(t, lo, hi, out=t)
+    saturate(t, lo, hi)
     np.copyto(out, t, casting="unsafe")
+
+
+def saturate(t: np.ndarray, lo: Any, hi: Any) -> None:
+    """t clipped to [lo, hi] in place (NaN stays NaN), by the ufuncs themselves: np.clip's Python wrapper
+    allocates at every call."""
+    np.maximum(t, lo, out=t)
+    np.minimum(t, hi, out=t)
 
 
 def dequantize_into(x: Any, zp: Any, scale: Any, out: np.ndarray) -> None:

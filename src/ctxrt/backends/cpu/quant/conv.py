@@ -73,12 +73,12 @@ class _IntConv:
         return yf, run
 
 
-def _center(a: np.ndarray, zp: np.ndarray | None, out: np.ndarray) -> None:
-    if zp is None:
-        np.copyto(out, a, casting="unsafe")
-    else:
-        np.subtract(a, zp, out=out, dtype=F64)
-
+def _center(x: np.ndarray, zp: np.ndarray | None, out: np.ndarray) -> None:
+    """out = x - zp in out's float type: the integers converted first (a cast inside the subtraction would be
+    buffered by NumPy's iterator, an allocation per launch), then the zero point subtracted."""
+    np.copyto(out, x, casting="unsafe")
+    if zp is not None:
+        np.subtract(out, zp, out=out)
 
 def conv_integer(spec: NodeSpec) -> Kernel:
     ic = _IntConv(spec, 0, 2, 1, 3)

@@ -42,11 +42,11 @@ def _param(ins: list[Any], spec: NodeSpec, i: int) -> np.ndarray | None:
 
 
 def _center(x: np.ndarray, zp: np.ndarray | None, out: np.ndarray) -> None:
-    if zp is None:
-        np.copyto(out, x, casting="unsafe")
-    else:
-        np.subtract(x, zp, out=out, dtype=F32)
-
+    """out = x - zp in out's float type: the integers converted first (a cast inside the subtraction would be
+    buffered by NumPy's iterator, an allocation per launch), then the zero point subtracted."""
+    np.copyto(out, x, casting="unsafe")
+    if zp is not None:
+        np.subtract(out, zp, out=out)
 
 def _binary(spec: NodeSpec, mul: bool) -> Kernel:
     """QLinearAdd: C = (A_scale (A - A_zp) + B_scale (B - B_zp)) / C_scale + C_zp;

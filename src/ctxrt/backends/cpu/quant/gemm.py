@@ -110,11 +110,11 @@ class Shapes:
 
 
 def _centered(x: np.ndarray, zp: np.ndarray | None, out: np.ndarray) -> None:
-    if zp is None:
-        np.copyto(out, x, casting="unsafe")
-    else:
-        np.subtract(x, zp, out=out, dtype=F64)
-
+    """out = x - zp in out's float type: the integers converted first (a cast inside the subtraction would be
+    buffered by NumPy's iterator, an allocation per launch), then the zero point subtracted."""
+    np.copyto(out, x, casting="unsafe")
+    if zp is not None:
+        np.subtract(out, zp, out=out)
 
 def _zero_points(spec: NodeSpec, ins: list[Any], ia: int, ib: int) -> tuple[Any, Any]:
     return (ins[ia] if given(spec, ia) else None), (ins[ib] if given(spec, ib) else None)
@@ -247,7 +247,7 @@ def _dynamic(x: np.ndarray, q: np.ndarray, params: np.ndarray) -> Callable[[], N
         zp = np.rint(min(f(255), max(f(0), f(0) - lo / scale)))
         params[0], params[1] = scale, zp
         np.divide(x, scale, out=q)
-        quantize_into(q, zp, 0.0, 255.0, q)
+        quantize_into(q, zp, f(0), f(255), q)
     return run
 
 

@@ -30,6 +30,7 @@ from ctxrt.backends.cpu.quant.common import (
     limits,
     quantize_into,
     same_shape_view,
+    saturate,
     size,
 )
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
@@ -153,12 +154,12 @@ def quantize(spec: NodeSpec) -> Kernel:
     div_dt = np.dtype(helper.tensor_dtype_to_np_dtype(precision)) if precision else None
     has_zp = given(spec, 2)
     load_zp, zp_u8 = _loader(spec, 2, pn) if has_zp else (None, 0)
-    saturate = bool(spec.attr("saturate", 1))
+    clip = not float8 or bool(spec.attr("saturate", 1))  # float8 without saturate: overflow is inf or NaN
     if float8:
-        big = float(ml_dtypes.finfo(yt).max)
+        big = ct.type(ml_dtypes.finfo(yt).max)
         lo, hi = -big, big
     else:
-        lo, hi = limits(yt)
+        lo, hi = limits(yt, ct)
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         x, y = ins[0].reshape(layout.shape), outs[0].reshape(layout.shape)
@@ -172,15 +173,15 @@ def quantize(spec: NodeSpec) -> Kernel:
         def run() -> None:
             if has_zp:
                 load_zp(ins[2], zpf, u8)
-            for xp, sp, tp, zp in parts:
+            for xp, sp, tp, _ in parts:
                 np.divide(xp, sp, out=tp, dtype=div_dt)
-                if float8:
-                    if zp is not None:
-                        np.add(tp, zp, out=tp)
-                    if saturate:
-                        np.clip(tp, lo, hi, out=tp)
-                else:
-                    quantize_into(tp, zp, lo, hi, tp)
+            if not float8:
+                np.rint(t, out=t)
+            if has_zp:
+                for _, _, tp, zp in parts:
+                    np.add(tp, zp, out=tp)
+            if clip:
+                saturate(t, lo, hi)
             np.copyto(y, t, casting="unsafe")
         return run
     return Bound(make, (n * ct.itemsize, pn * ct.itemsize, zp_u8))
@@ -244,7 +245,7 @@ def dynamic_quantize(spec: NodeSpec) -> Kernel:
             ys[...] = scale
             yz[...] = zp
             np.divide(x, scale, out=t)
-            quantize_into(t, zp, 0.0, 255.0, y)
+            quantize_into(t, zp, f(0), f(255), y)
         return run
     return Bound(make, (size(shape) * 4,))
 

@@ -13,7 +13,19 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.cpu import spatial
-from ctxrt.backends.cpu.quant.common import EIGHT_BIT, F32, F64, Bound, Requant, fail, given, limits, require, size
+from ctxrt.backends.cpu.quant.common import (
+    EIGHT_BIT,
+    F32,
+    F64,
+    Bound,
+    Requant,
+    fail,
+    given,
+    limits,
+    require,
+    saturate,
+    size,
+)
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, TensorSpec, scratch_view
 
 
@@ -100,7 +112,7 @@ def avgpool(spec: NodeSpec) -> Kernel:
             np.rint(yf, out=yf)
             if yz is not None:
                 np.add(yf, yz, out=yf)
-            np.clip(yf, lo, hi, out=yf)
+            saturate(yf, lo, hi)
             np.copyto(dst, yf, casting="unsafe")
         return run
     return Bound(make, (size(xs_shape) * 4, size(ys_shape) * 4, *inner.scratch))
