@@ -92,8 +92,8 @@ def test_int32_input_saturates() -> None:
     assert_ints(run(model, {"x": x})[0], harness.reference(model, {"x": x})[0])
 
 
-@pytest.mark.parametrize("dt", [np.float16, np.float32])
-def test_float16_and_no_zero_point(dt: object) -> None:
+@pytest.mark.parametrize("dt", [np.float16, ml_dtypes.bfloat16, np.float32], ids=["float16", "bfloat16", "float32"])
+def test_float16_bfloat16_and_no_zero_point(dt: object) -> None:
     x = harness.rand(3, 4, low=-300.0, high=300.0).astype(dt)
     nodes = [helper.make_node("QuantizeLinear", ["x", "s"], ["q"], axis=0),
              helper.make_node("DequantizeLinear", ["q", "s"], ["y"], axis=0)]
@@ -200,3 +200,19 @@ def test_dequantize_ml_dtypes_int4_input() -> None:
     model = qmodel(helper.make_node("DequantizeLinear", ["x", "s", "z"], ["y"], axis=0), {"x": x},
                    {"s": harness.rand(3, low=0.1, high=1.0), "z": np.array([-8, 0, 7], ml_dtypes.int4)})
     np.testing.assert_array_equal(run(model, {"x": x})[0], harness.reference(model, {"x": x})[0])
+
+
+@pytest.mark.parametrize("opset", [23, 25])
+def test_later_opsets_precision_and_output_dtype(opset: int) -> None:
+    """float16 x and float32 scales (separate types from 23), division in `precision`, DequantizeLinear's
+    `output_dtype`."""
+    x = harness.rand(3, 8, low=-4.0, high=4.0).astype(np.float16)
+    attrs = {"axis": 1, "block_size": 3}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], precision=TensorProto.FLOAT, **attrs),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], output_dtype=TensorProto.FLOAT16, **attrs)]
+    s, z = harness.rand(3, 3, low=0.01, high=0.1), ints(np.int16, 3, 3, lo=-9, hi=9)
+    model = qmodel(nodes, {"x": x}, {"s": s, "z": z}, opset, outputs=["q", "y"])
+    want, got = harness.reference(model, {"x": x}), run(model, {"x": x})
+    assert_ints(got[0], want[0])
+    assert got[1].dtype == np.float16
+    np.testing.assert_array_equal(got[1], want[1])
