@@ -1,6 +1,7 @@
 """Models quantized by onnxruntime's own tools, run by ctxrt: quantize_static (QDQ and QOperator, per tensor and per
-channel), quantize_dynamic and MatMulNBitsQuantizer (4-bit weights, MatMulNBits or blocked int4 DequantizeLinear),
-of a small CNN and of a transformer-style block, against onnxruntime: within one quantization step of the output.
+channel; 16-bit QDQ with com.microsoft's Quantize/DequantizeLinear), quantize_dynamic and MatMulNBitsQuantizer
+(4-bit weights, MatMulNBits or blocked int4 DequantizeLinear), of a small CNN and of a transformer-style block,
+against onnxruntime: within one quantization step of the output.
 
 The oracle is onnxruntime with its graph optimizations off, which runs the ops as the model writes them. Optimized,
 it fuses QDQ groups into its own integer kernels, whose float32 requantizations round some values the other way
@@ -104,6 +105,10 @@ def quantize(src: str, shape: tuple[int, ...], kind: str, out: Path) -> str:
         quantizer = MatMulNBitsQuantizer(onnx.load(src), bits=4, block_size=16, is_symmetric=False, quant_format=fmt)
         quantizer.process()
         quantizer.model.save_model_to_file(str(out))
+    elif kind == "QDQ16-contrib":  # 16-bit activations and weights: com.microsoft Quantize/DequantizeLinear
+        q.quantize_static(src, str(out), _Reader(shape), quant_format=q.QuantFormat.QDQ,
+                          activation_type=q.QuantType.QUInt16, weight_type=q.QuantType.QInt16,
+                          extra_options={"UseQDQContribOps": True})
     else:
         fmt, per_channel = kind.split("-")
         q.quantize_static(src, str(out), _Reader(shape), quant_format=getattr(q.QuantFormat, fmt),
@@ -131,7 +136,8 @@ def _ort(path: str, feeds: dict[str, np.ndarray], optimize: bool) -> np.ndarray:
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
 
 
-KINDS = ["QDQ-tensor", "QDQ-channel", "QOperator-tensor", "QOperator-channel", "dynamic", "nbits", "nbits-qdq"]
+KINDS = ["QDQ-tensor", "QDQ-channel", "QOperator-tensor", "QOperator-channel", "QDQ16-contrib", "dynamic", "nbits",
+         "nbits-qdq"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -170,3 +170,16 @@ def test_qlinear_conv(case: str, types: tuple[object, object, object], per_chann
     assert_ints(got, ort_outputs(model, {"x": x}, [ty])[0], name="onnxruntime")
     if len(xs) == 4 and not domain:  # onnx.reference: 2-D only; it scales in float64 (ties may round apart)
         assert_ints(got, harness.reference(model, {"x": x})[0], within=1, rare=0.02, name="reference")
+
+
+def test_qlinear_conv_channels_last_is_refused() -> None:
+    import ctxrt
+    from ctxrt.errors import UnsupportedOpError
+
+    x = ints(np.uint8, 1, 5, 5, 3)
+    inits = {"xs": np.float32(0.02), "xz": np.uint8(0), "w": ints(np.int8, 4, 3, 3, 3), "ws": np.float32(0.01),
+             "wz": np.int8(0), "ys": np.float32(0.1), "yz": np.uint8(0)}
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"], domain=MS,
+                            channels_last=1)
+    with pytest.raises(UnsupportedOpError, match="channels_last=1"):
+        ctxrt.compile(qmodel(node, {"x": x}, inits), backend=harness.BACKEND)

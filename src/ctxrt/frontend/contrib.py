@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ctxrt.errors import ShapeError
+from ctxrt.errors import ShapeError, UnsupportedOpError
 
 DOMAIN = "com.microsoft"
 OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu",
@@ -94,7 +94,7 @@ def _pool(n: onnx.NodeProto, t: Callable[[int], Type | None], a: dict[str, Any])
 
 def _conv(n: onnx.NodeProto, t: Callable[[int], Type | None], a: dict[str, Any]) -> list[Type]:
     if a.pop("channels_last", 0):
-        raise ShapeError(f"QLinearConv node {n.name!r}: channels_last=1 is not supported")
+        raise UnsupportedOpError(f"QLinearConv node {n.name!r}: channels_last=1 is not supported")
     shapes = [t(k)[1] if t(k) else None for k in range(len(n.input))]
     dts = [t(k)[0] if t(k) else _F32 for k in range(len(n.input))]
     return [(t(7)[0], _stand_in("QLinearConv", shapes, a, dts))]
@@ -136,7 +136,7 @@ def output_types(node: onnx.NodeProto, type_of: Callable[[str], Type | None]) ->
         return None
     try:
         return _RULES[node.op_type](node, t, _attrs(node))
-    except ShapeError:
+    except (ShapeError, UnsupportedOpError):
         raise
     except Exception as e:
         raise ShapeError(f"{DOMAIN}.{node.op_type} node {node.name or node.output[0]!r}: cannot infer its output "
