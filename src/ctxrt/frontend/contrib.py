@@ -3,18 +3,20 @@
 Only these ops are accepted from that domain (any other domain, or another op of it, is an unsupported operator).
 onnx's shape inference does not know them, so their output types are decided here once their inputs are typed
 (`output_types`), from the same rules onnxruntime's schemas give: shapes come from the default-domain op each one
-quantizes (a pooling, a convolution, a Gemm), inferred by onnx on a one-node stand-in.
+quantizes (a pooling, a convolution, a Gemm), inferred by onnx on a one-node stand-in. `widens` is the rule
+that keeps quantized weights from being folded into float copies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper
 
+from ctxrt import dtypes
 from ctxrt.errors import ShapeError, UnsupportedOpError
 
 DOMAIN = "com.microsoft"
@@ -127,12 +129,16 @@ _RULES: dict[str, Callable[..., list[Type]]] = {
 }
 
 
-def output_types(node: onnx.NodeProto, type_of: Callable[[str], Type | None]) -> list[Type] | None:
-    """The node's output (dtype, shape)s, or None while an input it needs is not typed yet."""
+def output_types(node: onnx.NodeProto, type_of: Callable[[str], tuple[Any, Any]]) -> list[Type] | None:
+    """The node's output (dtype, shape)s, or None while an input it needs is not typed yet (`type_of(name)`
+    gives (dtype, shape), either None when unknown)."""
     def t(k: int) -> Type | None:
-        return type_of(node.input[k]) if k < len(node.input) and node.input[k] else None
+        if k >= len(node.input) or not node.input[k]:
+            return None
+        dt, shape = type_of(node.input[k])
+        return None if dt is None or shape is None else (np.dtype(dt), tuple(shape))
 
-    if any(name and type_of(name) is None for name in node.input):
+    if any(t(k) is None for k, name in enumerate(node.input) if name):
         return None
     try:
         return _RULES[node.op_type](node, t, _attrs(node))
@@ -141,3 +147,12 @@ def output_types(node: onnx.NodeProto, type_of: Callable[[str], Type | None]) ->
     except Exception as e:
         raise ShapeError(f"{DOMAIN}.{node.op_type} node {node.name or node.output[0]!r}: cannot infer its output "
                          f"shape: {e}") from e
+
+
+def widens(node: onnx.NodeProto, consts: Mapping[str, np.ndarray]) -> bool:
+    """Whether a DequantizeLinear's float output would take more bytes than its integer input: such a constant is
+    not folded (a model's int8 weights would become float copies four times their size); an int32 bias is."""
+    x, scale = consts[node.input[0]], consts[node.input[1]]
+    out = next((a.i for a in node.attribute if a.name == "output_dtype"), 0)
+    width = np.dtype(helper.tensor_dtype_to_np_dtype(out)).itemsize if out else scale.dtype.itemsize
+    return width > (0.5 if x.dtype in dtypes.FOUR_BIT else x.dtype.itemsize)

@@ -17,7 +17,6 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from ctxrt import dtypes
 from ctxrt.errors import CtxrtWarning, ModelError, ShapeError, UnsupportedOpError, ValueInputError
 from ctxrt.format.codec import MAX_TENSOR_BYTES
 from ctxrt.frontend import contrib, control, values
@@ -226,7 +225,7 @@ class Folder:
             return [np.array(shape[slice(start, end)], np.int64)]
         if not all(not n or n in self.consts for n in node.input):
             return None
-        if op == "DequantizeLinear" and _widens(node, self.consts):
+        if op == "DequantizeLinear" and contrib.widens(node, self.consts):
             return None  # quantized weights stay integers: dequantized as the model runs
         if op == "ConstantOfShape":
             fill = numpy_helper.to_array(attrs["value"].t) if "value" in attrs else np.zeros(1, np.float32)
@@ -342,18 +341,9 @@ class Folder:
         """Output types of a com.microsoft node, which onnx cannot infer (frontend/contrib.py)."""
         if all(o in self.fixed for o in node.output if o):
             return False
-
-        def type_of(name: str) -> Type | None:
-            dt, shape = self.dtype_of(name), self.shape_of(name)
-            return None if dt is None or shape is None else (np.dtype(dt), tuple(shape))
-
-        types = contrib.output_types(node, type_of)
-        if types is None:
-            return False
-        for out, t in zip(node.output, types, strict=False):
-            if out:
-                self.fixed[out] = t
-        return True
+        types = contrib.output_types(node, lambda n: (self.dtype_of(n), self.shape_of(n)))
+        self.fixed.update({out: t for out, t in zip(node.output, types or [], strict=False) if out})
+        return types is not None
 
     def _propagate_bounded(self) -> None:
         self.bounded = dict(self.made_bounded)
@@ -363,15 +353,6 @@ class Folder:
                 attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
                 rank = len(self.fixed.get(src, self.types.get(src, (None, ())))[1] or ())
                 self.bounded[node.output[0]] = PASS_THROUGH[node.op_type](attrs, self.bounded[src], rank)
-
-
-def _widens(node: onnx.NodeProto, consts: Mapping[str, np.ndarray]) -> bool:
-    """Whether a DequantizeLinear's float output would take more bytes than its integer input: such a constant is
-    not folded (a model's int8 weights would become float copies four times their size); an int32 bias is."""
-    x, scale = consts[node.input[0]], consts[node.input[1]]
-    out = next((a.i for a in node.attribute if a.name == "output_dtype"), 0)
-    width = np.dtype(helper.tensor_dtype_to_np_dtype(out)).itemsize if out else scale.dtype.itemsize
-    return width > (0.5 if x.dtype in dtypes.FOUR_BIT else x.dtype.itemsize)
 
 
 def _bounded_axes(node: onnx.NodeProto) -> dict[int, int]:
