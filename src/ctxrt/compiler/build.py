@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ctxrt import progress
+from ctxrt import dtypes, progress
 from ctxrt.backends import Backend, select_kernel
 from ctxrt.backends.kernel import Kernel, NodeSpec, TensorSpec
 from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, Body, CompiledGraph, Interval, Ref, Step, TensorInfo
@@ -38,7 +38,7 @@ def node_spec(graph: Graph, node: Node, options: Mapping[str, Any] | None = None
         node.op, node.name, node.attrs,
         [TensorSpec(v.shape, np.dtype(v.dtype)) if v else None for v in ins],
         [TensorSpec(graph.values[o].shape, np.dtype(graph.values[o].dtype)) for o in node.outputs if o],
-        [v.const if v else None for v in ins],
+        [dtypes.stored(v.const) if v else None for v in ins],  # 4-bit constants packed, as stored
         graph.opset, dict(options or {}))
 
 
@@ -195,7 +195,7 @@ def compile_graph(graph: Graph, backend: Backend, options: Mapping[str, Any] | N
         root = store.find(name)
         space = home(name)
         offset = plan.allocations[root].offset if space == ARENA else 0
-        return Ref(space, root, offset, tuple(v.shape), np.dtype(v.dtype).str)
+        return Ref(space, root, offset, tuple(v.shape), dtypes.name(v.dtype))
 
     steps = []
     for step, node in enumerate(graph.nodes):
@@ -216,8 +216,8 @@ def compile_graph(graph: Graph, backend: Backend, options: Mapping[str, Any] | N
         programs.update(dict.fromkeys(kernel.programs))
     return CompiledGraph(
         graph.name, graph.opset,
-        [TensorInfo(n, graph.values[n].shape, np.dtype(graph.values[n].dtype).str) for n in graph.inputs],
-        [TensorInfo(n, graph.values[n].shape, np.dtype(graph.values[n].dtype).str) for n in graph.outputs],
+        [TensorInfo(n, graph.values[n].shape, dtypes.name(graph.values[n].dtype)) for n in graph.inputs],
+        [TensorInfo(n, graph.values[n].shape, dtypes.name(graph.values[n].dtype)) for n in graph.outputs],
         steps, plan.size, plan.lower_bound, alignment, plan.strategy,
         [Interval(a.key, a.offset, a.size, a.first, a.last) for a in plan.allocations.values()],
         const_names, {n: v for n, v in graph.value_inputs.items() if n in inputs},

@@ -15,6 +15,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from ctxrt import dtypes
 from ctxrt.errors import FormatError
 from ctxrt.format.layout import MAX_ALIGNMENT
 
@@ -33,10 +34,10 @@ def _default(obj: Any) -> msgpack.ExtType:
     # Only numpy values reach here: plain Python values are packed natively.
     if isinstance(obj, np.ndarray):
         arr = np.ascontiguousarray(obj)
-        body = [arr.dtype.str, list(arr.shape), arr.tobytes()]
+        body = [dtypes.name(arr.dtype), list(arr.shape), arr.tobytes()]
         return msgpack.ExtType(EXT_NDARRAY, msgpack.packb(body, use_bin_type=True))
     if isinstance(obj, np.generic):
-        return msgpack.ExtType(EXT_SCALAR, msgpack.packb([obj.dtype.str, obj.tobytes()], use_bin_type=True))
+        return msgpack.ExtType(EXT_SCALAR, msgpack.packb([dtypes.name(obj.dtype), obj.tobytes()], use_bin_type=True))
     raise TypeError(f"cannot store a value of type {type(obj).__name__}")
 
 
@@ -62,7 +63,7 @@ def check_attr(value: Any, where: str, depth: int = 0) -> None:
                 raise FormatError(f"{where}: dict keys must be str, got {type(k).__name__}")
             check_attr(v, f"{where}[{k!r}]", depth + 1)
     elif isinstance(value, np.ndarray | np.generic):
-        if value.dtype.kind not in NUMERIC_KINDS:
+        if not numeric(value.dtype):
             raise FormatError(f"{where}: numpy dtype {value.dtype} is not numeric or bool")
     else:
         raise FormatError(f"{where}: cannot store a value of type {type(value).__name__}")
@@ -151,8 +152,16 @@ def field(m: dict[str, Any], key: str, where: str) -> Any:
     return m[key]
 
 
+def numeric(dt: np.dtype) -> bool:
+    """NumPy's bool and number dtypes, and the extended ones of ctxrt.dtypes (int4, float8, ...)."""
+    return (dt.kind in NUMERIC_KINDS and dt.fields is None and dt.subdtype is None) or dt in dtypes.EXTENDED.values()
+
+
 def as_dtype(v: Any, where: str) -> np.dtype:
     s = as_str(v, where)
+    extended = dtypes.from_name(s)
+    if extended is not None:
+        return extended
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -160,7 +169,7 @@ def as_dtype(v: Any, where: str) -> np.dtype:
     except Exception:
         dt = None
     if dt is None or dt.kind not in NUMERIC_KINDS or dt.fields is not None or dt.subdtype is not None:
-        raise _fail(where, "a numeric or bool numpy dtype string", v)
+        raise _fail(where, "a numeric or bool numpy dtype string (or an extended dtype's name)", v)
     return dt
 
 
@@ -188,3 +197,8 @@ def nbytes(shape: tuple[int, ...], dt: np.dtype) -> int:
     for d in shape:  # Python ints: no silent int64 overflow on hostile shapes
         n *= d
     return n
+
+
+def stored_nbytes(shape: tuple[int, ...], dt: np.dtype) -> int:
+    """Bytes of a weight in the weights section: 4-bit types packed two a byte, others as in memory."""
+    return dtypes.packed_nbytes(nbytes(shape, dt)) if dtypes.is_4bit(dt) else nbytes(shape, dt)

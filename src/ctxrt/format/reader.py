@@ -17,6 +17,7 @@ import numpy as np
 from ctxrt.compiler.program import CompiledGraph
 from ctxrt.errors import FormatError
 from ctxrt.format import codec, layout, schema
+from ctxrt.format import weights as wts
 from ctxrt.format.weights import ExternalWeight
 
 Source = str | os.PathLike[str] | bytes | bytearray | memoryview
@@ -141,7 +142,7 @@ class ContextFile:
             out = {}
             for name, entry in self.metadata["weights"].items():
                 offset, size, dt, shape = schema.weight_entry(entry, f"META weights[{name!r}]", block.nbytes)
-                out[name] = block[offset:offset + size].view(dt).reshape(shape)
+                out[name] = wts.view(block[offset:offset + size], dt, shape)
             self._weights = out
         return dict(self._weights)
 

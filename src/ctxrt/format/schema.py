@@ -29,6 +29,7 @@ from ctxrt.format.codec import (
     field,
     from_ext,
     nbytes,
+    stored_nbytes,
 )
 from ctxrt.format.layout import EXTERNAL_VERSION, FORMAT_VERSION, WEIGHT_ALIGNMENT
 from ctxrt.format.tuning import check_tuning, params
@@ -92,8 +93,8 @@ def weight_entry(value: Any, where: str, weights_size: int) -> tuple[int, int, n
     size = as_int(size, f"{where} nbytes")
     dt = as_dtype(dtype, f"{where} dtype")
     shape = as_shape(shape, f"{where} shape", dt)
-    if size != nbytes(shape, dt):
-        raise FormatError(f"{where}: nbytes {size} is not that of {list(shape)} {dt} ({nbytes(shape, dt)})")
+    if size != stored_nbytes(shape, dt):
+        raise FormatError(f"{where}: nbytes {size} is not that of {list(shape)} {dt} ({stored_nbytes(shape, dt)})")
     if offset % WEIGHT_ALIGNMENT:
         raise FormatError(f"{where}: offset {offset} is not aligned to {WEIGHT_ALIGNMENT}")
     if offset + size > weights_size:
@@ -362,9 +363,9 @@ def _ref(value: Any, places: _Places, where: str) -> Ref:
         if key not in table:
             raise FormatError(f"{where}: {space} {key!r} does not exist")
         limit, place = table[key], f"{space} {key!r}"
-    if offset + nbytes(shape, dt) > limit:
-        raise FormatError(f"{where}: offset {offset} + {nbytes(shape, dt)} bytes exceeds {place} "
-                          f"({limit} bytes)")
+    need = stored_nbytes(shape, dt) if space == CONST else nbytes(shape, dt)  # weights: 4-bit ones packed
+    if offset + need > limit:
+        raise FormatError(f"{where}: offset {offset} + {need} bytes exceeds {place} ({limit} bytes)")
     return Ref(space, key, offset, shape, dtype)
 
 

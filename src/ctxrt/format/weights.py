@@ -1,4 +1,5 @@
-"""The weights section's layout: identical (dtype, shape, bytes) stored once, each start 64-aligned.
+"""The weights section's layout: identical (dtype, shape, bytes) stored once, each start 64-aligned; 4-bit
+weights packed two a byte (ctxrt.dtypes), and viewed so: a kernel unpacks them as it runs.
 
 The writer streams it into a file; online prepare builds the same block in memory, so a context reads
 its weights the same way wherever they live. A context may also read weights kept outside its file
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ctxrt import dtypes
+from ctxrt import dtypes
 from ctxrt.errors import FormatError
 from ctxrt.format import codec, layout
 
@@ -51,11 +54,12 @@ def content_key(raw: np.ndarray | memoryview | bytes) -> str:
 
 
 def raw_bytes(value: np.ndarray, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """(the array, C-contiguous; its bytes as a flat uint8 view); a FormatError for a non-numeric dtype."""
+    """(the array, C-contiguous; its stored bytes as a flat uint8 array: 4-bit values packed two a byte); a
+    FormatError for a non-numeric dtype."""
     arr = np.ascontiguousarray(value)
-    if arr.dtype.kind not in codec.NUMERIC_KINDS:
+    if not codec.numeric(arr.dtype):
         raise FormatError(f"weight {name!r}: dtype {arr.dtype} is not numeric or bool")
-    return arr, arr.reshape(-1).view(np.uint8)
+    return arr, dtypes.stored(arr).reshape(-1).view(np.uint8)
 
 
 def plan_weights(weights: Mapping[str, np.ndarray]
@@ -67,12 +71,12 @@ def plan_weights(weights: Mapping[str, np.ndarray]
     size = 0
     for name, value in weights.items():
         arr, raw = raw_bytes(value, name)
-        key = (arr.dtype.str, arr.shape, hashlib.sha256(raw).digest())
+        key = (dtypes.name(arr.dtype), arr.shape, hashlib.sha256(raw).digest())
         if key not in seen:
             offset = layout.align(size, layout.WEIGHT_ALIGNMENT)
-            seen[key] = WeightEntry(offset, arr.nbytes, arr.dtype.str, tuple(arr.shape))
+            seen[key] = WeightEntry(offset, raw.nbytes, key[0], tuple(arr.shape))
             chunks.append((offset, raw))
-            size = offset + arr.nbytes
+            size = offset + raw.nbytes
         table[name] = seen[key]
     return table, chunks, size
 
@@ -87,6 +91,17 @@ def pack(weights: Mapping[str, np.ndarray]) -> tuple[dict[str, WeightEntry], np.
 
 
 def views(table: Mapping[str, WeightEntry], segments: list[np.ndarray]) -> dict[str, np.ndarray]:
-    """Zero-copy arrays over the segments (uint8 arrays; read-only stays read-only)."""
-    return {name: segments[e.segment][e.offset:e.offset + e.nbytes].view(np.dtype(e.dtype)).reshape(e.shape)
+    """Zero-copy arrays over the segments (uint8 arrays; read-only stays read-only); 4-bit weights as their packed
+    bytes."""
+    return {name: view(segments[e.segment][e.offset:e.offset + e.nbytes], np.dtype(e.dtype), e.shape)
             for name, e in table.items()}
+
+
+def stored_form(e: WeightEntry) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of a weight's stored bytes: its own, or (nbytes,) uint8 for a packed 4-bit weight."""
+    return ((e.nbytes,), np.dtype(np.uint8)) if dtypes.is_4bit(e.dtype) else (e.shape, np.dtype(e.dtype))
+
+
+def view(raw: np.ndarray, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """A weight's stored bytes as kernels read them: the typed array, or for a 4-bit type the packed bytes."""
+    return raw if dtypes.is_4bit(dtype) else raw.view(dtype).reshape(shape)

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import onnx
 
 from ctxrt.errors import ModelError, UnsupportedOpError
+from ctxrt.frontend import contrib
 from ctxrt.frontend.control import all_nodes
 
 
@@ -50,10 +51,13 @@ def _deprecated(op: str, opset: int) -> bool:
 
 
 def check_supported(nodes: Iterable[onnx.NodeProto], supported: set[str], extra: set[str]) -> None:
+    """Every op the backend lacks, listed at once. Ops of the default domain, and the com.microsoft ops ctxrt
+    implements (frontend/contrib.py); every other domain is unsupported."""
     bad: dict[str, list[str]] = {}
     for node in nodes:
         key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-        if node.domain not in ("", "ai.onnx") or node.op_type not in supported | extra:
+        known = node.domain in ("", "ai.onnx") or contrib.accepted(node)
+        if not known or node.op_type not in supported | extra:
             bad.setdefault(key, []).append(node.name or "<unnamed>")
     if bad:
         listing = "; ".join(f"{op} ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"

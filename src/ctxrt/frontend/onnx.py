@@ -19,7 +19,7 @@ from onnx.reference import ReferenceEvaluator
 
 from ctxrt.errors import CtxrtWarning, ModelError, ShapeError, UnsupportedOpError, ValueInputError
 from ctxrt.format.codec import MAX_TENSOR_BYTES
-from ctxrt.frontend import control, values
+from ctxrt.frontend import contrib, control, values
 from ctxrt.frontend.checks import check_model, check_supported
 from ctxrt.ir.canonical import INFER_AS_IDENTITY
 from ctxrt.ir.dynamic import PASS_THROUGH
@@ -99,9 +99,10 @@ class Scope:
         self.notes: list[str] = []
         self.supported: set[str] = set()  # op types the backend has kernels for
 
-    def make_model(self, graph: onnx.GraphProto) -> onnx.ModelProto:
-        return helper.make_model(graph, opset_imports=list(self.model.opset_import),
-                                 ir_version=max(self.model.ir_version, 4))
+    def make_model(self, graph: onnx.GraphProto, min_opset: int = 0) -> onnx.ModelProto:
+        opsets = [helper.make_opsetid(o.domain, max(o.version, min_opset)) if o.domain in ("", "ai.onnx") else o
+                  for o in self.model.opset_import]
+        return helper.make_model(graph, opset_imports=opsets, ir_version=max(self.model.ir_version, 4))
 
 
 class Folder:
@@ -224,6 +225,8 @@ class Folder:
             return [np.array(shape[slice(start, end)], np.int64)]
         if not all(not n or n in self.consts for n in node.input):
             return None
+        if op == "DequantizeLinear" and contrib.widens(node, self.consts):
+            return None  # quantized weights stay integers: dequantized as the model runs
         if op == "ConstantOfShape":
             fill = numpy_helper.to_array(attrs["value"].t) if "value" in attrs else np.zeros(1, np.float32)
             return [np.full(self.consts[node.input[0]].astype(np.int64), fill.reshape(-1)[0], fill.dtype)]
@@ -242,8 +245,11 @@ class Folder:
             [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
              for n, v in feeds.items()],
             [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output if o])
+        # onnx.reference implements QuantizeLinear / DequantizeLinear from opset 19 only: the 10 and 13 forms
+        # compute the same (19 added float8 types), so they fold as 19.
+        min_opset = 19 if op in ("QuantizeLinear", "DequantizeLinear") else 0
         try:
-            return list(ReferenceEvaluator(self.scope.make_model(graph)).run(None, feeds))
+            return list(ReferenceEvaluator(self.scope.make_model(graph, min_opset)).run(None, feeds))
         except Exception as e:
             raise ModelError(f"constant folding failed at node {node.name!r} ({op}){self._in()}: {e}") from e
 
@@ -316,7 +322,9 @@ class Folder:
             key = node.output[0]
             if key in self.bodies or any(o in self.made_bounded for o in node.output):
                 continue
-            if node.op_type in ("If", "Loop"):
+            if contrib.accepted(node):
+                changed |= self._type_contrib(node)
+            elif node.op_type in ("If", "Loop"):
                 changed |= lower_control(self, node)
             elif node.op_type in values.UPPER_BOUNDS:
                 bound = values.UPPER_BOUNDS[node.op_type](node, self.shape_of, self.consts)
@@ -332,6 +340,14 @@ class Folder:
                 changed = True
         self._propagate_bounded()
         return changed
+
+    def _type_contrib(self, node: onnx.NodeProto) -> bool:
+        """Output types of a com.microsoft node, which onnx cannot infer (frontend/contrib.py)."""
+        if all(o in self.fixed for o in node.output if o):
+            return False
+        types = contrib.output_types(node, lambda n: (self.dtype_of(n), self.shape_of(n)))
+        self.fixed.update({out: t for out, t in zip(node.output, types or [], strict=False) if out})
+        return types is not None
 
     def _propagate_bounded(self) -> None:
         self.bounded = dict(self.made_bounded)

@@ -217,7 +217,7 @@ class Context:
                     be.copy_in(be.view(buf, dst, (n,), np.uint8), segs[s][o:o + n])
                     self.stats["weights_uploaded_bytes"] += n
                     where[(s, o)] = (buf, dst)
-        self.weights = {name: be.view(*where[(e.segment, e.offset)], e.shape, e.dtype)
+        self.weights = {name: be.view(*where[(e.segment, e.offset)], *wts.stored_form(e))
                         for name, e in self._table.items() if (e.segment, e.offset) in where}
         self.host_weights = {}
         for name, host in wts.views(self._table, segs).items():

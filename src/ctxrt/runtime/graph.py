@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ctxrt import dtypes
 from ctxrt.backends import select_kernel
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, TensorSpec
 from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Ref, TensorInfo
@@ -97,8 +98,8 @@ class Graph:
         def view(r: Ref) -> Any:
             if r.space == ARENA:
                 return backend.view(arena_buf, base + r.offset, r.shape, r.dtype)
-            if r.space == CONST:
-                return weights[r.key].reshape(r.shape)
+            if r.space == CONST:  # a 4-bit weight stays packed: its kernel unpacks it
+                return dtypes.as_ref(weights[r.key], r.shape, r.dtype)
             return self._views[r.key].reshape(r.shape)
 
         self._view = view

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ctxrt import dtypes
 from ctxrt.backends.kernel import Kernel, Launch
 from ctxrt.compiler.program import CONST, OUTPUT, Ref, Step
 from ctxrt.planner import arena as planner
@@ -127,7 +128,7 @@ class HostSteps:
         def host(r: Ref) -> tuple[np.ndarray, Any]:
             """(host array, device tensor to copy through, or None when the host array is the memory itself)"""
             if r.space == CONST:
-                return ctx.host_weights[r.key].reshape(r.shape), None
+                return dtypes.as_ref(ctx.host_weights[r.key], r.shape, r.dtype), None
             dev = view(r)
             direct = be.host_view(dev)
             if direct is not None:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ctxrt import dtypes
 from ctxrt.backends import Backend
 from ctxrt.errors import FormatError
 from ctxrt.format import layout
@@ -69,7 +70,7 @@ class WeightStore:
                     index[key] = len(segments)
                     segments.append(self._take(key, lambda raw=raw: _aligned_copy(raw)))
                     keys.append(key)
-                table[name] = WeightEntry(0, arr.nbytes, arr.dtype.str, tuple(arr.shape), index[key])
+                table[name] = WeightEntry(0, int(raw.nbytes), dtypes.name(arr.dtype), tuple(arr.shape), index[key])
         except BaseException:
             self.release(keys)
             raise
@@ -154,7 +155,7 @@ class WeightStore:
                 inside[name] = arr
                 continue
             key = content_key(raw)
-            w = outside[name] = ExternalWeight(key, int(raw.nbytes), arr.dtype.str, tuple(arr.shape),
+            w = outside[name] = ExternalWeight(key, int(raw.nbytes), dtypes.name(arr.dtype), tuple(arr.shape),
                                                layout.crc32(raw))
             with self._lock:
                 held = key in self._entries

@@ -19,6 +19,7 @@ from ctxrt.backends.cpu import (
     nn,
     norm,
     onednn,
+    quant,
     reduce,
     resize,
     rnn_cells,
@@ -31,7 +32,7 @@ from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec
 
 KERNELS: dict[str, KernelFactory] = {}
 for _module in (elementwise, clamp, activations, logic, reduce, shape, norm, nn, spatial, convtranspose, resize,
-                rnn_cells, select, scatter, einsum, control, dynamic, layout_ops):
+                rnn_cells, select, scatter, einsum, control, dynamic, layout_ops, quant):
     _dup = KERNELS.keys() & _module.KERNELS.keys()
     assert not _dup, f"ops registered twice: {_dup}"
     KERNELS.update(_module.KERNELS)

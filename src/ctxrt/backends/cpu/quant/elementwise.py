@@ -1,0 +1,208 @@
+"""onnxruntime's quantized element-wise ops (com.microsoft): QLinearAdd, QLinearMul, QLinearSigmoid,
+QLinearLeakyRelu, QLinearConcat, and QLinearSoftmax.
+
+Each dequantizes in float32, computes, and quantizes back (round half to even, saturate), with the operation
+order onnxruntime's reference loops use; its vectorized loops may round a value exactly half-way the other way,
+so results agree with onnxruntime's to within one step. All parameters are per tensor. Temporaries are planned
+scratch (in blocks of `CHUNK` values for the unary ops).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ctxrt.backends.cpu import reduce
+from ctxrt.backends.cpu.elementwise import CHUNK
+from ctxrt.backends.cpu.quant.common import (
+    EIGHT_BIT,
+    F32,
+    Bound,
+    fail,
+    given,
+    limits,
+    quantize_into,
+    require,
+    same_shape_view,
+    size,
+)
+from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, TensorSpec, scratch_view
+
+
+def _scalars(spec: NodeSpec, positions: tuple[int, ...]) -> None:
+    for i in positions:
+        if given(spec, i) and size(spec.inputs[i]) != 1:
+            raise fail(spec, f"input {i} (a scale or zero point) must be a scalar (per tensor)")
+
+
+def _param(ins: list[Any], spec: NodeSpec, i: int) -> np.ndarray | None:
+    return ins[i].reshape(()) if given(spec, i) else None
+
+
+def _center(x: np.ndarray, zp: np.ndarray | None, out: np.ndarray) -> None:
+    """out = x - zp in out's float type: the integers converted first (a cast inside the subtraction would be
+    buffered by NumPy's iterator, an allocation per launch), then the zero point subtracted."""
+    np.copyto(out, x, casting="unsafe")
+    if zp is not None:
+        np.subtract(out, zp, out=out)
+
+def _binary(spec: NodeSpec, mul: bool) -> Kernel:
+    """QLinearAdd: C = (A_scale (A - A_zp) + B_scale (B - B_zp)) / C_scale + C_zp;
+    QLinearMul: C = (A - A_zp)(B - B_zp) A_scale B_scale / C_scale + C_zp (broadcasting A against B)."""
+    yt = require(spec, 0, EIGHT_BIT, "A")
+    require(spec, 3, {yt}, "B")
+    _scalars(spec, (1, 2, 4, 5, 6, 7))
+    shape = tuple(spec.outputs[0].shape)
+    lo, hi = limits(yt)
+
+    def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        a, b, y = ins[0], ins[3], outs[0]
+        sa, za, sb, zb = _param(ins, spec, 1), _param(ins, spec, 2), _param(ins, spec, 4), _param(ins, spec, 5)
+        sc, zc = _param(ins, spec, 6), _param(ins, spec, 7)
+        ta, tb = scratch_view(scratch[0], shape, F32), scratch_view(scratch[1], shape, F32)
+        m = scratch_view(scratch[2], (), F32)
+
+        def run() -> None:
+            _center(a, za, ta)
+            _center(b, zb, tb)
+            if mul:
+                np.multiply(ta, tb, out=ta)
+                np.multiply(sa, sb, out=m)
+                np.divide(m, sc, out=m)
+                np.multiply(ta, m, out=ta)
+            else:
+                np.multiply(ta, sa, out=ta)
+                np.multiply(tb, sb, out=tb)
+                np.add(ta, tb, out=ta)
+                np.divide(ta, sc, out=ta)
+            quantize_into(ta, zc, lo, hi, y)
+        return run
+    return Bound(make, (size(shape) * 4, size(shape) * 4, 4))
+
+
+def qlinear_add(spec: NodeSpec) -> Kernel:
+    return _binary(spec, mul=False)
+
+
+def qlinear_mul(spec: NodeSpec) -> Kernel:
+    return _binary(spec, mul=True)
+
+
+def _unary(spec: NodeSpec, f: Callable[[np.ndarray, np.ndarray], None], temps: int) -> Kernel:
+    """y = quantize(f(dequantize(x))) over blocks of CHUNK values; `f(t, u)` works in place on t (u: a second
+    temporary when `temps` is 2)."""
+    yt = require(spec, 0, EIGHT_BIT, "X")
+    _scalars(spec, (1, 2, 3, 4))
+    n = size(spec.inputs[0])
+    chunk = max(1, min(n, CHUNK))
+    lo, hi = limits(yt)
+
+    def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        x, y = ins[0].reshape(-1), outs[0].reshape(-1)
+        xs, xz, ys, yz = (_param(ins, spec, i) for i in range(1, 5))
+        t, u = (scratch_view(scratch[k], (chunk,), F32) for k in (0, temps - 1))
+        blocks = [(x[a:a + chunk], y[a:a + chunk], t[:min(chunk, n - a)], u[:min(chunk, n - a)])
+                  for a in range(0, n, chunk)]
+
+        def run() -> None:
+            with np.errstate(over="ignore"):
+                for xb, yb, tb, ub in blocks:
+                    _center(xb, xz, tb)
+                    np.multiply(tb, xs, out=tb)
+                    f(tb, ub)
+                    np.divide(tb, ys, out=tb)
+                    quantize_into(tb, yz, lo, hi, yb)
+        return run
+    return Bound(make, (chunk * 4,) * temps)
+
+
+def _sigmoid(t: np.ndarray, _u: np.ndarray) -> None:
+    np.negative(t, out=t)
+    np.exp(t, out=t)  # exp(-x) = inf for x << 0 gives the right limit, 0
+    np.add(t, 1, out=t)
+    np.reciprocal(t, out=t)
+
+
+def qlinear_sigmoid(spec: NodeSpec) -> Kernel:
+    return _unary(spec, _sigmoid, 1)
+
+
+def qlinear_leaky_relu(spec: NodeSpec) -> Kernel:
+    alpha = np.float32(spec.attr("alpha", 0.01))
+    pick = np.maximum if alpha <= 1 else np.minimum  # max(x, ax) for a <= 1, min(x, ax) for a > 1
+
+    def f(t: np.ndarray, u: np.ndarray) -> None:
+        np.multiply(t, alpha, out=u)
+        pick(t, u, out=t)
+    return _unary(spec, f, 2)
+
+
+def qlinear_concat(spec: NodeSpec) -> Kernel:
+    """Y = concat(quantize(dequantize(X_i))) along `axis`; inputs Y_scale, Y_zp, then (X_i, scale_i, zp_i)."""
+    yt = np.dtype(spec.outputs[0].dtype)
+    if yt not in EIGHT_BIT or (len(spec.inputs) - 2) % 3:
+        raise fail(spec, f"output type {yt} with {len(spec.inputs)} inputs is not supported")
+    out = tuple(spec.outputs[0].shape)
+    axis = int(spec.attr("axis")) % len(out)
+    _scalars(spec, tuple(i for i in range(len(spec.inputs)) if i < 2 or (i - 2) % 3))
+    parts = list(range(2, len(spec.inputs), 3))
+    for i in parts:
+        require(spec, i, {yt}, f"input {i}")
+    pre, post = size(out[:axis]), size(out[axis + 1:])
+    biggest = max(size(spec.inputs[i]) for i in parts)
+    lo, hi = limits(yt)
+
+    def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        y3 = same_shape_view(outs[0], (pre, out[axis], post))
+        ys, yz = _param(ins, spec, 0), _param(ins, spec, 1)
+        plan, off = [], 0
+        for i in parts:
+            n = spec.inputs[i].shape[axis]
+            t = scratch_view(scratch[0], (pre, n, post), F32)
+            plan.append((ins[i].reshape(pre, n, post), _param(ins, spec, i + 1), _param(ins, spec, i + 2), t,
+                         y3[:, off:off + n]))
+            off += n
+
+        def run() -> None:
+            for x, s, z, t, yv in plan:
+                _center(x, z, t)
+                np.multiply(t, s, out=t)  # dequantized, then divided by the output's scale (onnxruntime's order)
+                np.divide(t, ys, out=t)
+                quantize_into(t, yz, lo, hi, yv)
+        return run
+    return Bound(make, (biggest * 4,))
+
+
+def qlinear_softmax(spec: NodeSpec) -> Kernel:
+    """Softmax of the dequantized input (the `opset` attribute picks Softmax-1's coerced 2-D or Softmax-13's
+    single axis), quantized back. onnxruntime multiplies by floor(1 / y_scale): the same for its usual scale
+    1/256; and it does not saturate int8 outputs at 128 (softmax 1.0 with zero point -128 wraps to -128)."""
+    yt = require(spec, 0, EIGHT_BIT, "X")
+    _scalars(spec, (1, 2, 3, 4))
+    shape = tuple(spec.inputs[0].shape)
+    attrs = {} if spec.attr("axis") is None else {"axis": int(spec.attr("axis"))}
+    opset = int(spec.attr("opset", 13))
+    f32 = TensorSpec(shape, F32)
+    inner = reduce.softmax(NodeSpec("Softmax", spec.name, attrs, [f32], [f32], [None], opset))
+    lo, hi = limits(yt)
+
+    def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        x, y = ins[0], outs[0]
+        xs, xz, ys, yz = (_param(ins, spec, i) for i in range(1, 5))
+        t = scratch_view(scratch[0], shape, F32)
+        softmax = inner.bind([t], [t], scratch[1:])  # in place
+
+        def run() -> None:
+            _center(x, xz, t)
+            np.multiply(t, xs, out=t)
+            softmax()
+            np.divide(t, ys, out=t)
+            quantize_into(t, yz, lo, hi, y)
+        return run
+    return Bound(make, (size(shape) * 4, *inner.scratch))
+
+
+KERNELS = {"QLinearAdd": qlinear_add, "QLinearMul": qlinear_mul, "QLinearSigmoid": qlinear_sigmoid,
+           "QLinearLeakyRelu": qlinear_leaky_relu, "QLinearConcat": qlinear_concat, "QLinearSoftmax": qlinear_softmax}

@@ -1,0 +1,114 @@
+"""MatMulNBits (com.microsoft): Y = A W^T (+ bias), W [N, K] quantized to 2, 4 or 8 bits in blocks along K.
+
+B stays packed as stored, [N, k_blocks, blob_size] uint8 (block_size values a blob, element j of a block in bits
+(j % per_byte) * bits of byte j // per_byte, low bits first). The kernel dequantizes one tile of output features
+at a time into float32 scratch ((q - zero_point) * scale per block; K need not fill the last block) and multiplies
+it there: no float copy of the whole weight matrix exists, at load or at run time. Zero points are packed uint8
+[N, ceil(k_blocks bits / 8)], or unpacked floats [N, k_blocks] (A's type), or absent (2^(bits-1)).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ctxrt.backends.cpu.quant.common import F32, Bound, dtype_of, fail, given, size
+from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
+
+_TILE_BYTES = 1 << 20  # float32 bytes of one dequantized tile of W
+
+
+def _unpack(src: np.ndarray, bits: int, out: np.ndarray, u8: np.ndarray) -> None:
+    """out[..., j] = value j of the packed bytes src[..., j // per] (out's last axis per times src's)."""
+    per, mask = 8 // bits, (1 << bits) - 1
+    for j in range(per):
+        np.right_shift(src, j * bits, out=u8)
+        if bits < 8:
+            np.bitwise_and(u8, mask, out=u8)
+        np.copyto(out[..., j::per], u8, casting="unsafe")
+
+
+def matmul_nbits(spec: NodeSpec) -> Kernel:
+    k, n = int(spec.attr("K")), int(spec.attr("N"))
+    bits, block = int(spec.attr("bits", 4)), int(spec.attr("block_size"))
+    if bits not in (2, 4, 8):
+        raise fail(spec, f"bits={bits} is not supported (2, 4 or 8)")
+    if block < 16 or block & (block - 1):
+        raise fail(spec, f"block_size={block} must be a power of two of at least 16")
+    if given(spec, 4) and size(spec.inputs[4]):
+        raise fail(spec, "g_idx (act-order) is not supported")
+    if spec.attr("weight_prepacked", 0):
+        raise fail(spec, "weight_prepacked B is not supported")
+    at = dtype_of(spec, 0)
+    if at not in (F32, np.dtype(np.float16)):
+        raise fail(spec, f"A of type {at} is not supported")
+    kb, blob = -(-k // block), block * bits // 8
+    if tuple(spec.inputs[1].shape) != (n, kb, blob) or dtype_of(spec, 1) != np.uint8:
+        raise fail(spec, f"B of shape {list(spec.inputs[1].shape)}: expected uint8 {[n, kb, blob]}")
+    zp_mode = "default"
+    if given(spec, 3):
+        zp_mode = "packed" if dtype_of(spec, 3) == np.uint8 else "float"
+        want = (n, -(-kb * bits // 8)) if zp_mode == "packed" else (n, kb)
+        if size(spec.inputs[3]) != want[0] * want[1]:
+            raise fail(spec, f"zero_points of shape {list(spec.inputs[3].shape)}: expected {list(want)}")
+    a_shape = tuple(spec.inputs[0].shape)
+    m = size(a_shape[:-1])
+    tile = max(1, min(n, _TILE_BYTES // (4 * kb * block)))
+    tiles = [(n0, min(n, n0 + tile)) for n0 in range(0, n, tile)]
+    has_bias = given(spec, 5)
+    convert = at != F32  # float16 A and Y go through float32 scratch
+    zbytes = -(-kb * bits // 8)
+
+    def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        a = ins[0].reshape(m, k)
+        y = outs[0].reshape(m, n)
+        b = ins[1].reshape(n, kb, blob)
+        scales = ins[2].reshape(n, kb)
+        w = scratch_view(scratch[0], (tile, kb, block), F32)
+        u8 = scratch_view(scratch[1], (tile, kb, blob), np.uint8)
+        zf = scratch_view(scratch[2], (tile, kb), F32)
+        zu8 = scratch_view(scratch[3], (tile, zbytes), np.uint8)
+        zun = scratch_view(scratch[4], (tile, zbytes * (8 // bits)), F32)
+        c = scratch_view(scratch[5], (m, tile), F32)
+        a32 = scratch_view(scratch[6], (m, k), F32) if convert else a
+        y32 = scratch_view(scratch[7], (m, n), F32) if convert else y
+        zp = ins[3].reshape(n, -1) if zp_mode != "default" else None
+        bias = ins[5].reshape(1, n) if has_bias else None
+        plan = []
+        for n0, n1 in tiles:
+            t = n1 - n0
+            plan.append((b[n0:n1], scales[n0:n1, :, None], None if zp is None else zp[n0:n1], w[:t], u8[:t],
+                         zf[:t], zu8[:t], zun[:t], w[:t].reshape(t, kb * block)[:, :k].T, c[:, :t],
+                         y32[:, n0:n1], None if bias is None else bias[:, n0:n1]))
+        default = float(1 << (bits - 1))
+
+        def run() -> None:
+            if convert:
+                np.copyto(a32, a, casting="unsafe")
+            for bt, st, zt, wt, ut, zft, zut, zunt, wmat, ct, yt, bt_bias in plan:
+                _unpack(bt, bits, wt, ut)
+                if zp_mode == "default":
+                    np.subtract(wt, default, out=wt)
+                else:
+                    if zp_mode == "packed":
+                        _unpack(zt, bits, zunt, zut)
+                        np.copyto(zft, zunt[:, :kb])
+                    else:
+                        np.copyto(zft, zt, casting="unsafe")
+                    np.subtract(wt, zft[:, :, None], out=wt)
+                np.multiply(wt, st, out=wt)
+                np.matmul(a32, wmat, out=ct)
+                if bt_bias is not None:
+                    np.add(ct, bt_bias, out=ct)
+                np.copyto(yt, ct, casting="unsafe")
+            if convert:
+                np.copyto(y, y32, casting="unsafe")
+        return run
+
+    scratch = (tile * kb * block * 4, tile * kb * blob, tile * kb * 4, tile * zbytes, tile * zbytes * (8 // bits) * 4,
+               m * tile * 4, m * k * 4 if convert else 0, m * n * 4 if convert else 0)
+    return Bound(make, scratch, f"dequantize_tiles_{bits}bit")
+
+
+KERNELS = {"MatMulNBits": matmul_nbits}

@@ -1,0 +1,185 @@
+"""Integer matrix products and convolutions: MatMulInteger, QLinearMatMul, QGemm, MatMulIntegerToFloat,
+DynamicQuantizeMatMul, ConvInteger, QLinearConv, exact (int32 accumulation) against onnx.reference and onnxruntime.
+
+onnxruntime's u8 x s8 kernels on AVX2 without VNNI sum pairs of products in saturating int16 (its documented
+"saturation issue"): against it, activations stay in [0, 127] or weights in [-64, 63], where it is exact too.
+"""
+
+from __future__ import annotations
+
+import harness
+import numpy as np
+import pytest
+from onnx import helper
+from quant_helpers import MS, assert_ints, ints, ort_outputs, qmodel, run
+
+
+def _zp(dt: object, *shape: int) -> np.ndarray:
+    return ints(dt, *shape, lo=-5 if np.dtype(dt).kind == "i" else 100, hi=5 if np.dtype(dt).kind == "i" else 140)
+
+
+MATMUL_SHAPES = {"2d": ((5, 33), (33, 7)), "batched": ((2, 3, 4, 20), (20, 6)),
+                 "both batched": ((2, 1, 4, 9), (3, 9, 5)), "vector a": ((17,), (17, 4)), "vector b": ((3, 17), (17,))}
+
+
+@pytest.mark.parametrize("shapes", MATMUL_SHAPES)
+@pytest.mark.parametrize("types", [(np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8)],
+                         ids=["u8s8", "u8u8", "s8s8"])
+def test_matmul_integer(shapes: str, types: tuple[object, object]) -> None:
+    (sa, sb), (ta, tb) = MATMUL_SHAPES[shapes], types
+    a, b = ints(ta, *sa), ints(tb, *sb)
+    node = helper.make_node("MatMulInteger", ["a", "b", "az", "bz"], ["y"])
+    bz = _zp(tb, sb[-1]) if len(sb) == 2 else _zp(tb)
+    model = qmodel(node, {"a": a, "b": b}, {"az": _zp(ta), "bz": bz}, opset=10)
+    assert_ints(run(model, {"a": a, "b": b})[0], harness.reference(model, {"a": a, "b": b})[0])
+
+
+def test_matmul_integer_per_row_a_zero_point_and_onnxruntime() -> None:
+    a, b = ints(np.uint8, 2, 4, 24), ints(np.int8, 24, 6)
+    model = qmodel(helper.make_node("MatMulInteger", ["a", "b", "az", "bz"], ["y"]), {"a": a},
+                   {"b": b, "az": _zp(np.uint8, 2, 4, 1), "bz": _zp(np.int8, 6)}, opset=10)
+    assert_ints(run(model, {"a": a})[0], harness.reference(model, {"a": a})[0])
+    a = ints(np.uint8, 2, 4, 24, hi=127)
+    model = qmodel(helper.make_node("MatMulInteger", ["a", "b", "az", "bz"], ["y"]), {"a": a},
+                   {"b": b, "az": np.uint8(64), "bz": _zp(np.int8, 6)}, opset=10)
+    assert_ints(run(model, {"a": a})[0], ort_outputs(model, {"a": a}, [np.int32])[0])
+
+
+def _qlinear_matmul_inputs(ta: object, tb: object, ty: object, per_col: bool) -> dict[str, np.ndarray]:
+    n = 7
+    return {"as": np.float32(0.02), "az": _zp(ta), "bs": harness.rand(n if per_col else 1, low=0.002, high=0.01),
+            "bz": np.zeros(n if per_col else 1, tb), "ys": np.float32(0.07), "yz": _zp(ty)}
+
+
+@pytest.mark.parametrize("opset", [10, 21])
+@pytest.mark.parametrize("types", [(np.uint8, np.int8, np.uint8), (np.int8, np.int8, np.int8),
+                                   (np.uint8, np.uint8, np.uint8)], ids=["u8s8u8", "s8s8s8", "u8u8u8"])
+@pytest.mark.parametrize("per_col", [False, True])
+def test_qlinear_matmul(opset: int, types: tuple[object, object, object], per_col: bool) -> None:
+    ta, tb, ty = types
+    a, b = ints(ta, 2, 5, 40, hi=127), ints(tb, 40, 7)
+    inits = {**_qlinear_matmul_inputs(ta, tb, ty, per_col), "b": b}
+    node = helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"])
+    model = qmodel(node, {"a": a}, inits, opset)
+    got = run(model, {"a": a})[0]
+    assert_ints(got, ort_outputs(model, {"a": a}, [ty])[0], name="onnxruntime")
+    if opset == 21:  # the reference scales in float64, onnxruntime (and ctxrt) in float32: a tie may differ
+        assert_ints(got, harness.reference(model, {"a": a})[0], within=1, rare=0.02, name="reference")
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+@pytest.mark.parametrize("trans", [(0, 0), (1, 1), (0, 1)])
+@pytest.mark.parametrize("c_shape", [None, (7,), (6, 1), (6, 7), ()])
+def test_qgemm(quantized: bool, trans: tuple[int, int], c_shape: tuple[int, ...] | None) -> None:
+    ta, tb = trans
+    a = ints(np.uint8, *((33, 6) if ta else (6, 33)), hi=127)
+    b = ints(np.int8, *((7, 33) if tb else (33, 7)))
+    inits = {"as": np.float32(0.02), "az": np.uint8(120), "b": b, "bs": harness.rand(7, low=0.002, high=0.01),
+             "bz": np.zeros(7, np.int8)}
+    names = ["a", "as", "az", "b", "bs", "bz", "c" if c_shape is not None else ""]
+    if c_shape is not None:
+        inits["c"] = ints(np.int32, *c_shape, lo=-3000, hi=3000) if c_shape else np.int32(77)
+    if quantized:
+        inits.update(ys=np.float32(0.05), yz=np.uint8(100))
+        names += ["ys", "yz"]
+    node = helper.make_node("QGemm", names, ["y"], domain=MS, transA=ta, transB=tb, alpha=0.75)
+    model = qmodel(node, {"a": a}, inits)
+    got, want = run(model, {"a": a})[0], ort_outputs(model, {"a": a}, [np.uint8 if quantized else np.float32])[0]
+    if quantized:
+        assert_ints(got, want)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("per_col", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matmul_integer_to_float(per_col: bool, bias: bool) -> None:
+    a, b = ints(np.uint8, 3, 4, 30, hi=127), ints(np.int8, 30, 5)
+    n = 5 if per_col else 1
+    inits = {"b": b, "as": np.float32(0.03), "bs": harness.rand(n, low=0.01, high=0.02), "az": np.uint8(60),
+             "bz": ints(np.int8, n, lo=-3, hi=3), "bias": harness.rand(5)}
+    node = helper.make_node("MatMulIntegerToFloat", ["a", "b", "as", "bs", "az", "bz", "bias" if bias else ""], ["y"],
+                            domain=MS)
+    model = qmodel(node, {"a": a}, inits)
+    np.testing.assert_array_equal(run(model, {"a": a})[0], ort_outputs(model, {"a": a}, [np.float32])[0])
+
+
+@pytest.mark.parametrize("bt", [np.int8, np.uint8])
+@pytest.mark.parametrize("x_kind", ["random", "positive", "zeros"])
+def test_dynamic_quantize_matmul(bt: object, x_kind: str) -> None:
+    a = {"random": harness.rand(2, 6, 24, low=-2.0, high=3.0), "positive": harness.rand(6, 24, low=0.1, high=1.0),
+         "zeros": np.zeros((6, 24), np.float32)}[x_kind]
+    b = ints(bt, 24, 9, lo=-64 if bt == np.int8 else 0, hi=63 if bt == np.int8 else 255)
+    inits = {"b": b, "bs": harness.rand(9, low=0.01, high=0.02), "bz": ints(bt, 9, lo=0, hi=3),
+             "bias": harness.rand(9)}
+    node = helper.make_node("DynamicQuantizeMatMul", ["a", "b", "bs", "bz", "bias"], ["y"], domain=MS)
+    model = qmodel(node, {"a": a}, inits)
+    np.testing.assert_allclose(run(model, {"a": a})[0], ort_outputs(model, {"a": a}, [np.float32])[0],
+                               rtol=1e-6, atol=1e-6)
+
+
+CONV_CASES = {
+    "2d pads stride": ((2, 4, 9, 8), (6, 4, 3, 3), dict(pads=[1, 1, 1, 1], strides=[2, 1])),
+    "2d groups same": ((1, 4, 7, 7), (6, 2, 3, 3), dict(group=2, auto_pad="SAME_UPPER", strides=[2, 2])),
+    "2d depthwise dilated": ((1, 5, 9, 9), (5, 1, 3, 3), dict(group=5, dilations=[2, 2], pads=[2, 2, 2, 2])),
+    "2d 1x1": ((1, 8, 5, 5), (4, 8, 1, 1), {}),
+    "1d": ((2, 3, 13), (4, 3, 3), dict(pads=[2, 0], dilations=[2])),
+    "3d": ((1, 3, 4, 5, 6), (4, 3, 3, 3, 3), dict(pads=[1, 0, 1, 0, 1, 1])),
+}
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+@pytest.mark.parametrize("types", [(np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8)],
+                         ids=["u8s8", "u8u8", "s8s8"])
+def test_conv_integer(case: str, types: tuple[object, object]) -> None:
+    (xs, ws, attrs), (tx, tw) = CONV_CASES[case], types
+    x, w = ints(tx, *xs, hi=127), ints(tw, *ws)
+    wz = _zp(tw)
+    model = qmodel(helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"], **attrs), {"x": x},
+                   {"w": w, "xz": _zp(tx), "wz": wz}, opset=10)
+    got = run(model, {"x": x})[0]
+    assert_ints(got, ort_outputs(model, {"x": x}, [np.int32])[0], name="onnxruntime")
+    if len(xs) == 4:
+        assert_ints(got, harness.reference(model, {"x": x})[0], name="reference")
+
+
+def test_conv_integer_per_channel_weight_zero_point() -> None:
+    """Per-output-channel w_zero_point (onnxruntime refuses it; onnx.reference has it in 2-D)."""
+    x, w = ints(np.uint8, 1, 3, 6, 7), ints(np.int8, 5, 3, 3, 3)
+    model = qmodel(helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"], pads=[1, 1, 1, 1]), {"x": x},
+                   {"w": w, "xz": np.uint8(131), "wz": _zp(np.int8, 5)}, opset=10)
+    assert_ints(run(model, {"x": x})[0], harness.reference(model, {"x": x})[0])
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+@pytest.mark.parametrize("types", [(np.uint8, np.int8, np.uint8), (np.int8, np.int8, np.int8),
+                                   (np.uint8, np.uint8, np.uint8)], ids=["u8s8u8", "s8s8s8", "u8u8u8"])
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("domain", ["", MS])
+def test_qlinear_conv(case: str, types: tuple[object, object, object], per_channel: bool, domain: str) -> None:
+    (xs, ws, attrs), (tx, tw, ty) = CONV_CASES[case], types
+    x, w = ints(tx, *xs, hi=127), ints(tw, *ws)
+    m = ws[0]
+    inits = {"xs": np.float32(0.02), "xz": _zp(tx), "w": w, "ys": np.float32(0.1), "yz": _zp(ty),
+             "ws": harness.rand(m, low=0.002, high=0.01) if per_channel else np.float32(0.005),
+             "wz": np.zeros(m, tw) if per_channel else np.array(0, tw), "b": ints(np.int32, m, lo=-3000, hi=3000)}
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"], domain=domain,
+                            **attrs)
+    model = qmodel(node, {"x": x}, inits, opset=10)
+    got = run(model, {"x": x})[0]
+    assert_ints(got, ort_outputs(model, {"x": x}, [ty])[0], name="onnxruntime")
+    if len(xs) == 4 and not domain:  # onnx.reference: 2-D only; it scales in float64 (ties may round apart)
+        assert_ints(got, harness.reference(model, {"x": x})[0], within=1, rare=0.02, name="reference")
+
+
+def test_qlinear_conv_channels_last_is_refused() -> None:
+    import ctxrt
+    from ctxrt.errors import UnsupportedOpError
+
+    x = ints(np.uint8, 1, 5, 5, 3)
+    inits = {"xs": np.float32(0.02), "xz": np.uint8(0), "w": ints(np.int8, 4, 3, 3, 3), "ws": np.float32(0.01),
+             "wz": np.int8(0), "ys": np.float32(0.1), "yz": np.uint8(0)}
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"], domain=MS,
+                            channels_last=1)
+    with pytest.raises(UnsupportedOpError, match="channels_last=1"):
+        ctxrt.compile(qmodel(node, {"x": x}, inits), backend=harness.BACKEND)
