@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from ctxrt import dtypes
-from ctxrt import dtypes
 from ctxrt.errors import FormatError
 from ctxrt.format import codec, layout
 
