@@ -57,8 +57,8 @@ def bind_inputs(proto: onnx.ModelProto, shapes: Shapes, given: Mapping[str, Any]
             for axis, (d, s) in enumerate(zip(dims, shape, strict=False)):
                 if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != s:
                     raise ShapeError(f"input {vi.name!r} axis {axis} is fixed at {d.dim_value}, --shape gives {s}")
-            if any(s <= 0 for s in shape):
-                raise ShapeError(f"input {vi.name!r}: dims must be positive, got {shape}")
+            if any(s < 0 for s in shape):  # 0 is allowed: an empty past key/value cache
+                raise ShapeError(f"input {vi.name!r}: dims must not be negative, got {shape}")
             check_size(f"input {vi.name!r} at --shape {'x'.join(map(str, shape))}", dt, shape)
         elif not tt.HasField("shape"):
             if vi.name not in given:
