@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 
 from ctxrt.errors import ModelError, ShapeError, UnsupportedOpError
 from ctxrt.frontend import control, values
-from ctxrt.frontend.checks import check_supported
+from ctxrt.frontend.checks import check_supported, op_key
 from ctxrt.ir.canonical import OUTPUTS_PRESENT, PARAM_INPUTS, SLOTTED_OUTPUTS
 from ctxrt.ir.dynamic import PASS_THROUGH
 from ctxrt.ir.graph import Graph, Node, Value
@@ -25,7 +25,9 @@ if TYPE_CHECKING:
     from ctxrt.frontend.onnx import Folder, Shapes, Type
 
 # Ops whose outputs after the first are optional extras (safe to drop when nobody reads them).
-_OPTIONAL_OUTPUTS = {"Dropout", "MaxPool", "BatchNormalization", "LayerNormalization", "LSTM", "GRU", "RNN"}
+_OPTIONAL_OUTPUTS = {"Dropout", "MaxPool", "BatchNormalization", "LayerNormalization", "LSTM", "GRU", "RNN",
+                     "SimplifiedLayerNormalization", "com.microsoft.SkipLayerNormalization",
+                     "com.microsoft.SkipSimplifiedLayerNormalization"}
 _I64, _BOOL = np.dtype(np.int64), np.dtype(bool)
 
 
@@ -221,7 +223,7 @@ def build_graph(st: Folder, name: str, body: bool = False) -> Graph:
 
 
 def _node(st: Folder, proto: onnx.NodeProto, name: str, read: set[str]) -> Node:
-    op = proto.op_type
+    op = op_key(proto)
     if op in ("If", "Loop"):
         return _control_node(st, proto, name)
     outputs = list(proto.output)
