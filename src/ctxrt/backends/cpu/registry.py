@@ -13,6 +13,7 @@ from ctxrt.backends.cpu import (
     dynamic,
     einsum,
     elementwise,
+    genai,
     layout_ops,
     logic,
     nn,
@@ -30,7 +31,7 @@ from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec
 
 KERNELS: dict[str, KernelFactory] = {}
 for _module in (elementwise, activations, logic, reduce, shape, norm, nn, spatial, convtranspose, resize, rnn_cells,
-                select, scatter, einsum, control, dynamic, layout_ops):
+                select, scatter, einsum, control, dynamic, layout_ops, genai):
     _dup = KERNELS.keys() & _module.KERNELS.keys()
     assert not _dup, f"ops registered twice: {_dup}"
     KERNELS.update(_module.KERNELS)
