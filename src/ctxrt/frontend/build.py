@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 
 from ctxrt.errors import ModelError, ShapeError, UnsupportedOpError
 from ctxrt.frontend import control, values
-from ctxrt.frontend.checks import check_supported
+from ctxrt.frontend.checks import check_supported, op_key
 from ctxrt.ir.canonical import OUTPUTS_PRESENT, PARAM_INPUTS, RUNTIME_PARAMS, SHAPE_INPUTS, SLOTTED_OUTPUTS
 from ctxrt.ir.dynamic import PASS_THROUGH
 from ctxrt.ir.graph import Graph, Node, Value
@@ -25,7 +25,9 @@ if TYPE_CHECKING:
     from ctxrt.frontend.onnx import Folder, Shapes, Type
 
 # Ops whose outputs after the first are optional extras (safe to drop when nobody reads them).
-_OPTIONAL_OUTPUTS = {"Dropout", "MaxPool", "BatchNormalization", "LayerNormalization", "LSTM", "GRU", "RNN"}
+_OPTIONAL_OUTPUTS = {"Dropout", "MaxPool", "BatchNormalization", "LayerNormalization", "LSTM", "GRU", "RNN",
+                     "SimplifiedLayerNormalization", "com.microsoft.SkipLayerNormalization",
+                     "com.microsoft.SkipSimplifiedLayerNormalization"}
 _I64, _BOOL = np.dtype(np.int64), np.dtype(bool)
 
 
@@ -57,7 +59,7 @@ def bind_inputs(proto: onnx.ModelProto, shapes: Shapes, given: Mapping[str, Any]
             for axis, (d, s) in enumerate(zip(dims, shape, strict=False)):
                 if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != s:
                     raise ShapeError(f"input {vi.name!r} axis {axis} is fixed at {d.dim_value}, --shape gives {s}")
-            if any(s < 0 for s in shape):
+            if any(s < 0 for s in shape):  # 0 is allowed: an empty past key/value cache
                 raise ShapeError(f"input {vi.name!r}: dims must be >= 0, got {shape}")
             check_size(f"input {vi.name!r} at --shape {'x'.join(map(str, shape))}", dt, shape)
         elif not tt.HasField("shape"):
@@ -249,7 +251,7 @@ def _copy_constant_outputs(st: Folder, nodes: list[Node], vals: dict[str, Value]
 
 
 def _node(st: Folder, proto: onnx.NodeProto, name: str, read: set[str]) -> Node:
-    op = proto.op_type
+    op = op_key(proto)
     if op in ("If", "Loop"):
         return _control_node(st, proto, name)
     outputs = list(proto.output)

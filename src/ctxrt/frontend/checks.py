@@ -11,18 +11,20 @@ from ctxrt.frontend import contrib
 from ctxrt.frontend.control import all_nodes
 
 
-def check_model(proto: onnx.ModelProto) -> None:
+def check_model(proto: onnx.ModelProto, unchecked: Iterable[str] = ()) -> None:
     """onnx.checker's verdict (e.g. an attribute the model's opset does not have) as a ModelError.
 
     The checker runs on a copy whose initializers are empty stubs (it serializes what it checks: a 500 MB
     model took 6 s). Like onnxruntime, graph inputs and outputs declared without an element type or a shape
-    are accepted (the checker wants both on the main graph)."""
+    are accepted (the checker wants both on the main graph). `unchecked`: default-domain ops onnx does not define
+    but onnxruntime does (SimplifiedLayerNormalization), which the checker would refuse."""
     g = proto.graph
     light = onnx.GraphProto(name=g.name, node=g.node, input=g.input, output=g.output, value_info=g.value_info,
                             sparse_initializer=g.sparse_initializer)
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    unchecked = set(unchecked)
     for node in all_nodes(light):  # deprecated ops (GroupNormalization-18, ...) still run, as in onnxruntime
-        if node.domain in ("", "ai.onnx") and _deprecated(node.op_type, opset):
+        if node.domain in ("", "ai.onnx") and (node.op_type in unchecked or _deprecated(node.op_type, opset)):
             node.domain = _UNCHECKED
     light.initializer.extend(onnx.TensorProto(name=t.name, data_type=t.data_type, dims=[0]) for t in g.initializer)
     for vi in list(light.input) + list(light.output):
@@ -50,14 +52,22 @@ def _deprecated(op: str, opset: int) -> bool:
         return False
 
 
+def op_key(node: onnx.NodeProto) -> str:
+    """The op's name in kernel tables and the IR: its type in the default domain (and for the com.microsoft
+    quantized ops of contrib.py, which quantize a default-domain op), else "domain.type"
+    ("com.microsoft.GroupQueryAttention"): an op of another domain runs only where a kernel table admits it."""
+    if node.domain in ("", "ai.onnx") or contrib.accepted(node):
+        return node.op_type
+    return f"{node.domain}.{node.op_type}"
+
+
 def check_supported(nodes: Iterable[onnx.NodeProto], supported: set[str], extra: set[str]) -> None:
     """Every op the backend lacks, listed at once. Ops of the default domain, and the com.microsoft ops ctxrt
     implements (frontend/contrib.py); every other domain is unsupported."""
     bad: dict[str, list[str]] = {}
     for node in nodes:
-        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
-        known = node.domain in ("", "ai.onnx") or contrib.accepted(node)
-        if not known or node.op_type not in supported | extra:
+        key = op_key(node)
+        if key not in supported | extra:
             bad.setdefault(key, []).append(node.name or "<unnamed>")
     if bad:
         listing = "; ".join(f"{op} ({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"

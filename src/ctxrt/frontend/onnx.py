@@ -19,8 +19,8 @@ from onnx.reference import ReferenceEvaluator
 
 from ctxrt.errors import CtxrtWarning, ModelError, ShapeError, UnsupportedOpError, ValueInputError
 from ctxrt.format.codec import MAX_TENSOR_BYTES
-from ctxrt.frontend import contrib, control, values
-from ctxrt.frontend.checks import check_model, check_supported
+from ctxrt.frontend import contrib, control, extensions, values
+from ctxrt.frontend.checks import check_model, check_supported, op_key
 from ctxrt.ir.canonical import INFER_AS_IDENTITY
 from ctxrt.ir.dynamic import PASS_THROUGH
 from ctxrt.ir.graph import Graph
@@ -151,7 +151,11 @@ class Folder:
         known = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(dt), shape)
                  for n, (dt, shape) in self.fixed.items() if n not in self.outputs]
         nodes = []
-        for n in self.nodes:  # ops onnx cannot type: typed as copies of their inputs
+        for n in self.nodes:  # ops onnx cannot type: typed as copies of their inputs, or by stand-ins
+            stand_in = extensions.stand_in(n, self.scope.opset)
+            if stand_in is not None:
+                nodes += stand_in
+                continue
             pairs = INFER_AS_IDENTITY.get(n.op_type)
             nodes += [helper.make_node("Identity", [n.input[j]], [n.output[k]]) for k, j in pairs.items()
                       if k < len(n.output) and n.output[k]] if pairs else [n]
@@ -207,8 +211,8 @@ class Folder:
 
     def _evaluate(self, node: onnx.NodeProto) -> list[np.ndarray] | None:
         op = node.op_type
-        if node.domain not in ("", "ai.onnx"):
-            return None
+        if node.domain not in ("", "ai.onnx") or op in extensions.STAND_INS:
+            return None  # onnx.reference cannot run it
         attrs = {a.name: a for a in node.attribute}
         if op == "Constant":
             (a,) = node.attribute
@@ -326,8 +330,8 @@ class Folder:
                 changed |= self._type_contrib(node)
             elif node.op_type in ("If", "Loop"):
                 changed |= lower_control(self, node)
-            elif node.op_type in values.UPPER_BOUNDS:
-                bound = values.UPPER_BOUNDS[node.op_type](node, self.shape_of, self.consts)
+            elif op_key(node) in values.UPPER_BOUNDS and not any(o in self.fixed for o in node.output if o):
+                bound = values.UPPER_BOUNDS[op_key(node)](node, self.shape_of, self.consts)
                 if bound is None:
                     continue
                 dt0 = self.dtype_of(node.input[0])
@@ -364,7 +368,7 @@ def _bounded_axes(node: onnx.NodeProto) -> dict[int, int]:
     from ctxrt.ir.graph import Node
 
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.type != onnx.AttributeProto.GRAPH}
-    return BOUNDED[node.op_type](Node(node.op_type, node.name, list(node.input), list(node.output), attrs))
+    return BOUNDED[op_key(node)](Node(op_key(node), node.name, list(node.input), list(node.output), attrs))
 
 
 def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str],
@@ -381,7 +385,7 @@ def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str
     if proto.graph.node and all(n.op_type == "EPContext" for n in proto.graph.node):
         label = os.fspath(model) if isinstance(model, str | os.PathLike) else "this model"
         raise ModelError(f"{label} is an EPContext model (already compiled): run or inspect it, not compile")
-    check_model(proto)
+    check_model(proto, supported & extensions.STAND_INS.keys())  # SimplifiedLayerNormalization where it runs
     check_supported(control.all_nodes(proto.graph), supported, FOLD_ONLY | {"Scan"})
     scope = Scope(proto)
     scope.supported = set(supported)

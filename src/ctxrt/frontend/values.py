@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 
 from ctxrt.errors import ShapeError
+from ctxrt.frontend import extensions
 from ctxrt.frontend.control import attr, free_vars, subgraphs
 from ctxrt.ir.canonical import BRANCH_INPUTS, PARAM_INPUTS, RUNTIME_PARAMS, SHAPE_INPUTS
 
@@ -155,8 +156,9 @@ def _nms(node: onnx.NodeProto, shape: Callable[[str], Any], const: Mapping[str, 
     return {0: (_I64, (batch * classes * max(0, min(n, per_class)), 3))}
 
 
-# op -> upper bounds of its outputs once its inputs' shapes (and size-deciding constants) are known; the dtype
-# None means "that of input 0".
+# op (frontend.checks.op_key) -> upper bounds of its outputs once its inputs' shapes (and size-deciding constants)
+# are known; the dtype None means "that of input 0".
 UPPER_BOUNDS: dict[str, Callable[[onnx.NodeProto, Callable[[str], Any], Mapping[str, np.ndarray]], Bound | None]] = {
     "NonZero": _nonzero, "Compress": _compress, "Unique": _unique, "NonMaxSuppression": _nms,
+    extensions.GQA: extensions.gqa_bounds,
 }

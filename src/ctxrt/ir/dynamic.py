@@ -1,10 +1,11 @@
 """Data-dependent output sizes: tensors planned at an upper bound along one axis.
 
 An op whose output size depends on its input values (NonZero, Compress, Unique, NonMaxSuppression, a Loop
-that stops on a computed condition) gets one extra int64 scalar output in the IR: the real size along the
-bounded axis, written by its kernel at run time. The real data fills the leading part of that axis. Such a
-tensor may pass through the ops of PASS_THROUGH (which only move the axis) and then be a graph output, whose
-real shape the runtime returns; any other reader would need its shape at compile time and is refused.
+that stops on a computed condition, GroupQueryAttention's present key and value) gets one extra int64 scalar
+output in the IR: the real size along the bounded axis, written by its kernel at run time. The real data fills
+the leading part of that axis. Such a tensor may pass through the ops of PASS_THROUGH (which only move the axis)
+and then be a graph output, whose real shape the runtime returns; any other reader would need its shape at
+compile time and is refused.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ BOUNDED: dict[str, Callable[[Node], dict[int, int]]] = {
     "Unique": _unique,
     "NonMaxSuppression": lambda node: {0: 0},
     "Loop": _loop,
+    # present key and value: max(total_sequence_length, past) of past + new rows (frontend/extensions.py)
+    "com.microsoft.GroupQueryAttention": lambda node: {1: 2, 2: 2},
 }
 
 # op -> where the bounded axis of input 0 (of this rank) goes in output 0.

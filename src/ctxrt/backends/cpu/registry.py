@@ -14,6 +14,7 @@ from ctxrt.backends.cpu import (
     dynamic,
     einsum,
     elementwise,
+    genai,
     layout_ops,
     logic,
     nn,
@@ -32,7 +33,7 @@ from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec
 
 KERNELS: dict[str, KernelFactory] = {}
 for _module in (elementwise, clamp, activations, logic, reduce, shape, norm, nn, spatial, convtranspose, resize,
-                rnn_cells, select, scatter, einsum, control, dynamic, layout_ops, quant):
+                rnn_cells, select, scatter, einsum, control, dynamic, layout_ops, quant, genai):
     _dup = KERNELS.keys() & _module.KERNELS.keys()
     assert not _dup, f"ops registered twice: {_dup}"
     KERNELS.update(_module.KERNELS)

@@ -1,0 +1,217 @@
+"""com.microsoft GroupQueryAttention on the CPU, as onnxruntime's CPU kernel computes it.
+
+Inputs: query (B, S, num_heads * H), or packed QKV (B, S, (num_heads + 2 kv_num_heads) * H) when key and value
+are absent; past_key/past_value (B, kv_num_heads, P, H) or absent; seqlens_k (B,) int32 (each sequence's total
+length - 1); total_sequence_length (int32 scalar); cos_cache/sin_cache (max positions, rotary dim / 2) when
+do_rotary; head_sink (num_heads,). Outputs: attention (B, S, num_heads * H) and present_key/present_value in BNSH.
+
+The step is the first prompt when S == total_sequence_length: every sequence starts at position 0 and row s
+attends to columns [0, min(s + 1, T)) (T = seqlens_k[b] + 1; rows past T are padding). Otherwise sequence b
+has past = T - S tokens before these (S > 1 only for batch 1, as in onnxruntime). Present rows [0, past) are
+copied from the past (the rest of a longer past buffer, onnxruntime-genai's shared buffer, is not read), rows
+[past, past + S) are the new keys and values (keys rotated at positions past, past + 1, ...), later rows are
+zero. Present is planned at past + S rows; its real length, max(total_sequence_length, P), is the node's extra
+output (ir/dynamic.py). Scores are scaled (default 1/sqrt(H)), soft-capped (softcap * tanh(x / softcap)),
+limited to the last local_window_size positions, and softmaxed with exp(head_sink) (or 1, smooth_softmax) added
+to the denominator. Each block of kv heads is one batched GEMM per product; scratch holds one block's scores.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ctxrt.backends.cpu.genai.rotary import rotate
+from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
+from ctxrt.errors import ShapeError, UnsupportedOpError
+
+_SCORES_BYTES = 1 << 25  # kv heads are taken in blocks whose scores fit this many bytes
+_F32 = np.dtype(np.float32)
+_UNSUPPORTED_INPUTS = {9: "position_ids", 10: "attention_bias", 12: "k_scale", 13: "v_scale", 14: "q_norm_weight",
+                       15: "k_norm_weight", 16: "query_seqlens"}
+
+
+def _fail(spec: NodeSpec, what: str) -> UnsupportedOpError:
+    return UnsupportedOpError(f"GroupQueryAttention node {spec.name!r}: {what} is not supported")
+
+
+class GroupQueryAttention(Kernel):
+    def __init__(self, spec: NodeSpec) -> None:
+        ins = list(spec.inputs) + [None] * (17 - len(spec.inputs))
+        self.name = spec.name
+        q = ins[0]
+        self.n, self.kv = int(spec.attr("num_heads", 0)), int(spec.attr("kv_num_heads", 0))
+        if self.n <= 0 or self.kv <= 0 or self.n % self.kv:
+            raise _fail(spec, f"num_heads={self.n} with kv_num_heads={self.kv} (a multiple is needed)")
+        for k, what in _UNSUPPORTED_INPUTS.items():
+            if ins[k] is not None:
+                raise _fail(spec, f"input {what}")
+        for key, ok in (("causal", 1), ("qk_output", 0), ("sliding_window_cache", 0)):
+            if int(spec.attr(key, ok)) != ok:
+                raise _fail(spec, f"attribute {key}={spec.attr(key)}")
+        for key in ("k_quant_type", "v_quant_type"):
+            if spec.attr(key, "NONE") not in ("NONE", ""):
+                raise _fail(spec, f"attribute {key}={spec.attr(key)!r} (a quantized cache)")
+        if len(spec.outputs) != 4:  # output, present key, present value, their real length
+            raise _fail(spec, "output output_qk")
+        dts = {np.dtype(t.dtype) for k, t in enumerate(ins[:12]) if t is not None and k not in (5, 6)}
+        if dts != {_F32}:
+            raise _fail(spec, f"dtypes {sorted(str(d) for d in dts)} (float32 only)")
+        self.packed = ins[1] is None
+        if (ins[1] is None) != (ins[2] is None) or (ins[3] is None) != (ins[4] is None) or len(q.shape) != 3:
+            raise _fail(spec, "query of rank other than 3, or only one of key/value (past_key/past_value)")
+        self.b, self.s, d = q.shape
+        self.heads = self.n + 2 * self.kv if self.packed else self.n
+        self.h = d // self.heads
+        if d % self.heads:
+            raise _fail(spec, f"query width {d} for {self.heads} heads")
+        for t in ins[1:3]:
+            if t is not None and t.shape != (self.b, self.s, self.kv * self.h):
+                raise _fail(spec, f"key/value of shape {list(t.shape)} for query {list(q.shape)}")
+        self.past = ins[3].shape[2] if ins[3] is not None else 0
+        for t in ins[3:5]:
+            if t is not None and t.shape != (self.b, self.kv, self.past, self.h):
+                raise _fail(spec, f"past key/value of shape {list(t.shape)}")
+        self.rows = spec.outputs[1].shape[2]  # past + S: the planned present length
+        self.half = 0
+        if int(spec.attr("do_rotary", 0)):
+            cos, sin = ins[7], ins[8]
+            if cos is None or sin is None or len(cos.shape) != 2 or sin.shape != cos.shape or 2 * cos.shape[1] > self.h:
+                raise _fail(spec, "do_rotary=1 without cos_cache and sin_cache of shape (positions, <= head size / 2)")
+            self.half, self.positions = cos.shape[1], cos.shape[0]
+        self.interleaved = bool(spec.attr("rotary_interleaved", 0))
+        self.scale = float(spec.attr("scale", 0.0)) or 1.0 / math.sqrt(self.h)
+        self.softcap = float(spec.attr("softcap", 0.0))
+        self.window = int(spec.attr("local_window_size", -1))
+        self.sink = ins[11] is not None or bool(int(spec.attr("smooth_softmax", 0)))
+        if ins[11] is not None and int(np.prod(ins[11].shape)) != self.n:
+            raise _fail(spec, f"head_sink of shape {list(ins[11].shape)}")
+        self.group = self.n // self.kv
+        per_head = self.group * self.s * self.rows * 4
+        self.block = max(1, min(self.kv, _SCORES_BYTES // max(per_head, 1)))
+        rows = self.block * self.group * self.s
+        self.scratch = (self.n * self.s * self.h * 4, rows * self.rows * 4, self.s * self.rows, self.s * self.rows,
+                        rows * 4, rows * 4, rows * self.h * 4, self.n * self.s * max(self.half, 1) * 4,
+                        2 * self.s * 8)
+        self.columns = np.arange(self.rows, dtype=np.int64)
+        self.steps = np.arange(self.s, dtype=np.int64)
+        self.zero_sinks = np.zeros(self.n, _F32)
+
+    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        ins = list(ins) + [None] * (12 - len(ins))
+        b_, s_, n, kv, h, g = self.b, self.s, self.n, self.kv, self.h, self.group
+        qkv = ins[0].reshape(b_, s_, self.heads, h)
+        q_src = qkv[:, :, :n]
+        k_src = qkv[:, :, n:n + kv] if self.packed else ins[1].reshape(b_, s_, kv, h)
+        v_src = qkv[:, :, n + kv:] if self.packed else ins[2].reshape(b_, s_, kv, h)
+        past_k, past_v, seqlens, total = ins[3], ins[4], ins[5].reshape(-1), ins[6].reshape(-1)
+        cos, sin = ins[7], ins[8]
+        sinks = (ins[11].reshape(n) if ins[11] is not None else self.zero_sinks) if self.sink else None
+        out, present_k, present_v, extent = outs
+        out4 = out.reshape(b_, s_, n, h)
+        qb = scratch_view(scratch[0], (n, s_, h), _F32)
+        scores, ob = scratch[1].view(_F32), scratch[6].view(_F32)
+        banned_buf, other_buf = scratch[2].view(np.bool_), scratch[3].view(np.bool_)
+        mx_buf, den_buf = scratch[4].view(_F32), scratch[5].view(_F32)
+        tmp_buf = scratch[7].view(_F32)
+        ends, starts = (scratch_view(scratch[8], (2, s_), np.int64)[k][:, None] for k in (0, 1))
+        half, interleaved, scale, softcap, window = self.half, self.interleaved, self.scale, self.softcap, self.window
+
+        def fill(present: np.ndarray, past: np.ndarray | None, new: np.ndarray, b: int, start: int, rotary: bool
+                 ) -> None:
+            """Present rows of sequence b: past [0, start), new tokens [start, start + S), zeros after."""
+            dst = present[b]
+            if start:
+                np.copyto(dst[:, :start], past[b, :, :start])
+            rows = dst[:, start:start + s_]
+            if rotary:
+                tmp = tmp_buf[:kv * s_ * half].reshape(kv, s_, half)
+                rotate(new[b].transpose(1, 0, 2), rows, cos[None, start:start + s_, :half],
+                       sin[None, start:start + s_, :half], tmp, half, interleaved)
+            else:
+                np.copyto(rows, new[b].transpose(1, 0, 2))
+            dst[:, start + s_:].fill(0)
+
+        def attend(b: int, start: int, total_b: int) -> None:
+            q = q_src[b].transpose(1, 0, 2)
+            if half:
+                tmp = tmp_buf[:n * s_ * half].reshape(n, s_, half)
+                rotate(q, qb, cos[None, start:start + s_, :half], sin[None, start:start + s_, :half], tmp, half,
+                       interleaved)
+            else:
+                np.copyto(qb, q)
+            # row s sees columns [max(0, end - window), min(end, T)), end = start + s + 1 (a padding row of a
+            # first prompt past its window sees none: zeros, as onnxruntime)
+            np.add(self.steps[:, None], start + 1, out=ends)
+            if window > 0:
+                np.subtract(ends, window, out=starts)
+                np.maximum(starts, 0, out=starts)
+            else:
+                starts.fill(0)
+            np.minimum(ends, total_b, out=ends)
+            cols = self.columns[:total_b]
+            banned = banned_buf[:s_ * total_b].reshape(s_, total_b)
+            other = other_buf[:s_ * total_b].reshape(s_, total_b)
+            np.less(cols, starts, out=banned)
+            np.greater_equal(cols, ends, out=other)
+            np.logical_or(banned, other, out=banned)
+            for g0 in range(0, kv, self.block):
+                m = min(kv, g0 + self.block) - g0
+                rows = m * g * s_
+                sc = scores[:rows * total_b].reshape(m, g * s_, total_b)
+                np.matmul(qb[g0 * g:(g0 + m) * g].reshape(m, g * s_, h),
+                          present_k[b, g0:g0 + m, :total_b].transpose(0, 2, 1), out=sc)
+                np.multiply(sc, scale, out=sc)
+                if softcap > 0:
+                    np.multiply(sc, 1.0 / softcap, out=sc)
+                    np.tanh(sc, out=sc)
+                    np.multiply(sc, softcap, out=sc)
+                np.copyto(sc.reshape(m, g, s_, total_b), -np.inf, where=banned)
+                mx, den = mx_buf[:rows].reshape(m, g * s_, 1), den_buf[:rows].reshape(m, g * s_, 1)
+                np.max(sc, axis=2, keepdims=True, out=mx)
+                if window > 0:  # rows with no column: exp(-inf) everywhere, divided by a tiny sum, not 0
+                    np.maximum(mx, np.finfo(_F32).min, out=mx)
+                np.subtract(sc, mx, out=sc)
+                np.exp(sc, out=sc)
+                np.sum(sc, axis=2, keepdims=True, out=den)
+                if sinks is not None:  # + exp(sink - max)
+                    mx4 = mx.reshape(m, g, s_, 1)
+                    np.subtract(sinks[g0 * g:(g0 + m) * g].reshape(m, g, 1, 1), mx4, out=mx4)
+                    np.exp(mx4, out=mx4)
+                    np.add(den, mx, out=den)
+                if window > 0:
+                    np.maximum(den, np.finfo(_F32).tiny, out=den)
+                np.divide(sc, den, out=sc)
+                o = ob[:rows * h].reshape(m, g * s_, h)
+                np.matmul(sc, present_v[b, g0:g0 + m, :total_b], out=o)
+                np.copyto(out4[b, :, g0 * g:(g0 + m) * g], o.reshape(m * g, s_, h).transpose(1, 0, 2))
+
+        def run() -> None:
+            total_len = int(total[0])
+            length = max(total_len, self.past)
+            first = s_ == total_len
+            if length > self.rows or (not first and s_ > 1 and b_ > 1):
+                raise ShapeError(f"GroupQueryAttention node {self.name!r}: total_sequence_length {total_len} with "
+                                 f"{s_} new tokens, past length {self.past} and batch {b_}")
+            for b in range(b_):
+                total_b = int(seqlens[b]) + 1
+                start = 0 if first else total_b - s_
+                if not (0 <= start <= self.past and 0 < total_b <= start + s_ <= length) or (
+                        half and start + s_ > self.positions):
+                    raise ShapeError(f"GroupQueryAttention node {self.name!r}: seqlens_k[{b}] = {total_b - 1} with "
+                                     f"{s_} new tokens, total_sequence_length {total_len} and past length "
+                                     f"{self.past}" + (f" ({self.positions} rotary positions)" if half else ""))
+                fill(present_k, past_k, k_src, b, start, bool(half))
+                fill(present_v, past_v, v_src, b, start, False)
+                attend(b, start, total_b)
+            extent[...] = length
+        return run
+
+
+def group_query_attention(spec: NodeSpec) -> Kernel:
+    return GroupQueryAttention(spec)
+
+
+KERNELS = {"com.microsoft.GroupQueryAttention": group_query_attention}
