@@ -50,3 +50,24 @@ class Raw:
 def add_spec(n: int = 16) -> NodeSpec:
     f32 = np.dtype(np.float32)
     return NodeSpec("Add", "add", {}, [TensorSpec((4, n), f32), TensorSpec((n,), f32)], [TensorSpec((4, n), f32)])
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_serve(*args: str, env: dict[str, str] | None = None) -> tuple[Any, int, str]:
+    """`python -m ctxrt.cli serve --port P ARGS...` in a child process: (process, port, its first line)."""
+    import select
+    import subprocess
+    import sys
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ctxrt.cli", "serve", "--port", str(port), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    ready, _, _ = select.select([proc.stdout], [], [], WAIT)
+    line = proc.stdout.readline() if ready else ""  # type: ignore[union-attr]
+    return proc, port, line

@@ -10,7 +10,6 @@ import select
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from server_helpers import TOKEN, WAIT, Raw, add_spec
+from server_helpers import TOKEN, WAIT, Raw, add_spec, start_serve
 
 from ctxrt.backends import get_backend
 from ctxrt.backends.kernel import NodeSpec, TensorSpec
@@ -122,14 +121,9 @@ def _rss(pid: int, field: str = "VmHWM") -> int:
 
 @pytest.fixture
 def serve_process(opencl: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, tuple[str, int]]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "ctxrt.cli", "serve", "--port", str(port), "--token", TOKEN],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, port, line = start_serve("--token", TOKEN)
     try:
-        ready, _, _ = select.select([proc.stdout], [], [], WAIT)
-        assert ready and f":{port}" in proc.stdout.readline()  # type: ignore[union-attr]
+        assert f":{port}" in line, (line, proc.poll())
         yield proc, ("127.0.0.1", port)
     finally:
         if proc.poll() is None:
@@ -257,15 +251,9 @@ def test_stopping_the_server_mid_job_leaves_no_device_process(opencl: str, tmp_p
     fifo = tmp_path / "pause.fifo"
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "CTXRT_TEST_PAUSE": f"server-job:{fifo}"}
-    proc = subprocess.Popen([sys.executable, "-m", "ctxrt.cli", "serve", "--port", str(port), "--token", TOKEN],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc, port, line = start_serve("--token", TOKEN, env={**os.environ, "CTXRT_TEST_PAUSE": f"server-job:{fifo}"})
     try:
-        ready, _, _ = select.select([proc.stdout], [], [], WAIT)
-        assert ready and f":{port}" in proc.stdout.readline()  # type: ignore[union-attr]
+        assert f":{port}" in line, (line, proc.poll())
         (worker,) = _children(proc.pid)
         client = Client(("127.0.0.1", port), TOKEN)
         asking = threading.Thread(target=lambda: _swallow(client.call, "compile", name="k.cl",
@@ -291,15 +279,9 @@ def _swallow(fn: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def test_serve_without_a_token_makes_one_and_requires_it(opencl: str) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k != "CTXRT_SERVER_TOKEN"}
-    proc = subprocess.Popen([sys.executable, "-m", "ctxrt.cli", "serve", "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc, port, line = start_serve(env={k: v for k, v in os.environ.items() if k != "CTXRT_SERVER_TOKEN"})
     try:
-        ready, _, _ = select.select([proc.stdout], [], [], WAIT)
-        assert ready and "a token is required" in proc.stdout.readline()  # type: ignore[union-attr]
+        assert "a token is required" in line, (line, proc.poll())
         line = proc.stdout.readline()  # type: ignore[union-attr]
         assert line.startswith("token: "), line
         token = line.split()[1]

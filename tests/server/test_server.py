@@ -7,9 +7,6 @@ import json
 import os
 import select
 import signal
-import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from server_helpers import TOKEN, WAIT, add_spec
+from server_helpers import TOKEN, WAIT, add_spec, free_port, start_serve
 from tuning_helpers import mlp_model
 
 import ctxrt
@@ -150,25 +147,15 @@ def test_remote_compile_errors_are_one_line(server: Server, tmp_path: Path, monk
     monkeypatch.setenv("TARGET_SERVER_SOCKET", "nonsense")
     assert main(["compile", str(model), "-o", str(tmp_path / "r.ctx"), "--backend", "opencl"]) == 2
     assert "TARGET_SERVER_SOCKET='nonsense'" in capsys.readouterr().err
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    monkeypatch.setenv("TARGET_SERVER_SOCKET", f"127.0.0.1:{port}")
+    monkeypatch.setenv("TARGET_SERVER_SOCKET", f"127.0.0.1:{free_port()}")  # a port nobody listens on
     assert main(["compile", str(model), "-o", str(tmp_path / "r.ctx"), "--backend", "opencl"]) == 2
     assert "cannot reach the target server" in capsys.readouterr().err
     assert not (tmp_path / "r.ctx").exists()
 
 
 def test_ctxrt_serve_command(opencl: str) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "ctxrt.cli", "serve", "--port", str(port), "--token", TOKEN],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, port, line = start_serve("--token", TOKEN)
     try:
-        ready, _, _ = select.select([proc.stdout], [], [], WAIT)
-        assert ready, "ctxrt serve said nothing"
-        line = proc.stdout.readline()  # type: ignore[union-attr]
         assert f"127.0.0.1:{port}" in line and "a token is required" in line, (line, proc.poll())
         client = Client(("127.0.0.1", port), TOKEN)
         assert client.call("device_info")["protocol"] == 1
