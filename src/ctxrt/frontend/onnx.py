@@ -48,29 +48,6 @@ def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.Model
         raise ModelError(f"cannot read ONNX model {model}: {e}") from e
 
 
-def declared_io(model: str | os.PathLike | bytes | onnx.ModelProto
-                ) -> tuple[list[tuple[str, np.dtype | None, list[int | str]]],
-                           list[tuple[str, np.dtype | None, list[int | str]]]]:
-    """The model's inputs (initializers excluded) and outputs as declared: (name, dtype, dims), a dim being
-    an int or its symbolic name ("?" when unnamed), the dtype None when not declared. Reads no external data."""
-    if isinstance(model, str | os.PathLike):
-        try:
-            m = onnx.load(os.fspath(model), load_external_data=False)
-        except Exception as e:
-            raise ModelError(f"cannot read ONNX model {model}: {e}") from e
-    else:
-        m = load_model(model)
-    inits = {i.name for i in m.graph.initializer}
-
-    def one(vi: onnx.ValueInfoProto) -> tuple[str, np.dtype | None, list[int | str]]:
-        tt = vi.type.tensor_type
-        dims: list[int | str] = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or "?")
-                                 for d in tt.shape.dim]  # some exporters write -1 for a dynamic dim
-        return vi.name, np_dtype(tt.elem_type, f"{vi.name!r}") if tt.elem_type else None, dims
-
-    return [one(v) for v in m.graph.input if v.name not in inits], [one(v) for v in m.graph.output]
-
-
 def check_size(what: str, dt: np.dtype, shape: Iterable[int]) -> None:
     nbytes = dt.itemsize
     for d in shape:
