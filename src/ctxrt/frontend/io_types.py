@@ -63,7 +63,7 @@ def _dims(tt: onnx.TypeProto.Tensor, named: set[str]) -> Dims:
         return None
     out: list[int | str | None] = []
     for d in tt.shape.dim:
-        if d.HasField("dim_value") and d.dim_value > 0:
+        if d.HasField("dim_value") and d.dim_value >= 0:
             out.append(d.dim_value)
         elif d.dim_param and not (_GENERATED.fullmatch(d.dim_param) and d.dim_param not in named):
             out.append(d.dim_param)
