@@ -251,7 +251,7 @@ class Folder:
             if node.op_type == "If" and node.input[0] in self.consts:
                 new = control.inline_if(node, self.consts[node.input[0]], fresh)
             elif node.op_type == "Scan":
-                new = control.scan_to_loop(node, self.shape_of, fresh, opset)
+                new = control.scan_to_loop(node, self.shape_of, fresh, opset, self.consts)
             elif node.op_type == "Loop":
                 trips = self._unrollable(node)
                 new = None if trips is None else control.unroll_loop(node, trips, fresh, opset)
