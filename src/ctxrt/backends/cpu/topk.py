@@ -1,5 +1,6 @@
 """TopK: the k largest (smallest) elements along an axis and their int64 indices, sorted, ties to the lower index
-(onnxruntime's order; with sorted=0 too), -0 and +0 equal. Nothing that scales with the input is allocated.
+(onnxruntime's order; with sorted=0 too), -0 and +0 equal. Nothing that scales with the input is allocated (a
+selection's index temporaries are a few times the output's size).
 
 Partial selection (k < n): the rows are copied (the axis last) and partitioned in place around their k-th best
 value t (NumPy's introselect, O(n)); the elements better than or equal to t are then exactly the top k unless t
@@ -235,7 +236,8 @@ class TopK(Kernel):
                 np.sum(mask, axis=axis, keepdims=True, out=cnt)
                 np.subtract(k, cnt, out=cnt)  # how many equal ones each row takes
                 np.equal(x, thr_x, out=eq)
-                np.cumsum(eq, axis=axis, dtype=np.int32, out=cum)
+                np.copyto(cum, eq)  # a cumsum from bool to int32 would allocate its output
+                np.cumsum(cum, axis=axis, out=cum)
                 np.less_equal(cum, cnt, out=tmp)
                 np.logical_and(eq, tmp, out=eq)
                 np.logical_or(mask, eq, out=mask)
