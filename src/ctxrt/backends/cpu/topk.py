@@ -1,20 +1,20 @@
 """TopK: the k largest (smallest) elements along an axis and their int64 indices, sorted, ties to the lower index
-(onnxruntime's order; with sorted=0 too), -0 and +0 equal. Nothing that scales with the input is allocated (a
-selection's index temporaries are a few times the output's size).
+(onnxruntime's order; with sorted=0 too), -0 and +0 equal, NaN of either sign above +inf (onnxruntime's order).
+Nothing that scales with the input is allocated (a selection's index temporaries are a few times the output's).
 
-Partial selection (k < n): the rows are copied (the axis last) and partitioned in place around their k-th best
-value t (NumPy's introselect, O(n)); the elements better than or equal to t are then exactly the top k unless t
-has ties across the boundary. Those positions are found with one comparison pass and read back through the
-mask's 64-bit words (only words with a hit are looked at), already in index order; only those k per row are
-then sorted (by value, then position). Ties at t keep the lowest indices (a running count of the equal ones);
-a row that still does not come out at k (NaN) is done by the exact ordering of every element instead.
+Partial selection (32- and 64-bit types, k < n): the rows are copied (the axis last) and partitioned in place
+around their k-th best value t (NumPy's introselect, O(n), in SIMD for these types); the elements at least as good
+as t are then exactly the top k unless t has ties across the boundary. They are found with one comparison pass
+over x in its own layout and read back through the mask's 64-bit words (only words with a hit are looked at), in
+index order; only those k per row are then sorted (by value, then position). Ties at t keep the lowest indices
+(a running count of the equal ones); rows that still do not come out at k (NaN) are done by the exact ordering.
 
-Exact ordering (`_Order`; k == n, the fallback, and the final sort of the selected k): each element becomes an
-unsigned key whose integer order is the wanted order (float bits with the sign folded, -0 made +0 first; signed
-ints with the sign bit flipped; complemented for largest; NaN of either sign above +inf, as in onnxruntime). Up
-to 32-bit types, key and position are packed into one uint64, so an in-place partition and sort order values and
-ties at once; 64-bit types sort (key, position) records (a generic compare: slow, used on k elements per row only
-when selecting)."""
+Exact ordering (`_Order`: 8- and 16-bit types, k == n, the fallback, and the sort of the selected k): each element
+becomes an unsigned key whose integer order is the wanted order (floats: half + |x|, half - |x| below 0; signed
+ints with the sign bit flipped; complemented for largest). Key and position are packed into one uint32 where they
+fit (16-bit types up to 65536 elements per row), else one uint64, so an in-place partition and a sort of the
+first k order values and ties at once; 64-bit types sort (key, position) records (a generic compare: slow, used on
+the k selected per row only, or when k == n)."""
 
 from __future__ import annotations
 
@@ -113,6 +113,8 @@ class _Order:
 
 
 class TopK(Kernel):
+    """TopK with K known at compile time (an attribute): selection or exact ordering, as the module says."""
+
     def __init__(self, spec: NodeSpec) -> None:
         shape = spec.inputs[0].shape
         self.dt = dt = np.dtype(spec.inputs[0].dtype)
