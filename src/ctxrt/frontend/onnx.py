@@ -21,11 +21,11 @@ from ctxrt.errors import CtxrtWarning, ModelError, ShapeError, UnsupportedOpErro
 from ctxrt.format.codec import MAX_TENSOR_BYTES
 from ctxrt.frontend import contrib, control, extensions, values
 from ctxrt.frontend.checks import check_model, check_supported, op_key
+from ctxrt.frontend.pools import POOLS, ceil_pool_shape
 from ctxrt.ir.canonical import INFER_AS_IDENTITY
 from ctxrt.ir.dynamic import PASS_THROUGH
 from ctxrt.ir.graph import Graph
 
-_POOLS = {"MaxPool", "AveragePool", "LpPool"}
 # Ops that never need a kernel when their inputs are known at compile time (they always fold here).
 FOLD_ONLY = {"Shape", "Size", "Constant", "ConstantOfShape", "Range", "Identity", "Dropout"}
 # Initializers at most this many elements go to shape inference as data (for Reshape targets etc.);
@@ -130,7 +130,7 @@ class Folder:
                  for n, (dt, shape) in self.fixed.items() if n not in self.outputs]
         nodes = []
         for n in self.nodes:  # ops onnx cannot type: typed as copies of their inputs, or by stand-ins
-            if op_key(n) in _POOLS and n.output[0] in self.fixed:  # typed by the shape decided for it
+            if op_key(n) in POOLS and n.output[0] in self.fixed:  # typed by the shape decided for it
                 for o in filter(None, n.output):
                     shape = self.scope.fresh(f"{o}/shape")
                     inits.append(numpy_helper.from_array(np.array(self.fixed[o][1], np.int64), shape))
@@ -315,9 +315,9 @@ class Folder:
                 changed |= self._type_contrib(node)
             elif node.op_type in ("If", "Loop"):
                 changed |= lower_control(self, node)
-            elif op_key(node) in _POOLS and key not in self.fixed:
+            elif op_key(node) in POOLS and key not in self.fixed:
                 shape = self.shape_of(node.input[0])
-                pooled = None if shape is None else _ceil_pool_shape(node, shape)
+                pooled = None if shape is None else ceil_pool_shape(node, shape)
                 for pos, out in enumerate(node.output if pooled else ()):
                     if out:  # MaxPool's Indices: int64
                         self.fixed[out] = (np.dtype(np.int64) if pos else self.dtype_of(node.input[0]), pooled)
@@ -353,27 +353,6 @@ class Folder:
                 attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
                 rank = len(self.fixed.get(src, self.types.get(src, (None, ())))[1] or ())
                 self.bounded[node.output[0]] = PASS_THROUGH[node.op_type](attrs, self.bounded[src], rank)
-
-
-def _ceil_pool_shape(node: onnx.NodeProto, shape: tuple[int, ...]) -> tuple[int, ...] | None:
-    """The output shape of a pool with ceil_mode=1 whose last window along some axis would start in the end
-    padding: the ONNX spec and onnxruntime drop that window, onnx shape inference counts it before opset 22.
-    None for any other pool (inference is right)."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    nd = len(shape) - 2
-    if not attrs.get("ceil_mode") or attrs.get("auto_pad", b"NOTSET") != b"NOTSET" or nd < 1:
-        return None
-    k, st = list(attrs.get("kernel_shape", [])), list(attrs.get("strides", [1] * nd))
-    dil, pads = list(attrs.get("dilations", [1] * nd)), list(attrs.get("pads", [0] * 2 * nd))
-    if not len(k) == len(st) == len(dil) == nd or len(pads) != 2 * nd or min(st) < 1:
-        return None  # the kernel names what is wrong
-    out, dropped = [], False
-    for a, i in enumerate(shape[2:]):
-        o = -(-(i + pads[a] + pads[a + nd] - (k[a] - 1) * dil[a] - 1) // st[a]) + 1
-        if o > 1 and (o - 1) * st[a] >= i + pads[a]:
-            o, dropped = o - 1, True
-        out.append(o)
-    return (*shape[:2], *out) if dropped else None
 
 
 def _bounded_axes(node: onnx.NodeProto) -> dict[int, int]:
