@@ -62,6 +62,39 @@ def test_topk_dtypes(dtype, largest: int) -> None:
           oracle="reference" if dtype == np.uint64 else "onnxruntime")
 
 
+@pytest.mark.parametrize("axis", [-1, 0])
+@pytest.mark.parametrize("largest", [1, 0])
+@pytest.mark.parametrize("dtype, levels", [(np.float32, 5), (np.float32, None), (np.float64, 7), (np.int32, 4),
+                                           (np.int64, None), (np.float16, 9), (np.uint8, 3)])
+def test_topk_partial_selection_of_wide_rows(axis: int, largest: int, dtype, levels: int | None) -> None:
+    """Wide rows (selection, or 32-bit packed keys for narrow types): ties across the k-th value keep the lower
+    indices, in rows and along a leading axis."""
+    shape = (2400, 3) if axis == 0 else (3, 2400)
+    x = RNG.integers(0, levels, shape) if levels else RNG.standard_normal(shape) * 1000
+    check(helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=axis, largest=largest), {"x": x.astype(dtype)},
+          {"k": i64(17)}, opset=11, oracle="onnxruntime")
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk_nan_of_either_sign_is_the_largest(dtype, largest: int) -> None:
+    """As in onnxruntime: NaN (also with the sign bit set) above +inf, so first when largest, never when smallest."""
+    x = RNG.standard_normal((3, 300)).astype(dtype)
+    x[0, 7], x[1, 9], x[1, 200], x[2, :2] = np.nan, -np.nan, np.inf, [-0.0, 0.0]
+    model = make_model(helper.make_node("TopK", ["x", "k"], ["v", "i"], largest=largest), {"x": x}, {"k": i64(6)},
+                       opset=11)
+    (_, got), (_, want) = run_ctxrt(model, {"x": x}), _ort(model, {"x": x})
+    np.testing.assert_array_equal(got, want)
+
+
+def _ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    model.graph.output[0].type.tensor_type.elem_type = model.graph.input[0].type.tensor_type.elem_type
+    model.graph.output[1].type.tensor_type.elem_type = onnx.TensorProto.INT64
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
 def test_topk_whole_axis_and_unsorted() -> None:
     x = rand(3, 9, high=5.0)
     check(helper.make_node("TopK", ["x", "k"], ["v", "i"]), {"x": x}, {"k": i64(9)}, opset=11)

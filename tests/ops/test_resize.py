@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from harness import ITERATOR_BUFFER, allocated, bind, check, make_model, rand
+from harness import ITERATOR_BUFFER, allocated, bind, check, make_model, rand, run_ctxrt
 from onnx import helper
 
 import ctxrt
@@ -173,6 +173,19 @@ def test_depth_to_space(mode: str) -> None:
 
 def test_space_to_depth() -> None:
     check(helper.make_node("SpaceToDepth", ["x"], ["y"], blocksize=3), {"x": rand(2, 2, 6, 9)}, opset=13)
+
+
+@pytest.mark.parametrize("mode", ["DCR", "CRD"])
+def test_space_to_depth_modes_invert_depth_to_space(mode: str) -> None:
+    """SpaceToDepth has DepthToSpace's `mode` since opset 28; each mode inverts its DepthToSpace."""
+    x = rand(2, 3, 4, 6)
+    nodes = [helper.make_node("SpaceToDepth", ["x"], ["s"], blocksize=2, mode=mode),
+             helper.make_node("DepthToSpace", ["s"], ["y"], blocksize=2, mode=mode)]
+    s, y = run_ctxrt(make_model(nodes, {"x": x}, opset=28, outputs=["s", "y"]), {"x": x})
+    np.testing.assert_array_equal(y, x)
+    b = x.reshape(2, 3, 2, 2, 3, 2)  # (n, c, h', bh, w', bw)
+    want = b.transpose(0, 3, 5, 1, 2, 4) if mode == "DCR" else b.transpose(0, 1, 3, 5, 2, 4)
+    np.testing.assert_array_equal(s, want.reshape(2, 12, 2, 3))
 
 
 @pytest.mark.parametrize("attr, value", [("mode", "area"), ("coordinate_transformation_mode", "corner"),

@@ -236,6 +236,36 @@ def test_scan_matches_onnxruntime(attrs) -> None:
     check(m, {"x": RNG.standard_normal(shape).astype(np.float32)})
 
 
+def scan8_model(batch: int, directions: list[int], lens: list[int] | None = None):
+    """Opset 8: a running sum and product over [batch, 5, 3] and [batch, 5] inputs (one reversed if asked)."""
+    body = helper.make_graph([helper.make_node("Add", ["s", "a"], ["s2"]), helper.make_node("Mul", ["s2", "b"], ["o"])],
+                             "sb", [vi("s", F, [3]), vi("a", F, [3]), vi("b", F, [])],
+                             [vi("s2", F, [3]), vi("o", F, [3])])
+    inits = {"init": np.ones((batch, 3), np.float32)}
+    if lens is not None:
+        inits["lens"] = np.array(lens, np.int64)
+    node = helper.make_node("Scan", ["lens" if lens is not None else "", "init", "x", "w"], ["final", "ys"],
+                            body=body, num_scan_inputs=2, directions=directions)
+    return model([node], [vi("x", F, [batch, 5, 3]), vi("w", F, [batch, 5])], [vi("final", F, None), vi("ys", F, None)],
+                 inits, opset=8)
+
+
+@pytest.mark.parametrize("batch, directions, lens", [(1, [0, 0], None), (3, [0, 1], None), (2, [1, 0], [5, 5])])
+def test_scan_opset8_batch_rows_match_onnxruntime(batch: int, directions: list[int], lens: list[int] | None) -> None:
+    m = scan8_model(batch, directions, lens)
+    feeds = {"x": RNG.standard_normal((batch, 5, 3)).astype(np.float32),
+             "w": RNG.standard_normal((batch, 5)).astype(np.float32)}
+    check(m, feeds)
+    sess = ctxrt.InferenceSession(m.SerializeToString())
+    for got, want in zip(sess.run(None, feeds), ort_run(m, feeds), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_scan_opset8_shorter_sequence_lens_is_refused() -> None:
+    with pytest.raises(UnsupportedOpError, match=r"Scan node .*sequence_lens \[5, 3\].*length \(5\)"):
+        ctxrt.compile(scan8_model(2, [0, 0], [5, 3]))
+
+
 def nested_loop(trips_from: str):
     """Each iteration: acc = acc + x if i is even else acc - x (an If inside the Loop body)."""
     add = helper.make_graph([helper.make_node("Add", ["acc", "x"], ["a"])], "add", [], [vi("a", F, [3])])

@@ -211,22 +211,83 @@ def _unsqueeze0(src: str, dst: str, axes: str, opset: int) -> onnx.NodeProto:
 
 
 def scan_to_loop(node: onnx.NodeProto, shape_of: Callable[[str], tuple[int, ...] | None], fresh: Namer,
-                 opset: int) -> tuple[list[onnx.NodeProto], dict[str, np.ndarray]] | None:
-    """A Scan (opset 9+) as a Loop over its sequence axis, or None while its inputs' shapes are unknown."""
+                 opset: int, consts: dict[str, np.ndarray] | None = None
+                 ) -> tuple[list[onnx.NodeProto], dict[str, np.ndarray]] | None:
+    """A Scan as a Loop over its sequence axis (opset 8: one Loop per batch row), or None while its inputs'
+    shapes are unknown."""
     label = node.name or node.output[0]
-    if opset < 9:
-        raise UnsupportedOpError(f"Scan node {label!r}: the opset 8 form (batch axis, sequence_lens) is not "
-                                 "supported")
     body = attr(node, "body")
     n_scan = int(attr(node, "num_scan_inputs"))
+    if opset < 9:
+        return _scan8(node, label, body, n_scan, shape_of, fresh, opset, consts or {})
     n_state = len(node.input) - n_scan
     n_out = len(body.output) - n_state
     shapes = [shape_of(n) for n in node.input[n_state:]]
     if any(s is None for s in shapes):
         return None
     in_axes = [a % len(s) for a, s in zip(attr(node, "scan_input_axes", [0] * n_scan), shapes, strict=True)]
-    in_dirs = list(attr(node, "scan_input_directions", [0] * n_scan))
-    out_dirs = list(attr(node, "scan_output_directions", [0] * n_out))
+    return _scan_loop(label, body, list(node.input), shapes, in_axes, list(attr(node, "scan_input_directions",
+                      [0] * n_scan)), list(attr(node, "scan_output_axes", [0] * n_out)),
+                      list(attr(node, "scan_output_directions", [0] * n_out)), list(node.output), fresh, opset)
+
+
+def _scan8(node: onnx.NodeProto, label: str, body: onnx.GraphProto, n_scan: int,
+           shape_of: Callable[[str], tuple[int, ...] | None], fresh: Namer, opset: int,
+           known: dict[str, np.ndarray]) -> tuple[list[onnx.NodeProto], dict[str, np.ndarray]] | None:
+    """Scan-8: every input and output has a leading batch axis (scan inputs [batch, sequence, ...]) and
+    `sequence_lens` may shorten rows. Each batch row becomes a Scan-9-like Loop over its slice; the rows'
+    results are stacked. Rows of other lengths than the scan inputs' are refused."""
+    lens, inputs = node.input[0], list(node.input[1:])
+    n_state = len(inputs) - n_scan
+    shapes = [shape_of(n) for n in inputs]
+    if any(s is None for s in shapes):
+        return None
+    if any(len(s) < 1 for s in shapes) or any(len(s) < 2 for s in shapes[n_state:]):
+        raise ModelError(f"Scan node {label!r}: opset 8 inputs need a batch axis (and scan inputs a sequence axis)")
+    batches, length = {s[0] for s in shapes}, shapes[-1][1] if n_scan else 0
+    if len(batches) != 1:
+        raise ModelError(f"Scan node {label!r}: inputs have different batch sizes {sorted(batches)}")
+    if lens:
+        value = known.get(lens)
+        if value is None or np.any(np.asarray(value) != length):
+            given = "computed at run time" if value is None else f"{np.asarray(value).reshape(-1).tolist()[:8]}"
+            raise UnsupportedOpError(f"Scan node {label!r}: sequence_lens {given}; ctxrt runs opset 8 Scans whose "
+                                     f"rows all have the scan inputs' length ({length})")
+    (batch,) = batches
+    dirs = list(attr(node, "directions", [0] * n_scan))
+    n_out = len(node.output)
+    consts: dict[str, np.ndarray] = {}
+    axes = fresh(f"{label}/axes0")
+    consts[axes] = np.array([0], np.int64)
+    nodes, rows = [], []
+    for b in range(batch):
+        row = fresh(f"{label}/row{b}")
+        consts[row] = np.array(b, np.int64)
+        sliced = [fresh(f"{label}#{b}/in{j}") for j in range(len(inputs))]
+        nodes += [helper.make_node("Gather", [src, row], [dst], axis=0)
+                  for src, dst in zip(inputs, sliced, strict=True)]
+        outs = [fresh(f"{label}#{b}/out{j}") for j in range(n_out)]
+        new, made = _scan_loop(f"{label}#{b}", body, sliced, [s[1:] for s in shapes[n_state:]], [0] * n_scan, dirs,
+                               [0] * (n_out - n_state), [0] * (n_out - n_state), outs, fresh, opset)
+        nodes += new
+        consts.update(made)
+        rows.append(outs)
+    for j, dst in enumerate(node.output):
+        if not dst:
+            continue
+        parts = [fresh(f"{label}#{b}/stacked{j}") for b in range(batch)]
+        nodes += [_unsqueeze0(outs[j], part, axes, opset) for outs, part in zip(rows, parts, strict=True)]
+        nodes.append(helper.make_node("Concat", parts, [dst], axis=0))
+    return nodes, consts
+
+
+def _scan_loop(label: str, body: onnx.GraphProto, inputs: list[str], shapes: list[tuple[int, ...]],
+               in_axes: list[int], in_dirs: list[int], out_axes: list[int], out_dirs: list[int], outputs: list[str],
+               fresh: Namer, opset: int) -> tuple[list[onnx.NodeProto], dict[str, np.ndarray]]:
+    """A Loop over the scan inputs (the last len(shapes) of `inputs`; the others are the initial states)."""
+    n_scan = len(shapes)
+    n_state = len(inputs) - n_scan
+    n_out = len(body.output) - n_state
     lengths = {s[a] for s, a in zip(shapes, in_axes, strict=True)}
     if len(lengths) != 1:
         raise ModelError(f"Scan node {label!r}: scan inputs have different lengths {sorted(lengths)}")
@@ -241,7 +302,7 @@ def scan_to_loop(node: onnx.NodeProto, shape_of: Callable[[str], tuple[int, ...]
     it, cond_in, cond_out = fresh(f"{label}/iter"), fresh(f"{label}/cond"), fresh(f"{label}/cond_out")
     last = const("last", np.array(length - 1, np.int64))
     steps = []
-    for j, (src, axis, rev) in enumerate(zip(node.input[n_state:], in_axes, in_dirs, strict=True)):
+    for j, (src, axis, rev) in enumerate(zip(inputs[n_state:], in_axes, in_dirs, strict=True)):
         idx = it
         if rev:
             idx = fresh(f"{label}/rev{j}")
@@ -256,10 +317,9 @@ def scan_to_loop(node: onnx.NodeProto, shape_of: Callable[[str], tuple[int, ...]
         initializer=list(body.initializer))
     stacked = [fresh(f"{label}/stacked{j}") for j in range(n_out)]
     trips = const("trips", np.array(length, np.int64))
-    nodes = [helper.make_node("Loop", [trips, "", *node.input[:n_state]], [*node.output[:n_state], *stacked],
+    nodes = [helper.make_node("Loop", [trips, "", *inputs[:n_state]], [*outputs[:n_state], *stacked],
                               name=label, body=loop_body)]
-    out_axes = list(attr(node, "scan_output_axes", [0] * n_out))
-    for j, (src, dst) in enumerate(zip(stacked, node.output[n_state:], strict=True)):
+    for j, (src, dst) in enumerate(zip(stacked, outputs[n_state:], strict=True)):
         if not dst:
             continue
         axis = out_axes[j]

@@ -21,6 +21,7 @@ from ctxrt.errors import CtxrtWarning, ModelError, ShapeError, UnsupportedOpErro
 from ctxrt.format.codec import MAX_TENSOR_BYTES
 from ctxrt.frontend import contrib, control, extensions, values
 from ctxrt.frontend.checks import check_model, check_supported, op_key
+from ctxrt.frontend.pools import POOLS, ceil_pool_shape
 from ctxrt.ir.canonical import INFER_AS_IDENTITY
 from ctxrt.ir.dynamic import PASS_THROUGH
 from ctxrt.ir.graph import Graph
@@ -46,29 +47,6 @@ def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.Model
         raise ModelError(f"no such model file: {model}") from e
     except Exception as e:  # protobuf raises DecodeError, onnx raises ValueError/OSError
         raise ModelError(f"cannot read ONNX model {model}: {e}") from e
-
-
-def declared_io(model: str | os.PathLike | bytes | onnx.ModelProto
-                ) -> tuple[list[tuple[str, np.dtype | None, list[int | str]]],
-                           list[tuple[str, np.dtype | None, list[int | str]]]]:
-    """The model's inputs (initializers excluded) and outputs as declared: (name, dtype, dims), a dim being
-    an int or its symbolic name ("?" when unnamed), the dtype None when not declared. Reads no external data."""
-    if isinstance(model, str | os.PathLike):
-        try:
-            m = onnx.load(os.fspath(model), load_external_data=False)
-        except Exception as e:
-            raise ModelError(f"cannot read ONNX model {model}: {e}") from e
-    else:
-        m = load_model(model)
-    inits = {i.name for i in m.graph.initializer}
-
-    def one(vi: onnx.ValueInfoProto) -> tuple[str, np.dtype | None, list[int | str]]:
-        tt = vi.type.tensor_type
-        dims: list[int | str] = [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or "?")
-                                 for d in tt.shape.dim]  # some exporters write -1 for a dynamic dim
-        return vi.name, np_dtype(tt.elem_type, f"{vi.name!r}") if tt.elem_type else None, dims
-
-    return [one(v) for v in m.graph.input if v.name not in inits], [one(v) for v in m.graph.output]
 
 
 def check_size(what: str, dt: np.dtype, shape: Iterable[int]) -> None:
@@ -152,6 +130,13 @@ class Folder:
                  for n, (dt, shape) in self.fixed.items() if n not in self.outputs]
         nodes = []
         for n in self.nodes:  # ops onnx cannot type: typed as copies of their inputs, or by stand-ins
+            if op_key(n) in POOLS and n.output[0] in self.fixed:  # typed by the shape decided for it
+                for o in filter(None, n.output):
+                    shape = self.scope.fresh(f"{o}/shape")
+                    inits.append(numpy_helper.from_array(np.array(self.fixed[o][1], np.int64), shape))
+                    value = helper.make_tensor("v", helper.np_dtype_to_tensor_dtype(self.fixed[o][0]), [1], [0])
+                    nodes.append(helper.make_node("ConstantOfShape", [shape], [o], value=value))
+                continue
             stand_in = extensions.stand_in(n, self.scope.opset)
             if stand_in is not None:
                 nodes += stand_in
@@ -266,7 +251,7 @@ class Folder:
             if node.op_type == "If" and node.input[0] in self.consts:
                 new = control.inline_if(node, self.consts[node.input[0]], fresh)
             elif node.op_type == "Scan":
-                new = control.scan_to_loop(node, self.shape_of, fresh, opset)
+                new = control.scan_to_loop(node, self.shape_of, fresh, opset, self.consts)
             elif node.op_type == "Loop":
                 trips = self._unrollable(node)
                 new = None if trips is None else control.unroll_loop(node, trips, fresh, opset)
@@ -330,6 +315,13 @@ class Folder:
                 changed |= self._type_contrib(node)
             elif node.op_type in ("If", "Loop"):
                 changed |= lower_control(self, node)
+            elif op_key(node) in POOLS and key not in self.fixed:
+                shape = self.shape_of(node.input[0])
+                pooled = None if shape is None else ceil_pool_shape(node, shape)
+                for pos, out in enumerate(node.output if pooled else ()):
+                    if out:  # MaxPool's Indices: int64
+                        self.fixed[out] = (np.dtype(np.int64) if pos else self.dtype_of(node.input[0]), pooled)
+                        changed = True
             elif op_key(node) in values.UPPER_BOUNDS and not any(o in self.fixed for o in node.output if o):
                 bound = values.UPPER_BOUNDS[op_key(node)](node, self.shape_of, self.consts)
                 if bound is None:

@@ -23,11 +23,12 @@ _ONNX_TYPES = {"float32": "float", "float16": "float16", "float64": "double", "b
 
 @dataclass(frozen=True)
 class NodeArg:
-    """Like onnxruntime's NodeArg: `name`, `shape` (ints; a string for a dimension bound only at run),
-    `type` ("tensor(float)", ...)."""
+    """Like onnxruntime's NodeArg: `name`, `shape` (ints; a dimension bound only at run: its symbolic name, or
+    None when unnamed; the whole shape None when not even the rank is known before the feeds are), `type`
+    ("tensor(float)", ...)."""
 
     name: str
-    shape: list[int | str]
+    shape: list[int | str | None] | None
     type: str
 
 
@@ -106,9 +107,9 @@ def cut(t: Tensor, shape: tuple[int, ...] | None) -> np.ndarray:
     return (t.array[part] if t.array is not None else t.numpy()[part]).copy()
 
 
-def node_arg(name: str, dt: np.dtype | None, dims: list[int | str]) -> NodeArg:
+def node_arg(name: str, dt: np.dtype | None, dims: list[int | str | None] | None) -> NodeArg:
     type_name = "undefined" if dt is None else _ONNX_TYPES.get(dt.name, dt.name)
-    return NodeArg(name, list(dims), f"tensor({type_name})")
+    return NodeArg(name, None if dims is None else list(dims), f"tensor({type_name})")
 
 
 __all__ = ["IOBinding", "NodeArg", "cut", "node_arg"]

@@ -71,9 +71,10 @@ class InferenceSession:
         self._variants: dict[int, Variant] = {}  # least recently used first
         self._variant_ids = 0
         self._retired: Counter[str] = Counter()  # counters of freed variants' contexts
-        # name -> (dtype, dims) of the model's inputs and outputs: an ONNX model's as declared (symbolic dims)
-        self._in_decl: dict[str, tuple[np.dtype, list[int | str]]]
-        self._out_decl: dict[str, tuple[np.dtype, list[int | str]]]
+        # name -> (dtype, dims) of the model's inputs and outputs: an ONNX model's as declared, what it leaves
+        # out inferred (symbolic dims; None: unknown; dims None: rank unknown)
+        self._in_decl: dict[str, tuple[np.dtype, list[int | str | None] | None]]
+        self._out_decl: dict[str, tuple[np.dtype, list[int | str | None] | None]]
         default = self._load(path_or_bytes, shapes, graph)
         if self._source is None:
             self._in_decl = {t.name: (np.dtype(t.dtype), list(t.shape)) for t in default.inputs}
@@ -121,17 +122,24 @@ class InferenceSession:
     def _compile_default(self, shapes: Any, graph: str | None) -> Variant | None:
         """Compiled now when every dynamic dim is bound (declared or in `shapes`) and no input decides a
         shape or a branch; otherwise at the first run, for its feeds."""
-        from ctxrt.frontend.onnx import declared_io
+        from ctxrt.frontend.io_types import declared_io
 
         ins, outs = declared_io(self._source)
         self._in_decl = {n: (dt, dims) for n, dt, dims in ins}
         self._out_decl = {n: (dt, dims) for n, dt, dims in outs}
-        if any(isinstance(d, str) for name, _, dims in ins if name not in (shapes or {}) for d in dims):
+        dynamic = {name for name, _, dims in ins if dims is None or not all(isinstance(d, int) for d in dims)}
+        if dynamic - set(shapes or {}):
             return None
         try:
-            return self._single(self._compile(shapes), graph)
+            variant = self._single(self._compile(shapes), graph)
         except ValueInputError:
             return None
+        extents = variant.stages[0].graph.compiled.extents
+        for t in variant.outputs if not dynamic else ():  # what inference left unknown, as compiled
+            dt, dims = self._out_decl[t.name]
+            if t.name not in extents and (dims is None or None in dims):  # not an upper bound of a size
+                self._out_decl[t.name] = (dt, list(t.shape))
+        return variant
 
     def _single(self, ctx: Context, graph: str | None) -> Variant:
         g = ctx.graph(graph)
@@ -157,8 +165,8 @@ class InferenceSession:
             if not isinstance(v, np.ndarray | Tensor):
                 raise ShapeError(f"input {name!r} must be a numpy.ndarray or a ctxrt.Tensor, got {type(v).__name__}")
             got = v.shape
-            if v.dtype != dt or len(got) != len(dims) or any(isinstance(d, int) and d != g
-                                                             for d, g in zip(dims, got, strict=True)):
+            if v.dtype != dt or dims is not None and (len(got) != len(dims) or any(
+                    isinstance(d, int) and d != g for d, g in zip(dims, got, strict=True))):
                 fixed = " (a context binary has fixed shapes)" if self._source is None and v.dtype == dt else ""
                 raise ShapeError(f"input {name!r} expects {dt}{dims}, got {v.dtype}{list(got)}{fixed}")
         key = next((k for k, v in self._variants.items() if v.matches(feeds)), None)

@@ -168,7 +168,7 @@ def held_stats(retired: Counter[str], contexts: list[Context], store: WeightStor
 
 
 def variants_warning(compiled: int, dims: Mapping[tuple[str, int], set[int]],
-                     decl: Mapping[str, tuple[Any, list[int | str]]], max_variants: int) -> str | None:
+                     decl: Mapping[str, tuple[Any, list[int | str | None] | None]], max_variants: int) -> str | None:
     """What a session that keeps compiling says (once, at its WARN_AFTER-th compile): which input axes took
     which sizes, and how to bind or widen them instead."""
     if compiled < WARN_AFTER:
@@ -176,11 +176,11 @@ def variants_warning(compiled: int, dims: Mapping[tuple[str, int], set[int]],
     varying = {key: sorted(sizes) for key, sizes in dims.items() if len(sizes) > 1}
     seen = []
     for (name, axis), sizes in varying.items():
-        declared = decl[name][1] if name in decl else []
+        declared = (decl[name][1] if name in decl else None) or []  # None: rank unknown
         label = f" ({declared[axis]})" if axis < len(declared) and isinstance(declared[axis], str) else ""
         seen.append(f"input {name!r} axis {axis}{label} took {len(sizes)} sizes from {sizes[0]} to {sizes[-1]}")
-    example = {name: [max(dims[(name, a)]) for a in range(len(declared))]
-               for name, (_, declared) in decl.items() if any((name, a) in varying for a in range(len(declared)))}
+    example = {name: [max(dims[(name, a)]) for a in range(len(declared or []))]
+               for name, (_, declared) in decl.items() if any((name, a) in varying for a in range(len(declared or [])))}
     how = (f"pad inputs to one size and bind it, e.g. InferenceSession(..., shapes={example}), or to a few "
            "sizes (e.g. powers of two)" if example else "feed value inputs fewer distinct values")
     return (f"InferenceSession compiled {compiled} shape variants of its model "

@@ -295,9 +295,10 @@ def depth_space_split(spec: NodeSpec) -> tuple[tuple[int, ...], tuple[int, ...]]
     """DepthToSpace / SpaceToDepth as a 6-D split of the input and a permutation of it (every backend's)."""
     n, c, h, w = spec.inputs[0].shape
     b = int(spec.attr("blocksize"))
+    dcr = spec.attr("mode", "DCR") == "DCR"  # SpaceToDepth has the mode since opset 28 (CRD: channels first)
     if spec.op == "SpaceToDepth":
-        return (n, c, h // b, b, w // b, b), (0, 3, 5, 1, 2, 4)
-    if spec.attr("mode", "DCR") == "DCR":
+        return (n, c, h // b, b, w // b, b), (0, 3, 5, 1, 2, 4) if dcr else (0, 1, 3, 5, 2, 4)
+    if dcr:
         return (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2)
     return (n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3)
 

@@ -1,0 +1,31 @@
+"""Pool output shapes onnx shape inference gets wrong: with ceil_mode=1, a last window that starts in the end
+padding is counted before opset 22 (the spec and onnxruntime drop it at every opset). The frontend types such a
+pool's outputs itself (`Folder.annotate`) and its readers from them (`Folder.skeleton`)."""
+
+from __future__ import annotations
+
+import onnx
+from onnx import helper
+
+POOLS = {"MaxPool", "AveragePool", "LpPool"}
+
+
+def ceil_pool_shape(node: onnx.NodeProto, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The output shape of a pool with ceil_mode=1 whose last window along some axis would start in the end
+    padding: the ONNX spec and onnxruntime drop that window, onnx shape inference counts it before opset 22.
+    None for any other pool (inference is right)."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    nd = len(shape) - 2
+    if not attrs.get("ceil_mode") or attrs.get("auto_pad", b"NOTSET") != b"NOTSET" or nd < 1:
+        return None
+    k, st = list(attrs.get("kernel_shape", [])), list(attrs.get("strides", [1] * nd))
+    dil, pads = list(attrs.get("dilations", [1] * nd)), list(attrs.get("pads", [0] * 2 * nd))
+    if not len(k) == len(st) == len(dil) == nd or len(pads) != 2 * nd or min(st) < 1:
+        return None  # the kernel names what is wrong
+    out, dropped = [], False
+    for a, i in enumerate(shape[2:]):
+        o = -(-(i + pads[a] + pads[a + nd] - (k[a] - 1) * dil[a] - 1) // st[a]) + 1
+        if o > 1 and (o - 1) * st[a] >= i + pads[a]:
+            o, dropped = o - 1, True
+        out.append(o)
+    return (*shape[:2], *out) if dropped else None
