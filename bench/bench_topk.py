@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
-from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 from threadpoolctl import threadpool_limits
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_ops import _median_ms  # noqa: E402
 
 import ctxrt
 
@@ -43,15 +47,6 @@ def _model(shape: tuple[int, ...], k: int, axis: int, largest: int, dtype: type)
                                helper.make_tensor_value_info("i", onnx.TensorProto.INT64, None)],
                               [numpy_helper.from_array(np.array([k], np.int64), "k")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-def _median_ms(fn: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
 
 
 def bench(name: str, repeat: int, rounds: int, threads: int) -> dict[str, float | str]:
