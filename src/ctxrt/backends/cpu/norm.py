@@ -36,30 +36,33 @@ def _compute_dtype(spec: NodeSpec) -> np.dtype:
 
 
 class _Rows:
-    """Per-row mean and 1/std of x viewed as (rows, n), normalized into y (both in the compute type)."""
+    """Per-row mean and 1/std of x viewed as (rows, n), normalized into y (both in the compute type). Without
+    `center` (RMS normalization) the mean is not subtracted and the mean output is zeros."""
 
-    def __init__(self, rows: int, n: int, cdt: np.dtype, eps: float) -> None:
-        self.rows, self.n, self.cdt, self.eps = rows, n, cdt, cdt.type(eps)
+    def __init__(self, rows: int, n: int, cdt: np.dtype, eps: float, center: bool = True) -> None:
+        self.rows, self.n, self.cdt, self.eps, self.center = rows, n, cdt, cdt.type(eps), center
         self.col = np.full((n, 1), 1 / n, cdt)
         item = cdt.itemsize
-        self.scratch = (rows * item, rows * item, rows * n * item)
+        self.scratch = (rows * item,) * (1 + center) + (rows * n * item,)
 
     def bind(self, x: np.ndarray, y: np.ndarray, scratch: list[Any]) -> tuple[Launch, np.ndarray, np.ndarray]:
         """(launch, mean [rows, 1], 1/std [rows, 1]); the launch leaves (x - mean) / std in y."""
-        col, eps = self.col, self.eps
-        mu = scratch_view(scratch[0], (self.rows, 1), self.cdt)
-        inv = scratch_view(scratch[1], (self.rows, 1), self.cdt)
-        sq = scratch_view(scratch[2], (self.rows, self.n), self.cdt)
+        col, eps, center = self.col, self.eps, self.center
+        mu = scratch_view(scratch[0], (self.rows, 1), self.cdt) if center else np.zeros((1, 1), self.cdt)
+        inv = scratch_view(scratch[center], (self.rows, 1), self.cdt)
+        sq = scratch_view(scratch[center + 1], (self.rows, self.n), self.cdt)
+        src = y if center else x  # what is squared and scaled: the centred rows, or x itself
 
         def run() -> None:
-            np.matmul(x, col, out=mu)
-            np.subtract(x, mu, out=y)
-            np.multiply(y, y, out=sq)
+            if center:
+                np.matmul(x, col, out=mu)
+                np.subtract(x, mu, out=y)
+            np.multiply(src, src, out=sq)
             np.matmul(sq, col, out=inv)
             np.add(inv, eps, out=inv)
             np.sqrt(inv, out=inv)
             np.reciprocal(inv, out=inv)
-            np.multiply(y, inv, out=y)
+            np.multiply(src, inv, out=y)
         return run, mu, inv
 
 

@@ -14,40 +14,11 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.cpu.elementwise import BoundKernel
-from ctxrt.backends.cpu.norm import _Rows
+from ctxrt.backends.cpu.norm import _fail, _Rows
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
-from ctxrt.errors import UnsupportedOpError
 from ctxrt.ir.canonical import output_slots
 
 _STASH = {1: np.dtype(np.float32), 11: np.dtype(np.float64)}
-
-
-def _fail(spec: NodeSpec, what: str) -> UnsupportedOpError:
-    return UnsupportedOpError(f"{spec.op} node {spec.name!r}: {what} is not supported")
-
-
-class _RmsRows:
-    """x / sqrt(mean(x^2) + eps) per row of a (rows, n) view, and the rows' 1/rms, in the compute type."""
-
-    def __init__(self, rows: int, n: int, cdt: np.dtype, eps: float) -> None:
-        self.rows, self.n, self.cdt, self.eps = rows, n, cdt, cdt.type(eps)
-        self.col = np.full((n, 1), 1 / n, cdt)
-        self.scratch = (rows * cdt.itemsize, rows * n * cdt.itemsize)
-
-    def bind(self, x: np.ndarray, y: np.ndarray, scratch: list[Any]) -> tuple[Launch, np.ndarray, np.ndarray]:
-        """(launch, zeros [rows, 1] for the mean output, 1/rms [rows, 1]); the launch leaves x / rms in y."""
-        col, eps = self.col, self.eps
-        inv = scratch_view(scratch[0], (self.rows, 1), self.cdt)
-        sq = scratch_view(scratch[1], (self.rows, self.n), self.cdt)
-
-        def run() -> None:
-            np.multiply(x, x, out=sq)
-            np.matmul(sq, col, out=inv)
-            np.add(inv, eps, out=inv)
-            np.sqrt(inv, out=inv)
-            np.reciprocal(inv, out=inv)
-            np.multiply(x, inv, out=y)
-        return run, np.zeros((1, 1), self.cdt), inv
 
 
 def _compute_dtype(spec: NodeSpec, stash: int = 1) -> np.dtype:
@@ -77,7 +48,7 @@ def simplified_norm(spec: NodeSpec) -> Kernel:
     axis %= rank
     cdt = _compute_dtype(spec, int(spec.attr("stash_type", 1)))
     rows, n = int(np.prod(shape[:axis], dtype=np.int64)), int(np.prod(shape[axis:], dtype=np.int64))
-    stats = _RmsRows(rows, n, cdt, float(spec.attr("epsilon", 1e-5)))
+    stats = _Rows(rows, n, cdt, float(spec.attr("epsilon", 1e-5)), center=False)
     scale_shape = spec.inputs[1].shape
     flat = int(np.prod(scale_shape)) == n and len(scale_shape) <= rank - axis
     slots = output_slots(spec.attrs, len(spec.outputs), 2)
@@ -121,7 +92,7 @@ def skip_norm(spec: NodeSpec) -> Kernel:
     n = shape[-1]
     rows = int(np.prod(shape[:-1], dtype=np.int64))
     eps = float(spec.attr("epsilon", 1e-12))
-    stats: _RmsRows | _Rows = _RmsRows(rows, n, cdt, eps) if simplified else _Rows(rows, n, cdt, eps)
+    stats = _Rows(rows, n, cdt, eps, center=not simplified)
     ins = spec.inputs + [None] * (5 - len(spec.inputs))
     beta_i, bias_i = (None, 3) if simplified else (3, 4)
     has_beta, has_bias = beta_i is not None and ins[beta_i] is not None, ins[bias_i] is not None
