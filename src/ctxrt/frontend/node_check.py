@@ -48,8 +48,8 @@ def check_node(spec: NodeSpec) -> None:
             raise SpecError(f"{where}: transB needs 2-D weights")
         inputs[1], consts[1] = TensorSpec((w.shape[1], w.shape[0]), w.dtype), None
     names = [f"in{i}" if t is not None else "" for i, t in enumerate(inputs)]
-    inits = [numpy_helper.from_array(np.asarray(c), names[i]) for i, c in enumerate(consts)
-             if c is not None and names[i] and np.asarray(c).dtype.kind in "iub" and np.asarray(c).size <= _CONST_LIMIT]
+    inits = [numpy_helper.from_array(c, names[i]) for i, c in enumerate(consts)  # small ints: Reshape-like values
+             if isinstance(c, np.ndarray) and names[i] and c.dtype.kind in "iub" and c.size <= _CONST_LIMIT]
     for pos, key in PARAM_INPUTS.get(spec.op, {}).items():
         if key in attrs and key not in schema.attributes:
             value = attrs.pop(key)
@@ -69,8 +69,6 @@ def check_node(spec: NodeSpec) -> None:
     onnx_attrs = _attributes(schema, attrs, where)
     graph_inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(t.dtype)), t.shape)
                     for n, t in zip(names, inputs, strict=False) if n and t is not None]
-    graph_inputs += [helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in inits
-                     if t.name.startswith("param")]
     node = helper.make_node(spec.op, names, out_names, **onnx_attrs)
     model = helper.make_model(
         helper.make_graph([node], "spec", graph_inputs, [helper.make_tensor_value_info(n, 0, None)
@@ -84,8 +82,11 @@ def check_node(spec: NodeSpec) -> None:
     except Exception as e:  # onnx's checker and inference raise several types, all meaning "not a valid node"
         detail = " ".join(str(e).split())[:300]
         raise SpecError(f"{where}: not a valid ONNX node: {detail}") from None
+    present = [n for n in out_names if n]
+    if len(present) != len(declared):
+        raise SpecError(f"{where}: {len(declared)} outputs declared, the op has {len(present)}")
     got = {vi.name: vi.type.tensor_type for vi in inferred.graph.output}
-    for k, (name, t) in enumerate(zip([n for n in out_names if n], declared, strict=False)):
+    for k, (name, t) in enumerate(zip(present, declared, strict=True)):
         tt = got.get(name)
         shape = (tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim)
                  if tt is not None and tt.HasField("shape") else None)
@@ -95,8 +96,6 @@ def check_node(spec: NodeSpec) -> None:
         if shape != tuple(t.shape) or dtype != np.dtype(t.dtype):
             raise SpecError(f"{where}: output {k} is declared {np.dtype(t.dtype).name}{list(t.shape)}, the op "
                             f"computes {dtype.name}{list(shape)}")
-    if len([n for n in out_names if n]) != len(declared):
-        raise SpecError(f"{where}: {len(declared)} outputs declared, the op has {len([n for n in out_names if n])}")
 
 
 def _peel_epilogue(spec: NodeSpec, attrs: dict[str, Any], inputs: list[TensorSpec | None], where: str) -> int:
