@@ -32,6 +32,7 @@ from ctxrt.cli_args import (
     not_an_input,
     output_dir,
     output_file,
+    parse_dims,
     positive_int,
     random_feeds,
     read_inputs,
@@ -322,13 +323,14 @@ def cmd_compile(args: argparse.Namespace) -> int:
     backend = compile_backend(args.backend, args.config, tuning)
     shapes = graph_shapes(args.shape, len(args.models))
     values = graph_values(args.value, len(args.models))
+    dims = parse_dims(args.dim)
     models = [(m, s, n, v) for m, s, n, v in zip(args.models, shapes, _graph_names(args.models), values,
                                                   strict=True)]
     label = args.models[0] if len(args.models) == 1 else f"{len(args.models)} models"
     with _progress(args, f"compile {Path(label).name}"):
         with naming(args.models[0]) if len(args.models) == 1 else contextlib.nullcontext():
             graphs, weights = compile_graphs(models, backend, args.io_mem_type,
-                                             options=compile_options(args.prefer), **tuning)
+                                             options=compile_options(args.prefer), dims=dims, **tuning)
         if args.epcontext:
             written = _write_with_epcontext(args, out, graphs, weights, backend)
         else:
@@ -402,6 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--shape", action="append", default=[], help="[K:]NAME=1x3x224x224 (K: model index)")
     c.add_argument("--value", action="append", default=[],
                    help="[K:]NAME=1,2,3: compile for this value of an input that decides a shape or a branch")
+    c.add_argument("--dim", action="append", default=[],
+                   help="NAME=MIN:MAX: one program for every size of dim NAME (a symbolic dim of the model, or "
+                   "INPUT:AXIS) in this range (docs/shapes.md)")
     c.add_argument("--split", type=positive_int, metavar="K",
                    help="cut the model into K context binaries in the directory -o, chained by an EPContext model")
     c.add_argument("--config", metavar="TUNING.json",

@@ -65,6 +65,25 @@ def parse_shape(text: str, option: str = "--shape") -> tuple[str, tuple[int, ...
     return name, shape
 
 
+def parse_dims(specs: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """--dim NAME=MIN:MAX (NAME a symbolic dim, or INPUT:AXIS) -> {NAME: (MIN, MAX)}."""
+    out: dict[str, tuple[int, int]] = {}
+    for spec in specs:
+        name, sep, text = spec.rpartition("=")
+        lo, colon, hi = text.partition(":")
+        try:
+            rng = (int(lo), int(hi))
+        except ValueError:
+            rng = None
+        if not sep or not name or not colon or rng is None or not 0 <= rng[0] <= rng[1]:
+            raise UsageError(f"--dim expects NAME=MIN:MAX with 0 <= MIN <= MAX (e.g. past_sequence=0:2048), got "
+                             f"{spec!r}")
+        if name in out and out[name] != rng:
+            raise UsageError(f"--dim {spec}: dim {name!r} already has the range {out[name][0]}:{out[name][1]}")
+        out[name] = rng
+    return out
+
+
 def parse_value(text: str, option: str = "--value") -> tuple[str, list[bool | int | float]]:
     """NAME=V,V,... (numbers, or true/false): the value a value input is compiled for (DESIGN.md §9b)."""
     name, sep, items = text.rpartition("=")

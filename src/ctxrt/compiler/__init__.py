@@ -21,13 +21,14 @@ if TYPE_CHECKING:
 
 
 def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backend, name: str = "main",
-          values: Mapping[str, Any] | None = None, feeds: Mapping[str, Any] | None = None) -> IRGraph:
+          values: Mapping[str, Any] | None = None, feeds: Mapping[str, Any] | None = None,
+          keep: frozenset[str] = frozenset()) -> IRGraph:
     """ONNX model -> IR graph with static shapes, after the default passes (on control-flow bodies too).
     `values` bakes in value inputs; missing ones are taken from `feeds` when given (DESIGN.md §9b)."""
     from ctxrt.frontend.onnx import to_ir
 
     progress.stage("reading and folding")
-    return _passes(to_ir(model, supported_ops(backend), shapes, name, values, feeds))
+    return _passes(to_ir(model, supported_ops(backend), shapes, name, values, feeds, keep))
 
 
 def _passes(graph: IRGraph) -> IRGraph:
@@ -64,30 +65,38 @@ def compile_ir(graph: IRGraph, backend: Backend, options: Mapping[str, Any] | No
 def compile_model(model: Any, shapes: Mapping[str, Iterable[int]] | None = None, backend: Backend | None = None,
                   name: str = "main", values: Mapping[str, Any] | None = None,
                   feeds: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
-                  tuner: Tuner | None = None) -> tuple[CompiledGraph, dict[str, Any]]:
-    """One ONNX model (path, bytes or ModelProto) -> (compiled graph, the constants it reads)."""
+                  tuner: Tuner | None = None, dims: Mapping[str, Any] | None = None
+                  ) -> tuple[CompiledGraph, dict[str, Any]]:
+    """One ONNX model (path, bytes or ModelProto) -> (compiled graph, the constants it reads). `dims` (a dim
+    name or "INPUT:AXIS" -> (min, max)) makes it one range program for every shape inside (docs/shapes.md)."""
     backend = backend or get_backend("cpu")
+    if dims:
+        from ctxrt.compiler.ranges import compile_ranges
+
+        return compile_ranges(model, dims, backend, name, shapes, values, feeds, options, tuner)
     return compile_ir(lower(model, shapes, backend, name, values, feeds), backend, options, tuner)
 
 
 def compile(model: str | os.PathLike | bytes | Any, shapes: Mapping[str, Iterable[int]] | None = None,
             backend: str | Backend = "cpu", defer_graph_init: bool = False, io_mem_type: str = "raw",
             values: Mapping[str, Any] | None = None, *, num_threads: int | None = None,
-            prefer: str = "speed", **tuning: Any) -> Context:
+            prefer: str = "speed", dims: Mapping[str, Any] | None = None, **tuning: Any) -> Context:
     """Online prepare: compile an ONNX model in memory and return a Context (finalized unless deferred).
 
     `io_mem_type="memhandle"` tells the context its IO tensors will be passed as memory handles, so it
     allocates no internal IO buffers (DESIGN.md §6). `values` gives the values of value inputs (inputs that
     decide shapes or branches, DESIGN.md §9b), e.g. {"shape": [2, -1]}: the graph is specialized on them.
     `num_threads`: threads its runs use (None: the cores other processes leave idle). `prefer="memory"` keeps
-    kernels whose own constants would be larger than the weights (Winograd, prepacked layouts) out. `tuning`
+    kernels whose own constants would be larger than the weights (Winograd, prepacked layouts) out. `dims`
+    (a dim name of the model, or "INPUT:AXIS" -> (min, max)) compiles one program for every shape inside those
+    ranges (docs/shapes.md). `tuning`
     takes the compile config's keys (docs/tuning.md): `tuning_mode=True, performance_cache_dir=...,
     invalidate_performance_cache=False` and the budgets."""
     from ctxrt.runtime.loader import compile_to_context
 
     be = get_backend(backend)
     graphs, weights = compile_graphs([(model, shapes, "main", values)], be, io_mem_type,
-                                     options=compile_options(prefer), **tuning)
+                                     options=compile_options(prefer), dims=dims, **tuning)
     return compile_to_context(graphs, weights, be, defer_graph_init, num_threads)
 
 

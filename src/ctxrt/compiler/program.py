@@ -90,6 +90,8 @@ class CompiledGraph:
     extents: dict[str, tuple[int, Ref]] = field(default_factory=dict)
     programs: list[Any] = field(default_factory=list)  # device programs its kernels need (not in PROGRAMS)
     tuning: list[dict[str, Any]] = field(default_factory=list)  # tuning mode's record (META, not PROGRAMS)
+    # A range program's dims and how its shapes follow them (compiler/ranges.py); None: fixed shapes.
+    ranges: Any = None
 
     @property
     def io_bytes(self) -> int:

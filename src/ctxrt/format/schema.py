@@ -280,9 +280,56 @@ def _graph(value: Any, g: dict[str, Any], weights: dict[str, int], backend: str,
         extents[name] = (bounded[name], ref)
     if extents.keys() != bounded.keys():
         raise FormatError(f"{where} extents: {sorted(extents)} do not match META's bounded outputs {sorted(bounded)}")
-    return CompiledGraph(g["name"], g["opset"], inputs, outputs, steps, g["spillfill_size"], g["lower_bound"],
-                         alignment, g["strategy"], intervals, const_names,
-                         value_inputs(g, {t.name: t for t in inputs}, where), extents)
+    graph = CompiledGraph(g["name"], g["opset"], inputs, outputs, steps, g["spillfill_size"], g["lower_bound"],
+                          alignment, g["strategy"], intervals, const_names,
+                          value_inputs(g, {t.name: t for t in inputs}, where), extents)
+    if "ranges" in g:
+        graph.ranges = _ranges(g["ranges"], graph, f"{where} ranges")
+    return graph
+
+
+def _ranges(value: Any, g: CompiledGraph, where: str) -> Any:
+    """A range program's dims and entries, each place they name checked to exist, and every tensor they shape
+    checked to stay within its upper-bound size anywhere in the ranges (so no view leaves the arena)."""
+    from ctxrt.compiler.ranges import MAX_DIMS, RangeError, Ranges, check_fits, entry_target
+
+    r = as_map(value, where)
+    dims = []
+    for i, d in enumerate(as_list(field(r, "dims", where), f"{where} dims")):
+        d = as_list(d, f"{where} dims[{i}]")
+        if len(d) != 3:
+            raise FormatError(f"{where} dims[{i}]: expected [name, min, max]")
+        lo = as_int(d[1], f"{where} dims[{i}] min")
+        dims.append((as_str(d[0], f"{where} dims[{i}] name"), lo, as_int(d[2], f"{where} dims[{i}] max", lo)))
+    if not 0 < len(dims) <= MAX_DIMS:
+        raise FormatError(f"{where} dims: 1 to {MAX_DIMS} dims, got {len(dims)}")
+    readers = []
+    for i, rd in enumerate(as_list(field(r, "readers", where), f"{where} readers")):
+        rd = as_list(rd, f"{where} readers[{i}]")
+        if len(rd) != 2:
+            raise FormatError(f"{where} readers[{i}]: expected [input, axis]")
+        inp = as_int(rd[0], f"{where} readers[{i}] input", 0, len(g.inputs) - 1)
+        readers.append((inp, as_int(rd[1], f"{where} readers[{i}] axis", 0, max(len(g.inputs[inp].shape) - 1, 0))))
+    if len(readers) != len(dims):
+        raise FormatError(f"{where} readers: {len(readers)} for {len(dims)} dims")
+    entries = []
+    for i, e in enumerate(as_list(field(r, "entries", where), f"{where} entries")):
+        e = as_list(e, f"{where} entries[{i}]")
+        if len(e) != 2:
+            raise FormatError(f"{where} entries[{i}]: expected [where, coefficients]")
+        place = as_list(e[0], f"{where} entries[{i}] where")
+        coeffs = [as_int(c, f"{where} entries[{i}] coefficients", -(1 << 40), 1 << 40)
+                  for c in as_list(e[1], f"{where} entries[{i}] coefficients")]
+        if len(coeffs) != 1 << len(dims) or not entry_target(g, place):
+            raise FormatError(f"{where} entries[{i}]: {place!r} is no integer of this program, or the coefficients "
+                              "do not match the dims")
+        entries.append((place, coeffs))
+    ranges = Ranges(dims, readers, entries)
+    try:
+        check_fits(g, ranges, dims)
+    except RangeError as e:
+        raise FormatError(f"{where}: {e}") from None
+    return ranges
 
 
 def _size(t: TensorInfo) -> int:

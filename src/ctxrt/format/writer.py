@@ -187,6 +187,8 @@ def _graph_meta(g: CompiledGraph, backend: str) -> dict[str, Any]:
         meta["value_inputs"] = {k: np.asarray(v).reshape(-1).tolist() for k, v in g.value_inputs.items()}
     if g.extents:
         meta["bounded_outputs"] = {k: axis for k, (axis, _) in g.extents.items()}
+    if g.ranges is not None:  # a range program: its dims and how its integers follow them (docs/format.md)
+        meta["ranges"] = g.ranges.to_meta()
     return meta
 
 

@@ -348,5 +348,6 @@ def _check_settled(st: Folder, body: bool) -> None:
                             "static shapes")
     if problems:
         raise UnsupportedOpError("; ".join(problems))
+    kept = {n.op_type for n in st.nodes if not st.keep.isdisjoint(n.output)}  # a range program's (onnx.py)
     check_supported([n for n in st.nodes if n.op_type not in ("If", "Loop")],
-                    st.scope.supported - FOLD_ONLY | {"Identity", "Dropout"}, set())
+                    st.scope.supported - (FOLD_ONLY - kept) | {"Identity", "Dropout"}, set())

@@ -105,6 +105,9 @@ class Folder:
         self.made_bounded: dict[str, int] = {}  # the same, for outputs of data-dependent ops only
         self.bodies: dict[str, Any] = {}  # control node's first output -> its lowered bodies
         self.value_inputs: dict[str, np.ndarray] = {}
+        # Values never folded into constants: they depend on a dynamic dim of a range program (compiler/ranges.py),
+        # so the nodes making them run as kernels.
+        self.keep: frozenset[str] = frozenset()
 
     # -- the loop ------------------------------------------------------------------------------------
     def settle(self, feeds: Mapping[str, Any] | None) -> None:
@@ -183,7 +186,8 @@ class Folder:
     def fold_once(self) -> bool:
         kept, folded = [], False
         for node in self.nodes:
-            out = None if node.op_type in control.CONTROL_OPS else self._evaluate(node)
+            skip = node.op_type in control.CONTROL_OPS or (self.keep and not self.keep.isdisjoint(node.output))
+            out = None if skip else self._evaluate(node)
             if out is None:
                 kept.append(node)
                 continue
@@ -365,8 +369,9 @@ def _bounded_axes(node: onnx.NodeProto) -> dict[int, int]:
 
 def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str],
           shapes: Shapes | None = None, name: str = "main", values: Mapping[str, Any] | None = None,
-          feeds: Mapping[str, Any] | None = None) -> Graph:
-    """Load an ONNX model as an IR graph with static shapes, constants folded.
+          feeds: Mapping[str, Any] | None = None, keep: frozenset[str] = frozenset()) -> Graph:
+    """Load an ONNX model as an IR graph with static shapes, constants folded (except the values in `keep`:
+    a range program's values that depend on a dynamic dim).
 
     `shapes` binds dynamic input dimensions (an unbound one is bound to 1, with a CtxrtWarning); `values`
     bakes in input values (value inputs, DESIGN.md §9b); value inputs missing from `values` are taken from
@@ -384,6 +389,7 @@ def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str
     inputs, baked = bind_inputs(proto, shapes or {}, values or {}, scope.notes)
     st = Folder(scope, proto.graph, inputs, baked)
     st.value_inputs.update(baked)
+    st.keep = frozenset(keep)
     st.settle(feeds)
     graph = build_graph(st, name)
     if scope.notes:

@@ -44,21 +44,25 @@ class VariantCompiler:
         self._digests: dict[Path, tuple[Stamp, str]] = {}  # file -> (its stamp when hashed, SHA-256 of its bytes)
         self._external: tuple[Stamp, list[Path]] | None = None  # the model's external-data files, by its stamp
 
-    def compile(self, shapes: Mapping[str, Any] | None, feeds: Mapping[str, Any] | None) -> Context:
+    def compile(self, shapes: Mapping[str, Any] | None, feeds: Mapping[str, Any] | None,
+                dims: Mapping[str, tuple[int, int]] | None = None) -> Context:
         """Online prepare with memhandle IO (the session binds every IO tensor); value inputs are taken from
-        `feeds`. Through the cache folder when there is one."""
+        `feeds`; `dims`: the ranges of a range program. Through the cache folder when there is one."""
         from ctxrt.compiler import compile_graphs
         from ctxrt.runtime.loader import compile_to_context
         from ctxrt.runtime.variant import array_of
 
         shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
         feeds = {k: array_of(v) for k, v in (feeds or {}).items()}
+        dims = {k: (int(lo), int(hi)) for k, (lo, hi) in (dims or {}).items()}
         if self.folder is None:
-            graphs, weights = compile_graphs([(self.source, shapes, "main")], self.backend, "memhandle", feeds)
+            graphs, weights = compile_graphs([(self.source, shapes, "main")], self.backend, "memhandle", feeds,
+                                             dims=dims)
             return compile_to_context(graphs, weights, self.backend, store=self.store)
-        return self._cached(shapes, feeds)
+        return self._cached(shapes, feeds, dims)
 
-    def _cached(self, shapes: dict[str, tuple[int, ...]], feeds: dict[str, Any]) -> Context:
+    def _cached(self, shapes: dict[str, tuple[int, ...]], feeds: dict[str, Any],
+                dims: dict[str, tuple[int, int]]) -> Context:
         """The context binary for this compile from the folder, or compiled and kept there. The names of the
         model's value inputs are learned at its first compile and kept beside the binaries."""
         from ctxrt.compiler import compile_graphs, save_context
@@ -68,7 +72,7 @@ class VariantCompiler:
         assert folder is not None
         folder.mkdir(parents=True, exist_ok=True)
         model = self.model_key()
-        key = (model + "\0" + self.options_key(shapes)).encode()
+        key = (model + "\0" + self.options_key(shapes, dims)).encode()
         names_of = (model + "\0" + self.options_key({})).encode()  # the same for every shape: one file a model
         names_file = folder / f"{hashlib.sha256(names_of).hexdigest()[:32]}.value_inputs.json"
 
@@ -90,7 +94,8 @@ class VariantCompiler:
                 except FormatError:  # a damaged entry (or one of its weights): compile again and replace it
                     counters["compile_cache_damaged"] += 1
         counters["compile_cache_misses"] += 1
-        graphs, weights = compile_graphs([(self.source, shapes, "main")], self.backend, "memhandle", feeds)
+        graphs, weights = compile_graphs([(self.source, shapes, "main")], self.backend, "memhandle", feeds,
+                                         dims=dims)
         names = sorted(graphs[0].value_inputs)
         names_file.write_text(json.dumps(names))
         cached = path_for(names)
@@ -113,13 +118,15 @@ class VariantCompiler:
             h.update(f"\0{rel}\0{self._digest(path)}".encode())
         return h.hexdigest()
 
-    def options_key(self, shapes: Mapping[str, tuple[int, ...]]) -> str:
+    def options_key(self, shapes: Mapping[str, tuple[int, ...]], dims: Mapping[str, tuple[int, int]] | None = None
+                    ) -> str:
         """Everything besides the model and the values of value inputs that a compiled binary depends on."""
         from ctxrt.compiler import compile_options
 
         be = self.backend
         return json.dumps({
             "shapes": sorted((k, list(v)) for k, v in shapes.items()), "io_mem_type": "memhandle",
+            "dims": sorted((k, list(v)) for k, v in (dims or {}).items()),
             "options": compile_options(), "device": be.device_id(), "ctxrt": ctxrt.__version__,
             "formats": list(layout.SUPPORTED_VERSIONS), "cpus": os.cpu_count(),
             "backend": {"onednn": getattr(be, "onednn", None), "layout": getattr(getattr(be, "layout", None), "name",

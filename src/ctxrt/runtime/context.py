@@ -251,6 +251,7 @@ class Context:
                 buf = self._alloc(max(off + n for _, off, n in layout), "io")
                 internal = {name: be.view(buf, off, info.shape, info.dtype)
                             for (name, off, _), info in zip(layout, raw, strict=True)}
+                g._io_places.update({name: (buf, off) for name, off, _ in layout})
             g._prepare(self.arena, internal, self.weights)
         self._count_kernel_bytes()
         self.finalized = True

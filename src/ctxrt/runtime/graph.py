@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections import ChainMap, OrderedDict
 from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +13,7 @@ import numpy as np
 from ctxrt import dtypes
 from ctxrt.backends import select_kernel
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, TensorSpec
-from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Ref, TensorInfo
+from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Ref, Step, TensorInfo
 from ctxrt.errors import FormatError, LifecycleError, RegistrationError, ShapeError
 from ctxrt.runtime.memhandle import MemHandle
 from ctxrt.runtime.partition import HostSteps
@@ -40,6 +42,7 @@ class Graph:
         self._bound: tuple[MemHandle | None, ...] | None = None  # IO bindings the launches are recorded for
         self._io_order: list[str] = []
         self._io_steps: list[int] = []
+        self._io_step_set: set[int] = set()
         self._host: HostSteps | None = None  # steps on the backend's fallback (CPU partitions), if any
         # Value inputs (DESIGN.md §9b): (name, the value compiled for); bounded outputs: (name, axis, size view).
         self.value_inputs: dict[str, np.ndarray] = dict(compiled.value_inputs)
@@ -48,6 +51,17 @@ class Graph:
         # 1 when every kernel is small: one thread, no barrier per kernel (runtime/work.py); None: the idle cores
         self.thread_cap: int | None = thread_cap(compiled.steps)
         self._view: Any = None  # Ref -> the backend's tensor, made at _prepare
+        # A range program (compiler/ranges.py): one child graph per set of dim values met lately, sharing this
+        # graph's arena, weights, unchanged kernels and IO buffers. `_io_places`: IO name -> (buffer, offset).
+        self.ranges = compiled.ranges
+        self._children: OrderedDict[tuple[int, ...], Graph] = OrderedDict()
+        self._io_places: dict[str, tuple[Any, int]] = {}
+        self._parent: Graph | None = None
+        self._held: list[Any] = []  # a child's buffers of varying integer constants
+        # A range program's kernels (and IO-free launches) of changed steps, by (step, its integers' values): a
+        # decoder's token steps differ from each other in a few attention steps only.
+        self._step_cache: dict[int, OrderedDict[tuple[int, ...], tuple[Step, Kernel, Launch | None]]] = {}
+        self._steps_made: dict[tuple[int, tuple[int, ...]], Step] = {}
 
     @property
     def spillfill_size(self) -> int:
@@ -68,11 +82,15 @@ class Graph:
         return list(dict.fromkeys(p for k in self._kernels for p in k.programs))
 
     # -- preparation (at finalize) -------------------------------------------------------------
-    def _build_kernels(self, weights: Mapping[str, np.ndarray]) -> None:
-        """Instantiate every step's kernel on the backend the step was compiled for; `weights` are host arrays."""
+    def _build_kernels(self, weights: Mapping[str, np.ndarray], reuse: Mapping[int, Kernel] | None = None) -> None:
+        """Instantiate every step's kernel on the backend the step was compiled for; `weights` are host arrays.
+        `reuse`: kernels already built for some steps (by index; a range program's unchanged steps)."""
         backend = self.ctx.backend
         self._kernels = []
-        for step in self.compiled.steps:
+        for k, step in enumerate(self.compiled.steps):
+            if reuse and k in reuse:
+                self._kernels.append(reuse[k])
+                continue
             spec = NodeSpec(step.op, step.name, step.attrs,
                             [TensorSpec(r.shape, np.dtype(r.dtype)) if r else None for r in step.inputs],
                             [TensorSpec(r.shape, np.dtype(r.dtype)) for r in step.outputs],
@@ -89,9 +107,11 @@ class Graph:
                                   "count (oneDNN sizes some scratchpads by it); compile it again")
             self._kernels.append(kernel)
 
-    def _prepare(self, arena: tuple[Any, int], internal: Mapping[str, Any], weights: Mapping[str, Any]) -> None:
+    def _prepare(self, arena: tuple[Any, int], internal: Mapping[str, Any], weights: Mapping[str, Any],
+                 reuse: Mapping[int, Launch] | None = None) -> None:
         """Bind every launch that touches no IO tensor now; IO launches are bound per set of IO bindings
-        (at once when every IO tensor has an internal buffer, else at the first execute)."""
+        (at once when every IO tensor has an internal buffer, else at the first execute). `reuse`: launches
+        already bound (by step index) to the same views."""
         backend = self.ctx.backend
         arena_buf, base = arena
 
@@ -111,8 +131,9 @@ class Graph:
         self._io_order = [t.name for t in self.inputs + self.outputs]
         self._io_steps = [k for k, step in enumerate(self.compiled.steps)
                           if any(r is not None and r.space in (INPUT, OUTPUT) for r in step.inputs + step.outputs)]
-        io_steps = set(self._io_steps)
-        self._launches = [None if k in io_steps else self._bind_step(k)
+        io_steps = self._io_step_set = set(self._io_steps)
+        reuse = reuse or {}
+        self._launches = [None if k in io_steps else reuse[k] if k in reuse else self._bind_step(k)
                           for k in range(len(self.compiled.steps))]
         self._bound = None
         if all(name in self._internal for name in self._io_order):
@@ -139,16 +160,104 @@ class Graph:
         for name, h in zip(self._io_order, bound, strict=True):
             if h is None and name not in self._internal:  # prepared as memhandle, now run raw
                 info = self._info[name]
-                buf = ctx._alloc(info.nbytes, "io")
-                self._internal[name] = ctx.backend.view(buf, 0, info.shape, info.dtype)
-                ctx.stats["lazy_allocs"] += 1
+                buf, off = self._parent._io_place(name) if self._parent is not None else self._io_place(name)
+                self._internal[name] = ctx.backend.view(buf, off, info.shape, info.dtype)
         self._views = {name: (h.view if h is not None else self._internal[name])
                        for name, h in zip(self._io_order, bound, strict=True)}
         for k in self._io_steps:
             self._launches[k] = self._bind_step(k)
         self._bound = bound
         ctx.stats["recordings"] += 1
-        ctx._count_kernel_bytes()  # IO launches bound anew may hold constants of their own
+        if self._parent is None:  # a range program's children share its kernels: counted once, by the parent
+            ctx._count_kernel_bytes()  # IO launches bound anew may hold constants of their own
+
+    def _io_place(self, name: str) -> tuple[Any, int]:
+        """(buffer, offset) of an IO tensor's internal buffer, allocated now (at the upper bound of a range
+        program, so every child graph uses the same bytes) when it has none yet."""
+        if name not in self._io_places:
+            ctx = self.ctx
+            self._io_places[name] = (ctx._alloc(self._info[name].nbytes, "io"), 0)
+            ctx.stats["lazy_allocs"] += 1
+        return self._io_places[name]
+
+    # -- range programs ------------------------------------------------------------------------------
+    MAX_CHILDREN = 8  # sets of dim values whose kernels and launches a range program keeps
+
+    def _child(self, inputs: Mapping[str, Any]) -> Graph:
+        """The graph for the dim values of these feeds (made on first need, least recently used dropped)."""
+        if inputs.keys() != self._input_names:
+            missing, extra = sorted(self._input_names - set(inputs)), sorted(set(inputs) - self._input_names)
+            raise ShapeError(f"graph {self.name!r} inputs: missing {missing}, unknown {extra}")
+        dims = self.ranges.bind(self.inputs, [getattr(inputs[t.name], "shape", None) for t in self.inputs])
+        child = self._children.get(dims)
+        if child is not None:
+            self._children.move_to_end(dims)
+            return child
+        with self.ctx.lock:
+            child = self._specialize(dims)
+            self._children[dims] = child
+            while len(self._children) > self.MAX_CHILDREN:
+                self._children.popitem(last=False)[1]._release()
+        return child
+
+    def _specialize(self, dims: tuple[int, ...]) -> Graph:
+        ctx, be = self.ctx, self.ctx.backend
+        compiled, origin, keys, consts = self.ranges.specialize(self.compiled, dims, self._steps_made)
+        host, device, held = {}, {}, []
+        if consts:  # small integer constants that follow the dims (Range limits, Trilu's k, ...)
+            where = {k: c for c, k in enumerate(origin)}
+            for (k, i), elements in consts.items():
+                if k not in where:
+                    continue
+                step = compiled.steps[where[k]]
+                ref = step.inputs[i]
+                base = ref.key.split("@", 1)[0]  # a step made for other dims names its constant base@dims
+                array = np.array(ctx.host_weights[base])
+                flat = array.reshape(-1)
+                for j, v in elements:
+                    flat[j] = v
+                key = f"{base}@{'x'.join(map(str, dims))}"
+                buf = be.alloc_device(max(array.nbytes, 1))
+                tensor = be.view(buf, 0, array.shape, array.dtype)
+                be.copy_in(tensor, array)
+                held.append(buf)
+                host[key], device[key] = array, tensor
+                compiled.steps[where[k]] = replace(step, inputs=[replace(r, key=key) if c == i else r
+                                                                 for c, r in enumerate(step.inputs)])
+        child = Graph(ctx, compiled)
+        child._parent, child._held = self, held
+        kernels: dict[int, Kernel] = {}
+        launches: dict[int, Launch] = {}
+        for c, k in enumerate(origin):
+            if k not in keys:  # unchanged: the upper bound's kernel and launch
+                kernels[c] = self._kernels[k]
+                if self._launches[k] is not None:
+                    launches[c] = self._launches[k]
+                continue
+            hit = self._step_cache.get(k, {}).get(keys[k])
+            if hit is not None:
+                kernels[c] = hit[1]
+                if hit[2] is not None:
+                    launches[c] = hit[2]
+        child._build_kernels(ChainMap(host, ctx.host_weights), kernels)
+        if be.programs is not None:
+            be.programs.prepare(dict.fromkeys(p for kern in child._kernels for p in kern.programs), ctx.stats)
+        internal = {name: be.view(*self._io_places[name], info.shape, info.dtype)
+                    for name, info in child._info.items() if name in self._io_places}
+        child._prepare(ctx.arena, internal, ChainMap(device, ctx.weights), launches)
+        for c, k in enumerate(origin):
+            if k in keys:
+                cache = self._step_cache.setdefault(k, OrderedDict())
+                step = compiled.steps[c]
+                if (k, keys[k]) not in self._steps_made:  # the step before its constants were renamed
+                    self._steps_made[(k, keys[k])] = step
+                cache[keys[k]] = (step, child._kernels[c], child._launches[c])
+                cache.move_to_end(keys[k])
+                while len(cache) > self.MAX_CHILDREN:
+                    self._steps_made.pop((k, cache.popitem(last=False)[0]), None)
+        ctx.stats["range_specializations"] += 1
+        ctx.stats["range_kernels_built"] += len(compiled.steps) - len(kernels)
+        return child
 
     def _check_overlap(self, bound: tuple[MemHandle | None, ...]) -> None:
         """An output handle may not share bytes with any other IO handle: kernels would read what they
@@ -195,6 +304,8 @@ class Graph:
         if not ctx.finalized:
             raise LifecycleError(f"graph {self.name!r}: context was freed" if ctx.freed
                                  else f"graph {self.name!r}: context is not finalized; call finalize()")
+        if self.ranges is not None:
+            return self._child(inputs).execute(inputs, outputs)
         if inputs.keys() != self._input_names:
             missing, extra = sorted(self._input_names - set(inputs)), sorted(set(inputs) - self._input_names)
             raise ShapeError(f"graph {self.name!r} inputs: missing {missing}, unknown {extra}")
@@ -279,9 +390,17 @@ class Graph:
         self._launches, self._views, self._internal, self._kernels, self._bound = [], {}, {}, [], None
         self._host, self._extents = None, []
         self._view = None
+        for child in self._children.values():
+            child._release()
+        self._children.clear()
+        self._held = []
+        self._step_cache.clear()
+        self._steps_made.clear()
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once and return new arrays for every output (of their real shapes, see `execute`)."""
+        if self.ranges is not None and self.ctx.finalized:
+            return self._child(feeds).run(feeds)
         outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in self.outputs}
         for name, shape in self.execute(feeds, outs).items():
             outs[name] = np.ascontiguousarray(outs[name][tuple(slice(0, d) for d in shape)])

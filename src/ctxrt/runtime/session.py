@@ -30,6 +30,10 @@ from ctxrt.runtime.ort_api import IOBinding, NodeArg, cut, node_arg
 from ctxrt.runtime.tensor import Tensor, TensorCache
 from ctxrt.runtime.variant import HELD, Stage, Variant, array_of, held_stats, variants_warning
 
+# A dynamic dim's default upper bound in a session's range program (docs/shapes.md): each is compiled for
+# [0 or 1, max(DEFAULT_DIM_MAX, twice the first size met)], its arena planned there; a larger feed widens it.
+DEFAULT_DIM_MAX = 16
+
 
 class InferenceSession:
     """Run a model the way onnxruntime does: `.onnx` (compiled in memory, or through `cache_dir`), `.ctx`,
@@ -50,9 +54,19 @@ class InferenceSession:
     def __init__(self, path_or_bytes: str | os.PathLike | bytes, backend: str | Backend = "cpu", *,
                  sess_options: Any = None, shapes: Mapping[str, Sequence[int]] | None = None, graph: str | None = None,
                  cache_dir: str | os.PathLike | None = None, tensor_cache_bytes: int | None = None,
-                 enable_tensor_cache: bool = True, enable_pinning: bool = True, max_shape_variants: int = 4) -> None:
+                 enable_tensor_cache: bool = True, enable_pinning: bool = True, max_shape_variants: int = 4,
+                 dim_ranges: Mapping[str, Any] | None = None, default_dim_max: int = DEFAULT_DIM_MAX) -> None:
         if max_shape_variants < 1:
             raise CtxrtError(f"max_shape_variants must be >= 1, got {max_shape_variants}")
+        if default_dim_max < 0:
+            raise CtxrtError(f"default_dim_max must be >= 0 (0: compile for exact shapes), got {default_dim_max}")
+        from ctxrt.compiler.ranges import parse_range
+
+        # Ranges of dynamic dims (docs/shapes.md): a model with symbolic dims compiles one range program; a feed
+        # outside compiles one wider range. default_dim_max=0 compiles a variant per input shape instead.
+        self._ranges: dict[str, tuple[int, int]] = {k: parse_range(v, k) for k, v in (dim_ranges or {}).items()}
+        self._default_dim_max = default_dim_max
+        self._range_failed: str | None = None  # why this model cannot be a range program, once known
         if sess_options is None and is_session_options(backend):  # onnxruntime's order: (model, sess_options)
             backend, sess_options = "cpu", backend
         self._num_threads = threads_of(sess_options)
@@ -179,9 +193,32 @@ class InferenceSession:
                              f"{np.asarray(array_of(feeds[name])).reshape(-1).tolist()[:16]} (a context binary is "
                              "compiled for one value)")
         else:
+            dims = self._range_dims(feeds)
+            if dims:  # a wider range replaces the ranges compiled before
+                for k in [k for k, old in self._variants.items() if old.ranged is not None]:
+                    self._retire(self._variants.pop(k))
             while len(self._variants) >= self._max_variants:  # free the least recently used variant first
                 self._retire(self._variants.pop(next(iter(self._variants))))
-            variant = self._single(self._compile({n: feeds[n].shape for n in decl}, feeds), None)
+            variant = None
+            if dims:
+                from ctxrt.compiler.ranges import RangeError
+
+                tight = {k: (lo, max(lo, self._needed(feeds, k))) for k, (lo, _) in dims.items()}
+                for attempt in (dims, tight) if tight != dims else (dims,):
+                    try:  # the upper bound may be past what the model allows (e.g. its position table): then tight
+                        variant = self._single(self._compile(None, feeds, attempt), None)
+                    except RangeError as e:
+                        self._range_failed = str(e)
+                        warnings.warn(f"InferenceSession compiles this model for exact input shapes: it cannot be "
+                                      f"one program for ranges of its dims ({e})", CtxrtWarning, stacklevel=3)
+                        break
+                    except CtxrtError:
+                        continue
+                    self._ranges.update(attempt)
+                    self._counters["range_programs_compiled"] += 1
+                    break
+            if variant is None:
+                variant = self._single(self._compile({n: feeds[n].shape for n in decl}, feeds), None)
             self._counters["shape_variants_compiled"] += 1
             self._cache.keep_only(variant.io_keys().union(*(v.io_keys() for v in self._variants.values())))
             self._note_compile(variant)
@@ -212,11 +249,50 @@ class InferenceSession:
                 self._warned = True
                 warnings.warn(message, CtxrtWarning, stacklevel=4)
 
-    def _compile(self, shapes: Any, feeds: Mapping[str, Any] | None = None) -> Context:
+    def _compile(self, shapes: Any, feeds: Mapping[str, Any] | None = None,
+                 dims: Mapping[str, tuple[int, int]] | None = None) -> Context:
         """Online prepare with memhandle IO (the session binds every IO tensor); through `cache_dir` when set.
-        Value inputs are taken from `feeds`."""
+        Value inputs are taken from `feeds`; `dims`: ranges of a range program."""
         assert self._compiler is not None
-        return self._compiler.compile(shapes, feeds)
+        return self._compiler.compile(shapes, feeds, dims)
+
+    def _needed(self, feeds: Mapping[str, Any], key: str) -> int:
+        """The size of dim `key` in these feeds."""
+        for name, (_, decl) in self._in_decl.items():
+            for axis, d in enumerate(decl or ()):
+                if d == key or f"{name}:{axis}" == key:
+                    return int(feeds[name].shape[axis])
+        return 0
+
+    def _range_dims(self, feeds: Mapping[str, Any]) -> dict[str, tuple[int, int]] | None:
+        """The ranges to compile these feeds' shapes for: each symbolic dim (an unnamed one as INPUT:AXIS) in
+        the range given or compiled before, widened to hold the feeds (at least doubled), else [0 or 1,
+        max(default_dim_max, twice the feed's size rounded up to a power of two)]. None: compile exact shapes."""
+        if self._range_failed is not None or self._default_dim_max == 0 and not self._ranges:
+            return None
+        seen: dict[str, int] = {}
+        for name, (_, decl) in self._in_decl.items():
+            if decl is None:
+                return None  # rank unknown
+            shape = feeds[name].shape
+            for axis, d in enumerate(decl):
+                if isinstance(d, int):
+                    continue
+                if isinstance(d, str) and not d.isidentifier():
+                    continue  # an expression of other dims (`past + sequence`): derived, not a dim of its own
+                key = d if isinstance(d, str) else f"{name}:{axis}"
+                seen[key] = max(seen.get(key, 0), int(shape[axis]))
+        dims = {}
+        for key, n in seen.items():
+            grown = 2 * (1 << max(n - 1, 0).bit_length())
+            if key in self._ranges:
+                lo, hi = self._ranges[key]
+                if not lo <= n <= hi:
+                    lo, hi = min(lo, n), max(2 * hi, 1 << max(n - 1, 0).bit_length())
+            else:
+                lo, hi = (0 if n == 0 else 1), max(self._default_dim_max, grown)
+            dims[key] = (lo, hi)
+        return dims
 
     # -- onnxruntime's API ---------------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
@@ -243,12 +319,14 @@ class InferenceSession:
                 missing = sorted(set(v.in_info) - set(input_feed))
                 extra = sorted(set(input_feed) - set(v.in_info))
                 raise ShapeError(f"inputs: missing {missing}, unknown {extra}")
-            for info, dt in zip(v.inputs, v.in_dt, strict=True):
+            if v.ranged is not None and v.shapes_for(input_feed):
+                self._cache.keep_only(self._io_keys())
+            for info, dt, shape in zip(v.inputs, v.in_dt, v.in_shapes, strict=True):
                 x = input_feed[info.name]
                 if x.__class__ is Tensor:
-                    self._check_tensor(info, dt, x, "input")
+                    self._check_tensor(info, dt, x, "input", shape)
                 else:
-                    _check_array(info, dt, x, "input")
+                    _check_array(info, dt, x, "input", shape)
             cache, counters, pin = self._cache, self._counters, self._pinning
             own_in, own_out = v.own_in, v.own_out  # what this run took from the cache (None: the user's)
             try:
@@ -257,12 +335,12 @@ class InferenceSession:
                     if x.__class__ is Tensor:
                         v.cur_in[i] = x
                         continue
-                    t = own_in[i] = cache.acquire(info.shape, v.in_dt[i], v.last_in[i] if pin else None)
+                    t = own_in[i] = cache.acquire(v.in_shapes[i], v.in_dt[i], v.last_in[i] if pin else None)
                     t.write(x)
                     counters["copies_in"] += 1
                     v.cur_in[i] = v.last_in[i] = t
-                for i, info in enumerate(v.outputs):
-                    t = own_out[i] = cache.acquire(info.shape, v.out_dt[i], v.last_out[i] if pin else None)
+                for i in range(len(v.outputs)):
+                    t = own_out[i] = cache.acquire(v.out_shapes[i], v.out_dt[i], v.last_out[i] if pin else None)
                     v.cur_out[i] = v.last_out[i] = t
                 v.execute()
                 counters["session_runs"] += 1
@@ -297,6 +375,8 @@ class InferenceSession:
             if self._orphans:
                 self._return_orphans()
             v = self._variant(binding._inputs)
+            if v.ranged is not None and v.shapes_for(binding._inputs):
+                self._cache.keep_only(self._io_keys())
             cache, pin = self._cache, self._pinning
             lent = binding._lent
             for t in lent:  # session output tensors of this binding's previous run go back to the cache first
@@ -307,10 +387,10 @@ class InferenceSession:
                 for i, info in enumerate(v.inputs):
                     x = binding._inputs[info.name]
                     if x.__class__ is Tensor:
-                        self._check_tensor(info, v.in_dt[i], x, "input")  # e.g. destroyed since it was bound
+                        self._check_tensor(info, v.in_dt[i], x, "input", v.in_shapes[i])  # e.g. destroyed since
                     else:
-                        _check_array(info, v.in_dt[i], x, "input")
-                        t = own_in[i] = cache.acquire(info.shape, v.in_dt[i], v.last_in[i] if pin else None)
+                        _check_array(info, v.in_dt[i], x, "input", v.in_shapes[i])
+                        t = own_in[i] = cache.acquire(v.in_shapes[i], v.in_dt[i], v.last_in[i] if pin else None)
                         t.write(x)
                         self._counters["copies_in"] += 1
                         v.last_in[i] = x = t
@@ -318,11 +398,11 @@ class InferenceSession:
                 for i, info in enumerate(v.outputs):
                     y = binding._outputs.get(info.name)
                     if y is None:  # a session tensor, the binding's until its next run (or its deletion)
-                        y = cache.acquire(info.shape, v.out_dt[i], v.last_out[i] if pin else None)
+                        y = cache.acquire(v.out_shapes[i], v.out_dt[i], v.last_out[i] if pin else None)
                         lent.append(y)
                         v.last_out[i] = y
                     else:
-                        self._check_tensor(info, v.out_dt[i], y, "output")
+                        self._check_tensor(info, v.out_dt[i], y, "output", v.out_shapes[i])
                     v.cur_out[i] = y
                     binding._results[info.name] = y
                 v.execute()
@@ -384,13 +464,18 @@ class InferenceSession:
                     self._cache.release(t)
             self._counters["bindings_returned"] += 1
 
-    def _check_tensor(self, info: TensorInfo, dt: np.dtype, t: Tensor, role: str) -> None:
+    def _check_tensor(self, info: TensorInfo, dt: np.dtype, t: Tensor, role: str,
+                      shape: tuple[int, ...] | None = None) -> None:
         if t.session is not self:
             raise RegistrationError(f"{role} {info.name!r}: the Tensor belongs to another session")
         t._check()
-        if t.shape != info.shape or t.dtype != dt:
-            raise ShapeError(f"{role} {info.name!r} expects {dt}{list(info.shape)}, "
+        shape = info.shape if shape is None else shape
+        if t.shape != shape or t.dtype != dt:
+            raise ShapeError(f"{role} {info.name!r} expects {dt}{list(shape)}, "
                              f"got a Tensor {t.dtype}{list(t.shape)}")
+
+    def _io_keys(self) -> set[tuple[tuple[int, ...], str]]:
+        return set().union(*(v.io_keys() for v in self._variants.values()))
 
     @staticmethod
     def _check_outputs(v: Variant, output_names: Sequence[str]) -> Sequence[str]:
@@ -400,12 +485,13 @@ class InferenceSession:
         return output_names
 
 
-def _check_array(info: TensorInfo, dt: np.dtype, value: Any, role: str) -> None:
+def _check_array(info: TensorInfo, dt: np.dtype, value: Any, role: str, shape: tuple[int, ...] | None = None) -> None:
     if not isinstance(value, np.ndarray):
         raise ShapeError(f"{role} {info.name!r} must be a numpy.ndarray or a ctxrt.Tensor, "
                          f"got {type(value).__name__}")
-    if value.shape != info.shape or value.dtype != dt:
-        raise ShapeError(f"{role} {info.name!r} expects {dt}{list(info.shape)}, got {value.dtype}{list(value.shape)}")
+    shape = info.shape if shape is None else shape
+    if value.shape != shape or value.dtype != dt:
+        raise ShapeError(f"{role} {info.name!r} expects {dt}{list(shape)}, got {value.dtype}{list(value.shape)}")
 
 
 __all__ = ["InferenceSession", "IOBinding", "NodeArg", "Tensor"]

@@ -137,7 +137,7 @@ class TensorCache:
         return sum(t.nbytes for t in self._free.values()) + sum(t.nbytes for t in self._lent.values())
 
     def acquire(self, shape: tuple[int, ...], dtype: np.dtype, prefer: Tensor | None = None) -> Tensor:
-        if prefer is not None and id(prefer) in self._free:
+        if prefer is not None and id(prefer) in self._free and prefer.shape == shape and prefer.dtype == dtype:
             t = self._free.pop(id(prefer))
         else:
             t = None

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ctxrt.compiler.program import TensorInfo
-from ctxrt.errors import RegistrationError
+from ctxrt.errors import RegistrationError, ShapeError
 from ctxrt.runtime.context import Context
 from ctxrt.runtime.graph import Graph
 from ctxrt.runtime.memhandle import MemHandle
@@ -67,8 +67,40 @@ class Variant:
         # Value inputs (DESIGN.md §9b) and the values this variant was compiled for.
         self.values = [(n, a) for st in stages for n, a in st.graph.value_inputs.items() if n in self.in_info]
         self.shapes: Mapping[str, tuple[int, ...]] = _NO_SHAPES  # real shapes of the last run's bounded outputs
+        # A range program (one stage): shapes of its IO tensors follow the feeds' (compiler/ranges.py).
+        graph = stages[0].graph if len(stages) == 1 else None
+        self.ranged: Graph | None = graph if graph is not None and graph.ranges is not None else None
+        self.in_shapes = [t.shape for t in inputs]  # the IO shapes of the run in progress
+        self.out_shapes = [t.shape for t in outputs]
+        self.recent: dict[tuple[int, ...], set[tuple[tuple[int, ...], str]]] = {}  # dims -> IO keys, oldest first
+
+    def fits(self, feeds: Mapping[str, Any]) -> bool:
+        """A range program: whether the feeds' shapes lie inside its ranges (static axes checked by the run)."""
+        g = self.ranged
+        try:
+            g.ranges.bind(g.inputs, [getattr(feeds.get(t.name), "shape", None) for t in g.inputs])
+        except ShapeError:
+            return False
+        return all(np.array_equal(array_of(feeds[name]), value) for name, value in self.values)
+
+    def shapes_for(self, feeds: Mapping[str, Any]) -> bool:
+        """Set `in_shapes` and `out_shapes` for a range program's run on these feeds; True when these dims are
+        new (the tensor cache then keeps the IO shapes of the last few only)."""
+        g = self.ranged
+        child = g._child(feeds)
+        self.in_shapes = [t.shape for t in child.inputs]
+        self.out_shapes = [t.shape for t in child.outputs]
+        dims = g.ranges.bind(g.inputs, self.in_shapes)
+        new = dims not in self.recent
+        self.recent.pop(dims, None)
+        self.recent[dims] = {(t.shape, np.dtype(t.dtype).str) for t in child.inputs + child.outputs}
+        while len(self.recent) > Graph.MAX_CHILDREN:
+            self.recent.pop(next(iter(self.recent)))
+        return new
 
     def matches(self, feeds: Mapping[str, Any]) -> bool:
+        if self.ranged is not None:
+            return self.fits(feeds)
         for info in self.inputs:
             v = feeds.get(info.name)
             if v is None or getattr(v, "shape", None) != info.shape:
@@ -119,7 +151,10 @@ class Variant:
         session._counters["plans"] += 1
 
     def io_keys(self) -> set[tuple[tuple[int, ...], str]]:
-        """(shape, dtype) of every input and output: what the session's tensor cache keeps tensors of."""
+        """(shape, dtype) of every input and output: what the session's tensor cache keeps tensors of (a range
+        program's: those of its last few dims)."""
+        if self.ranged is not None:
+            return set().union(*self.recent.values())
         return {(t.shape, np.dtype(t.dtype).str) for t in self.inputs + self.outputs}
 
     def free(self) -> None:

@@ -76,8 +76,14 @@ class OneDnnKernel(Kernel):
     def __init__(self, spec: NodeSpec, prim: api.Primitive, args: list[tuple[int, str, int, api.Desc]],
                  algorithm: str, attrs: dict[str, Any] | None = None,
                  constants: dict[int, np.ndarray | None] | None = None,
-                 variant: Callable[[int], api.Primitive] | None = None) -> None:
+                 variant: Callable[[int], api.Primitive] | None = None, weights: np.ndarray | None = None) -> None:
         self.prim = prim
+        # Weights reordered for this kernel alone (a range program's shape whose primitive reads another format
+        # than the stored one): bound in place of input 1, no thread variants (they would read the stored one).
+        self.own_weights = weights
+        if weights is not None:
+            variant = None
+            self.private_bytes = int(weights.nbytes)
         self.threads = creation_threads(spec)
         self._variant = variant  # thread count -> the same primitive made for that many threads
         self._variants: dict[int, api.Primitive | None] = {self.threads: prim}
@@ -91,6 +97,8 @@ class OneDnnKernel(Kernel):
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Callable[[], None]:
         places = {"in": ins, "out": outs}
+        if self.own_weights is not None:
+            places = {"in": [self.own_weights if i == 1 else x for i, x in enumerate(ins)], "out": outs}
         args = [(arg, api.Memory(md, places[side][i].ctypes.data)) for arg, side, i, md in self.args]
         address = scratch[0].ctypes.data if self.scratch else 0
 
@@ -182,8 +190,9 @@ def conv(spec: NodeSpec) -> Kernel:
 
     attrs: dict[str, Any] = {}
     constants: dict[int, np.ndarray | None] = {}
+    own = None
     if packed:
-        prim = recreate(spec, make, wdims, packed)
+        prim, own = recreate_or_reorder(spec, make, wdims, packed)
     else:
         prim, packed = choose_weights(spec, make, wdims, int(spec.consts[1].nbytes))
         if not spec.options.get("probe"):  # the layout pass only asks whether oneDNN can
@@ -193,7 +202,8 @@ def conv(spec: NodeSpec) -> Kernel:
     reject_reference(prim, spec)
     args = weighted_args(prim, src_md, dst_md, bias_md, attr.binary_index if residual else None)
     kind = "depthwise" if g > 1 and g == m == x[1] else "grouped" if g > 1 else "conv"
-    return OneDnnKernel(spec, prim, args, kind, attrs, constants, variant=variant_of(spec, make, wdims, packed))
+    return OneDnnKernel(spec, prim, args, kind, attrs, constants, variant=variant_of(spec, make, wdims, packed),
+                        weights=own)
 
 
 # Weights formats tried, in order, when the one oneDNN prefers is padded and prefer="memory" (measured: given
@@ -244,6 +254,21 @@ def recreate(spec: NodeSpec, make: Callable[[int | str], api.Primitive], wdims: 
         raise UnsupportedOpError(f"{spec.op} {spec.name!r}: oneDNN here does not read weights in the format the "
                                  f"context was compiled with ({name}): another CPU or oneDNN version; compile it again")
     return prim
+
+
+def recreate_or_reorder(spec: NodeSpec, make: Callable[[int | str], api.Primitive], wdims: tuple[int, ...],
+                        name: str) -> tuple[api.Primitive, np.ndarray | None]:
+    """(the primitive reading the stored weights (format `name`), None); or, in a range program at a shape whose
+    implementations cannot read that format (oneDNN picks other kernels for one image than for a batch), (the
+    preferred primitive, the stored weights reordered for it: kernel-private bytes)."""
+    try:
+        return recreate(spec, make, wdims, name), None
+    except UnsupportedOpError:
+        if spec.consts[1] is None:
+            raise
+    prim = make(api.TAG_ANY)
+    reject_reference(prim, spec)
+    return prim, prepack(spec.consts[1], wdims, name, prim.md(api.Q_WEIGHTS_MD))
 
 
 def variant_of(spec: NodeSpec, make: Callable[..., api.Primitive], wdims: tuple[int, ...], name: str

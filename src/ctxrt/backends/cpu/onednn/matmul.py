@@ -19,14 +19,14 @@ from ctxrt.backends.cpu.onednn.kernels import (
     choose_weights,
     create,
     prepack,
-    recreate,
+    recreate_or_reorder,
     variant_of,
     weighted_args,
 )
 from ctxrt.backends.kernel import Kernel, NodeSpec
 from ctxrt.errors import UnsupportedOpError
 
-MIN_ROWS = 8  # fewer rows of A: a GEMV, as fast in NumPy
+MIN_ROWS = 8  # fewer rows of A: a GEMV, as fast in NumPy (not in a range program: its rows vary, one kernel)
 _ELTWISE = {("Relu", "none"): api.ELTWISE_RELU, ("Gelu", "none"): api.ELTWISE_GELU_ERF,
             ("Gelu", "tanh"): api.ELTWISE_GELU_TANH}
 
@@ -45,7 +45,7 @@ def _shapes(spec: NodeSpec) -> tuple[int, int, int, bool]:
     transposed = bool(spec.attr("transB", 0))
     n, k = b.shape if transposed else b.shape[::-1]
     rows = math.prod(a.shape[:-1])
-    if len(a.shape) < 2 or a.shape[-1] != k or rows < MIN_ROWS:
+    if len(a.shape) < 2 or a.shape[-1] != k or rows < MIN_ROWS and not spec.options.get("ranges"):
         raise UnsupportedOpError(f"{what}: {rows} row(s): a GEMV, left to NumPy")
     return rows, k, n, transposed
 
@@ -79,12 +79,14 @@ def matmul(spec: NodeSpec) -> Kernel:
 
     attrs: dict[str, Any] = {}
     constants: dict[int, np.ndarray | None] = {}
+    own = None
     if packed:
-        prim = recreate(spec, make, (k, n), packed)
+        prim, own = recreate_or_reorder(spec, make, (k, n), packed)
     else:
         prim, packed = choose_weights(spec, make, (k, n), int(spec.consts[1].nbytes))
         if not spec.options.get("probe"):
             constants = {1: prepack(spec.consts[1], (k, n), "ba" if transposed else "ab", prim.md(api.Q_WEIGHTS_MD))}
         attrs = {"weights_tag": packed, "weight_shape": [k, n]}
     args = weighted_args(prim, src_md, dst_md, bias_md, attr.binary_index if residual else None)
-    return OneDnnKernel(spec, prim, args, "matmul", attrs, constants, variant=variant_of(spec, make, (k, n), packed))
+    return OneDnnKernel(spec, prim, args, "matmul", attrs, constants, variant=variant_of(spec, make, (k, n), packed),
+                        weights=own)

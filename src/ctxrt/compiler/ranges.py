@@ -1,0 +1,558 @@
+"""Range programs: one compile valid for every shape inside given ranges of a model's dynamic dims
+(docs/shapes.md), as TensorRT's optimization profiles are.
+
+The model is compiled with ctxrt's static pipeline at a few *probe* points of the ranges: the upper bound U (every
+dim at its maximum; the program's arena is planned there) and the corners of a box {U, U - 1}^k, then one more
+point to verify. The programs must have the same structure (kernels, storage, fusions, layouts); every integer
+that differs between them (a tensor's extent, a Reshape target or Slice bound folded from a Shape chain, a small
+integer constant such as Range's limit or Trilu's k) is fitted as a multilinear polynomial with integer
+coefficients in the dims and evaluated at run time from the feeds' shapes. A constant that depends on a dim in
+any other way (a mask or a positional slice folded at compile time) is not folded: the nodes making it run as
+kernels, and the probes are compiled again. Sizes must not grow when a dim shrinks, so every tensor fits the
+arena planned at U.
+
+At run time, a graph with ranges builds, per distinct set of dim values, the kernels of the steps whose shapes
+or attributes changed (the others are the upper bound's), bound to views at the same arena offsets: no compile.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ctxrt.compiler.program import ARENA, CONST, CompiledGraph, Ref, Step, TensorInfo
+from ctxrt.errors import CtxrtError, ShapeError
+
+if TYPE_CHECKING:
+    from ctxrt.backends import Backend
+    from ctxrt.tuning.tuner import Tuner
+
+MAX_DIMS = 4  # dynamic dims of one range program (its probes: 2^k + 1 compiles)
+_DYN_CONST_MAX = 64  # integer constants up to this many elements may vary with the dims (fitted per element)
+_KEEP_ROUNDS = 8
+
+
+class RangeError(CtxrtError):
+    """The model cannot be compiled as one program for these ranges (the reason says why)."""
+
+
+@dataclass
+class Ranges:
+    """A compiled graph's dynamic dims and how its integers depend on them (stored in the context binary).
+
+    `dims`: (name, lo, hi) each; `readers`: per dim, the (input index, axis) whose extent is that dim;
+    `entries`: (where, coefficients) per integer that varies, `where` one of ["in"|"out", step, input or output
+    index, axis], ["attr", step, key, index path...], ["const", step, input index, flat index], ["I"|"O", io index,
+    axis]; the coefficients are over the monomials of the dims (bit j of a monomial's index: dim j is a factor)."""
+
+    dims: list[tuple[str, int, int]]
+    readers: list[tuple[int, int]]
+    entries: list[tuple[list[Any], list[int]]]
+
+    def __post_init__(self) -> None:
+        k = len(self.dims)
+        self._coeffs = np.array([c for _, c in self.entries], np.int64).reshape(len(self.entries), 1 << k)
+        self._by_step: dict[int, list[int]] = {}
+        for i, (where, _) in enumerate(self.entries):
+            if where[0] not in ("I", "O"):
+                self._by_step.setdefault(int(where[1]), []).append(i)
+        self._io = [i for i, (where, _) in enumerate(self.entries) if where[0] in ("I", "O")]
+
+    def to_meta(self) -> dict[str, Any]:
+        return {"dims": [list(d) for d in self.dims], "readers": [list(r) for r in self.readers],
+                "entries": [[list(w), list(c)] for w, c in self.entries]}
+
+    # -- run time ------------------------------------------------------------------------------------------
+    def bind(self, inputs: Sequence[TensorInfo], shapes: Sequence[tuple[int, ...] | None]) -> tuple[int, ...]:
+        """The dims' values read from the feeds' shapes (in input order), checked against the ranges; a
+        ShapeError names the dim, its value and its range."""
+        values = []
+        for (name, lo, hi), (i, axis) in zip(self.dims, self.readers, strict=True):
+            shape = shapes[i]
+            if shape is None or axis >= len(shape):
+                raise ShapeError(f"input {inputs[i].name!r} expects rank {len(inputs[i].shape)}, got shape "
+                                 f"{None if shape is None else list(shape)}")
+            d = int(shape[axis])
+            if not lo <= d <= hi:
+                raise ShapeError(f"input {inputs[i].name!r} axis {axis} (dim {name!r}) is {d}, outside the range "
+                                 f"{lo}..{hi} this program was compiled for")
+            values.append(d)
+        return tuple(values)
+
+    def evaluate(self, dims: Sequence[int]) -> np.ndarray:
+        return self._coeffs @ _monomials(dims)
+
+    def specialize(self, g: CompiledGraph, dims: Sequence[int], made: Mapping[tuple[int, tuple[int, ...]], Step]
+                   ) -> tuple[CompiledGraph, list[int], dict[int, tuple[int, ...]], dict[tuple[int, int], list[Any]]]:
+        """(g's program at these dim values, the index in g of each of its steps, the values of the varying
+        integers of each step that has any (by index in g), the elements (flat index, value) of the varying
+        integer constants by (step in g, input index)). `made`: steps specialized before, by (index, values).
+        Steps whose outputs are all empty are dropped (nothing to compute); every arena place is the upper
+        bound's."""
+        vals = self.evaluate(dims).tolist()
+        io = {"I": [list(t.shape) for t in g.inputs], "O": [list(t.shape) for t in g.outputs]}
+        for i in self._io:
+            kind, index, axis = self.entries[i][0]
+            io[kind][index][axis] = vals[i]
+        consts: dict[tuple[int, int], list[Any]] = {}
+        steps: list[Step] = []
+        origin: list[int] = []
+        keys: dict[int, tuple[int, ...]] = {}
+        by_step, entries = self._by_step, self.entries
+        for k, step in enumerate(g.steps):
+            idx = by_step.get(k)
+            if idx is not None:
+                key = keys[k] = tuple([vals[i] for i in idx])
+                known = made.get((k, key))
+                if known is None:
+                    step = _apply(step, [(entries[i][0], v) for i, v in zip(idx, key, strict=True)], consts, k)
+                else:
+                    step = known
+                    for i, v in zip(idx, key, strict=True):
+                        if entries[i][0][0] == "const":
+                            consts.setdefault((k, entries[i][0][2]), []).append((entries[i][0][3], v))
+                if all(0 in r.shape for r in step.outputs) and step.outputs:
+                    continue
+            steps.append(step)
+            origin.append(k)
+        inputs = [replace(t, shape=tuple(s)) for t, s in zip(g.inputs, io["I"], strict=True)]
+        outputs = [replace(t, shape=tuple(s)) for t, s in zip(g.outputs, io["O"], strict=True)]
+        child = replace(g, inputs=inputs, outputs=outputs, steps=steps, ranges=None)
+        return child, origin, keys, consts
+
+
+def _monomials(dims: Sequence[int]) -> np.ndarray:
+    m = np.ones(1 << len(dims), np.int64)
+    for s in range(1, len(m)):
+        m[s] = math.prod(int(d) for j, d in enumerate(dims) if s >> j & 1)
+    return m
+
+
+def _apply(step: Step, changes: list[tuple[list[Any], int]], consts: dict[tuple[int, int], list[tuple[int, int]]],
+           k: int) -> Step:
+    ins = [None if r is None else list(r.shape) for r in step.inputs]
+    outs = [list(r.shape) for r in step.outputs]
+    attrs = None
+    for where, v in changes:
+        kind = where[0]
+        if kind == "in":
+            ins[where[2]][where[3]] = v
+        elif kind == "out":
+            outs[where[2]][where[3]] = v
+        elif kind == "attr":
+            if attrs is None:
+                attrs = _copy(step.attrs)
+            _set(attrs, where[2:], v)
+        else:  # an element of a small integer constant
+            consts.setdefault((k, where[2]), []).append((where[3], v))
+    new_in = [None if r is None else replace(r, shape=tuple(s)) for r, s in zip(step.inputs, ins, strict=True)]
+    new_out = [replace(r, shape=tuple(s)) for r, s in zip(step.outputs, outs, strict=True)]
+    return replace(step, inputs=new_in, outputs=new_out, attrs=step.attrs if attrs is None else attrs)
+
+
+def _copy(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _copy(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_copy(x) for x in v]
+    return v
+
+
+def _set(obj: Any, path: Sequence[Any], v: int) -> None:
+    for p in path[:-1]:
+        obj = obj[p]
+    obj[path[-1]] = v
+
+
+# -- compile time ------------------------------------------------------------------------------------------
+
+DimSpec = Mapping[str, Any]  # name or "INPUT:AXIS" -> (lo, hi) | "lo:hi" | [lo, hi]
+
+
+def parse_range(value: Any, what: str) -> tuple[int, int]:
+    """(lo, hi) from (lo, hi), [lo, hi] or "lo:hi"."""
+    try:
+        if isinstance(value, str):
+            lo_s, hi_s = value.split(":")
+            lo, hi = int(lo_s), int(hi_s)
+        else:
+            lo, hi = (int(x) for x in value)
+    except (ValueError, TypeError):
+        raise CtxrtError(f"dim {what!r}: a range is MIN:MAX (two integers), got {value!r}") from None
+    if not 0 <= lo <= hi:
+        raise CtxrtError(f"dim {what!r}: range {lo}:{hi} must have 0 <= MIN <= MAX")
+    return lo, hi
+
+
+def resolve(declared: Sequence[tuple[str, Any, Any]], dims: DimSpec, shapes: Mapping[str, Iterable[int]] | None
+            ) -> tuple[list[tuple[str, int, int]], dict[str, list[Any]]]:
+    """The dims (name, lo, hi) and, per input, each axis as an int (static), ("d", dim index), or an expression
+    over dim names (a derived dim such as `past + sequence`, as the dynamo exporter writes them)."""
+    shapes = {k: list(v) for k, v in (shapes or {}).items()}
+    ranges: dict[str, tuple[int, int]] = {}
+    by_axis: dict[tuple[str, int], str] = {}
+    names = {n for n, _, _ in declared}
+    for key, value in dims.items():
+        ranges[key] = parse_range(value, key)
+        if ":" in key and key.rsplit(":", 1)[0] in names:
+            inp, axis = key.rsplit(":", 1)
+            try:
+                by_axis[(inp, int(axis))] = key
+            except ValueError:
+                raise CtxrtError(f"dim {key!r}: INPUT:AXIS needs an integer axis") from None
+    order = list(ranges)
+    if len(order) > MAX_DIMS:
+        raise RangeError(f"{len(order)} dynamic dims given ({order}); a range program takes at most {MAX_DIMS}")
+    layout: dict[str, list[Any]] = {}
+    used: set[str] = set()
+    for name, _, decl in declared:
+        if name in shapes:
+            layout[name] = [int(d) for d in shapes[name]]
+            continue
+        if decl is None:
+            raise RangeError(f"input {name!r} has no declared rank: give its shape")
+        axes: list[Any] = []
+        for axis, d in enumerate(decl):
+            key = by_axis.get((name, axis))
+            if key is None and isinstance(d, str) and d in ranges:
+                key = d
+            if key is not None:
+                axes.append(("d", order.index(key)))
+                used.add(key)
+            elif isinstance(d, int) and d >= 0:
+                axes.append(d)
+            elif isinstance(d, str) and _expression(d, ranges):
+                axes.append(d)
+                used |= _names(d) & ranges.keys()
+            else:
+                raise RangeError(f"input {name!r} axis {axis} ({d!r}) has no range and no shape: give it one "
+                                 f"(a range on {d!r} or {name}:{axis}, or a shape for {name!r})")
+        layout[name] = axes
+    unused = [k for k in order if k not in used]
+    if unused:
+        raise CtxrtError(f"dims {unused} are not dims of the model's inputs "
+                         f"(inputs: {[(n, d) for n, _, d in declared]})")
+    return [(k, *ranges[k]) for k in order], layout
+
+
+def _names(expr: str) -> set[str]:
+    try:
+        return {n.id for n in ast.walk(ast.parse(expr, mode="eval")) if isinstance(n, ast.Name)}
+    except SyntaxError:
+        return set()
+
+
+def _expression(expr: str, ranges: Mapping[str, Any]) -> bool:
+    names = _names(expr)
+    return bool(names) and names <= ranges.keys()
+
+
+def _eval(expr: str, env: Mapping[str, int]) -> int:
+    def ev(n: ast.AST) -> int:
+        if isinstance(n, ast.Expression):
+            return ev(n.body)
+        if isinstance(n, ast.Name):
+            return int(env[n.id])
+        if isinstance(n, ast.Constant) and isinstance(n.value, int):
+            return int(n.value)
+        if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Add | ast.Sub | ast.Mult | ast.FloorDiv):
+            a, b = ev(n.left), ev(n.right)
+            return {ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b}.get(type(n.op), a // b if b else 0)
+        raise RangeError(f"dim expression {expr!r}: only +, -, * and // of dims and integers are understood")
+    return ev(ast.parse(expr, mode="eval"))
+
+
+def compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str = "main",
+                   shapes: Mapping[str, Iterable[int]] | None = None, values: Mapping[str, Any] | None = None,
+                   feeds: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
+                   tuner: Tuner | None = None) -> tuple[CompiledGraph, dict[str, Any]]:
+    """One ONNX model compiled as a range program: (the program at the upper bound with its `ranges`, its
+    constants). RangeError when the model's programs differ in structure between shapes of the ranges."""
+    from ctxrt import progress
+    from ctxrt.compiler import compile_ir, compile_options, lower
+    from ctxrt.frontend.io_types import declared_io
+
+    declared, _ = declared_io(model)
+    spec, layout = resolve(declared, dims, shapes)
+    k = len(spec)
+    hi = [h for _, _, h in spec]
+    alt = [h - 1 if h - 1 >= max(lo, 1) else lo for _, lo, h in spec]
+    for (dname, lo, h), a in zip(spec, alt, strict=True):
+        if a == h:
+            raise RangeError(f"dim {dname!r}: range {lo}:{h} has one value; give it as a shape")
+
+    def shapes_of(point: Sequence[int]) -> dict[str, list[int]]:
+        env = {n: v for (n, _, _), v in zip(spec, point, strict=True)}
+        return {n: [point[a[1]] if isinstance(a, tuple) else a if isinstance(a, int) else _eval(a, env)
+                    for a in axes] for n, axes in layout.items()}
+
+    # Kernels are chosen once for every shape of the ranges: no choice by size (compiler/ranges.py users: kernels
+    # read options["ranges"]).
+    options = {**(options or compile_options()), "ranges": True}
+    keep: set[str] = set()
+    cache: dict[tuple[int, ...], tuple[CompiledGraph, dict[str, Any]]] = {}
+
+    def at(point: Sequence[int]) -> tuple[CompiledGraph, dict[str, Any]]:
+        key = tuple(point)
+        if key not in cache:
+            label = ", ".join(f"{d[0]}={v}" for d, v in zip(spec, key, strict=True))
+            with progress.part(f"probe {label}"):
+                try:
+                    graph = lower(model, shapes_of(point), backend, name, values, feeds, frozenset(keep))
+                    cache[key] = compile_ir(graph, backend, options, tuner if key == tuple(hi) else None)
+                except CtxrtError as e:
+                    if isinstance(e, RangeError):
+                        raise
+                    raise type(e)(f"at {label} (inside the ranges): {e}") from e
+        return cache[key]
+
+    for _ in range(_KEEP_ROUNDS):
+        (gu, wu), (ga, wa) = at(hi), at(alt)
+        _same_structure(gu, ga, spec)
+        grow = {_value_of(key) for key in _varying_consts(gu, wu, wa)} - keep
+        if not grow:
+            break
+        keep |= grow
+        cache.clear()
+    else:
+        raise RangeError(f"constants {sorted(grow)[:4]} still depend on the dims after {_KEEP_ROUNDS} rounds")
+    corners = [tuple(hi[j] if not b >> j & 1 else alt[j] for j in range(k)) for b in range(1 << k)]
+    graphs = [at(p) for p in corners]
+    for g, _ in graphs[1:]:
+        _same_structure(graphs[0][0], g, spec)
+    flat = [_integers(g, w, graphs[0][1]) for g, w in graphs]
+    where = flat[0][0]
+    x = np.array([f[1] for f in flat], np.int64)  # corners x integers
+    basis = np.array([_monomials(p) for p in corners], np.float64)
+    coeffs = np.rint(np.linalg.solve(basis, x.astype(np.float64))).astype(np.int64)
+    if not np.array_equal(basis.astype(np.int64) @ coeffs, x):
+        bad = where[int(np.argmax((basis.astype(np.int64) @ coeffs != x).any(0)))]
+        raise RangeError(f"{_label(bad, graphs[0][0])} is not a polynomial of the dims with integer coefficients")
+    verify = _verify_point(spec, hi, alt)
+    if verify is not None:
+        gv, wv = at(verify)
+        _same_structure(graphs[0][0], gv, spec)
+        got = np.array(_integers(gv, wv, graphs[0][1])[1], np.int64)
+        want = coeffs.T @ _monomials(verify)
+        if not np.array_equal(got, want):
+            bad = where[int(np.argmax(got != want))]
+            raise RangeError(f"{_label(bad, graphs[0][0])} does not follow the dims linearly (at "
+                             f"{dict(zip([d[0] for d in spec], verify, strict=True))})")
+    varying = [i for i in range(len(where)) if coeffs[1:, i].any()]
+    entries = [(list(where[i]), [int(c) for c in coeffs[:, i]]) for i in varying]
+    gu, wu = graphs[0]
+    readers = _readers(spec, entries, gu)
+    ranges = Ranges(list(spec), readers, entries)
+    check_fits(gu, ranges, spec)
+    return replace(gu, ranges=ranges), wu
+
+
+def _verify_point(spec: list[tuple[str, int, int]], hi: list[int], alt: list[int]) -> tuple[int, ...] | None:
+    """A third value of every dim (inside its range, at least 1 where possible), or None when a range has only two."""
+    point = []
+    for (_, lo, h), a in zip(spec, alt, strict=True):
+        candidates = [v for v in (lo + (h - lo) // 3, (lo + h) // 2, lo + 1, lo) if lo <= v <= h and v not in (h, a)]
+        good = [v for v in candidates if v >= 1] or candidates
+        if not good:
+            return None
+        point.append(good[0])
+    return tuple(point)
+
+
+def _value_of(key: str) -> str:
+    """The model value a constant's key names (a kernel's prepacked copy `w#packed`, a folded output's copy)."""
+    key = key.split("#", 1)[0]
+    return key[:-len("/constant")] if key.endswith("/constant") else key
+
+
+def _varying_consts(g: CompiledGraph, wu: Mapping[str, Any], wa: Mapping[str, Any]) -> list[str]:
+    """Constants whose contents differ between two probes, except small integer ones of one shape (fitted)."""
+    out = []
+    for key in g.const_names:
+        a, b = np.asarray(wu[key]), np.asarray(wa[key]) if key in wa else None
+        fitted = a.dtype.kind in "iu" and a.size <= _DYN_CONST_MAX  # per element, when only its values change
+        if b is None or a.shape != b.shape or a.dtype != b.dtype or not (fitted or np.array_equal(a, b)):
+            out.append(key)
+    return out
+
+
+def _signature(g: CompiledGraph) -> list[Any]:
+    def ref(r: Ref | None) -> Any:
+        return None if r is None else (r.space, r.key, r.dtype, len(r.shape))
+
+    sig: list[Any] = [[(t.name, t.dtype, len(t.shape)) for t in g.inputs + g.outputs], sorted(g.value_inputs),
+                      sorted((k, a) for k, (a, _) in g.extents.items())]
+    for s in g.steps:
+        sig.append((s.op, s.name, s.algorithm, s.backend, [ref(r) for r in s.inputs], [ref(r) for r in s.outputs],
+                    len(s.scratch), _attr_shape(s.attrs)))
+    return sig
+
+
+def _attr_shape(v: Any) -> Any:
+    """An attribute value with its integers blanked: what must not change between probes."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int):
+        return int
+    if isinstance(v, dict):
+        return {k: _attr_shape(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_attr_shape(x) for x in v]
+    if isinstance(v, np.ndarray):
+        return ("array", v.dtype.str, v.shape, v.tobytes())
+    return repr(v)
+
+
+def _same_structure(a: CompiledGraph, b: CompiledGraph, spec: Any) -> None:
+    sa, sb = _signature(a), _signature(b)
+    if len(sa) != len(sb):
+        raise RangeError(f"the program has {len(a.steps)} steps at one shape and {len(b.steps)} at another (kernels "
+                         "or fusions chosen by shape)")
+    for x, y, step in zip(sa, sb, [None, None, None, *a.steps], strict=True):
+        if x != y:
+            what = "its inputs and outputs" if step is None else f"{step.op} node {step.name!r}"
+            raise RangeError(f"{what} compile differently at different shapes of the ranges (another kernel, "
+                             "storage or attribute)")
+
+
+def _integers(g: CompiledGraph, w: Mapping[str, Any], wu: Mapping[str, Any]) -> tuple[list[tuple[Any, ...]], list[int]]:
+    """(where, value) of every integer of a program that may vary with the dims, in a fixed order."""
+    where: list[tuple[Any, ...]] = []
+    vals: list[int] = []
+    for i, t in enumerate(g.inputs):
+        for a, d in enumerate(t.shape):
+            where.append(("I", i, a))
+            vals.append(d)
+    for i, t in enumerate(g.outputs):
+        for a, d in enumerate(t.shape):
+            where.append(("O", i, a))
+            vals.append(d)
+    for k, s in enumerate(g.steps):
+        for kind, refs in (("in", s.inputs), ("out", s.outputs)):
+            for i, r in enumerate(refs):
+                if r is None:
+                    continue
+                for a, d in enumerate(r.shape):
+                    where.append((kind, k, i, a))
+                    vals.append(d)
+                if kind == "in" and r.space == CONST:
+                    c = np.asarray(w[r.key])
+                    if c.dtype.kind in "iu" and c.size <= _DYN_CONST_MAX:
+                        for j, v in enumerate(c.reshape(-1).tolist()):
+                            where.append(("const", k, i, j))
+                            vals.append(int(v))
+        for path, v in _attr_ints(s.attrs, ()):
+            where.append(("attr", k, *path))
+            vals.append(v)
+    return where, vals
+
+
+def _attr_ints(v: Any, path: tuple[Any, ...]) -> Iterable[tuple[tuple[Any, ...], int]]:
+    if isinstance(v, bool):
+        return
+    if isinstance(v, int):
+        yield path, v
+    elif isinstance(v, dict):
+        for key, x in v.items():
+            yield from _attr_ints(x, (*path, key))
+    elif isinstance(v, list):
+        for j, x in enumerate(v):
+            yield from _attr_ints(x, (*path, j))
+
+
+def _readers(spec: list[tuple[str, int, int]], entries: list[tuple[list[Any], list[int]]], g: CompiledGraph
+             ) -> list[tuple[int, int]]:
+    readers = []
+    for j, (name, _, _) in enumerate(spec):
+        unit = [1 if s == 1 << j else 0 for s in range(1 << len(spec))]
+        found = next(((w[1], w[2]) for w, c in entries if w[0] == "I" and c == unit), None)
+        if found is None:
+            raise RangeError(f"dim {name!r} is no input's extent by itself: ctxrt reads dims from the inputs' shapes")
+        readers.append(found)
+    return readers
+
+
+def check_fits(g: CompiledGraph, ranges: Ranges, spec: list[tuple[str, int, int]]) -> None:
+    """Every extent is >= 0 and no tensor in the arena is larger than at the upper bound, anywhere in the ranges
+    (a multilinear extent is monotone along each dim when it is along every edge of the box of ranges)."""
+    box = [tuple(c) for c in itertools.product(*[(lo, hi) for _, lo, hi in spec])]
+    vals = np.stack([ranges.evaluate(p) for p in box])  # corners x entries
+    top = box.index(tuple(hi for _, _, hi in spec))
+    for i, (where, _) in enumerate(ranges.entries):
+        if where[0] not in ("in", "out", "I", "O"):
+            continue
+        col = vals[:, i]
+        if col[top] != _extent(g, where):
+            raise RangeError(f"{_label(where, g)} is {col[top]} at the upper bound, not the program's "
+                             f"{_extent(g, where)}")
+        if (col < 0).any():
+            raise RangeError(f"{_label(where, g)} is negative somewhere in the ranges")
+        for j in range(len(spec)):
+            for c, p in enumerate(box):
+                if p[j] == spec[j][1]:  # the low end of an edge along dim j
+                    q = box.index(tuple(spec[j][2] if t == j else x for t, x in enumerate(p)))
+                    if col[c] > col[q]:
+                        raise RangeError(f"{_label(where, g)} shrinks as dim {spec[j][0]!r} grows: the arena is "
+                                         "planned at the upper bound")
+
+
+def _extent(g: CompiledGraph, where: Sequence[Any]) -> int:
+    kind = where[0]
+    if kind in ("I", "O"):
+        return (g.inputs if kind == "I" else g.outputs)[where[1]].shape[where[2]]
+    step = g.steps[where[1]]
+    return (step.inputs if kind == "in" else step.outputs)[where[2]].shape[where[3]]
+
+
+def entry_target(g: CompiledGraph, where: Sequence[Any]) -> bool:
+    """Whether `where` (an entry's place, as read from a file) names an integer of program `g`."""
+    try:
+        kind = where[0]
+        if kind in ("I", "O"):
+            t = (g.inputs if kind == "I" else g.outputs)[int(where[1])]
+            return len(where) == 3 and int(where[1]) >= 0 and 0 <= int(where[2]) < len(t.shape)
+        k = int(where[1])
+        if not 0 <= k < len(g.steps):
+            return False
+        step = g.steps[k]
+        if kind in ("in", "out"):
+            r = (step.inputs if kind == "in" else step.outputs)[int(where[2])]
+            return len(where) == 4 and r is not None and where[2] >= 0 and 0 <= int(where[3]) < len(r.shape)
+        if kind == "const":
+            r = step.inputs[int(where[2])]
+            return (len(where) == 4 and r is not None and r.space == CONST and where[2] >= 0
+                    and 0 <= int(where[3]) < max(math.prod(r.shape), 1) <= _DYN_CONST_MAX)
+        if kind == "attr":
+            obj: Any = step.attrs
+            for p in where[2:]:
+                if isinstance(obj, dict) and isinstance(p, str) and p in obj or \
+                        isinstance(obj, list) and isinstance(p, int) and 0 <= p < len(obj):
+                    obj = obj[p]
+                else:
+                    return False
+            return isinstance(obj, int) and not isinstance(obj, bool)
+    except (IndexError, TypeError, ValueError):
+        return False
+    return False
+
+
+def _label(where: Sequence[Any], g: CompiledGraph) -> str:
+    kind = where[0]
+    if kind in ("I", "O"):
+        t = (g.inputs if kind == "I" else g.outputs)[where[1]]
+        return f"{'input' if kind == 'I' else 'output'} {t.name!r} axis {where[2]}"
+    s = g.steps[where[1]]
+    return f"{s.op} node {s.name!r} ({kind} {list(where[2:])})"
+
+
+def arena_refs(step: Step) -> list[Ref]:
+    return [r for r in (*step.inputs, *step.outputs) if r is not None and r.space == ARENA]
+
+
+__all__ = ["RangeError", "Ranges", "compile_ranges", "parse_range", "resolve"]
