@@ -50,10 +50,30 @@ def test_api_mirrors_onnxruntime(backend, squeezenet) -> None:
         assert np.array_equal(sess.run(None, feeds)[0], again)
 
 
-def test_dynamic_dims_compile_per_shape_and_reuse(backend, bert) -> None:
-    """No shapes given: get_inputs shows the symbolic dims; each new shape compiles once, then is reused."""
+def test_dynamic_dims_compile_once_as_a_range_program(backend, bert) -> None:
+    """No shapes given: get_inputs shows the symbolic dims; one compile serves every shape in the ranges, each new
+    shape's kernels are made once (no compile), then reused."""
     theirs = ort.InferenceSession(str(bert), providers=["CPUExecutionProvider"])
     with ctxrt.InferenceSession(bert, backend) as sess:
+        assert [i.shape for i in sess.get_inputs()] == [["batch", "seq"], ["batch", "seq"]]
+        created = []
+        for seq, batch in [(16, 1), (8, 2), (16, 1), (8, 2), (16, 1)]:
+            feeds = zoo.bert_feeds(seq, batch=batch)
+            got = sess.run(None, feeds)
+            want = theirs.run(None, feeds)
+            assert_close(Run(dict(enumerate(want)), dict(enumerate(got)), 0, 0))
+            created.append(sess.stats["tensors_created"])
+        s = sess.stats
+        assert s["shape_variants_compiled"] == 1 and s["range_programs_compiled"] == 1
+        assert s["range_specializations"] == 2 and s["recordings"] == 2  # one per shape, replayed after
+        assert created[2:] == [created[1]] * 3  # no tensor made once both shapes were seen
+        assert s["tensor_cache_misses"] == created[-1]
+
+
+def test_dynamic_dims_compile_per_shape_and_reuse(backend, bert) -> None:
+    """default_dim_max=0: each new shape compiles once (an exact-shape variant), then is reused."""
+    theirs = ort.InferenceSession(str(bert), providers=["CPUExecutionProvider"])
+    with ctxrt.InferenceSession(bert, backend, default_dim_max=0) as sess:
         assert [i.shape for i in sess.get_inputs()] == [["batch", "seq"], ["batch", "seq"]]
         created = []
         for seq, batch in [(16, 1), (8, 2), (16, 1), (8, 2), (16, 1)]:
@@ -381,7 +401,7 @@ def test_one_session_from_threads(backend, squeezenet) -> None:
 
 def test_shape_variants_are_bounded(backend, bert) -> None:
     theirs = ort.InferenceSession(str(bert), providers=["CPUExecutionProvider"])
-    with ctxrt.InferenceSession(bert, backend, max_shape_variants=1) as sess:
+    with ctxrt.InferenceSession(bert, backend, max_shape_variants=1, default_dim_max=0) as sess:
         for seq in (16, 8, 16):
             feeds = zoo.bert_feeds(seq)
             assert_close(Run(dict(enumerate(theirs.run(None, feeds))), dict(enumerate(sess.run(None, feeds))), 0, 0))

@@ -1,4 +1,5 @@
-"""InferenceSession's shape variants (issue 19): every variant shares one copy of the model's weights (in
+"""InferenceSession's exact-shape variants (what default_dim_max=0, or a model that cannot be a range program,
+compiles; range programs: test_ranges.py): every variant shares one copy of the model's weights (in
 memory and in `cache_dir`), the compile cache's key covers external-data files and options, freed variants
 leave nothing behind in the tensor cache, and a session that keeps compiling says so once; on every backend."""
 
@@ -83,7 +84,7 @@ def test_variants_share_one_copy_of_the_weights(backend, kind, tmp_path) -> None
     path = _write(_mlp() if kind == "mlp" else _cnn(), tmp_path / f"{kind}.onnx")
     shape = (WIDTH,) if kind == "mlp" else (16, 12, 12)
     for be in _backends(backend):
-        with ctxrt.InferenceSession(path, be, max_shape_variants=10) as sess:
+        with ctxrt.InferenceSession(path, be, max_shape_variants=10, default_dim_max=0) as sess:
             sess.run(None, {"x": _x(1, shape)})
             one = sess.stats
             for batch in range(2, 7):
@@ -105,7 +106,7 @@ def test_variants_share_one_copy_of_the_weights(backend, kind, tmp_path) -> None
 def test_cache_dir_stores_the_weights_once(backend, tmp_path) -> None:
     path, cache = _write(_mlp(), tmp_path / "mlp.onnx"), tmp_path / "cache"
     weights = 2 * WIDTH * HIDDEN * 4  # w1 and w2 (b1, under 4 KiB, stays inside each binary)
-    with ctxrt.InferenceSession(path, backend, cache_dir=cache, max_shape_variants=10) as sess:
+    with ctxrt.InferenceSession(path, backend, cache_dir=cache, max_shape_variants=10, default_dim_max=0) as sess:
         for batch in range(1, 6):
             sess.run(None, {"x": _x(batch)})
         s = sess.stats
@@ -123,7 +124,7 @@ def test_cache_dir_stores_the_weights_once(backend, tmp_path) -> None:
         assert meta["format_version"] == 2 and len(meta["external_weights"]) == 2
     with pytest.raises(FormatError, match="kept outside it"):
         ctxrt.context_from_binary(binaries[0], backend)
-    with ctxrt.InferenceSession(path, backend, cache_dir=cache, max_shape_variants=10) as sess:
+    with ctxrt.InferenceSession(path, backend, cache_dir=cache, max_shape_variants=10, default_dim_max=0) as sess:
         for batch in range(1, 6):
             np.testing.assert_allclose(sess.run(None, {"x": _x(batch)})[0], _ort(path, _x(batch)), rtol=1e-4,
                                        atol=1e-4)
@@ -171,7 +172,7 @@ def test_freed_variants_leave_nothing_behind(backend, tmp_path) -> None:
     freed context's handle, the weights of freed variants are let go, and close() returns the rest."""
     path = _write(_mlp(), tmp_path / "mlp.onnx")
     n = 100 if backend == "cpu" else 24
-    with ctxrt.InferenceSession(path, backend, max_shape_variants=2) as warm:  # process-wide caches filled
+    with ctxrt.InferenceSession(path, backend, max_shape_variants=2, default_dim_max=0) as warm:  # process-wide caches filled
         warm.run(None, {"x": _x(1)})
     gc.collect()
     tracemalloc.start()
@@ -179,7 +180,7 @@ def test_freed_variants_leave_nothing_behind(backend, tmp_path) -> None:
         start = _numpy_held()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CtxrtWarning)
-            sess = ctxrt.InferenceSession(path, backend, max_shape_variants=2)
+            sess = ctxrt.InferenceSession(path, backend, max_shape_variants=2, default_dim_max=0)
             mine = ctxrt.Tensor.from_numpy(_x(5), sess)  # a user's tensor, bound to variants that are freed
             held = []
             for batch in [*range(3, 11), 1, 2, *range(11, n + 1), 1, 2]:
@@ -213,7 +214,7 @@ def test_freed_variants_leave_nothing_behind(backend, tmp_path) -> None:
 
 def test_a_session_that_keeps_compiling_warns_once(backend, tmp_path) -> None:
     path = _write(_mlp(), tmp_path / "mlp.onnx")
-    with ctxrt.InferenceSession(path, get_backend(backend)) as sess, warnings.catch_warnings(record=True) as seen:
+    with ctxrt.InferenceSession(path, get_backend(backend), default_dim_max=0) as sess, warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         for batch in range(1, 13):
             sess.run(None, {"x": _x(batch)})

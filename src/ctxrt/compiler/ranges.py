@@ -127,6 +127,31 @@ class Ranges:
         return child, origin, keys, consts
 
 
+def io_dims(meta: Mapping[str, Any], inputs: Sequence[Any], outputs: Sequence[Any]
+            ) -> tuple[list[list[int | str]], list[list[int | str]]]:
+    """The IO shapes of a range program (META's graph entry `ranges`, IO as META lists them), each dim that
+    follows the ranges named: a dim's own name, or an expression such as `past_sequence + sequence`."""
+    names = [d[0] for d in meta["dims"]]
+    dims = [[list(t["shape"]) for t in inputs], [list(t["shape"]) for t in outputs]]
+    for where, coeffs in meta["entries"]:
+        if where[0] in ("I", "O"):
+            dims[where[0] == "O"][where[1]][where[2]] = _expression_of(coeffs, names)
+    return dims[0], dims[1]
+
+
+def _expression_of(coeffs: Sequence[int], names: Sequence[str]) -> str:
+    terms = []
+    for s, c in enumerate(coeffs):
+        if not c:
+            continue
+        factors = [n for j, n in enumerate(names) if s >> j & 1]
+        if not factors:
+            terms.append(str(c))
+        else:
+            terms.append(" * ".join(([str(c)] if c != 1 else []) + factors))
+    return " + ".join(terms).replace("+ -", "- ") or "0"
+
+
 def _monomials(dims: Sequence[int]) -> np.ndarray:
     m = np.ones(1 << len(dims), np.int64)
     for s in range(1, len(m)):
@@ -207,6 +232,15 @@ def resolve(declared: Sequence[tuple[str, Any, Any]], dims: DimSpec, shapes: Map
             except ValueError:
                 raise CtxrtError(f"dim {key!r}: INPUT:AXIS needs an integer axis") from None
     order = list(ranges)
+    ranks = {n: len(d) for n, _, d in declared if d is not None}
+    for (inp, axis), key in by_axis.items():
+        if inp in ranks and not 0 <= axis < ranks[inp]:
+            raise CtxrtError(f"dim {key!r}: input {inp!r} has no axis {axis} (rank {ranks[inp]})")
+    symbolic = {d for _, _, dd in declared for d in dd or () if isinstance(d, str)}
+    unknown = [k for k in order if k not in symbolic and k not in by_axis.values()]
+    if unknown:
+        raise CtxrtError(f"dims {unknown} are not dims of the model's inputs "
+                         f"(inputs: {[(n, d) for n, _, d in declared]})")
     if len(order) > MAX_DIMS:
         raise RangeError(f"{len(order)} dynamic dims given ({order}); a range program takes at most {MAX_DIMS}")
     layout: dict[str, list[Any]] = {}

@@ -59,12 +59,20 @@ def write_epcontext(path: str | os.PathLike, contexts: list[tuple[Path, dict[str
         payload = ctx_path.read_bytes() if embed else os.path.relpath(ctx_path, path.parent)
         for i, g in enumerate(meta["graphs"]):
             ins, outs = [t["name"] for t in g["inputs"]], [t["name"] for t in g["outputs"]]
+            extra = {}
+            if "ranges" in g:  # a range program: its IO dims named, its ranges on the node (docs/shapes.md)
+                from ctxrt.compiler.ranges import io_dims
+
+                in_dims, out_dims = io_dims(g["ranges"], g["inputs"], g["outputs"])
+                g = {**g, "inputs": [{**t, "shape": d} for t, d in zip(g["inputs"], in_dims, strict=True)],
+                     "outputs": [{**t, "shape": d} for t, d in zip(g["outputs"], out_dims, strict=True)]}
+                extra["dim_ranges"] = [f"{n}={lo}:{hi}" for n, lo, hi in g["ranges"]["dims"]]
             nodes.append(helper.make_node(
                 "EPContext", ins, outs, name=f"{ctx_path.stem}_{g['name']}", domain=DOMAIN,
                 main_context=1 if i == 0 else 0, ep_cache_context=payload, embed_mode=int(embed),
                 source=SOURCE, ep_sdk_version=ctxrt.__version__,
                 hardware_architecture=str(meta.get("hardware", "")), partition_name=g["name"],
-                onnx_model_filename=source_model, max_size=int(meta["max_spillfill_size"])))
+                onnx_model_filename=source_model, max_size=int(meta["max_spillfill_size"]), **extra))
             for t in g["inputs"]:
                 consumed.add(t["name"])
                 produced.setdefault(("in", t["name"]), t)

@@ -43,6 +43,7 @@ class Graph:
         self._io_order: list[str] = []
         self._io_steps: list[int] = []
         self._io_step_set: set[int] = set()
+        self._host_weights: Mapping[str, np.ndarray] | None = None  # what its kernels were built with
         self._host: HostSteps | None = None  # steps on the backend's fallback (CPU partitions), if any
         # Value inputs (DESIGN.md §9b): (name, the value compiled for); bounded outputs: (name, axis, size view).
         self.value_inputs: dict[str, np.ndarray] = dict(compiled.value_inputs)
@@ -87,6 +88,7 @@ class Graph:
         `reuse`: kernels already built for some steps (by index; a range program's unchanged steps)."""
         backend = self.ctx.backend
         self._kernels = []
+        self._host_weights = weights
         for k, step in enumerate(self.compiled.steps):
             if reuse and k in reuse:
                 self._kernels.append(reuse[k])
@@ -127,7 +129,7 @@ class Graph:
                          for name, (axis, r) in self.compiled.extents.items()]
         self._internal = dict(internal)
         host = [s.backend not in ("", backend.name) for s in self.compiled.steps]
-        self._host = HostSteps(self.ctx, self.compiled.steps, host) if any(host) else None
+        self._host = HostSteps(self.ctx, self.compiled.steps, host, self._host_weights) if any(host) else None
         self._io_order = [t.name for t in self.inputs + self.outputs]
         self._io_steps = [k for k, step in enumerate(self.compiled.steps)
                           if any(r is not None and r.space in (INPUT, OUTPUT) for r in step.inputs + step.outputs)]

@@ -19,7 +19,7 @@ boundaries is the cost to avoid).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,8 +44,10 @@ def _root(r: Ref) -> Root:
 class HostSteps:
     """The plan for one graph's fallback steps: partitions, copies and staging slots."""
 
-    def __init__(self, ctx: Context, steps: list[Step], host: list[bool]) -> None:
+    def __init__(self, ctx: Context, steps: list[Step], host: list[bool],
+                 weights: Mapping[str, np.ndarray] | None = None) -> None:
         self.ctx = ctx
+        self.weights = ctx.host_weights if weights is None else weights  # a range program's child adds its own
         self.steps = steps
         self.host = host
         last_read: dict[Root, int] = {}
@@ -128,7 +130,7 @@ class HostSteps:
         def host(r: Ref) -> tuple[np.ndarray, Any]:
             """(host array, device tensor to copy through, or None when the host array is the memory itself)"""
             if r.space == CONST:
-                return dtypes.as_ref(ctx.host_weights[r.key], r.shape, r.dtype), None
+                return dtypes.as_ref(self.weights[r.key], r.shape, r.dtype), None
             dev = view(r)
             direct = be.host_view(dev)
             if direct is not None:

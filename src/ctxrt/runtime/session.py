@@ -93,6 +93,14 @@ class InferenceSession:
         if self._source is None:
             self._in_decl = {t.name: (np.dtype(t.dtype), list(t.shape)) for t in default.inputs}
             self._out_decl = {t.name: (np.dtype(t.dtype), list(t.shape)) for t in default.outputs}
+            if default.ranged is not None:  # a range program: its dims by name, as the ONNX model had them
+                from ctxrt.compiler.ranges import io_dims
+
+                g = default.ranged
+                io = [[{"shape": t.shape} for t in ts] for ts in (g.inputs, g.outputs)]
+                in_dims, out_dims = io_dims(g.ranges.to_meta(), *io)
+                self._in_decl = {t.name: (np.dtype(t.dtype), d) for t, d in zip(g.inputs, in_dims, strict=True)}
+                self._out_decl = {t.name: (np.dtype(t.dtype), d) for t, d in zip(g.outputs, out_dims, strict=True)}
         if default is not None:
             self._keep(default)
         self._current: Variant | None = default
@@ -188,6 +196,9 @@ class InferenceSession:
             variant = self._variants.pop(key)
         elif self._source is None:  # a context binary: the one variant, compiled for other values
             only = next(iter(self._variants.values()))
+            if only.ranged is not None:  # outside the ranges: the ShapeError naming the dim, its value and range
+                g = only.ranged
+                g.ranges.bind(g.inputs, [getattr(feeds[t.name], "shape", None) for t in g.inputs])
             name, value = next((n, a) for n, a in only.values if not np.array_equal(array_of(feeds[n]), a))
             raise ShapeError(f"input {name!r} is a value input compiled for {value.reshape(-1).tolist()}; got "
                              f"{np.asarray(array_of(feeds[name])).reshape(-1).tolist()[:16]} (a context binary is "
