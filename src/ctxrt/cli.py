@@ -422,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("inspect", help="print a context binary's metadata (reads only its header)")
     i.add_argument("file", metavar="FILE.ctx|FILE_ctx.onnx")
     i.add_argument("--memory", action="store_true", help="per graph: weights, spill-fill, lower bound, IO bytes")
+    i.add_argument("--at", action="append", default=[], metavar="NAME=N",
+                   help="with --memory, a range program's arena bytes live at this size of dim NAME (others at "
+                   "their upper bound)")
     i.add_argument("--plot", metavar="FILE.png", help="draw each arena: one rectangle per tensor over (step, offset)")
     i.add_argument("--kernels", action="store_true",
                    help="per graph: the kernel each op runs, where reorders between layouts sit, prepacked bytes")

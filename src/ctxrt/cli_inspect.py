@@ -40,9 +40,30 @@ def inspect_report(meta: dict[str, Any]) -> dict[str, Any]:
         "graphs": [{"name": g["name"], "spillfill_size": g["spillfill_size"], "lower_bound": g["lower_bound"],
                     "io_bytes": g["io_bytes"], "inputs": g["inputs"], "outputs": g["outputs"],
                     "value_inputs": g.get("value_inputs", {}), "bounded_outputs": g.get("bounded_outputs", {}),
-                    "partitions": g.get("partitions", [])}
+                    "partitions": g.get("partitions", []),
+                    **({"ranges": g["ranges"]["dims"], "io_dims": _io_dims(g)} if "ranges" in g else {})}
                    for g in meta["graphs"]],
     }
+
+
+def _io_dims(g: dict[str, Any]) -> dict[str, list[int | str]]:
+    from ctxrt.compiler.ranges import io_dims
+
+    ins, outs = io_dims(g["ranges"], g["inputs"], g["outputs"])
+    return {t["name"]: d for t, d in zip(g["inputs"] + g["outputs"], ins + outs, strict=True)}
+
+
+def _at(specs: list[str]) -> dict[str, int]:
+    out = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        try:
+            out[name] = int(value)
+        except ValueError:
+            raise UsageError(f"--at expects NAME=N (a dim of a range program and a size), got {spec!r}") from None
+        if not sep or not name or out[name] < 0:
+            raise UsageError(f"--at expects NAME=N (a dim of a range program and a size), got {spec!r}")
+    return out
 
 
 def _partitions_line(parts: list[dict[str, Any]]) -> str:
@@ -63,8 +84,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if args.memory or args.plot:
             from ctxrt.runtime.report import graph_memory
 
+            at = _at(args.at)
             for r, (_, source) in zip(reports, binaries, strict=True):
-                r["memory"] = graph_memory(source)
+                r["memory"] = graph_memory(source, at)
         if args.kernels:
             from ctxrt.runtime.report import graph_kernels
 
@@ -111,6 +133,9 @@ def _print_inspect(name: str, report: dict[str, Any]) -> None:
     for g in report["graphs"]:
         print(f"graph {g['name']}: spill-fill {g['spillfill_size'] / mib:.2f} MiB "
               f"(lower bound {g['lower_bound'] / mib:.2f} MiB), IO {g['io_bytes'] / mib:.2f} MiB")
+        if "ranges" in g:
+            print("  ranges: " + ", ".join(f"{n} {lo}..{hi}" for n, lo, hi in g["ranges"])
+                  + " (one program for every shape inside; arena planned at the upper bound)")
         for kind in ("inputs", "outputs"):
             for t in g[kind]:
                 print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}[{', '.join(_dims(t, g))}] ({t['mem_type']}"
@@ -124,6 +149,10 @@ def _print_inspect(name: str, report: dict[str, Any]) -> None:
             ratio = g["spillfill"] / g["lower_bound"] if g["lower_bound"] else 1.0
             print(f"  {g['name']:<24}{_mib(g['weights'])}{_mib(g['spillfill'])}{_mib(g['lower_bound'])}"
                   f"{ratio:>12.3f}{_mib(g['io'])}")
+            if "live_at" in g:
+                dims = ", ".join(f"{k}={v}" for k, v in g["live_at"]["dims"].items())
+                print(f"  at {dims}: {g['live_at']['peak'] / 2 ** 20:.2f} MiB of the arena live at most, IO "
+                      f"{g['live_at']['io'] / 2 ** 20:.2f} MiB")
     for g in report.get("kernels", []):
         _print_kernels(g)
     if "tuning_report" in report:
@@ -142,7 +171,7 @@ def _print_kernels(g: dict[str, Any]) -> None:
 
 def _dims(t: dict[str, Any], g: dict[str, Any]) -> list[str]:
     """The tensor's dims; an upper bound (the real size known at run time) as <=N."""
-    dims = [str(d) for d in t["shape"]]
+    dims = [str(d) for d in g.get("io_dims", {}).get(t["name"], t["shape"])]
     axis = g["bounded_outputs"].get(t["name"])
     if axis is not None:
         dims[axis] = f"<={dims[axis]}"

@@ -11,10 +11,11 @@ from ctxrt.format.atomic import atomic_write
 from ctxrt.format.schema import weight_sizes
 
 
-def graph_memory(source: str | os.PathLike | bytes) -> list[dict[str, Any]]:
+def graph_memory(source: str | os.PathLike | bytes, at: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """Per graph of a context binary: bytes of the weights it reads, its spill-fill arena, the arena's
     lower bound, its IO tensors, and the arena's allocations (key, offset, size, first step, last step).
-    The weights' checksum is verified, as when the binary is loaded to run."""
+    The weights' checksum is verified, as when the binary is loaded to run. `at` (dim name -> size): for a
+    range program, the arena bytes live at most and the IO bytes at those dims (the others at their bound)."""
     from ctxrt.format import ContextFile
 
     with ContextFile.open(source) as f:
@@ -29,6 +30,10 @@ def graph_memory(source: str | os.PathLike | bytes) -> list[dict[str, Any]]:
                 "steps": len(g.steps),
                 "intervals": [[i.key, i.offset, i.size, i.first, i.last] for i in g.intervals],
             })
+            if at and g.ranges is None:
+                raise CtxrtError(f"--at: graph {g.name!r} has fixed shapes (compile it with --dim for ranges)")
+            if at:
+                out[-1]["live_at"] = live_at(g, at)
         return out
 
 
@@ -95,3 +100,31 @@ def graph_kernels(source: str | os.PathLike | bytes) -> list[dict[str, Any]]:
                 "prepacked_bytes": sum(prepacked.values()),
             })
         return out
+
+
+def live_at(g: Any, at: dict[str, int]) -> dict[str, Any]:
+    """A range program's arena bytes live at most, and its IO bytes, at the dims `at` (others at their upper
+    bound): each arena allocation at its size there, alive over the steps the plan gives it."""
+    from ctxrt.compiler.program import ARENA
+
+    names = [d[0] for d in g.ranges.dims]
+    unknown = sorted(set(at) - set(names))
+    if unknown:
+        raise CtxrtError(f"--at: {unknown} are not dims of this range program ({names})")
+    dims = tuple(at.get(n, hi) for n, _, hi in g.ranges.dims)
+    for (n, lo, hi), d in zip(g.ranges.dims, dims, strict=True):
+        if not lo <= d <= hi:
+            raise CtxrtError(f"--at {n}={d}: outside the range {lo}..{hi}")
+    child = g.ranges.specialize(g, dims, {})[0]
+    size: dict[str, int] = {}
+    for step in child.steps:
+        for r in (*step.inputs, *step.outputs):
+            if r is not None and r.space == ARENA:
+                size[r.key] = max(size.get(r.key, 0), r.nbytes)
+    events = sorted(t for i in g.intervals
+                    for t in ((i.first, size.get(i.key, i.size)), (i.last + 1, -size.get(i.key, i.size))))
+    live = peak = 0
+    for _, delta in events:
+        live += delta
+        peak = max(peak, live)
+    return {"dims": dict(zip(names, dims, strict=True)), "peak": peak, "io": child.io_bytes}

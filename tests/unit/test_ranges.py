@@ -1,0 +1,209 @@
+"""Range programs (issue 19, docs/shapes.md): one compile for every shape inside ranges of a model's dynamic dims,
+checked against onnxruntime on a GPT-2-style decoder generating from an empty past (both torch exporters), a batch
+loop, every exported architecture of tests/models; the ranges stored in the context binary and the EPContext node;
+feeds outside the ranges refused with the dim, its value and its range; hostile range metadata refused."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import ctxrt
+from ctxrt.compiler.ranges import RangeError
+from ctxrt.errors import FormatError, ShapeError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+import decoders  # noqa: E402
+import exported  # noqa: E402
+
+PAST = {"past_sequence": (0, 128)}
+TOKENS = 64
+
+
+def _ort(path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+_GENERATED: dict[str, list[list[int]]] = {}
+
+
+@pytest.fixture(params=["dynamo", "legacy"])
+def gpt2(request):
+    """(the decoder exported by one exporter, a 4-token prompt with an empty past, onnxruntime's 64 tokens)."""
+    path = decoders.gpt2_decoder(request.param)
+    feeds = decoders.empty_past(batch=1, seq=4)
+    if request.param not in _GENERATED:
+        sess = _ort(path)
+        _GENERATED[request.param] = decoders.generate(lambda f: sess.run(None, f), feeds, TOKENS)
+    return path, feeds, _GENERATED[request.param]
+
+
+def _binding_run(sess: ctxrt.InferenceSession):
+    """A generation step through io_binding: feeds bound as arrays, outputs as session tensors."""
+    def run(feeds):
+        b = sess.io_binding()
+        for k, v in feeds.items():
+            b.bind_input(k, v)
+        for o in sess.get_outputs():
+            b.bind_output(o.name)
+        sess.run_with_iobinding(b)
+        return b.copy_outputs_to_cpu()
+    return run
+
+
+def test_gpt2_generates_onnxruntimes_tokens_from_one_compile(gpt2) -> None:
+    _generate_once(gpt2, "cpu")
+
+
+def test_gpt2_generates_onnxruntimes_tokens_on_opencl(opencl) -> None:
+    path = decoders.gpt2_decoder("dynamo")  # the exporters differ in graph, not in what the backend does
+    feeds = decoders.empty_past(batch=1, seq=4)
+    sess = _ort(path)
+    _generate_once((path, feeds, decoders.generate(lambda f: sess.run(None, f), feeds, TOKENS)), opencl)
+
+
+def _generate_once(gpt2, backend: str) -> None:
+    path, feeds, want = gpt2
+    with ctxrt.InferenceSession(path, backend, dim_ranges=PAST) as sess:
+        assert decoders.generate(lambda f: sess.run(None, f), feeds, TOKENS) == want  # from an empty past
+        assert decoders.generate(_binding_run(sess), feeds, TOKENS) == want  # a second generation, io_binding
+        s = sess.stats
+        assert s["shape_variants_compiled"] == 1 and s["range_programs_compiled"] == 1
+        weights = sum(onnx.numpy_helper.to_array(t).nbytes for t in onnx.load(str(path)).graph.initializer)
+        assert s["weights_bytes"] <= 1.05 * weights  # held once: not per shape, not per token
+        # per past length met (the last 8 kept): the changed steps' kernels, never a compile
+        assert TOKENS <= s["range_specializations"] <= 2 * TOKENS
+
+
+def test_default_ranges_widen_instead_of_compiling_per_shape() -> None:
+    """Without dim_ranges: each dim starts at max(16, twice its first size) and a feed past the bound compiles one
+    range at least twice as wide: 64 tokens from 4 take 4 compiles (16, 32, 64, 128), not 64."""
+    path = decoders.gpt2_decoder("dynamo")
+    feeds = decoders.empty_past(batch=1, seq=4)
+    theirs = _ort(path)
+    want = decoders.generate(lambda f: theirs.run(None, f), feeds, TOKENS)
+    with ctxrt.InferenceSession(path) as sess:
+        assert decoders.generate(lambda f: sess.run(None, f), feeds, TOKENS) == want
+        assert sess.stats["range_programs_compiled"] == 4
+        assert sess.stats["shape_variants_freed"] == 3  # each narrower range freed by the wider one
+
+
+def test_batch_cycle_is_one_compile(backend) -> None:
+    # OpenCL builds each new shape's device programs once (PoCL: a compiler run each): fewer sizes there
+    name, sizes = ("mobilenet_v3", range(1, 13)) if backend == "cpu" else ("audio1d", range(1, 5))
+    path = exported.exported_model(name, "dynamo")
+    theirs = _ort(path)
+    with ctxrt.InferenceSession(path, backend) as sess:
+        for _ in range(3):
+            for batch in sizes:
+                feeds = exported.exported_feeds(name, batch)
+                want = theirs.run(None, feeds)[0]
+                got = sess.run(None, feeds)[0]
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+        s = sess.stats
+        assert s["shape_variants_compiled"] == 1 and s["range_specializations"] >= len(sizes)
+        # the tensor cache keeps the IO tensors of the last 8 shapes only
+        assert s["tensors_created"] - s["tensors_destroyed"] <= 2 * 8
+
+
+MODELS = [(name, exp) for name in exported.MODELS for exp in ("dynamo", "legacy")
+          if (name, exp) not in exported.UNEXPORTABLE]
+
+
+@pytest.mark.parametrize("name, exporter", MODELS, ids=[f"{n}-{e}" for n, e in MODELS])
+def test_every_exported_model_is_one_program_for_a_batch_range(name, exporter) -> None:
+    path = exported.exported_model(name, exporter)
+    if name == "branchy":  # If bodies are compiled for static shapes: the range is refused with why
+        with pytest.raises(RangeError, match="If node"):
+            ctxrt.compile(path, dims={"batch": (1, 8)})
+        return
+    g = ctxrt.compile(path, dims={"batch": (1, 8)}).graph()
+    theirs = _ort(path)
+    for batch in (1, 3, 8):
+        feeds = exported.exported_feeds(name, batch)
+        want = theirs.run(None, feeds)
+        got = g.run(feeds)
+        for w, x in zip(want, got.values(), strict=True):
+            np.testing.assert_allclose(x, w, rtol=1e-4, atol=1e-4 * max(np.abs(w).max(), 1e-6))
+    with pytest.raises(ShapeError, match=r"dim 'batch'\) is 9, outside the range 1\.\.8"):
+        g.run(exported.exported_feeds(name, 9))
+
+
+def test_ranges_survive_the_context_binary_and_the_epcontext_node(tmp_path, capsys, gpt2) -> None:
+    from cli_helpers import cli
+
+    path, feeds, want = gpt2
+    out = tmp_path / "gpt.ctx"
+    code, _, err = cli(capsys, "compile", path, "-o", out, "--epcontext", "--dim", "batch=1:2",
+                       "--dim", "sequence=1:8", "--dim", "past_sequence=0:80", "-q")
+    assert code == 0, err
+    meta = ctxrt.read_metadata(out)
+    assert meta["graphs"][0]["ranges"]["dims"] == [["batch", 1, 2], ["sequence", 1, 8], ["past_sequence", 0, 80]]
+    wrapper = onnx.load(str(tmp_path / "gpt_ctx.onnx"))
+    (node,) = wrapper.graph.node
+    assert [a.strings for a in node.attribute if a.name == "dim_ranges"] == [[b"batch=1:2", b"sequence=1:8",
+                                                                            b"past_sequence=0:80"]]
+    assert [d.dim_param for d in wrapper.graph.output[1].type.tensor_type.shape.dim][::2] == \
+        ["batch", "sequence + past_sequence"]
+    for source in (out, tmp_path / "gpt_ctx.onnx"):
+        with ctxrt.InferenceSession(source) as sess:
+            assert sess.get_inputs()[1].shape == ["batch", 4, "past_sequence", 16]
+            assert decoders.generate(lambda f: sess.run(None, f), feeds, TOKENS) == want
+            with pytest.raises(ShapeError, match=r"'past_sequence'\) is 81, outside the range 0\.\.80"):
+                sess.run(None, {**feeds, **{k: np.zeros((1, 4, 81, 16), np.float32) for k in list(feeds)[1:]}})
+    code, text, _ = cli(capsys, "inspect", out, "--memory", "--at", "past_sequence=10", "--at", "batch=1")
+    assert code == 0 and "ranges: batch 1..2, sequence 1..8, past_sequence 0..80" in text
+    assert "at batch=1, sequence=8, past_sequence=10:" in text
+
+
+def test_zero_size_and_growing_dims_read_the_right_bytes(backend) -> None:
+    """The arena is planned at the bound; smaller shapes use the leading bytes of each place: two sessions
+    stepping through shapes in opposite orders agree with onnxruntime at every step."""
+    path = decoders.gpt2_decoder("dynamo")
+    theirs = _ort(path)
+    rng = np.random.default_rng(3)
+    shapes = [(1, 1, 0), (2, 3, 5), (1, 8, 0), (2, 1, 17), (1, 2, 1)]
+    with ctxrt.InferenceSession(path, backend, dim_ranges={"past_sequence": (0, 32), "sequence": (1, 8),
+                                                           "batch": (1, 2)}) as sess:
+        for b, s, p in shapes + shapes[::-1]:
+            feeds = {"input_ids": rng.integers(0, decoders.VOCAB, (b, s), dtype=np.int64)}
+            for k in decoders.names()[0][1:]:
+                feeds[k] = rng.standard_normal((b, decoders.HEADS, p, 16)).astype(np.float32)
+            for w, x in zip(theirs.run(None, feeds), sess.run(None, feeds), strict=True):
+                assert w.shape == x.shape
+                np.testing.assert_allclose(x, w, rtol=1e-4, atol=1e-4)
+        assert sess.stats["shape_variants_compiled"] == 1
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda r: r["entries"][0][1].__setitem__(0, 10 ** 6), "upper bound"),
+    (lambda r: [e[1].__setitem__(4, 10 ** 6) for e in r["entries"] if e[0][0] == "in"], "upper bound|shrinks"),
+    (lambda r: r["entries"].append([["attr", 9999, "k"], [0] * 8]), "no integer"),
+    (lambda r: r["entries"].append([["in", 0, 0, 7], [1] * 8]), "no integer"),
+    (lambda r: r["dims"].__setitem__(0, ["batch", 5, 1]), r"dims\[0\] max"),
+    (lambda r: r["readers"].pop(), "readers"),
+    (lambda r: r["entries"][0].__setitem__(1, [1, 2]), "coefficients"),
+])
+def test_hostile_range_metadata_is_a_format_error(edit, needle) -> None:
+    """Coefficients that would size a tensor past its place at the upper bound, places that name nothing, bad
+    dims: refused when the binary is read, before any view of the arena is made."""
+    from types import SimpleNamespace
+
+    from ctxrt.backends import get_backend
+    from ctxrt.compiler import compile_graphs
+    from ctxrt.format import context_bytes
+
+    be = get_backend("cpu")
+    graphs, weights = compile_graphs([(decoders.gpt2_decoder("dynamo"), None, "main")], be,
+                                     dims={"batch": (1, 2), "sequence": (1, 4), "past_sequence": (0, 8)})
+    meta = graphs[0].ranges.to_meta()
+    edit(meta)
+    graphs[0].ranges = SimpleNamespace(to_meta=lambda: meta)  # the writer stores what to_meta gives
+    with pytest.raises(FormatError, match=needle):
+        ctxrt.InferenceSession(context_bytes(graphs, weights, {"backend": "cpu", "hardware": "x86_64",
+                                                               "producer": "test", "alignment": 64}))
