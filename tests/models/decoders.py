@@ -73,20 +73,21 @@ def names(layers: int = LAYERS) -> tuple[list[str], list[str]]:
     return ["input_ids", *past], ["logits", *present]
 
 
-def gpt2_decoder(exporter: str = "dynamo", layers: int = LAYERS, seed: int = 0) -> Path:
+def gpt2_decoder(exporter: str = "dynamo", layers: int = LAYERS, seed: int = 0, dim: int = DIM,
+                 heads: int = HEADS) -> Path:
     """The decoder exported by `exporter` ("dynamo" or "legacy"), cached by its parameters."""
-    path = zoo.cache_dir() / f"gpt2kv_{exporter}_L{layers}_D{DIM}_H{HEADS}_V{VOCAB}_s{seed}_{SALT}.onnx"
-    return zoo._cached(path, lambda: _export(exporter, layers, seed))
+    path = zoo.cache_dir() / f"gpt2kv_{exporter}_L{layers}_D{dim}_H{heads}_V{VOCAB}_s{seed}_{SALT}.onnx"
+    return zoo._cached(path, lambda: _export(exporter, layers, seed, dim, heads))
 
 
-def _export(exporter: str, layers: int, seed: int) -> onnx.ModelProto:
+def _export(exporter: str, layers: int, seed: int, dim: int, heads: int) -> onnx.ModelProto:
     import torch
 
     torch.manual_seed(seed)
-    module = _module(layers, DIM, HEADS, VOCAB, POSITIONS).eval()
+    module = _module(layers, dim, heads, VOCAB, POSITIONS).eval()
     ins, outs = names(layers)
-    feeds = empty_past(layers, batch=2, seq=3)
-    feeds = {k: (v if k == "input_ids" else np.zeros((2, HEADS, 5, DIM // HEADS), np.float32))
+    feeds = empty_past(layers, batch=2, seq=3, dim=dim, heads=heads)
+    feeds = {k: (v if k == "input_ids" else np.zeros((2, heads, 5, dim // heads), np.float32))
              for k, v in feeds.items()}
     args = tuple(torch.from_numpy(feeds[k]) for k in ins)
     past_axes = {0: "batch", 2: "past_sequence"}
@@ -106,13 +107,14 @@ def _export(exporter: str, layers: int, seed: int) -> onnx.ModelProto:
         return program.model_proto
 
 
-def empty_past(layers: int = LAYERS, batch: int = 1, seq: int = 4, seed: int = 0) -> dict[str, np.ndarray]:
+def empty_past(layers: int = LAYERS, batch: int = 1, seq: int = 4, seed: int = 0, dim: int = DIM,
+               heads: int = HEADS) -> dict[str, np.ndarray]:
     """A prompt of `seq` random ids and an empty past (past length 0), as a generation loop starts."""
     ins, _ = names(layers)
     rng = np.random.default_rng(seed)
     feeds = {"input_ids": rng.integers(0, VOCAB, size=(batch, seq), dtype=np.int64)}
     for k in ins[1:]:
-        feeds[k] = np.zeros((batch, HEADS, 0, DIM // HEADS), np.float32)
+        feeds[k] = np.zeros((batch, heads, 0, dim // heads), np.float32)
     return feeds
 
 

@@ -121,8 +121,8 @@ class Ranges:
                     continue
             steps.append(step)
             origin.append(k)
-        inputs = [replace(t, shape=tuple(s)) for t, s in zip(g.inputs, io["I"], strict=True)]
-        outputs = [replace(t, shape=tuple(s)) for t, s in zip(g.outputs, io["O"], strict=True)]
+        inputs = [TensorInfo(t.name, tuple(s), t.dtype, t.mem_type) for t, s in zip(g.inputs, io["I"], strict=True)]
+        outputs = [TensorInfo(t.name, tuple(s), t.dtype, t.mem_type) for t, s in zip(g.outputs, io["O"], strict=True)]
         child = replace(g, inputs=inputs, outputs=outputs, steps=steps, ranges=None)
         return child, origin, keys, consts
 
@@ -176,9 +176,11 @@ def _apply(step: Step, changes: list[tuple[list[Any], int]], consts: dict[tuple[
             _set(attrs, where[2:], v)
         else:  # an element of a small integer constant
             consts.setdefault((k, where[2]), []).append((where[3], v))
-    new_in = [None if r is None else replace(r, shape=tuple(s)) for r, s in zip(step.inputs, ins, strict=True)]
-    new_out = [replace(r, shape=tuple(s)) for r, s in zip(step.outputs, outs, strict=True)]
-    return replace(step, inputs=new_in, outputs=new_out, attrs=step.attrs if attrs is None else attrs)
+    new_in = [None if r is None else Ref(r.space, r.key, r.offset, tuple(s), r.dtype)
+              for r, s in zip(step.inputs, ins, strict=True)]
+    new_out = [Ref(r.space, r.key, r.offset, tuple(s), r.dtype) for r, s in zip(step.outputs, outs, strict=True)]
+    return Step(step.op, step.name, step.attrs if attrs is None else attrs, new_in, new_out, step.scratch,
+                step.algorithm, step.backend, step.params)
 
 
 def _copy(v: Any) -> Any:
@@ -231,13 +233,14 @@ def resolve(declared: Sequence[tuple[str, Any, Any]], dims: DimSpec, shapes: Map
                 by_axis[(inp, int(axis))] = key
             except ValueError:
                 raise CtxrtError(f"dim {key!r}: INPUT:AXIS needs an integer axis") from None
-    order = list(ranges)
+    fixed = {k: lo for k, (lo, hi) in ranges.items() if lo == hi}  # a range of one value is a static dim
+    order = [k for k in ranges if k not in fixed]
     ranks = {n: len(d) for n, _, d in declared if d is not None}
     for (inp, axis), key in by_axis.items():
         if inp in ranks and not 0 <= axis < ranks[inp]:
             raise CtxrtError(f"dim {key!r}: input {inp!r} has no axis {axis} (rank {ranks[inp]})")
     symbolic = {d for _, _, dd in declared for d in dd or () if isinstance(d, str)}
-    unknown = [k for k in order if k not in symbolic and k not in by_axis.values()]
+    unknown = [k for k in ranges if k not in symbolic and k not in by_axis.values()]
     if unknown:
         raise CtxrtError(f"dims {unknown} are not dims of the model's inputs "
                          f"(inputs: {[(n, d) for n, _, d in declared]})")
@@ -256,7 +259,10 @@ def resolve(declared: Sequence[tuple[str, Any, Any]], dims: DimSpec, shapes: Map
             key = by_axis.get((name, axis))
             if key is None and isinstance(d, str) and d in ranges:
                 key = d
-            if key is not None:
+            if key is not None and key in fixed:
+                axes.append(fixed[key])
+                used.add(key)
+            elif key is not None:
                 axes.append(("d", order.index(key)))
                 used.add(key)
             elif isinstance(d, int) and d >= 0:
@@ -268,10 +274,12 @@ def resolve(declared: Sequence[tuple[str, Any, Any]], dims: DimSpec, shapes: Map
                 raise RangeError(f"input {name!r} axis {axis} ({d!r}) has no range and no shape: give it one "
                                  f"(a range on {d!r} or {name}:{axis}, or a shape for {name!r})")
         layout[name] = axes
-    unused = [k for k in order if k not in used]
+    unused = [k for k in ranges if k not in used]
     if unused:
         raise CtxrtError(f"dims {unused} are not dims of the model's inputs "
                          f"(inputs: {[(n, d) for n, _, d in declared]})")
+    if not order:
+        raise RangeError(f"every dim given has one value ({fixed}): give them as shapes")
     return [(k, *ranges[k]) for k in order], layout
 
 
@@ -314,15 +322,13 @@ def compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str = "mai
 
     declared, _ = declared_io(model)
     spec, layout = resolve(declared, dims, shapes)
+    fixed = {k: parse_range(v, k)[0] for k, v in dims.items() if len(set(parse_range(v, k))) == 1}
     k = len(spec)
     hi = [h for _, _, h in spec]
     alt = [h - 1 if h - 1 >= max(lo, 1) else lo for _, lo, h in spec]
-    for (dname, lo, h), a in zip(spec, alt, strict=True):
-        if a == h:
-            raise RangeError(f"dim {dname!r}: range {lo}:{h} has one value; give it as a shape")
 
     def shapes_of(point: Sequence[int]) -> dict[str, list[int]]:
-        env = {n: v for (n, _, _), v in zip(spec, point, strict=True)}
+        env = {**fixed, **{n: v for (n, _, _), v in zip(spec, point, strict=True)}}
         return {n: [point[a[1]] if isinstance(a, tuple) else a if isinstance(a, int) else _eval(a, env)
                     for a in axes] for n, axes in layout.items()}
 

@@ -17,7 +17,7 @@ from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, R
 from ctxrt.errors import FormatError, LifecycleError, RegistrationError, ShapeError
 from ctxrt.runtime.memhandle import MemHandle
 from ctxrt.runtime.partition import HostSteps
-from ctxrt.runtime.work import thread_cap
+from ctxrt.runtime.work import SMALL_WORK, step_work, thread_cap
 
 if TYPE_CHECKING:
     from ctxrt.runtime.context import Context
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 class Graph:
     """One program of a context. Use `run(feeds)` or `execute(inputs, outputs)`."""
 
-    def __init__(self, ctx: Context, compiled: CompiledGraph) -> None:
+    def __init__(self, ctx: Context, compiled: CompiledGraph, cap: int | None | bool = False) -> None:
         self.ctx = ctx
         self.compiled = compiled
         self.name = compiled.name
@@ -50,7 +50,7 @@ class Graph:
         self._values = [(t, compiled.value_inputs[t.name]) for t in self.inputs if t.name in compiled.value_inputs]
         self._extents: list[tuple[TensorInfo, int, Any]] = []
         # 1 when every kernel is small: one thread, no barrier per kernel (runtime/work.py); None: the idle cores
-        self.thread_cap: int | None = thread_cap(compiled.steps)
+        self.thread_cap: int | None = thread_cap(compiled.steps) if cap is False else cap
         self._view: Any = None  # Ref -> the backend's tensor, made at _prepare
         # A range program (compiler/ranges.py): one child graph per set of dim values met lately, sharing this
         # graph's arena, weights, unchanged kernels and IO buffers. `_io_places`: IO name -> (buffer, offset).
@@ -63,6 +63,8 @@ class Graph:
         # decoder's token steps differ from each other in a few attention steps only.
         self._step_cache: dict[int, OrderedDict[tuple[int, ...], tuple[Step, Kernel, Launch | None]]] = {}
         self._steps_made: dict[tuple[int, tuple[int, ...]], Step] = {}
+        self._work: list[int | None] | None = None  # a range program's per-step work at the upper bound
+        self._work_made: dict[tuple[int, tuple[int, ...]], int | None] = {}  # and of its changed steps, by values
 
     @property
     def spillfill_size(self) -> int:
@@ -183,7 +185,7 @@ class Graph:
         return self._io_places[name]
 
     # -- range programs ------------------------------------------------------------------------------
-    MAX_CHILDREN = 8  # sets of dim values whose kernels and launches a range program keeps
+    MAX_CHILDREN = 16  # sets of dim values whose kernels and launches a range program keeps
 
     def _child(self, inputs: Mapping[str, Any]) -> Graph:
         """The graph for the dim values of these feeds (made on first need, least recently used dropped)."""
@@ -226,7 +228,24 @@ class Graph:
                 host[key], device[key] = array, tensor
                 compiled.steps[where[k]] = replace(step, inputs=[replace(r, key=key) if c == i else r
                                                                  for c, r in enumerate(step.inputs)])
-        child = Graph(ctx, compiled)
+        # Its thread cap from the upper bound's per-step work where a step did not change (a kernel's work at the
+        # upper bound bounds it anywhere in the ranges) and from the changed steps' own.
+        if self._work is None:
+            self._work = [step_work(s) for s in self.compiled.steps]
+        made = self._work_made
+        work = []
+        for c, k in enumerate(origin):
+            if k not in keys:
+                work.append(self._work[k])
+                continue
+            w = made.get((k, keys[k]), made)
+            if w is made:
+                if len(made) > 4096:
+                    made.clear()
+                w = made[(k, keys[k])] = step_work(compiled.steps[c])
+            work.append(w)
+        cap = None if any(w is None for w in work) else 1 if max(work, default=0) < SMALL_WORK else None
+        child = Graph(ctx, compiled, cap)
         child._parent, child._held = self, held
         kernels: dict[int, Kernel] = {}
         launches: dict[int, Launch] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import platform
 from collections import Counter
@@ -143,7 +144,7 @@ class CpuBackend:
         if buf.array is None:
             raise RegistrationError("buffer was released")
         dt = np.dtype(dtype)
-        n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        n = math.prod(shape) * dt.itemsize
         if offset < 0 or offset + n > buf.nbytes:
             raise RegistrationError(f"view of {n} bytes at offset {offset} is outside a buffer of "
                                     f"{buf.nbytes} bytes")

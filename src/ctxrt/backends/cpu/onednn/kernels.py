@@ -99,7 +99,7 @@ class OneDnnKernel(Kernel):
         places = {"in": ins, "out": outs}
         if self.own_weights is not None:
             places = {"in": [self.own_weights if i == 1 else x for i, x in enumerate(ins)], "out": outs}
-        args = [(arg, api.Memory(md, places[side][i].ctypes.data)) for arg, side, i, md in self.args]
+        args = [(arg, self._memory(arg, md, places[side][i].ctypes.data)) for arg, side, i, md in self.args]
         address = scratch[0].ctypes.data if self.scratch else 0
 
         def launch(prim: api.Primitive) -> Callable[[], None]:
@@ -121,6 +121,17 @@ class OneDnnKernel(Kernel):
                 fn = table[n] = first if prim is None else launch(prim)
             fn()
         return run
+
+    def _memory(self, arg: int, md: api.Desc, address: int) -> api.Memory:
+        """The memory object of an argument at an address, made once (a range program rebinds its kernels to
+        new IO tensors every token; the weights' and arena's objects stay the same)."""
+        cache = self.__dict__.setdefault("_memories", {})
+        mem = cache.get((arg, address))
+        if mem is None:
+            if len(cache) >= 64:
+                cache.clear()
+            mem = cache[(arg, address)] = api.Memory(md, address)
+        return mem
 
     def variant(self, n: int) -> api.Primitive | None:
         """The primitive for runs with `n` OpenMP threads (made once), or None where the first one runs: `n` is

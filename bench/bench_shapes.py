@@ -1,0 +1,171 @@
+"""Shapes that change every call, ctxrt against onnxruntime in one run (issue 19):
+
+- **generation**: a GPT-2-style decoder (4 layers, hidden 256, random weights, dynamo export) generating 64 tokens
+  greedily from a 4-token prompt and an empty past, through `InferenceSession.run`: ms per token of the first
+  generation (compiles included) and of a second one (steady), for ctxrt with `dim_ranges` (one range program),
+  ctxrt with its default ranges (widened as the past grows) and onnxruntime; then peak RSS beyond the weights of
+  each, each in a fresh process;
+- **batch cycle**: MobileNetV3 (dynamo export) at batch 1, 2, ..., 12, cycled 3 times: median ms per call.
+
+    .venv/bin/python bench/bench_shapes.py [--rounds R] [--json]
+
+Rounds interleave the runtimes (ctxrt, then onnxruntime, alternating which goes first); figures are medians over
+rounds. The machine is shared: say what else ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "models"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_latency import machine_line  # noqa: E402
+
+LAYERS, DIM, HEADS, TOKENS = 4, 256, 4, 64
+RANGES = {"past_sequence": (0, 128), "sequence": (1, 16), "batch": (1, 1)}
+
+
+def _decoder() -> Path:
+    import decoders
+
+    return decoders.gpt2_decoder("dynamo", layers=LAYERS, dim=DIM, heads=HEADS)
+
+
+def _session(kind: str, path: Path) -> Any:
+    if kind == "onnxruntime":
+        import onnxruntime as ort
+
+        return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    import ctxrt
+
+    return ctxrt.InferenceSession(path, dim_ranges=RANGES if kind == "ctxrt ranges" else None)
+
+
+def _generate(sess: Any) -> tuple[float, list[list[int]]]:
+    import decoders
+
+    feeds = decoders.empty_past(LAYERS, seq=4, dim=DIM, heads=HEADS)
+    t = time.perf_counter()
+    tokens = decoders.generate(lambda f: sess.run(None, f), feeds, TOKENS, LAYERS)
+    return (time.perf_counter() - t) / TOKENS * 1e3, tokens
+
+
+def generation(rounds: int) -> dict[str, dict[str, float]]:
+    path = _decoder()
+    kinds = ["ctxrt ranges", "ctxrt default", "onnxruntime"]
+    first: dict[str, list[float]] = {k: [] for k in kinds}
+    steady: dict[str, list[float]] = {k: [] for k in kinds}
+    tokens: dict[str, list[list[int]]] = {}
+    for r in range(rounds):
+        for kind in kinds if r % 2 == 0 else kinds[::-1]:
+            t = time.perf_counter()
+            sess = _session(kind, path)
+            opened = time.perf_counter() - t
+            ms, tokens[kind] = _generate(sess)
+            first[kind].append(ms + opened * 1e3 / TOKENS)  # session creation counted in the first generation
+            steady[kind].append(_generate(sess)[0])
+            del sess
+    if any(t != tokens["onnxruntime"] for t in tokens.values()):
+        raise SystemExit(f"tokens differ: {tokens}")
+    return {k: {"first_ms_per_token": statistics.median(first[k]), "steady_ms_per_token": statistics.median(steady[k])}
+            for k in kinds}
+
+
+def _rss_child(kind: str, out: Any) -> None:
+    import onnx
+
+    path = _decoder()
+    weights = sum(onnx.numpy_helper.to_array(t).nbytes for t in onnx.load(str(path)).graph.initializer)
+    import onnxruntime  # noqa: F401
+
+    import ctxrt  # noqa: F401  both runtimes imported before the baseline: the libraries are not the model's
+
+    base = _rss_now()
+    sess = _session(kind, path)
+    _generate(sess)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    out.put((kind, max(peak, _rss_now()) - base - weights, weights))
+
+
+def _rss_now() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def memory() -> dict[str, dict[str, float]]:
+    ctx = mp.get_context("spawn")
+    out: dict[str, dict[str, float]] = {}
+    for kind in ("ctxrt ranges", "ctxrt default", "onnxruntime"):
+        q = ctx.Queue()
+        p = ctx.Process(target=_rss_child, args=(kind, q))
+        p.start()
+        name, beyond, weights = q.get(timeout=600)
+        p.join()
+        out[name] = {"rss_beyond_weights_mib": beyond / 2 ** 20, "weights_mib": weights / 2 ** 20}
+    return out
+
+
+def batch_cycle(rounds: int) -> dict[str, float]:
+    import exported
+    import onnxruntime as ort
+
+    import ctxrt
+
+    path = exported.exported_model("mobilenet_v3", "dynamo")
+    feeds = [exported.exported_feeds("mobilenet_v3", b) for b in range(1, 13)]
+    times: dict[str, list[float]] = {"ctxrt": [], "onnxruntime": []}
+    compiles = 0
+    for r in range(rounds):
+        order = ["ctxrt", "onnxruntime"] if r % 2 == 0 else ["onnxruntime", "ctxrt"]
+        for kind in order:
+            sess = ctxrt.InferenceSession(path) if kind == "ctxrt" else \
+                ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            per_call = []
+            for _ in range(3):
+                for f in feeds:
+                    t = time.perf_counter()
+                    sess.run(None, f)
+                    per_call.append(time.perf_counter() - t)
+            times[kind].append(statistics.median(per_call) * 1e3)
+            if kind == "ctxrt":
+                compiles = sess.stats["shape_variants_compiled"]
+    c, o = statistics.median(times["ctxrt"]), statistics.median(times["onnxruntime"])
+    return {"ctxrt_ms": c, "onnxruntime_ms": o, "ratio": c / o, "ctxrt_compiles": compiles}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    gen = generation(args.rounds)
+    mem = memory()
+    cyc = batch_cycle(args.rounds)
+    if args.json:
+        print(json.dumps({"generation": gen, "memory": mem, "batch_cycle": cyc}))
+        return
+    print(machine_line())
+    o = gen["onnxruntime"]
+    print(f"GPT-2-style decoder, {LAYERS} layers, hidden {DIM}, {TOKENS} tokens from an empty past (ms per token):")
+    print(f"  {'runtime':<16}{'first gen':>11}{'ratio':>8}{'steady':>9}{'ratio':>8}{'RSS beyond weights':>21}")
+    for k, v in gen.items():
+        m = mem[k]["rss_beyond_weights_mib"]
+        print(f"  {k:<16}{v['first_ms_per_token']:>11.2f}{v['first_ms_per_token'] / o['first_ms_per_token']:>8.2f}"
+              f"{v['steady_ms_per_token']:>9.2f}{v['steady_ms_per_token'] / o['steady_ms_per_token']:>8.2f}"
+              f"{m:>15.1f} MiB ({m / max(mem['onnxruntime']['rss_beyond_weights_mib'], 1e-9):.2f}x)")
+    print(f"  weights {mem['onnxruntime']['weights_mib']:.1f} MiB")
+    print(f"MobileNetV3 batch 1..12 x3: ctxrt {cyc['ctxrt_ms']:.2f} ms, onnxruntime {cyc['onnxruntime_ms']:.2f} ms "
+          f"per call, ratio {cyc['ratio']:.2f} ({cyc['ctxrt_compiles']} compile)")
+
+
+if __name__ == "__main__":
+    main()
