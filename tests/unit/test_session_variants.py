@@ -172,7 +172,8 @@ def test_freed_variants_leave_nothing_behind(backend, tmp_path) -> None:
     freed context's handle, the weights of freed variants are let go, and close() returns the rest."""
     path = _write(_mlp(), tmp_path / "mlp.onnx")
     n = 100 if backend == "cpu" else 24
-    with ctxrt.InferenceSession(path, backend, max_shape_variants=2, default_dim_max=0) as warm:  # process-wide caches filled
+    # process-wide caches filled first
+    with ctxrt.InferenceSession(path, backend, max_shape_variants=2, default_dim_max=0) as warm:
         warm.run(None, {"x": _x(1)})
     gc.collect()
     tracemalloc.start()
@@ -214,7 +215,8 @@ def test_freed_variants_leave_nothing_behind(backend, tmp_path) -> None:
 
 def test_a_session_that_keeps_compiling_warns_once(backend, tmp_path) -> None:
     path = _write(_mlp(), tmp_path / "mlp.onnx")
-    with ctxrt.InferenceSession(path, get_backend(backend), default_dim_max=0) as sess, warnings.catch_warnings(record=True) as seen:
+    with ctxrt.InferenceSession(path, get_backend(backend), default_dim_max=0) as sess, \
+            warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         for batch in range(1, 13):
             sess.run(None, {"x": _x(batch)})
