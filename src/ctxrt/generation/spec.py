@@ -86,6 +86,8 @@ def locate(path: str | os.PathLike) -> ModelFiles:
         config = _read_config(folder / GENAI_CONFIG) if (folder / GENAI_CONFIG).is_file() else None
         if config is not None:
             model = folder / _get(config, "model.decoder.filename", str)
+            if not model.is_file() and model.with_suffix(".ctx").is_file():  # compiled with `ctxrt compile`
+                model = model.with_suffix(".ctx")
         else:
             found = sorted(f for f in folder.iterdir() if f.suffix in (".onnx", ".ctx") and f.is_file())
             named = [f for f in found if f.stem == "model"]
@@ -163,13 +165,22 @@ def _slot(arg: Any, outs: Mapping[str, Any], present: str, batch: Any) -> KVSlot
     if len(rest) > 1:
         rest = [a for a in rest if re.search("past|seq|len", str(dims[a]), re.IGNORECASE)]
     if len(rest) != 1:
-        raise ModelError(f"input {arg.name!r} of shape {dims}: cannot tell its sequence axis (a context binary "
-                         "compiled for fixed shapes cannot grow its KV cache)")
+        _grows(arg, -1)
+        raise ModelError(f"input {arg.name!r} of shape {dims}: cannot tell its sequence axis")
     seq_axis = rest[0]
     fixed = tuple(None if a in (batch_axis, seq_axis) else d for a, d in enumerate(dims))
     if any(d is None for a, d in enumerate(fixed) if a not in (batch_axis, seq_axis)):
         raise ModelError(f"input {arg.name!r} of shape {dims}: axes other than batch and sequence must be sizes")
     return KVSlot(arg.name, present, _dtype(arg), fixed, batch_axis, seq_axis)
+
+
+def _grows(arg: Any, seq_axis: int) -> None:
+    """A past whose sequence axis is a fixed size (every axis, when it is not known) cannot grow by a token."""
+    dims = _dims(arg)
+    if dims is not None and (all(isinstance(d, int) for d in dims) if seq_axis < 0 else
+                             len(dims) > seq_axis and isinstance(dims[seq_axis], int)):
+        raise ModelError(f"input {arg.name!r} has the fixed shape {dims}: its KV cache cannot grow by a token (a "
+                         "context binary is compiled for fixed shapes; generate from the .onnx model)")
 
 
 def _hf_context(folder: Path) -> int | None:
@@ -204,6 +215,7 @@ def _genai(config: dict[str, Any], ins: Mapping[str, Any], outs: Mapping[str, An
             past, present = _nth(names, pattern, i), _nth(out_names, out_pattern, i)
             if past not in ins or present not in outs:
                 raise ModelError(f"{GENAI_CONFIG} names {past!r} and {present!r}, which the model lacks")
+            _grows(ins[past], 2)
             kv.append(KVSlot(past, present, _dtype(ins[past]), (None, heads, None, head_size), 0, 2))
     for name in (input_ids, logits):
         if name not in ins and name not in outs:
