@@ -215,18 +215,22 @@ class Generation:
         self._times["prompt"] += time.perf_counter() - tic
         if not self._times["first"]:
             self._times["first"] = time.perf_counter() - start
+        running, first_row = np.ones(len(rows), bool), np.zeros(len(rows), np.int64)
+        one = np.ones((len(rows), 1), np.int64)
         while True:
             yield self._emit(rows, alive, new, budget)
             alive = [b for b in alive if not self.finish_reasons[rows[b]]]
             if not alive:
                 break
-            ids = np.where(np.isin(np.arange(len(rows)), alive), new, spec.pad_id)[:, None]
-            mask = np.concatenate([mask, np.ones((len(rows), 1), mask.dtype)], axis=1)
-            past = dict(zip((s.past for s in spec.kv), self._gen._presents(binding), strict=True))
             tic = time.perf_counter()
+            running[:] = False
+            running[alive] = True
+            ids = np.where(running, new, spec.pad_id)[:, None]  # a prompt that stopped is fed padding
+            mask = np.concatenate([mask, one], axis=1)
+            past = dict(zip((s.past for s in spec.kv), self._gen._presents(binding), strict=True))
             previous, binding = binding, self._gen._run({**self._inputs(ids, mask), **past})
             del previous  # its tensors go back to the session's cache only now: they were this run's pasts
-            new = self._choose(binding, np.zeros(len(rows), np.int64))
+            new = self._choose(binding, first_row)
             self._times["decode"] += time.perf_counter() - tic
             self._decoded += len(alive)
         self._kv_bytes = max(self._kv_bytes, sum(t.nbytes for t in self._gen._presents(binding)))
