@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
 from ctxrt.cli_args import (
     UsageError,
     fraction,
+    model_kind,
     naming,
     non_negative_float,
     non_negative_int,
@@ -62,6 +64,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise UsageError("give at least one prompt: --prompt-ids 1,2,3 or --prompt TEXT")
     if any(not p for p in args.prompt):
         raise UsageError("--prompt: an empty prompt")
+    if not os.path.isdir(args.model):
+        model_kind("", args.model)  # a readable .onnx or context binary (a folder is read by the Generator)
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     options = SessionOptions(args.threads) if args.threads else None
     with naming(args.model), Generator(args.model, args.backend, sess_options=options,
