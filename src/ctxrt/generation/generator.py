@@ -9,7 +9,7 @@ does.
 from __future__ import annotations
 
 import os
-import resource
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -158,7 +158,7 @@ class Generator:
                 "kernel_constants": stats["weights_prepacked_bytes"] + stats["alloc_kernel_bytes"],
                 "kv_cache": kv_bytes, "spillfill": stats["alloc_spillfill_bytes"],
                 "io_tensors": stats["tensor_cache_bytes_held"],
-                "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+                "peak_rss": _peak_rss()}
 
 
 class Generation:
@@ -292,3 +292,13 @@ def _ids(values: Sequence[int], what: str) -> list[int]:
     if any(i < 0 for i in ids):
         raise GenerationError(f"{what}: token ids must be >= 0, got {min(ids)}")
     return ids
+
+
+def _peak_rss() -> int:
+    """The process's peak resident set in bytes (0 where the platform does not say)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return 0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
