@@ -187,7 +187,7 @@ def test_cli_generate_bad_arguments(llama: Path, capsys: pytest.CaptureFixture[s
 def test_cli_generate_bad_models(gpt2: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A missing model, text without a tokenizer, a context binary of fixed shapes (its past cannot grow), a broken
     genai_config.json."""
-    assert_one_line_error(*cli(capsys, "generate", tmp_path / "none", "--prompt-ids", "1"), "no such file or folder")
+    assert_one_line_error(*cli(capsys, "generate", tmp_path / "none", "--prompt-ids", "1"), "none: no such file")
     assert_one_line_error(*cli(capsys, "generate", gpt2, "--prompt", "hello"), "no tokenizer.json")
     assert cli(capsys, "compile", gpt2, "-o", tmp_path / "m.ctx", "-q")[0] == 0
     assert_one_line_error(*cli(capsys, "generate", tmp_path / "m.ctx", "--prompt-ids", "1"),
