@@ -62,7 +62,7 @@ class Generator:
                                            or context_length < 1):
             raise GenerationError(f"context_length must be a whole number >= 1, got {context_length!r}")
         self.files = locate(model)
-        # each token is a new shape until the session compiles ranges: old variants are never run again
+        # the past only grows: an exact-shape variant (or a range program outgrown) is not run again
         self.session = InferenceSession(self.files.model, backend, sess_options=sess_options, max_shape_variants=2)
         try:
             self.spec: DecoderSpec = describe(self.files, self.session.get_inputs(), self.session.get_outputs(),
