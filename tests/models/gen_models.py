@@ -126,7 +126,9 @@ def ort_greedy(model: Path, prompt: list[int], n: int) -> list[int]:
             for i in sess.get_inputs() if i.name.startswith("past")}
     ids, total, tokens = np.array([prompt], np.int64), len(prompt), []
     for _ in range(n):
-        feeds = {"input_ids": ids, "attention_mask": np.ones((1, total), np.int64), **past}
+        feeds = {"input_ids": ids, **past}
+        if "attention_mask" in names:
+            feeds["attention_mask"] = np.ones((1, total), np.int64)
         if "position_ids" in names:
             feeds["position_ids"] = np.arange(total - ids.shape[1], total, dtype=np.int64)[None]
         logits, *presents = sess.run(None, feeds)

@@ -61,6 +61,18 @@ def test_gpt2_greedy_equals_onnxruntime_loop(gpt2: Path) -> None:
     assert len({t for row in want for t in row}) > 4  # random weights that say something
 
 
+def test_a_decoder_without_mask_and_positions_runs_prompts_one_at_a_time() -> None:
+    """decoders.py's GPT decoder takes input_ids and the past only: padding would shift its positions."""
+    pytest.importorskip("transformers")
+    from decoders import gpt2_decoder
+
+    model = gpt2_decoder("legacy")
+    with ctxrt.Generator(model) as gen:
+        assert gen.batching == "one at a time"
+        got = gen.generate(GPT_PROMPTS, 6)
+    assert got.tokens == [ort_greedy(model, p, 6) for p in GPT_PROMPTS]
+
+
 @pytest.mark.parametrize("precision", ["fp32", "int4"])
 def test_builder_llama_greedy_equals_onnxruntime_genai(precision: str) -> None:
     """The builder's folder read through genai_config.json; a batch padded on the right (GroupQueryAttention
