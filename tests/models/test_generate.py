@@ -157,6 +157,21 @@ def test_tokens_stream_as_they_come(llama: Path) -> None:
     assert seen == steps and again.tokens == result.tokens
 
 
+def test_context_binary_compiled_with_ranges(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A GPT-2 export compiled with --dim ranges generates what onnxruntime's loop does; past its ranges the
+    session's error is one line (--context-length keeps inside them)."""
+    pytest.importorskip("transformers")
+    model, binary = gpt2_export("legacy"), tmp_path / "gpt2.ctx"
+    dims = ["--dim", "batch=1:4", "--dim", "seq=1:8", "--dim", "total=1:16", "--dim", "past=0:16"]
+    assert cli(capsys, "compile", model, "-o", binary, "-q", *dims)[0] == 0
+    with ctxrt.Generator(binary) as gen:
+        assert gen.generate(GPT_PROMPTS, N).tokens == [ort_greedy(model, p, N) for p in GPT_PROMPTS]
+        with pytest.raises(ctxrt.ShapeError, match="'total'.* outside the range 1..16"):
+            gen.generate(GPT_PROMPTS[:1], 20)
+    with ctxrt.Generator(binary, context_length=16) as gen:
+        assert gen.generate(GPT_PROMPTS[:1], 20).finish_reasons == ["context"]
+
+
 def test_cli_generate_json(llama: Path, llama_greedy: list[list[int]], capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = cli(capsys, "generate", llama, "--prompt-ids", "5,9,17,33", "--prompt-ids", "7,8,40",
                          "--max-new-tokens", 3, "--ignore-eos", "--json")

@@ -179,9 +179,9 @@ def _grows(arg: Any, seq_axis: int) -> None:
     dims = _dims(arg)
     if dims is not None and (all(isinstance(d, int) for d in dims) if seq_axis < 0 else
                              len(dims) > seq_axis and isinstance(dims[seq_axis], int)):
-        raise ModelError(f"input {arg.name!r} has the fixed shape {dims}: its KV cache cannot grow by a token (a "
-                         "context binary shows fixed sizes, even one compiled with --dim ranges; generate from the "
-                         ".onnx model)")
+        raise ModelError(f"input {arg.name!r} has the fixed shape {dims}: its KV cache cannot grow by a token "
+                         "(compile the context binary with --dim ranges of its batch, sequence and past dims, or "
+                         "generate from the .onnx model)")
 
 
 def _hf_context(folder: Path) -> int | None:
