@@ -6,6 +6,7 @@ from ctxrt.compiler import compile  # noqa: E402
 from ctxrt.errors import (  # noqa: E402
     CtxrtError,
     FormatError,
+    GenerationError,
     LifecycleError,
     ModelError,
     PlanError,
@@ -14,6 +15,7 @@ from ctxrt.errors import (  # noqa: E402
     UnsupportedOpError,
 )
 from ctxrt.format import read_metadata  # noqa: E402
+from ctxrt.generation import GenerationResult, Generator, Sampling  # noqa: E402
 from ctxrt.runtime.context import Context  # noqa: E402
 from ctxrt.runtime.graph import Graph  # noqa: E402
 from ctxrt.runtime.group import ContextGroup  # noqa: E402
@@ -25,6 +27,7 @@ from ctxrt.runtime.tensor import Tensor  # noqa: E402
 
 __all__ = ["compile", "context_from_binary", "read_metadata", "Context", "ContextGroup", "Graph", "MemHandle",
            "InferenceSession", "IOBinding", "SessionOptions", "Tensor",
-           "CtxrtError", "FormatError",
+           "Generator", "GenerationResult", "Sampling",
+           "CtxrtError", "FormatError", "GenerationError",
            "LifecycleError", "ModelError",
            "PlanError", "RegistrationError", "ShapeError", "UnsupportedOpError", "__version__"]

@@ -39,6 +39,7 @@ from ctxrt.cli_args import (
     shape_targets,
 )
 from ctxrt.cli_devices import cmd_devices
+from ctxrt.cli_generate import add_generate
 from ctxrt.cli_inspect import cmd_inspect
 from ctxrt.cli_tuning import add_commands, compile_backend, load_config
 from ctxrt.errors import CtxrtError, CtxrtWarning
@@ -450,6 +451,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.add_argument("-q", "--quiet", action="store_true", help="no progress bar while compiling .onnx models")
     r.set_defaults(func=cmd_run)
+    add_generate(sub)
     d = sub.add_parser("devices", help="list the backends and OpenCL devices (name, driver, compute units, memory)")
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_devices)

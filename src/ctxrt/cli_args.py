@@ -51,6 +51,39 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0 (--temperature, where 0 means greedy)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A number in (0, 1] (--top-p)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return value
+
+
+def token_ids(text: str) -> list[int]:
+    """ID,ID,...: token ids, each a whole number >= 0 (--prompt-ids)."""
+    try:
+        ids = [int(w) for w in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected token ids as ID,ID,... (e.g. 1,2,3), got {text!r}") from None
+    if any(i < 0 for i in ids):
+        raise argparse.ArgumentTypeError(f"token ids must be >= 0, got {text!r}")
+    return ids
+
+
 def parse_shape(text: str, option: str = "--shape") -> tuple[str, tuple[int, ...]]:
     """NAME=DxDx...xD with every D a whole number >= 0 (0: an empty axis, as a decoder's first past)."""
     name, sep, dims = text.rpartition("=")

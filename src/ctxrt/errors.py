@@ -41,6 +41,11 @@ class LifecycleError(CtxrtError):
     """A context or graph is used in the wrong state (before finalize, after free, ...)."""
 
 
+class GenerationError(CtxrtError):
+    """A generation request the model cannot serve: a prompt longer than its context, token ids outside its
+    vocabulary, bad sampling settings, a model path that names no model."""
+
+
 class ConfigError(CtxrtError):
     """The compile configuration (tuning JSON or its keyword arguments) is invalid, or its performance cache
     directory cannot be used."""

@@ -1,0 +1,223 @@
+"""ctxrt.Generator and `ctxrt generate`: greedy tokens equal a plain onnxruntime loop on GPT-2 exports (legacy and
+dynamo) and onnxruntime-genai's on builder Llama folders (fp32, int4), prompts batched with padding give each
+prompt's own tokens, a seed reproduces sampled tokens, eos and stop ids end a prompt, a prompt that fills the
+context is one error, tokens stream as they come, the CLI's --json fields and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cli_helpers import assert_one_line_error, cli
+from gen_models import LLAMA_CONTEXT, builder_llama, genai_greedy, gpt2_export, ort_greedy
+
+import ctxrt
+from ctxrt.generation.sampling import Sampling, choose
+
+GPT_PROMPTS = [[5, 9, 17, 33], [7, 8]]
+LLAMA_PROMPTS = [[5, 9, 17, 33], [7, 8, 40]]
+N = 8
+
+
+@pytest.fixture(scope="module", params=["legacy", "dynamo"])
+def gpt2(request: pytest.FixtureRequest) -> Path:
+    pytest.importorskip("transformers")
+    if request.param == "dynamo":
+        pytest.importorskip("onnxscript")
+    return gpt2_export(request.param)
+
+
+@pytest.fixture(scope="module")
+def llama() -> Path:
+    pytest.importorskip("onnxruntime_genai")
+    pytest.importorskip("transformers")
+    return builder_llama("fp32")
+
+
+@pytest.fixture(scope="module")
+def llama_greedy(llama: Path) -> list[list[int]]:
+    """onnxruntime-genai's greedy tokens for LLAMA_PROMPTS (it stops at eos, id 2, as ctxrt does)."""
+    return [genai_greedy(llama, p, N) for p in LLAMA_PROMPTS]
+
+
+def until(tokens: list[int], stops: set[int]) -> list[int]:
+    """The tokens up to the first stop id, included."""
+    k = next((k for k, t in enumerate(tokens) if t in stops), len(tokens) - 1)
+    return tokens[:k + 1]
+
+
+def test_gpt2_greedy_equals_onnxruntime_loop(gpt2: Path) -> None:
+    """Two prompts of different lengths in one batch (left padding) give each the tokens of onnxruntime's loop
+    on that prompt alone."""
+    want = [ort_greedy(gpt2, p, N) for p in GPT_PROMPTS]
+    with ctxrt.Generator(gpt2) as gen:
+        assert gen.batching == "batch, left padding"
+        got = gen.generate(GPT_PROMPTS, N)
+    assert got.tokens == want
+    assert got.finish_reasons == ["length", "length"]
+    assert len({t for row in want for t in row}) > 4  # random weights that say something
+
+
+def test_a_decoder_without_mask_and_positions_runs_prompts_one_at_a_time() -> None:
+    """decoders.py's GPT decoder takes input_ids and the past only: padding would shift its positions."""
+    pytest.importorskip("transformers")
+    from decoders import gpt2_decoder
+
+    model = gpt2_decoder("legacy")
+    with ctxrt.Generator(model) as gen:
+        assert gen.batching == "one at a time"
+        got = gen.generate(GPT_PROMPTS, 6)
+    assert got.tokens == [ort_greedy(model, p, 6) for p in GPT_PROMPTS]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_builder_llama_greedy_equals_onnxruntime_genai(precision: str) -> None:
+    """The builder's folder read through genai_config.json; a batch padded on the right (GroupQueryAttention
+    takes the positions from the mask's row sums)."""
+    pytest.importorskip("onnxruntime_genai")
+    folder = builder_llama(precision)
+    want = [genai_greedy(folder, p, N) for p in LLAMA_PROMPTS]
+    with ctxrt.Generator(folder) as gen:
+        assert (gen.batching, gen.spec.eos_ids, gen.spec.context_length) == ("batch, right padding", (2,), 64)
+        got = gen.generate(LLAMA_PROMPTS, N)
+    assert got.tokens == want
+
+
+def test_sampling_with_a_seed_is_reproducible(llama: Path, llama_greedy: list[list[int]]) -> None:
+    sampled = Sampling(temperature=1.0, top_k=20, top_p=0.9, seed=7)
+    with ctxrt.Generator(llama) as gen:
+        first = gen.generate(LLAMA_PROMPTS, 6, sampling=sampled).tokens
+        again = gen.generate(LLAMA_PROMPTS, 6, sampling=sampled).tokens
+        other = gen.generate(LLAMA_PROMPTS, 6, sampling=Sampling(temperature=1.0, seed=8)).tokens
+        top1 = gen.generate(LLAMA_PROMPTS[:1], 6, sampling=Sampling(temperature=1.0, top_k=1, seed=0)).tokens
+    assert first == again
+    assert first != other
+    assert top1[0] == until(llama_greedy[0], {2})[:6]
+
+
+def test_sampler_keeps_to_top_k_and_top_p() -> None:
+    """Probabilities 0.5, 0.3, 0.15, 0.05: top_p 0.7 draws from the first two only, top_k 3 never the last, and
+    plain sampling draws each about as often as its probability."""
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]] * 4000))
+    rng = np.random.default_rng(0)
+    counts = [np.bincount(choose(logits, s, rng), minlength=4) / 4000
+              for s in (Sampling(1.0, top_p=0.7), Sampling(1.0, top_k=3), Sampling(1.0))]
+    assert counts[0][2:].sum() == 0 and abs(counts[0][0] - 0.5 / 0.8) < 0.03
+    assert counts[1][3] == 0
+    np.testing.assert_allclose(counts[2], [0.5, 0.3, 0.15, 0.05], atol=0.03)
+
+
+def test_eos_and_stop_ids_end_a_prompt(llama: Path, llama_greedy: list[list[int]], tmp_path: Path) -> None:
+    """eos ids from genai_config.json (an int or a list) and stop_ids: each prompt of a batch stops at its own
+    first one (included); use_eos=False goes on."""
+    stop = next(t for k, t in enumerate(llama_greedy[0]) if k and t not in llama_greedy[0][:k])
+    folder = tmp_path / "llama"
+    shutil.copytree(llama, folder)
+    config = json.loads((folder / "genai_config.json").read_text())
+    config["model"]["eos_token_id"] = [120, stop]
+    (folder / "genai_config.json").write_text(json.dumps(config))
+    with ctxrt.Generator(folder) as gen:
+        got = gen.generate(LLAMA_PROMPTS, N)
+        assert got.tokens == [until(t, {stop, 120, 2}) for t in llama_greedy]
+        assert got.finish_reasons[0] == "stop"
+    with ctxrt.Generator(llama) as gen:
+        assert gen.generate(LLAMA_PROMPTS[:1], N, stop_ids=[stop]).tokens == [until(llama_greedy[0], {stop, 2})]
+        assert gen.generate(LLAMA_PROMPTS[:1], 4, use_eos=False).tokens == [llama_greedy[0][:4]]
+
+
+def test_prompt_that_fills_the_context_is_one_error(llama: Path) -> None:
+    with ctxrt.Generator(llama) as gen:
+        with pytest.raises(ctxrt.GenerationError, match=f"prompt 1 has {LLAMA_CONTEXT} tokens; the model's "
+                                                        f"context is {LLAMA_CONTEXT} tokens"):
+            gen.generate([[3], [3] * LLAMA_CONTEXT], 4)
+        near = gen.generate([[3] * (LLAMA_CONTEXT - 2)], N)  # room for two tokens
+    assert len(near.tokens[0]) == 2 and near.finish_reasons == ["context"]
+    with ctxrt.Generator(llama, context_length=4) as gen, pytest.raises(ctxrt.GenerationError, match="context is 4"):
+        gen.generate([[1, 2, 3, 4]], 2)
+
+
+def test_tokens_stream_as_they_come(llama: Path) -> None:
+    """Each step yields one token per prompt still going (None for one that stopped), already in .tokens; the
+    callback of generate() sees the same steps."""
+    with ctxrt.Generator(llama) as gen:
+        run = gen.stream(LLAMA_PROMPTS, 4)
+        with pytest.raises(ctxrt.GenerationError, match="not finished"):
+            run.result()
+        steps = []
+        for step in run:
+            steps.append(step)
+            assert [t[-1] for t in run.tokens if len(t) == len(steps)] == [t for t in step if t is not None]
+        result = run.result()
+        seen: list[list[int | None]] = []
+        again = gen.generate(LLAMA_PROMPTS, 4, on_token=seen.append)
+    assert [[t for t in column if t is not None] for column in zip(*steps, strict=True)] == result.tokens
+    assert seen == steps and again.tokens == result.tokens
+
+
+def test_context_binary_compiled_with_ranges(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A GPT-2 export compiled with --dim ranges generates what onnxruntime's loop does; past its ranges the
+    session's error is one line (--context-length keeps inside them)."""
+    pytest.importorskip("transformers")
+    model, binary = gpt2_export("legacy"), tmp_path / "gpt2.ctx"
+    dims = ["--dim", "batch=1:4", "--dim", "seq=1:8", "--dim", "total=1:16", "--dim", "past=0:16"]
+    assert cli(capsys, "compile", model, "-o", binary, "-q", *dims)[0] == 0
+    with ctxrt.Generator(binary) as gen:
+        assert gen.generate(GPT_PROMPTS, N).tokens == [ort_greedy(model, p, N) for p in GPT_PROMPTS]
+        with pytest.raises(ctxrt.ShapeError, match="'total'.* outside the range 1..16"):
+            gen.generate(GPT_PROMPTS[:1], 20)
+    with ctxrt.Generator(binary, context_length=16) as gen:
+        assert gen.generate(GPT_PROMPTS[:1], 20).finish_reasons == ["context"]
+
+
+def test_cli_generate_json(llama: Path, llama_greedy: list[list[int]], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = cli(capsys, "generate", llama, "--prompt-ids", "5,9,17,33", "--prompt-ids", "7,8,40",
+                         "--max-new-tokens", 3, "--ignore-eos", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["tokens"] == [t[:3] for t in llama_greedy]
+    assert report["batching"] == "batch, right padding" and report["prompt_tokens"] == 7
+    for key in ("tokens_per_s", "prompt_tokens_per_s", "time_to_first_token_ms"):
+        assert report[key] > 0, key
+    memory = report["memory"]
+    # the last step's presents: 2 layers x (key, value) x batch 2 x 2 kv heads x (4 + 2 rows) x 16 x float32
+    assert memory["kv_cache"] == 4 * 2 * 2 * 6 * 16 * 4
+    assert memory["weights"] > 0 and memory["spillfill"] > 0 and memory["peak_rss"] > 2 ** 20
+
+
+def test_cli_generate_text_prompt_streams(llama: Path, llama_greedy: list[list[int]],
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = cli(capsys, "generate", llama, "--prompt", "t5 t9 t17 t33", "--max-new-tokens", 3,
+                         "--ignore-eos")
+    assert code == 0, err
+    assert out == " ".join(f"t{t}" for t in llama_greedy[0][:3]) + "\n"
+    assert "tokens/s" in err and "KV cache" in err
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--prompt-ids", "1,x"], "argument --prompt-ids"),
+    (["--prompt-ids", "1", "--top-p", "0"], "argument --top-p"),
+    (["--prompt-ids", "1", "--temperature", "-1"], "argument --temperature"),
+    (["--prompt-ids", "1", "--max-new-tokens", "0"], "argument --max-new-tokens"),
+    ([], "at least one prompt"),
+    (["--prompt-ids", "1", "--prompt", "t1"], "not both"),
+    (["--prompt-ids", ",".join(["3"] * LLAMA_CONTEXT)], "leaves no room"),
+    (["--prompt-ids", "500"], "outside the vocabulary of 128"),
+], ids=["bad-ids", "top-p", "temperature", "max-new-tokens", "no-prompt", "both", "too-long", "vocab"])
+def test_cli_generate_bad_arguments(llama: Path, capsys: pytest.CaptureFixture[str], args: list[str],
+                                    needle: str) -> None:
+    assert_one_line_error(*cli(capsys, "generate", llama, *args), needle)
+
+
+def test_cli_generate_bad_models(gpt2: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing model, text without a tokenizer, a context binary of fixed shapes (its past cannot grow), a broken
+    genai_config.json."""
+    assert_one_line_error(*cli(capsys, "generate", tmp_path / "none", "--prompt-ids", "1"), "none: no such file")
+    assert_one_line_error(*cli(capsys, "generate", gpt2, "--prompt", "hello"), "no tokenizer.json")
+    assert cli(capsys, "compile", gpt2, "-o", tmp_path / "m.ctx", "-q")[0] == 0
+    assert_one_line_error(*cli(capsys, "generate", tmp_path / "m.ctx", "--prompt-ids", "1"),
+                          "has the fixed shape [1, 2, 1, 16]: its KV cache cannot grow")
+    (tmp_path / "genai_config.json").write_text("{not json")
+    assert_one_line_error(*cli(capsys, "generate", tmp_path, "--prompt-ids", "1"), "cannot read it as JSON")
