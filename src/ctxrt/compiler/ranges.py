@@ -225,7 +225,11 @@ def resolve(declared: Sequence[tuple[str, Any, Any]], dims: DimSpec, shapes: Map
     ranges: dict[str, tuple[int, int]] = {}
     by_axis: dict[tuple[str, int], str] = {}
     names = {n for n, _, _ in declared}
+    derived: dict[str, str] = {}
     for key, value in dims.items():
+        if isinstance(value, str) and any(c.isalpha() or c == "_" for c in value):
+            derived[key] = value  # a dim that follows others: "past_sequence_length + sequence_length"
+            continue
         ranges[key] = parse_range(value, key)
         if ":" in key and key.rsplit(":", 1)[0] in names:
             inp, axis = key.rsplit(":", 1)
@@ -240,7 +244,10 @@ def resolve(declared: Sequence[tuple[str, Any, Any]], dims: DimSpec, shapes: Map
         if inp in ranks and not 0 <= axis < ranks[inp]:
             raise CtxrtError(f"dim {key!r}: input {inp!r} has no axis {axis} (rank {ranks[inp]})")
     symbolic = {d for _, _, dd in declared for d in dd or () if isinstance(d, str)}
-    unknown = [k for k in ranges if k not in symbolic and k not in by_axis.values()]
+    unknown = [k for k in [*ranges, *derived] if k not in symbolic and k not in by_axis.values()]
+    bad = [f"{k}={v!r}" for k, v in derived.items() if not _expression(v, ranges)]
+    if bad:
+        raise CtxrtError(f"dims {bad}: an expression of other dims with ranges (+, -, *, // and integers)")
     if unknown:
         raise CtxrtError(f"dims {unknown} are not dims of the model's inputs "
                          f"(inputs: {[(n, d) for n, _, d in declared]})")
@@ -267,6 +274,9 @@ def resolve(declared: Sequence[tuple[str, Any, Any]], dims: DimSpec, shapes: Map
                 used.add(key)
             elif isinstance(d, int) and d >= 0:
                 axes.append(d)
+            elif isinstance(d, str) and d in derived and _expression(derived[d], ranges):
+                axes.append(derived[d])
+                used |= _names(derived[d]) & ranges.keys() | {d}
             elif isinstance(d, str) and _expression(d, ranges):
                 axes.append(d)
                 used |= _names(d) & ranges.keys()
@@ -274,7 +284,7 @@ def resolve(declared: Sequence[tuple[str, Any, Any]], dims: DimSpec, shapes: Map
                 raise RangeError(f"input {name!r} axis {axis} ({d!r}) has no range and no shape: give it one "
                                  f"(a range on {d!r} or {name}:{axis}, or a shape for {name!r})")
         layout[name] = axes
-    unused = [k for k in ranges if k not in used]
+    unused = [k for k in [*ranges, *derived] if k not in used]
     if unused:
         raise CtxrtError(f"dims {unused} are not dims of the model's inputs "
                          f"(inputs: {[(n, d) for n, _, d in declared]})")
@@ -322,7 +332,8 @@ def compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str = "mai
 
     declared, _ = declared_io(model)
     spec, layout = resolve(declared, dims, shapes)
-    fixed = {k: parse_range(v, k)[0] for k, v in dims.items() if len(set(parse_range(v, k))) == 1}
+    fixed = {k: parse_range(v, k)[0] for k, v in dims.items()
+             if not (isinstance(v, str) and any(c.isalpha() or c == "_" for c in v)) and len(set(parse_range(v, k))) == 1}
     k = len(spec)
     hi = [h for _, _, h in spec]
     alt = [h - 1 if h - 1 >= max(lo, 1) else lo for _, lo, h in spec]

@@ -70,10 +70,28 @@ class Generator:
         except BaseException:
             self.session.close()
             raise
+        self._range_the_past()
         self._outputs = [o.name for o in self.session.get_outputs()]
         self._logits_at = self._outputs.index(self.spec.logits)
         self._presents_at = [self._outputs.index(s.present) for s in self.spec.kv]
         self._tokenizer: Any = None
+
+    def _range_the_past(self) -> None:
+        """One range program for the whole generation: the past from 0 to the context length, a mask's length
+        as past + sequence (docs/shapes-and-control-flow.md); the session widens what the feeds outgrow."""
+        spec, shapes = self.spec, {i.name: i.shape for i in self.session.get_inputs()}
+        if spec.context_length is None or not spec.kv:
+            return
+        past = shapes[spec.kv[0].past][spec.kv[0].seq_axis]
+        seq = shapes[spec.input_ids][1] if len(shapes[spec.input_ids]) > 1 else None
+        if not isinstance(past, str):
+            return
+        ranges: dict[str, Any] = {past: (0, spec.context_length)}
+        mask = shapes[spec.attention_mask][1] if spec.attention_mask and len(shapes[spec.attention_mask]) > 1 \
+            else None
+        if isinstance(mask, str) and isinstance(seq, str) and mask not in (past, seq) and mask.isidentifier():
+            ranges[mask] = f"{past} + {seq}"
+        self.session.dim_ranges = {**ranges, **self.session.dim_ranges}
 
     @property
     def batching(self) -> str:

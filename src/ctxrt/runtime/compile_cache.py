@@ -54,7 +54,7 @@ class VariantCompiler:
 
         shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
         feeds = {k: array_of(v) for k, v in (feeds or {}).items()}
-        dims = {k: (int(lo), int(hi)) for k, (lo, hi) in (dims or {}).items()}
+        dims = {k: v if isinstance(v, str) else (int(v[0]), int(v[1])) for k, v in (dims or {}).items()}
         if self.folder is None:
             graphs, weights = compile_graphs([(self.source, shapes, "main")], self.backend, "memhandle", feeds,
                                              dims=dims)
@@ -126,7 +126,7 @@ class VariantCompiler:
         be = self.backend
         return json.dumps({
             "shapes": sorted((k, list(v)) for k, v in shapes.items()), "io_mem_type": "memhandle",
-            "dims": sorted((k, list(v)) for k, v in (dims or {}).items()),
+            "dims": sorted((k, v if isinstance(v, str) else list(v)) for k, v in (dims or {}).items()),
             "options": compile_options(), "device": be.device_id(), "ctxrt": ctxrt.__version__,
             "formats": list(layout.SUPPORTED_VERSIONS), "cpus": os.cpu_count(),
             "backend": {"onednn": getattr(be, "onednn", None), "layout": getattr(getattr(be, "layout", None), "name",

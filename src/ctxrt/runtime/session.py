@@ -60,11 +60,10 @@ class InferenceSession:
             raise CtxrtError(f"max_shape_variants must be >= 1, got {max_shape_variants}")
         if default_dim_max < 0:
             raise CtxrtError(f"default_dim_max must be >= 0 (0: compile for exact shapes), got {default_dim_max}")
-        from ctxrt.compiler.ranges import parse_range
-
         # Ranges of dynamic dims (docs/shapes.md): a model with symbolic dims compiles one range program; a feed
         # outside compiles one wider range. default_dim_max=0 compiles a variant per input shape instead.
-        self._ranges: dict[str, tuple[int, int]] = {k: parse_range(v, k) for k, v in (dim_ranges or {}).items()}
+        self._ranges: dict[str, Any] = {}
+        self.dim_ranges = dim_ranges or {}
         self._default_dim_max = default_dim_max
         self._range_failed: str | None = None  # why this model cannot be a range program, once known
         if sess_options is None and is_session_options(backend):  # onnxruntime's order: (model, sess_options)
@@ -214,7 +213,8 @@ class InferenceSession:
             if dims:
                 from ctxrt.compiler.ranges import RangeError
 
-                tight = {k: (lo, max(lo, self._needed(feeds, k))) for k, (lo, _) in dims.items()}
+                tight = {k: v if isinstance(v, str) else (v[0], max(v[0], self._needed(feeds, k)))
+                         for k, v in dims.items()}
                 for attempt in (dims, tight) if tight != dims else (dims,):
                     try:  # the upper bound may be past what the model allows (e.g. its position table): then tight
                         variant = self._single(self._compile(None, feeds, attempt), None)
@@ -293,8 +293,10 @@ class InferenceSession:
                     continue  # an expression of other dims (`past + sequence`): derived, not a dim of its own
                 key = d if isinstance(d, str) else f"{name}:{axis}"
                 seen[key] = max(seen.get(key, 0), int(shape[axis]))
-        dims = {}
+        dims: dict[str, Any] = {k: v for k, v in self._ranges.items() if isinstance(v, str)}  # derived dims
         for key, n in seen.items():
+            if key in dims:
+                continue
             grown = 2 * (1 << max(n - 1, 0).bit_length())
             if key in self._ranges:
                 lo, hi = self._ranges[key]
@@ -304,6 +306,24 @@ class InferenceSession:
                 lo, hi = (0 if n == 0 else 1), max(self._default_dim_max, grown)
             dims[key] = (lo, hi)
         return dims
+
+    @property
+    def dim_ranges(self) -> dict[str, Any]:
+        """The ranges of dynamic dims: those given, widened by the compiles so far (a dim name or INPUT:AXIS ->
+        (MIN, MAX), or an expression of other dims such as "past_sequence_length + sequence_length"); for a
+        context binary, those it was compiled with."""
+        if self._source is None:
+            v = next(iter(self._variants.values()), None) if self._variants else None
+            return {} if v is None or v.ranged is None else {n: (lo, hi) for n, lo, hi in v.ranged.ranges.dims}
+        return dict(self._ranges)
+
+    @dim_ranges.setter
+    def dim_ranges(self, value: Mapping[str, Any]) -> None:
+        """Ranges for the next compile (a range program compiled already keeps its own until a feed leaves it)."""
+        from ctxrt.compiler.ranges import parse_range
+
+        self._ranges = {k: v if isinstance(v, str) and any(c.isalpha() or c == "_" for c in v)
+                        else parse_range(v, k) for k, v in value.items()}
 
     # -- onnxruntime's API ---------------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
