@@ -3,6 +3,7 @@ runs, and the question the layout pass asks of it."""
 
 from __future__ import annotations
 
+from ctxrt.backends.cpu import widen
 from ctxrt.backends.cpu.onednn import api, kernels, matmul
 from ctxrt.backends.kernel import KernelFactory, NodeSpec
 from ctxrt.errors import CtxrtError
@@ -23,6 +24,8 @@ def supports(spec: NodeSpec) -> bool:
     factory = KERNELS.get(spec.op)
     if factory is None or not api.available():
         return False
+    if spec.attr(widen.WIDEN):  # half weights: its kernel sees them widened
+        spec = widen.widened_spec(spec)[0]
     try:
         factory(spec)
     except CtxrtError:
