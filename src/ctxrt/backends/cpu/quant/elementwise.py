@@ -19,6 +19,7 @@ from ctxrt.backends.cpu.elementwise import CHUNK
 from ctxrt.backends.cpu.quant.common import (
     EIGHT_BIT,
     F32,
+    WIDE_INTS,
     Bound,
     fail,
     given,
@@ -51,7 +52,7 @@ def _center(x: np.ndarray, zp: np.ndarray | None, out: np.ndarray) -> None:
 def _binary(spec: NodeSpec, mul: bool) -> Kernel:
     """QLinearAdd: C = (A_scale (A - A_zp) + B_scale (B - B_zp)) / C_scale + C_zp;
     QLinearMul: C = (A - A_zp)(B - B_zp) A_scale B_scale / C_scale + C_zp (broadcasting A against B)."""
-    yt = require(spec, 0, EIGHT_BIT, "A")
+    yt = require(spec, 0, WIDE_INTS, "A")
     require(spec, 3, {yt}, "B")
     _scalars(spec, (1, 2, 4, 5, 6, 7))
     shape = tuple(spec.outputs[0].shape)

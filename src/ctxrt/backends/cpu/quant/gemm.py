@@ -19,6 +19,7 @@ from ctxrt.backends.cpu.quant.common import (
     EIGHT_BIT,
     F32,
     F64,
+    WIDE_INTS,
     Bound,
     Requant,
     dtype_of,
@@ -167,10 +168,10 @@ def _cols(mult: np.ndarray, n0: int, n1: int) -> np.ndarray:
 
 
 def qlinear_matmul(spec: NodeSpec) -> Kernel:
-    require(spec, 0, EIGHT_BIT, "a")
-    require(spec, 3, EIGHT_BIT, "b")
+    require(spec, 0, WIDE_INTS, "a")
+    require(spec, 3, WIDE_INTS, "b")
     yt = np.dtype(spec.outputs[0].dtype)
-    if yt not in EIGHT_BIT:
+    if yt not in WIDE_INTS:
         raise fail(spec, f"output type {yt} is not supported")
     if size(spec.inputs[6]) != 1 or size(spec.inputs[7]) != 1:
         raise fail(spec, "y_scale and y_zero_point must be scalars")
@@ -273,14 +274,14 @@ def dynamic_quantize_matmul(spec: NodeSpec) -> Kernel:
 def qgemm(spec: NodeSpec) -> Kernel:
     """Y = alpha (A - a_zp)(B - b_zp) a_scale b_scale + C, C in int32 at that scale; float, or quantized with
     y_scale / y_zero_point."""
-    require(spec, 0, EIGHT_BIT, "A")
-    require(spec, 3, EIGHT_BIT, "B")
+    require(spec, 0, WIDE_INTS, "A")
+    require(spec, 3, WIDE_INTS, "B")
     sh = Shapes(spec, 0, 3, bool(spec.attr("transA", 0)), bool(spec.attr("transB", 0)))
     if size(spec.inputs[1]) != 1 or size(spec.inputs[2]) != 1:
         raise fail(spec, "a_scale and a_zero_point must be scalars")
     quantized = given(spec, 8)  # with y_zero_point the output is quantized, else float32
     yt = np.dtype(spec.outputs[0].dtype)
-    if yt not in (EIGHT_BIT if quantized else {F32}):
+    if yt not in (WIDE_INTS if quantized else {F32}):
         raise fail(spec, f"output type {yt} is not supported")
     multiplier = _Multiplier(sh, False, size(spec.inputs[4]) > 1)
     alpha = float(np.float32(spec.attr("alpha", 1.0)))
