@@ -30,6 +30,7 @@ from ctxrt.backends.cpu.quant.common import (
     size,
 )
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
+from ctxrt.dtypes import int_range
 
 _BLOCK_BYTES = 4 << 20  # float64 bytes of one block of B's columns
 Epilogue = Callable[[np.ndarray, int, int, tuple[int, ...]], None]  # (acc block, n0, n1, batch index)
@@ -38,7 +39,8 @@ Epilogue = Callable[[np.ndarray, int, int, tuple[int, ...]], None]  # (acc block
 class Shapes:
     """A numpy.matmul of A [..., M, K] by B [..., K, N] (1-D operands promoted), or Gemm's transposed forms."""
 
-    def __init__(self, spec: NodeSpec, ia: int, ib: int, trans_a: bool = False, trans_b: bool = False) -> None:
+    def __init__(self, spec: NodeSpec, ia: int, ib: int, trans_a: bool = False, trans_b: bool = False,
+                 added: bool = False) -> None:
         a, b = tuple(spec.inputs[ia].shape), tuple(spec.inputs[ib].shape)
         self.a_vec, self.b_vec = len(a) == 1, len(b) == 1
         a2 = (1, *a) if self.a_vec else a
@@ -50,8 +52,14 @@ class Shapes:
             raise fail(spec, f"inner dimensions differ: A {list(a)}, B {list(b)}")
         self.a_shape, self.b_shape = a2, b2
         self.batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
-        self.cols = max(1, min(self.n, _BLOCK_BYTES // max(1, 8 * self.k)))
-        self.scratch = (self.m * self.k * 8, self.k * self.cols * 8, self.m * self.cols * 8)
+        # float32 sums are exact while every partial sum stays within 2^24: K * |A - a_zp| * |B - b_zp| (and nothing
+        # `added` to the accumulator, QGemm's C); BLAS's SGEMM is twice DGEMM's speed
+        span = self.k * _span(spec, ia) * _span(spec, ib)
+        self.acc = F32 if span <= 2**24 and not added else F64
+        self.algorithm = "int_gemm_f32" if self.acc == F32 else "int_gemm_f64"
+        size = self.acc.itemsize
+        self.cols = max(1, min(self.n, _BLOCK_BYTES // max(1, size * self.k)))
+        self.scratch = (self.m * self.k * size, self.k * self.cols * size, self.m * self.cols * size)
         self.blocks = [(n0, min(self.n, n0 + self.cols)) for n0 in range(0, self.n, self.cols)]
 
     def matrices(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -88,9 +96,9 @@ class Shapes:
         `epilogue(acc, n0, n1, index)` (`prepare(index)` first, e.g. to compute per-batch multipliers)."""
         am, bm = self.matrices(a, b)
         az, bz = self.rows(a_zp), self.columns(b_zp)
-        af = scratch_view(scratch[0], (self.m, self.k), F64)
-        blocks = [(n0, n1, scratch_view(scratch[1], (self.k, n1 - n0), F64),
-                   scratch_view(scratch[2], (self.m, n1 - n0), F64)) for n0, n1 in self.blocks]
+        af = scratch_view(scratch[0], (self.m, self.k), self.acc)
+        blocks = [(n0, n1, scratch_view(scratch[1], (self.k, n1 - n0), self.acc),
+                   scratch_view(scratch[2], (self.m, n1 - n0), self.acc)) for n0, n1 in self.blocks]
         plans = []
         for index in np.ndindex(*self.batch):
             za = az if az is None or az.ndim == 0 else az[index]
@@ -108,6 +116,15 @@ class Shapes:
                     np.matmul(af, bf, out=cf)
                     epilogue(cf, n0, n1, index)
         return run
+
+
+def _span(spec: NodeSpec, i: int) -> int:
+    """The largest |x - zero point| of input i's integer type (a float A, DynamicQuantizeMatMul's: uint8's)."""
+    dt = np.dtype(spec.inputs[i].dtype)
+    if dt.kind == "f":
+        return 255
+    lo, hi = int_range(dt)
+    return hi - lo
 
 
 def _centered(x: np.ndarray, zp: np.ndarray | None, out: np.ndarray) -> None:
@@ -132,7 +149,7 @@ def matmul_integer(spec: NodeSpec) -> Kernel:
         def epilogue(acc: np.ndarray, n0: int, n1: int, index: tuple[int, ...]) -> None:
             np.copyto(y[index][:, n0:n1], acc, casting="unsafe")
         return sh.bind(ins[0], ins[1], *_zero_points(spec, ins, 2, 3), scratch, epilogue)
-    return Bound(make, sh.scratch, "int_gemm_f64")
+    return Bound(make, sh.scratch, sh.algorithm)
 
 
 class _Multiplier:
@@ -188,7 +205,7 @@ def qlinear_matmul(spec: NodeSpec) -> Kernel:
         def epilogue(acc: np.ndarray, n0: int, n1: int, index: tuple[int, ...]) -> None:
             requant(acc, t32[n0 // sh.cols], _cols(mult, n0, n1), yz, y[index][:, n0:n1])
         return sh.bind(ins[0], ins[3], ins[2], ins[5], scratch, epilogue, prepare)
-    return Bound(make, (*sh.scratch, multiplier.nbytes, sh.m * sh.cols * 4), "int_gemm_f64")
+    return Bound(make, (*sh.scratch, multiplier.nbytes, sh.m * sh.cols * 4), sh.algorithm)
 
 
 def _float_out(spec: NodeSpec, sh: Shapes, multiplier: _Multiplier, at: dict[str, int | None],
@@ -234,7 +251,7 @@ def _float_out(spec: NodeSpec, sh: Shapes, multiplier: _Multiplier, at: dict[str
         return sh.bind(a_src, ins[1], a_zp, opt("b_zp", ins), scratch, epilogue, prepare)
 
     extra = (size(spec.inputs[0]) * 4, 8) if quantize_a else ()
-    return Bound(make, (*sh.scratch, multiplier.nbytes, sh.m * sh.cols * 4, *extra), "int_gemm_f64")
+    return Bound(make, (*sh.scratch, multiplier.nbytes, sh.m * sh.cols * 4, *extra), sh.algorithm)
 
 
 def _dynamic(x: np.ndarray, q: np.ndarray, params: np.ndarray) -> Callable[[], None]:
@@ -276,7 +293,7 @@ def qgemm(spec: NodeSpec) -> Kernel:
     y_scale / y_zero_point."""
     require(spec, 0, WIDE_INTS, "A")
     require(spec, 3, WIDE_INTS, "B")
-    sh = Shapes(spec, 0, 3, bool(spec.attr("transA", 0)), bool(spec.attr("transB", 0)))
+    sh = Shapes(spec, 0, 3, bool(spec.attr("transA", 0)), bool(spec.attr("transB", 0)), added=given(spec, 6))
     if size(spec.inputs[1]) != 1 or size(spec.inputs[2]) != 1:
         raise fail(spec, "a_scale and a_zero_point must be scalars")
     quantized = given(spec, 8)  # with y_zero_point the output is quantized, else float32
@@ -305,7 +322,7 @@ def qgemm(spec: NodeSpec) -> Kernel:
                 np.copyto(t, acc, casting="unsafe")
                 np.multiply(t, _cols(mult, n0, n1), out=out)
         return sh.bind(ins[0], ins[3], ins[2], ins[5] if given(spec, 5) else None, scratch, epilogue, prepare)
-    return Bound(make, (*sh.scratch, multiplier.nbytes, sh.m * sh.cols * 4), "int_gemm_f64")
+    return Bound(make, (*sh.scratch, multiplier.nbytes, sh.m * sh.cols * 4), sh.algorithm)
 
 
 KERNELS = {"MatMulInteger": matmul_integer, "QLinearMatMul": qlinear_matmul, "QGemm": qgemm,
