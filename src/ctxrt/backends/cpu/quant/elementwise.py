@@ -58,12 +58,22 @@ def _binary(spec: NodeSpec, mul: bool) -> Kernel:
     shape = tuple(spec.outputs[0].shape)
     lo, hi = limits(yt)
 
+    fixed = _fixed_b(spec, mul)
+
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         a, b, y = ins[0], ins[3], outs[0]
         sa, za, sb, zb = _param(ins, spec, 1), _param(ins, spec, 2), _param(ins, spec, 4), _param(ins, spec, 5)
         sc, zc = _param(ins, spec, 6), _param(ins, spec, 7)
         ta, tb = scratch_view(scratch[0], shape, F32), scratch_view(scratch[1], shape, F32)
         m = scratch_view(scratch[2], (), F32)
+        if fixed is not None and not mul:  # B_scale (B - B_zp) made once: a bias, a constant residual
+            def run_fixed() -> None:
+                _center(a, za, ta)
+                np.multiply(ta, sa, out=ta)
+                np.add(ta, fixed, out=ta)
+                np.divide(ta, sc, out=ta)
+                quantize_into(ta, zc, lo, hi, y)
+            return run_fixed
 
         def run() -> None:
             _center(a, za, ta)
@@ -81,6 +91,19 @@ def _binary(spec: NodeSpec, mul: bool) -> Kernel:
             quantize_into(ta, zc, lo, hi, y)
         return run
     return Bound(make, (size(shape) * 4, size(shape) * 4, 4))
+
+
+def _fixed_b(spec: NodeSpec, mul: bool) -> np.ndarray | None:
+    """QLinearAdd's B_scale (B - B_zp) in float32, in B's shape, where B and its parameters are constants: the same
+    values the launch would compute each run."""
+    consts = [spec.consts[i] if i < len(spec.consts) else None for i in (3, 4, 5)]
+    if mul or consts[0] is None or consts[1] is None or (given(spec, 5) and consts[2] is None):
+        return None
+    tb = consts[0].astype(F32)
+    if consts[2] is not None:
+        np.subtract(tb, consts[2].astype(F32).reshape(()), out=tb)
+    np.multiply(tb, consts[1].astype(F32).reshape(()), out=tb)
+    return tb
 
 
 def qlinear_add(spec: NodeSpec) -> Kernel:
