@@ -10,6 +10,7 @@ float32, times a float32 multiplier (a_scale * b_scale / y_scale), rounded half 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -40,7 +41,7 @@ class Shapes:
     """A numpy.matmul of A [..., M, K] by B [..., K, N] (1-D operands promoted), or Gemm's transposed forms."""
 
     def __init__(self, spec: NodeSpec, ia: int, ib: int, trans_a: bool = False, trans_b: bool = False,
-                 added: bool = False) -> None:
+                 added: bool = False, per_tensor: bool = False) -> None:
         a, b = tuple(spec.inputs[ia].shape), tuple(spec.inputs[ib].shape)
         self.a_vec, self.b_vec = len(a) == 1, len(b) == 1
         a2 = (1, *a) if self.a_vec else a
@@ -59,7 +60,14 @@ class Shapes:
         self.algorithm = "int_gemm_f32" if self.acc == F32 else "int_gemm_f64"
         size = self.acc.itemsize
         self.cols = max(1, min(self.n, _BLOCK_BYTES // max(1, size * self.k)))
-        self.scratch = (self.m * self.k * size, self.k * self.cols * size, self.m * self.cols * size)
+        # Small batched products with per-tensor parameters (attention's scores, Q K^T and P V) as one batched
+        # GEMM: each batch matrix's own launch costs a dozen NumPy calls for a few thousand products.
+        count = math.prod(self.batch)
+        self.batched = per_tensor and count > 1 and self.cols == self.n and \
+            count * (self.m * self.k + self.k * self.n + self.m * self.n) * size <= _BLOCK_BYTES
+        lead = (count if self.batched else 1) * size
+        self.scratch = (lead * self.m * self.k, lead * self.k * self.cols, lead * self.m * self.cols)
+        self.t_bytes = lead // size * self.m * self.cols * 4  # a float32 block of the output (requantization)
         self.blocks = [(n0, min(self.n, n0 + self.cols)) for n0 in range(0, self.n, self.cols)]
 
     def matrices(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -96,6 +104,8 @@ class Shapes:
         `epilogue(acc, n0, n1, index)` (`prepare(index)` first, e.g. to compute per-batch multipliers)."""
         am, bm = self.matrices(a, b)
         az, bz = self.rows(a_zp), self.columns(b_zp)
+        if self.batched:
+            return self._bind_batched(am, bm, az, bz, scratch, epilogue, prepare)
         af = scratch_view(scratch[0], (self.m, self.k), self.acc)
         blocks = [(n0, n1, scratch_view(scratch[1], (self.k, n1 - n0), self.acc),
                    scratch_view(scratch[2], (self.m, n1 - n0), self.acc)) for n0, n1 in self.blocks]
@@ -115,6 +125,26 @@ class Shapes:
                     _centered(b2, zb, bf)
                     np.matmul(af, bf, out=cf)
                     epilogue(cf, n0, n1, index)
+        return run
+
+
+    def block(self, n0: int, n1: int) -> tuple[int, ...]:
+        """The shape of an epilogue's accumulator block: [M, n1 - n0], or with the batch in front when batched."""
+        return (*(self.batch if self.batched else ()), self.m, n1 - n0)
+
+    def _bind_batched(self, am: np.ndarray, bm: np.ndarray, az: Any, bz: Any, scratch: list[Any], epilogue: Epilogue,
+                      prepare: Callable[[Any], None] | None) -> Launch:
+        af = scratch_view(scratch[0], am.shape, self.acc)
+        bf = scratch_view(scratch[1], bm.shape, self.acc)
+        cf = scratch_view(scratch[2], self.block(0, self.n), self.acc)
+
+        def run() -> None:
+            if prepare is not None:
+                prepare(...)
+            _centered(am, az, af)
+            _centered(bm, bz, bf)
+            np.matmul(af, bf, out=cf)
+            epilogue(cf, 0, self.n, ...)
         return run
 
 
@@ -141,13 +171,13 @@ def _zero_points(spec: NodeSpec, ins: list[Any], ia: int, ib: int) -> tuple[Any,
 def matmul_integer(spec: NodeSpec) -> Kernel:
     require(spec, 0, EIGHT_BIT, "A")
     require(spec, 1, EIGHT_BIT, "B")
-    sh = Shapes(spec, 0, 1)
+    sh = Shapes(spec, 0, 1, per_tensor=all(not given(spec, i) or size(spec.inputs[i]) == 1 for i in (2, 3)))
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         y = sh.out(outs[0])
 
-        def epilogue(acc: np.ndarray, n0: int, n1: int, index: tuple[int, ...]) -> None:
-            np.copyto(y[index][:, n0:n1], acc, casting="unsafe")
+        def epilogue(acc: np.ndarray, n0: int, n1: int, index: Any) -> None:
+            np.copyto(y[index][..., n0:n1], acc, casting="unsafe")
         return sh.bind(ins[0], ins[1], *_zero_points(spec, ins, 2, 3), scratch, epilogue)
     return Bound(make, sh.scratch, sh.algorithm)
 
@@ -192,20 +222,20 @@ def qlinear_matmul(spec: NodeSpec) -> Kernel:
         raise fail(spec, f"output type {yt} is not supported")
     if size(spec.inputs[6]) != 1 or size(spec.inputs[7]) != 1:
         raise fail(spec, "y_scale and y_zero_point must be scalars")
-    sh = Shapes(spec, 0, 3)
+    sh = Shapes(spec, 0, 3, per_tensor=all(size(spec.inputs[i]) == 1 for i in (1, 2, 4, 5) if given(spec, i)))
     multiplier = _Multiplier(sh, size(spec.inputs[1]) > 1, size(spec.inputs[4]) > 1)
     requant = Requant(yt)
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         y = sh.out(outs[0])
         mult, prepare = multiplier.bind(sh, scratch[3], ins[1], ins[4], ins[6])
-        t32 = [scratch_view(scratch[4], (sh.m, n1 - n0), F32) for n0, n1 in sh.blocks]
+        t32 = [scratch_view(scratch[4], sh.block(n0, n1), F32) for n0, n1 in sh.blocks]
         yz = ins[7].reshape(())
 
-        def epilogue(acc: np.ndarray, n0: int, n1: int, index: tuple[int, ...]) -> None:
-            requant(acc, t32[n0 // sh.cols], _cols(mult, n0, n1), yz, y[index][:, n0:n1])
+        def epilogue(acc: np.ndarray, n0: int, n1: int, index: Any) -> None:
+            requant(acc, t32[n0 // sh.cols], _cols(mult, n0, n1), yz, y[index][..., n0:n1])
         return sh.bind(ins[0], ins[3], ins[2], ins[5], scratch, epilogue, prepare)
-    return Bound(make, (*sh.scratch, multiplier.nbytes, sh.m * sh.cols * 4), sh.algorithm)
+    return Bound(make, (*sh.scratch, multiplier.nbytes, sh.t_bytes), sh.algorithm)
 
 
 def _float_out(spec: NodeSpec, sh: Shapes, multiplier: _Multiplier, at: dict[str, int | None],
