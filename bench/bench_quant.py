@@ -10,7 +10,8 @@ machine). Also printed: the weights section of each variant's context binary and
 (prepacked or widened weights, `alloc_kernel_bytes`), and the largest difference from onnxruntime's output. Run by
 hand:
 
-    .venv/bin/python bench/bench_quant.py [--models cnn,encoder] [--repeat 20] [--rounds 7] [--threads 1] [--json]
+    .venv/bin/python bench/bench_quant.py [--models cnn,encoder] [--variants float32,qdq_int8,dynamic_int8,float16]
+                                          [--repeat 20] [--rounds 7] [--threads 1] [--json]
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class _Reader(q.CalibrationDataReader):
         return next(self.data, None)
 
 
-def variants(name: str, folder: Path) -> tuple[dict[str, str], tuple[int, ...]]:
+def variants(name: str, folder: Path, which: tuple[str, ...] = VARIANTS) -> tuple[dict[str, str], tuple[int, ...]]:
     model, shape = MODELS[name]()
     paths = {v: str(folder / f"{name}-{v}.onnx") for v in VARIANTS}
     onnx.save(model, paths["float32"])
@@ -61,7 +62,7 @@ def variants(name: str, folder: Path) -> tuple[dict[str, str], tuple[int, ...]]:
                       weight_type=q.QuantType.QInt8)
     q.quantize_dynamic(paths["float32"], paths["dynamic_int8"], weight_type=q.QuantType.QInt8)
     onnx.save(convert_float_to_float16(onnx.load(paths["float32"]), keep_io_types=True), paths["float16"])
-    return paths, shape
+    return {v: p for v, p in paths.items() if v in which}, shape
 
 
 def _memory(path: str, folder: Path) -> tuple[int, int]:
@@ -73,10 +74,10 @@ def _memory(path: str, folder: Path) -> tuple[int, int]:
         return ctxrt.read_metadata(binary)["weights_size"], int(ctx.stats["alloc_kernel_bytes"])
 
 
-def bench(name: str, repeat: int, rounds: int, threads: int) -> list[dict]:
+def bench(name: str, repeat: int, rounds: int, threads: int, which: tuple[str, ...] = VARIANTS) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        paths, shape = variants(name, folder)
+        paths, shape = variants(name, folder, which)
         feeds = {"x": np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
@@ -97,7 +98,7 @@ def bench(name: str, repeat: int, rounds: int, threads: int) -> list[dict]:
                 times[key].append(_median_ms(fn, repeat))
     ms = {k: statistics.median(v) for k, v in times.items()}
     rows = []
-    for v in VARIANTS:
+    for v in paths:
         a, b = ms[(v, "ctxrt")], ms[(v, "onnxruntime")]
         rows.append({"model": name, "variant": v, "ctxrt_ms": round(a, 3), "onnxruntime_ms": round(b, 3),
                      "ctxrt/ort": round(a / b, 2), "ctxrt/ctxrt_f32": round(a / ms[("float32", "ctxrt")], 2),
@@ -112,9 +113,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="float32 must be among them")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    rows = [r for name in args.models.split(",") for r in bench(name, args.repeat, args.rounds, args.threads)]
+    which = tuple(args.variants.split(","))
+    rows = [r for name in args.models.split(",") for r in bench(name, args.repeat, args.rounds, args.threads, which)]
     if args.json:
         print(json.dumps(rows))
         return
