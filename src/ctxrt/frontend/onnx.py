@@ -21,6 +21,7 @@ from ctxrt.errors import CtxrtWarning, ModelError, ShapeError, UnsupportedOpErro
 from ctxrt.format.codec import MAX_TENSOR_BYTES
 from ctxrt.frontend import contrib, control, extensions, values
 from ctxrt.frontend.checks import check_model, check_supported, op_key
+from ctxrt.frontend.order import sorted_model
 from ctxrt.frontend.pools import POOLS, ceil_pool_shape
 from ctxrt.ir.canonical import INFER_AS_IDENTITY
 from ctxrt.ir.dynamic import PASS_THROUGH
@@ -378,7 +379,7 @@ def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str
     `feeds` when given (a session compiling for a run's inputs: then every value input must be there)."""
     from ctxrt.frontend.build import bind_inputs, build_graph
 
-    proto = load_model(model)
+    proto = sorted_model(load_model(model))
     if proto.graph.node and all(n.op_type == "EPContext" for n in proto.graph.node):
         label = os.fspath(model) if isinstance(model, str | os.PathLike) else "this model"
         raise ModelError(f"{label} is an EPContext model (already compiled): run or inspect it, not compile")

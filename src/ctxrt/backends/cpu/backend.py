@@ -104,13 +104,18 @@ class CpuBackend:
         self.layout = LAYOUTS[layout]
 
     def lower(self, graph: IRGraph, options: Mapping[str, Any]) -> IRGraph:
-        """The CPU's own passes, last before kernels are chosen: channel shuffles fused, then (with oneDNN)
-        layouts assigned and MatMuls' bias, residual and activation folded into oneDNN's epilogue."""
+        """The CPU's own passes, last before kernels are chosen: QDQ units fused into integer ops, half precision
+        computed in float32, channel shuffles fused, then (with oneDNN) layouts assigned and MatMuls' bias,
+        residual and activation folded into oneDNN's epilogue."""
         from ctxrt.ir.layouts import PLAIN
         from ctxrt.ir.passes.fuse_epilogue import FuseMatMulEpilogue
+        from ctxrt.ir.passes.half import ComputeHalfInFloat
         from ctxrt.ir.passes.layout import AssignLayouts
+        from ctxrt.ir.passes.qdq import FuseQDQUnits
         from ctxrt.ir.passes.shuffle import FuseChannelShuffle
 
+        graph = FuseQDQUnits()(graph).graph  # DequantizeLinear -> op -> QuantizeLinear as integer kernels
+        graph = ComputeHalfInFloat()(graph).graph  # no half-precision arithmetic here: float32 inside
         graph = FuseChannelShuffle()(graph).graph
         if not self.onednn:
             return graph

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ctxrt import dtypes
 from ctxrt.backends.cpu.elementwise import BoundKernel, operands, ufunc_kernel, unary_kernel
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
 from ctxrt.errors import UnsupportedOpError
@@ -41,9 +42,10 @@ def is_inf(spec: NodeSpec) -> Kernel:
 
 
 def cast(spec: NodeSpec) -> Kernel:
-    """Cast and CastLike: C casts (floats truncate toward zero, nonzero -> True)."""
+    """Cast and CastLike: C casts (floats truncate toward zero, nonzero -> True); bfloat16 too (ml_dtypes' casts,
+    rounding to nearest even), the float32 region's edges of a bfloat16 model (ir/passes/half.py)."""
     for t in (spec.inputs[0], spec.outputs[0]):
-        if np.dtype(t.dtype).kind not in "biuf":
+        if np.dtype(t.dtype).kind not in "biuf" and np.dtype(t.dtype) != dtypes.BFLOAT16:
             raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: dtype {np.dtype(t.dtype)} is not supported")
 
     def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:

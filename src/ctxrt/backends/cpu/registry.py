@@ -28,6 +28,7 @@ from ctxrt.backends.cpu import (
     select,
     shape,
     spatial,
+    widen,
 )
 from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec
 
@@ -48,3 +49,5 @@ def _routed(numpy: KernelFactory, provided: KernelFactory) -> KernelFactory:
 for _op, _factory in onednn.KERNELS.items():
     KERNELS[_op] = _routed(KERNELS[_op], _factory)
 KERNELS["Reorder"] = onednn.reorder  # only the layout pass makes Reorders, for oneDNN's layouts
+for _op, _factory in KERNELS.items():  # half-precision weights widened when built (ir/passes/half.py)
+    KERNELS[_op] = widen.widening(_factory)

@@ -3,7 +3,8 @@ runs, and the question the layout pass asks of it."""
 
 from __future__ import annotations
 
-from ctxrt.backends.cpu.onednn import api, kernels, matmul
+from ctxrt.backends.cpu import widen
+from ctxrt.backends.cpu.onednn import api, int8, kernels, matmul
 from ctxrt.backends.kernel import KernelFactory, NodeSpec
 from ctxrt.errors import CtxrtError
 
@@ -13,7 +14,9 @@ LAYOUT_OPS: dict[str, KernelFactory] = {
     "Conv": kernels.conv, "MaxPool": kernels.maxpool, "AveragePool": kernels.avgpool,
     "GlobalAveragePool": kernels.global_avgpool, "LRN": kernels.lrn, "BatchNormalization": kernels.batchnorm}
 # Not LogSoftmax: oneDNN's log is off by up to 1.2e-4 relative near 0 (onnxruntime's, NumPy's: 1e-7).
-PLAIN_OPS: dict[str, KernelFactory] = {"MatMul": matmul.matmul, "Gemm": matmul.matmul, "Softmax": kernels.softmax}
+# The integer ops of QDQ units (int8.py) too: their tensors stay NCHW, the int8 conv reorders inside its launch.
+PLAIN_OPS: dict[str, KernelFactory] = {"MatMul": matmul.matmul, "Gemm": matmul.matmul, "Softmax": kernels.softmax,
+                                       "QLinearMatMul": int8.qmatmul, "QGemm": int8.qmatmul, "QLinearConv": int8.qconv}
 KERNELS = {**LAYOUT_OPS, **PLAIN_OPS}
 reorder = kernels.reorder
 
@@ -23,6 +26,8 @@ def supports(spec: NodeSpec) -> bool:
     factory = KERNELS.get(spec.op)
     if factory is None or not api.available():
         return False
+    if spec.attr(widen.WIDEN):  # half weights: its kernel sees them widened
+        spec = widen.widened_spec(spec)[0]
     try:
         factory(spec)
     except CtxrtError:

@@ -20,7 +20,7 @@ from typing import Any
 from ctxrt.errors import CtxrtError, UnsupportedOpError
 
 # dnnl_types.h (oneDNN 3.2)
-F32 = 3
+F32, S32, S8, U8 = 3, 4, 5, 6
 TAG_ANY = 1
 FORWARD_INFERENCE = 96
 CONVOLUTION_DIRECT = 1
@@ -37,6 +37,7 @@ ARG_SRC, ARG_SRC_1, ARG_DST, ARG_WEIGHTS, ARG_BIAS = 1, 2, 17, 33, 41
 ARG_FROM, ARG_TO = ARG_SRC, ARG_DST
 ARG_MEAN, ARG_VARIANCE, ARG_SCALE, ARG_SHIFT, ARG_SCRATCHPAD = 49, 50, 51, 52, 80
 ARG_POST_OP_BASE = 32768
+ARG_ATTR_SCALES, ARG_ATTR_ZERO_POINTS = 4096, 8192  # | ARG_SRC / ARG_WEIGHTS / ARG_DST: int8 runtime parameters
 Q_IMPL_INFO, Q_WEIGHTS_MD, Q_WORKSPACE_MD, Q_SCRATCHPAD_MD = 8, 131, 135, 136
 MAX_NDIMS = 12
 _STATUS = {1: "out of memory", 2: "invalid arguments", 3: "unimplemented", 4: "last implementation reached",
@@ -84,6 +85,7 @@ def _prototype(lib: ctypes.CDLL) -> None:
         "dnnl_memory_desc_clone": [pp, vp], "dnnl_memory_create": [pp, vp, vp, vp], "dnnl_memory_destroy": [vp],
         "dnnl_primitive_attr_create": [pp], "dnnl_primitive_attr_destroy": [vp],
         "dnnl_primitive_attr_set_scratchpad_mode": [vp, i], "dnnl_primitive_attr_set_post_ops": [vp, vp],
+        "dnnl_primitive_attr_set_scales_mask": [vp, i, i], "dnnl_primitive_attr_set_zero_points_mask": [vp, i, i],
         "dnnl_post_ops_create": [pp], "dnnl_post_ops_destroy": [vp],
         "dnnl_post_ops_append_eltwise": [vp, i, f, f], "dnnl_post_ops_append_binary": [vp, i, vp],
         "dnnl_convolution_forward_primitive_desc_create": [pp, vp, i, i, vp, vp, vp, vp, Dims, Dims, Dims, Dims, vp],
@@ -157,6 +159,17 @@ def describe() -> str | None:
     return f"oneDNN {v.major}.{v.minor}.{v.patch} ({_ISA.get(isa, hex(isa))})"
 
 
+def has_vnni() -> bool:
+    """Whether oneDNN's int8 kernels here have VNNI (exact int32 sums of u8 x s8 products); without it they sum
+    pairs of products in saturating int16 (exact while |weights| <= 64, onnxruntime's reduce_range)."""
+    lib = library()
+    if lib is None:
+        return False
+    lib.dnnl_get_effective_cpu_isa.restype = ctypes.c_int
+    isa = lib.dnnl_get_effective_cpu_isa()
+    return isa in (0xF, 0x1F) or bool(isa & 0x40)
+
+
 def require(what: str) -> ctypes.CDLL:
     lib = library()
     if lib is None:
@@ -225,11 +238,11 @@ class Desc:
         self.owned, self._keep = owned, keep
 
     @classmethod
-    def make(cls, dims: Sequence[int], fmt: int | str) -> Desc:
+    def make(cls, dims: Sequence[int], fmt: int | str, dtype: int = F32) -> Desc:
         lib = library()
         md = ctypes.c_void_p()
         value = tag(fmt) if isinstance(fmt, str) else fmt
-        check(lib.dnnl_memory_desc_create_with_tag(ctypes.byref(md), len(dims), Dims(*dims), F32, value),
+        check(lib.dnnl_memory_desc_create_with_tag(ctypes.byref(md), len(dims), Dims(*dims), dtype, value),
               f"memory descriptor {list(dims)} {fmt}")
         return cls(md)
 
@@ -283,14 +296,20 @@ class Memory:
 
 
 class Attr:
-    """Primitive attributes: a user-managed scratchpad (planned in the arena) and post-ops: a binary add of a
-    tensor shaped like the output, then an element-wise op (ELTWISE_*)."""
+    """Primitive attributes: a user-managed scratchpad (planned in the arena), post-ops (a binary add of a tensor
+    shaped like the output, then an element-wise op, ELTWISE_*), and for int8 primitives the masks of the scales and
+    zero points (argument -> mask) passed at run time as ARG_ATTR_SCALES / ARG_ATTR_ZERO_POINTS | argument."""
 
-    def __init__(self, eltwise: int | None = None, add: Desc | None = None) -> None:
+    def __init__(self, eltwise: int | None = None, add: Desc | None = None, scales: dict[int, int] | None = None,
+                 zero_points: dict[int, int] | None = None) -> None:
         lib = library()
         self.handle, ops = ctypes.c_void_p(), ctypes.c_void_p()
         check(lib.dnnl_primitive_attr_create(ctypes.byref(self.handle)), "attributes")
         check(lib.dnnl_primitive_attr_set_scratchpad_mode(self.handle, SCRATCHPAD_USER), "scratchpad mode")
+        for arg, mask in (scales or {}).items():  # int8: scales and zero points given at run time, per argument
+            check(lib.dnnl_primitive_attr_set_scales_mask(self.handle, arg, mask), "scales mask")
+        for arg, mask in (zero_points or {}).items():
+            check(lib.dnnl_primitive_attr_set_zero_points_mask(self.handle, arg, mask), "zero points mask")
         self.binary_index: int | None = None
         if eltwise is not None or add is not None:
             check(lib.dnnl_post_ops_create(ctypes.byref(ops)), "post-ops")

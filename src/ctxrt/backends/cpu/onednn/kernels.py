@@ -95,10 +95,12 @@ class OneDnnKernel(Kernel):
         self.attrs = {**(attrs or {}), **recorded}
         self.constants = constants or {}
 
+    held: list[np.ndarray] = []  # arrays the kernel made when built (int8: prepacked weights, scales, zero points)
+
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Callable[[], None]:
-        places = {"in": ins, "out": outs}
+        places = {"in": ins, "out": outs, "held": self.held}
         if self.own_weights is not None:
-            places = {"in": [self.own_weights if i == 1 else x for i, x in enumerate(ins)], "out": outs}
+            places["in"] = [self.own_weights if i == 1 else x for i, x in enumerate(ins)]
         args = [(arg, self._memory(arg, md, places[side][i].ctypes.data)) for arg, side, i, md in self.args]
         address = scratch[0].ctypes.data if self.scratch else 0
 

@@ -18,6 +18,8 @@ from ctxrt.errors import UnsupportedOpError
 F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
 INTEGER = {np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32)} | set(dtypes.FOUR_BIT)
 EIGHT_BIT = {np.dtype(np.int8), np.dtype(np.uint8)}
+# the integer products (float64 sums: exact) and QLinearAdd/Mul take 16-bit operands too (QDQ units, ir/passes/qdq.py)
+WIDE_INTS = EIGHT_BIT | {np.dtype(np.int16), np.dtype(np.uint16)}
 
 
 class Bound(Kernel):

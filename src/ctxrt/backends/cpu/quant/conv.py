@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.cpu import spatial
-from ctxrt.backends.cpu.quant.common import EIGHT_BIT, F32, F64, Bound, Requant, fail, given, require, size
+from ctxrt.backends.cpu.quant.common import F32, F64, WIDE_INTS, Bound, Requant, fail, given, require, size
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, TensorSpec, scratch_view
 
 _CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
@@ -45,8 +45,8 @@ class _IntConv:
     """The centered float64 operands, the float convolution and its output; `epilogue(yf, outs, ins)` after."""
 
     def __init__(self, spec: NodeSpec, x: int, xz: int, w: int, wz: int) -> None:
-        require(spec, x, EIGHT_BIT, "x")
-        require(spec, w, EIGHT_BIT, "w")
+        require(spec, x, WIDE_INTS, "x")
+        require(spec, w, WIDE_INTS, "w")
         if given(spec, xz) and size(spec.inputs[xz]) != 1:
             raise fail(spec, "x_zero_point must be a scalar (per tensor)")
         self.idx = (x, xz, w, wz)
@@ -97,7 +97,7 @@ def conv_integer(spec: NodeSpec) -> Kernel:
 def qlinear_conv(spec: NodeSpec) -> Kernel:
     """y = saturate(round((conv + B) * x_scale * w_scale / y_scale) + y_zero_point), B int32 per channel."""
     yt = np.dtype(spec.outputs[0].dtype)
-    if yt not in EIGHT_BIT:
+    if yt not in WIDE_INTS:
         raise fail(spec, f"output type {yt} is not supported")
     if spec.attr("channels_last", 0):
         raise fail(spec, "channels_last=1 is not supported")

@@ -19,6 +19,7 @@ from ctxrt.backends.cpu.elementwise import CHUNK
 from ctxrt.backends.cpu.quant.common import (
     EIGHT_BIT,
     F32,
+    WIDE_INTS,
     Bound,
     fail,
     given,
@@ -51,11 +52,13 @@ def _center(x: np.ndarray, zp: np.ndarray | None, out: np.ndarray) -> None:
 def _binary(spec: NodeSpec, mul: bool) -> Kernel:
     """QLinearAdd: C = (A_scale (A - A_zp) + B_scale (B - B_zp)) / C_scale + C_zp;
     QLinearMul: C = (A - A_zp)(B - B_zp) A_scale B_scale / C_scale + C_zp (broadcasting A against B)."""
-    yt = require(spec, 0, EIGHT_BIT, "A")
+    yt = require(spec, 0, WIDE_INTS, "A")
     require(spec, 3, {yt}, "B")
     _scalars(spec, (1, 2, 4, 5, 6, 7))
     shape = tuple(spec.outputs[0].shape)
     lo, hi = limits(yt)
+
+    fixed = _fixed_b(spec, mul)
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         a, b, y = ins[0], ins[3], outs[0]
@@ -63,6 +66,14 @@ def _binary(spec: NodeSpec, mul: bool) -> Kernel:
         sc, zc = _param(ins, spec, 6), _param(ins, spec, 7)
         ta, tb = scratch_view(scratch[0], shape, F32), scratch_view(scratch[1], shape, F32)
         m = scratch_view(scratch[2], (), F32)
+        if fixed is not None and not mul:  # B_scale (B - B_zp) made once: a bias, a constant residual
+            def run_fixed() -> None:
+                _center(a, za, ta)
+                np.multiply(ta, sa, out=ta)
+                np.add(ta, fixed, out=ta)
+                np.divide(ta, sc, out=ta)
+                quantize_into(ta, zc, lo, hi, y)
+            return run_fixed
 
         def run() -> None:
             _center(a, za, ta)
@@ -80,6 +91,19 @@ def _binary(spec: NodeSpec, mul: bool) -> Kernel:
             quantize_into(ta, zc, lo, hi, y)
         return run
     return Bound(make, (size(shape) * 4, size(shape) * 4, 4))
+
+
+def _fixed_b(spec: NodeSpec, mul: bool) -> np.ndarray | None:
+    """QLinearAdd's B_scale (B - B_zp) in float32, in B's shape, where B and its parameters are constants: the same
+    values the launch would compute each run."""
+    consts = [spec.consts[i] if i < len(spec.consts) else None for i in (3, 4, 5)]
+    if mul or consts[0] is None or consts[1] is None or (given(spec, 5) and consts[2] is None):
+        return None
+    tb = consts[0].astype(F32)
+    if consts[2] is not None:
+        np.subtract(tb, consts[2].astype(F32).reshape(()), out=tb)
+    np.multiply(tb, consts[1].astype(F32).reshape(()), out=tb)
+    return tb
 
 
 def qlinear_add(spec: NodeSpec) -> Kernel:

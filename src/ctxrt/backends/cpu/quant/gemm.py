@@ -10,6 +10,7 @@ float32, times a float32 multiplier (a_scale * b_scale / y_scale), rounded half 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ from ctxrt.backends.cpu.quant.common import (
     EIGHT_BIT,
     F32,
     F64,
+    WIDE_INTS,
     Bound,
     Requant,
     dtype_of,
@@ -29,6 +31,7 @@ from ctxrt.backends.cpu.quant.common import (
     size,
 )
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
+from ctxrt.dtypes import int_range
 
 _BLOCK_BYTES = 4 << 20  # float64 bytes of one block of B's columns
 Epilogue = Callable[[np.ndarray, int, int, tuple[int, ...]], None]  # (acc block, n0, n1, batch index)
@@ -37,7 +40,8 @@ Epilogue = Callable[[np.ndarray, int, int, tuple[int, ...]], None]  # (acc block
 class Shapes:
     """A numpy.matmul of A [..., M, K] by B [..., K, N] (1-D operands promoted), or Gemm's transposed forms."""
 
-    def __init__(self, spec: NodeSpec, ia: int, ib: int, trans_a: bool = False, trans_b: bool = False) -> None:
+    def __init__(self, spec: NodeSpec, ia: int, ib: int, trans_a: bool = False, trans_b: bool = False,
+                 added: bool = False, per_tensor: bool = False) -> None:
         a, b = tuple(spec.inputs[ia].shape), tuple(spec.inputs[ib].shape)
         self.a_vec, self.b_vec = len(a) == 1, len(b) == 1
         a2 = (1, *a) if self.a_vec else a
@@ -49,8 +53,21 @@ class Shapes:
             raise fail(spec, f"inner dimensions differ: A {list(a)}, B {list(b)}")
         self.a_shape, self.b_shape = a2, b2
         self.batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
-        self.cols = max(1, min(self.n, _BLOCK_BYTES // max(1, 8 * self.k)))
-        self.scratch = (self.m * self.k * 8, self.k * self.cols * 8, self.m * self.cols * 8)
+        # float32 sums are exact while every partial sum stays within 2^24: K * |A - a_zp| * |B - b_zp| (and nothing
+        # `added` to the accumulator, QGemm's C); BLAS's SGEMM is twice DGEMM's speed
+        span = self.k * _span(spec, ia) * _span(spec, ib)
+        self.acc = F32 if span <= 2**24 and not added else F64
+        self.algorithm = "int_gemm_f32" if self.acc == F32 else "int_gemm_f64"
+        size = self.acc.itemsize
+        self.cols = max(1, min(self.n, _BLOCK_BYTES // max(1, size * self.k)))
+        # Small batched products with per-tensor parameters (attention's scores, Q K^T and P V) as one batched
+        # GEMM: each batch matrix's own launch costs a dozen NumPy calls for a few thousand products.
+        count = math.prod(self.batch)
+        self.batched = per_tensor and count > 1 and self.cols == self.n and \
+            count * (self.m * self.k + self.k * self.n + self.m * self.n) * size <= _BLOCK_BYTES
+        lead = (count if self.batched else 1) * size
+        self.scratch = (lead * self.m * self.k, lead * self.k * self.cols, lead * self.m * self.cols)
+        self.t_bytes = lead // size * self.m * self.cols * 4  # a float32 block of the output (requantization)
         self.blocks = [(n0, min(self.n, n0 + self.cols)) for n0 in range(0, self.n, self.cols)]
 
     def matrices(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -87,9 +104,11 @@ class Shapes:
         `epilogue(acc, n0, n1, index)` (`prepare(index)` first, e.g. to compute per-batch multipliers)."""
         am, bm = self.matrices(a, b)
         az, bz = self.rows(a_zp), self.columns(b_zp)
-        af = scratch_view(scratch[0], (self.m, self.k), F64)
-        blocks = [(n0, n1, scratch_view(scratch[1], (self.k, n1 - n0), F64),
-                   scratch_view(scratch[2], (self.m, n1 - n0), F64)) for n0, n1 in self.blocks]
+        if self.batched:
+            return self._bind_batched(am, bm, az, bz, scratch, epilogue, prepare)
+        af = scratch_view(scratch[0], (self.m, self.k), self.acc)
+        blocks = [(n0, n1, scratch_view(scratch[1], (self.k, n1 - n0), self.acc),
+                   scratch_view(scratch[2], (self.m, n1 - n0), self.acc)) for n0, n1 in self.blocks]
         plans = []
         for index in np.ndindex(*self.batch):
             za = az if az is None or az.ndim == 0 else az[index]
@@ -109,6 +128,35 @@ class Shapes:
         return run
 
 
+    def block(self, n0: int, n1: int) -> tuple[int, ...]:
+        """The shape of an epilogue's accumulator block: [M, n1 - n0], or with the batch in front when batched."""
+        return (*(self.batch if self.batched else ()), self.m, n1 - n0)
+
+    def _bind_batched(self, am: np.ndarray, bm: np.ndarray, az: Any, bz: Any, scratch: list[Any], epilogue: Epilogue,
+                      prepare: Callable[[Any], None] | None) -> Launch:
+        af = scratch_view(scratch[0], am.shape, self.acc)
+        bf = scratch_view(scratch[1], bm.shape, self.acc)
+        cf = scratch_view(scratch[2], self.block(0, self.n), self.acc)
+
+        def run() -> None:
+            if prepare is not None:
+                prepare(...)
+            _centered(am, az, af)
+            _centered(bm, bz, bf)
+            np.matmul(af, bf, out=cf)
+            epilogue(cf, 0, self.n, ...)
+        return run
+
+
+def _span(spec: NodeSpec, i: int) -> int:
+    """The largest |x - zero point| of input i's integer type (a float A, DynamicQuantizeMatMul's: uint8's)."""
+    dt = np.dtype(spec.inputs[i].dtype)
+    if dt.kind == "f":
+        return 255
+    lo, hi = int_range(dt)
+    return hi - lo
+
+
 def _centered(x: np.ndarray, zp: np.ndarray | None, out: np.ndarray) -> None:
     """out = x - zp in out's float type: the integers converted first (a cast inside the subtraction would be
     buffered by NumPy's iterator, an allocation per launch), then the zero point subtracted."""
@@ -123,15 +171,15 @@ def _zero_points(spec: NodeSpec, ins: list[Any], ia: int, ib: int) -> tuple[Any,
 def matmul_integer(spec: NodeSpec) -> Kernel:
     require(spec, 0, EIGHT_BIT, "A")
     require(spec, 1, EIGHT_BIT, "B")
-    sh = Shapes(spec, 0, 1)
+    sh = Shapes(spec, 0, 1, per_tensor=all(not given(spec, i) or size(spec.inputs[i]) == 1 for i in (2, 3)))
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         y = sh.out(outs[0])
 
-        def epilogue(acc: np.ndarray, n0: int, n1: int, index: tuple[int, ...]) -> None:
-            np.copyto(y[index][:, n0:n1], acc, casting="unsafe")
+        def epilogue(acc: np.ndarray, n0: int, n1: int, index: Any) -> None:
+            np.copyto(y[index][..., n0:n1], acc, casting="unsafe")
         return sh.bind(ins[0], ins[1], *_zero_points(spec, ins, 2, 3), scratch, epilogue)
-    return Bound(make, sh.scratch, "int_gemm_f64")
+    return Bound(make, sh.scratch, sh.algorithm)
 
 
 class _Multiplier:
@@ -167,27 +215,27 @@ def _cols(mult: np.ndarray, n0: int, n1: int) -> np.ndarray:
 
 
 def qlinear_matmul(spec: NodeSpec) -> Kernel:
-    require(spec, 0, EIGHT_BIT, "a")
-    require(spec, 3, EIGHT_BIT, "b")
+    require(spec, 0, WIDE_INTS, "a")
+    require(spec, 3, WIDE_INTS, "b")
     yt = np.dtype(spec.outputs[0].dtype)
-    if yt not in EIGHT_BIT:
+    if yt not in WIDE_INTS:
         raise fail(spec, f"output type {yt} is not supported")
     if size(spec.inputs[6]) != 1 or size(spec.inputs[7]) != 1:
         raise fail(spec, "y_scale and y_zero_point must be scalars")
-    sh = Shapes(spec, 0, 3)
+    sh = Shapes(spec, 0, 3, per_tensor=all(size(spec.inputs[i]) == 1 for i in (1, 2, 4, 5) if given(spec, i)))
     multiplier = _Multiplier(sh, size(spec.inputs[1]) > 1, size(spec.inputs[4]) > 1)
     requant = Requant(yt)
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         y = sh.out(outs[0])
         mult, prepare = multiplier.bind(sh, scratch[3], ins[1], ins[4], ins[6])
-        t32 = [scratch_view(scratch[4], (sh.m, n1 - n0), F32) for n0, n1 in sh.blocks]
+        t32 = [scratch_view(scratch[4], sh.block(n0, n1), F32) for n0, n1 in sh.blocks]
         yz = ins[7].reshape(())
 
-        def epilogue(acc: np.ndarray, n0: int, n1: int, index: tuple[int, ...]) -> None:
-            requant(acc, t32[n0 // sh.cols], _cols(mult, n0, n1), yz, y[index][:, n0:n1])
+        def epilogue(acc: np.ndarray, n0: int, n1: int, index: Any) -> None:
+            requant(acc, t32[n0 // sh.cols], _cols(mult, n0, n1), yz, y[index][..., n0:n1])
         return sh.bind(ins[0], ins[3], ins[2], ins[5], scratch, epilogue, prepare)
-    return Bound(make, (*sh.scratch, multiplier.nbytes, sh.m * sh.cols * 4), "int_gemm_f64")
+    return Bound(make, (*sh.scratch, multiplier.nbytes, sh.t_bytes), sh.algorithm)
 
 
 def _float_out(spec: NodeSpec, sh: Shapes, multiplier: _Multiplier, at: dict[str, int | None],
@@ -233,7 +281,7 @@ def _float_out(spec: NodeSpec, sh: Shapes, multiplier: _Multiplier, at: dict[str
         return sh.bind(a_src, ins[1], a_zp, opt("b_zp", ins), scratch, epilogue, prepare)
 
     extra = (size(spec.inputs[0]) * 4, 8) if quantize_a else ()
-    return Bound(make, (*sh.scratch, multiplier.nbytes, sh.m * sh.cols * 4, *extra), "int_gemm_f64")
+    return Bound(make, (*sh.scratch, multiplier.nbytes, sh.m * sh.cols * 4, *extra), sh.algorithm)
 
 
 def _dynamic(x: np.ndarray, q: np.ndarray, params: np.ndarray) -> Callable[[], None]:
@@ -273,14 +321,14 @@ def dynamic_quantize_matmul(spec: NodeSpec) -> Kernel:
 def qgemm(spec: NodeSpec) -> Kernel:
     """Y = alpha (A - a_zp)(B - b_zp) a_scale b_scale + C, C in int32 at that scale; float, or quantized with
     y_scale / y_zero_point."""
-    require(spec, 0, EIGHT_BIT, "A")
-    require(spec, 3, EIGHT_BIT, "B")
-    sh = Shapes(spec, 0, 3, bool(spec.attr("transA", 0)), bool(spec.attr("transB", 0)))
+    require(spec, 0, WIDE_INTS, "A")
+    require(spec, 3, WIDE_INTS, "B")
+    sh = Shapes(spec, 0, 3, bool(spec.attr("transA", 0)), bool(spec.attr("transB", 0)), added=given(spec, 6))
     if size(spec.inputs[1]) != 1 or size(spec.inputs[2]) != 1:
         raise fail(spec, "a_scale and a_zero_point must be scalars")
     quantized = given(spec, 8)  # with y_zero_point the output is quantized, else float32
     yt = np.dtype(spec.outputs[0].dtype)
-    if yt not in (EIGHT_BIT if quantized else {F32}):
+    if yt not in (WIDE_INTS if quantized else {F32}):
         raise fail(spec, f"output type {yt} is not supported")
     multiplier = _Multiplier(sh, False, size(spec.inputs[4]) > 1)
     alpha = float(np.float32(spec.attr("alpha", 1.0)))
@@ -304,7 +352,7 @@ def qgemm(spec: NodeSpec) -> Kernel:
                 np.copyto(t, acc, casting="unsafe")
                 np.multiply(t, _cols(mult, n0, n1), out=out)
         return sh.bind(ins[0], ins[3], ins[2], ins[5] if given(spec, 5) else None, scratch, epilogue, prepare)
-    return Bound(make, (*sh.scratch, multiplier.nbytes, sh.m * sh.cols * 4), "int_gemm_f64")
+    return Bound(make, (*sh.scratch, multiplier.nbytes, sh.m * sh.cols * 4), sh.algorithm)
 
 
 KERNELS = {"MatMulInteger": matmul_integer, "QLinearMatMul": qlinear_matmul, "QGemm": qgemm,

@@ -1,0 +1,220 @@
+"""oneDNN's int8 primitives for the integer ops QDQ units become (ir/passes/qdq.py) and quantized models write:
+QLinearMatMul and QGemm with constant int8 weights (matmul), QLinearConv (convolution). Scales and zero points are
+runtime arguments of the primitive (per-tensor, the weights' scales per output channel); the requantization
+(x_scale * w_scale / y_scale, rounded to even, plus the output zero point, saturated) happens in its epilogue, the
+int32 bias going in as float at scale x_scale * w_scale, where oneDNN 3.x adds it.
+
+The weights stay in the binary as the model gives them (int8, ONNX's layout): oneDNN's int8 weights formats carry
+compensation data and have no portable tag, so each kernel prepacks them when it is built, into memory of its own
+(kernel-private bytes, the weights' size). Convolutions read and write NCHW tensors, as the integer ops around
+them do: oneDNN's int8 convolutions run in NHWC (on NCHW it has only its reference kernel), so the kernel reorders
+its input into planned scratch and its output back, in the same launch.
+
+oneDNN on AVX2 without VNNI sums pairs of u8 x s8 products in saturating int16 (as onnxruntime's kernels do there):
+without VNNI these kernels take weights in [-64, 64] only (reduce_range's 7-bit weights), where the sums are exact;
+others stay with the NumPy integer kernels. s8 activations (shifted to u8 inside oneDNN, with a compensation) came
+out steps off with zero points and padding: u8 only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ctxrt.backends.cpu.onednn import api
+from ctxrt.backends.cpu.onednn.kernels import OneDnnKernel, _window, create, reject_reference, reorder_maker
+from ctxrt.backends.kernel import Kernel, NodeSpec
+from ctxrt.errors import UnsupportedOpError
+
+_TYPES = {np.dtype(np.uint8): api.U8, np.dtype(np.int8): api.S8}
+_SCALE, _ZP = api.ARG_ATTR_SCALES, api.ARG_ATTR_ZERO_POINTS
+
+
+class _Params:
+    """The node's quantization parameters, checked, as the arrays a primitive reads at run time."""
+
+    def __init__(self, spec: NodeSpec, at: dict[str, int], channels: int) -> None:
+        what = f"{spec.op} {spec.name!r}"
+        for key in ("x_scale", "w", "w_scale", "y_scale"):
+            if at[key] >= len(spec.consts) or spec.consts[at[key]] is None:
+                raise UnsupportedOpError(f"{what}: oneDNN int8 kernels need constant weights and scales")
+        c = {k: (spec.consts[i] if i is not None and i < len(spec.consts) else None) for k, i in at.items()}
+        given = {k: i is not None and i < len(spec.inputs) and spec.inputs[i] is not None for k, i in at.items()}
+        for key in ("x_zp", "w_zp", "y_zp"):
+            if given[key] and c[key] is None:
+                raise UnsupportedOpError(f"{what}: oneDNN int8 kernels need constant zero points")
+        x, y = np.dtype(spec.inputs[at["x"]].dtype), np.dtype(spec.outputs[0].dtype)
+        # s8 inputs are shifted to u8 inside oneDNN (compensation); measured off by steps with zero points: u8 only
+        if x != np.uint8 or y not in _TYPES or np.dtype(c["w"].dtype) != np.int8:
+            raise UnsupportedOpError(f"{what}: oneDNN int8 kernels here take u8 activations and s8 weights")
+        if not api.has_vnni() and np.abs(c["w"].astype(np.int16)).max(initial=0) > 64:
+            raise UnsupportedOpError(f"{what}: weights beyond [-64, 64] would saturate oneDNN's int16 pair sums "
+                                     "without VNNI (quantize with reduce_range): left to the exact NumPy kernel")
+        if c["w_zp"] is not None and np.any(c["w_zp"]):
+            raise UnsupportedOpError(f"{what}: oneDNN int8 kernels need symmetric weights (zero point 0)")
+        if any(c[k].size != 1 for k in ("x_scale", "y_scale")) or c["w_scale"].size not in (1, channels) or any(
+                c[k] is not None and c[k].size != 1 for k in ("x_zp", "y_zp")):
+            raise UnsupportedOpError(f"{what}: oneDNN int8 kernels take per-tensor activations' parameters")
+        self.x, self.y, self.weights = x, y, c["w"]
+        self.per_channel = c["w_scale"].size > 1
+        f32, s32 = np.float32, np.int32
+        self.x_scale, self.w_scale = c["x_scale"].astype(f32).reshape(1), c["w_scale"].astype(f32).reshape(-1)
+        self.y_scale = c["y_scale"].astype(f32).reshape(1)
+        self.zps = {arg: c[k].astype(s32).reshape(1) for arg, k in ((api.ARG_SRC, "x_zp"), (api.ARG_DST, "y_zp"))
+                    if c[k] is not None and np.any(c[k])}
+        bias = c.get("bias")
+        if given.get("bias") and bias is None:
+            raise UnsupportedOpError(f"{what}: oneDNN int8 kernels need a constant bias")
+        # oneDNN adds the bias after scaling the int32 sums by x_scale * w_scale: the int32 bias at that scale
+        self.bias = None if bias is None else (bias.astype(np.float64).reshape(-1) * self.x_scale.astype(np.float64)
+                                               * self.w_scale.astype(np.float64)).astype(f32)
+        if self.bias is not None and self.bias.size != channels:
+            raise UnsupportedOpError(f"{what}: the bias must have one value per output channel")
+
+    def attr(self, weights_mask: int) -> api.Attr:
+        return api.Attr(scales={api.ARG_SRC: 0, api.ARG_WEIGHTS: weights_mask if self.per_channel else 0,
+                                api.ARG_DST: 0}, zero_points=dict.fromkeys(self.zps, 0))
+
+    def held(self, packed: np.ndarray) -> tuple[list[np.ndarray], list[tuple[int, str, int, api.Desc]]]:
+        """(arrays, their execution arguments): the prepacked weights, the bias, the scales, the zero points."""
+        arrays, args = [packed], []
+        if self.bias is not None:
+            arrays.append(self.bias)
+            args.append((api.ARG_BIAS, "held", 1, api.Desc.make((1, self.bias.size), "ab")))
+        for arg, array in ((api.ARG_SRC, self.x_scale), (api.ARG_WEIGHTS, self.w_scale), (api.ARG_DST, self.y_scale)):
+            args.append((_SCALE | arg, "held", len(arrays), api.Desc.make((array.size,), "a")))
+            arrays.append(array)
+        for arg, array in self.zps.items():
+            args.append((_ZP | arg, "held", len(arrays), api.Desc.make((1,), "a", api.S32)))
+            arrays.append(array)
+        return arrays, args
+
+
+def _prepack(weights: np.ndarray, dims: tuple[int, ...], tag: str, to: api.Desc) -> np.ndarray:
+    """int8 weights in `tag` over `dims` reordered into the primitive's format (with its compensation data)."""
+    src = np.ascontiguousarray(weights, np.int8)
+    out = np.zeros(to.nbytes, np.int8)
+    plain = api.Desc.make(dims, tag, api.S8)
+    prim = api.reorder(plain, to)
+    args = [(api.ARG_FROM, api.Memory(plain, src.ctypes.data)), (api.ARG_TO, api.Memory(to, out.ctypes.data))]
+    pad = np.zeros(prim.scratchpad_bytes, np.uint8)  # once, when built (compensation sums)
+    if pad.size:
+        args.append((api.ARG_SCRATCHPAD, api.Memory(prim.md(api.Q_SCRATCHPAD_MD), pad.ctypes.data)))
+    prim.launch(args)()
+    return out
+
+
+def qmatmul(spec: NodeSpec) -> Kernel:
+    """QLinearMatMul, and QGemm with a quantized output (alpha 1, A not transposed)."""
+    api.require(f"{spec.op} {spec.name!r}")
+    gemm = spec.op == "QGemm"
+    at = {"x": 0, "x_scale": 1, "x_zp": 2, "w": 3, "w_scale": 4, "w_zp": 5, "bias": 6 if gemm else None,
+          "y_scale": 7 if gemm else 6, "y_zp": 8 if gemm else 7}
+    what = f"{spec.op} {spec.name!r}"
+    if gemm and (spec.attr("transA", 0) or float(spec.attr("alpha", 1.0)) != 1.0 or len(spec.inputs) < 9
+                 or spec.inputs[8] is None):
+        raise UnsupportedOpError(f"{what}: oneDNN here runs QGemm with alpha 1, A as given and a quantized output")
+    a, b = spec.inputs[0], spec.inputs[3]
+    if len(b.shape) != 2 or len(a.shape) < 2:
+        raise UnsupportedOpError(f"{what}: oneDNN here multiplies activations by 2-D weights")
+    transposed = bool(spec.attr("transB", 0)) if gemm else False
+    n, k = b.shape if transposed else b.shape[::-1]
+    rows = math.prod(a.shape[:-1])
+    if a.shape[-1] != k:
+        raise UnsupportedOpError(f"{what}: inner dimensions differ")
+    p = _Params(spec, at, n)
+    src_md, dst_md = api.Desc.make((rows, k), "ab", _TYPES[p.x]), api.Desc.make((rows, n), "ab", _TYPES[p.y])
+    bias_md = api.Desc.make((1, n), "ab") if p.bias is not None else None
+    attr = p.attr(1 << 1)
+
+    def make(nthr: int | None = None) -> api.Primitive:
+        w_md = api.Desc.make((k, n), api.TAG_ANY, api.S8)
+        return create(spec, "matmul", src_md.handle, w_md.handle, bias_md.handle if bias_md else None, dst_md.handle,
+                      attr=attr, nthr=nthr)
+
+    prim = make()
+    reject_reference(prim, spec)
+    w_md = prim.md(api.Q_WEIGHTS_MD)
+    if spec.options.get("probe"):
+        packed = np.zeros(0, np.int8)
+    else:
+        packed = _prepack(p.weights, (k, n), "ba" if transposed else "ab", w_md)
+    held, extra = p.held(packed)
+    args = [(api.ARG_SRC, "in", 0, src_md), (api.ARG_WEIGHTS, "held", 0, w_md), (api.ARG_DST, "out", 0, dst_md),
+            *extra]
+    kernel = OneDnnKernel(spec, prim, args, "int8_matmul", variant=make)
+    kernel.held = held
+    return kernel
+
+
+class Int8Conv(Kernel):
+    """An int8 convolution over NCHW tensors: the input reordered to NHWC in scratch, the primitive, its NHWC output
+    reordered into the node's output; each step a OneDnnKernel over scratch, so each runs its variant for the run's
+    thread count."""
+
+    def __init__(self, into: OneDnnKernel, conv: OneDnnKernel, back: OneDnnKernel, nbytes: tuple[int, int]) -> None:
+        self.into, self.conv, self.back = into, conv, back
+        self.scratch = (*nbytes, *conv.scratch)
+        self.algorithm = conv.algorithm
+        self.attrs = conv.attrs
+
+    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Callable[[], None]:
+        src, dst = scratch[0], scratch[1]
+        into = self.into.bind([ins[0]], [src], [])
+        conv = self.conv.bind([src], [dst], scratch[2:])
+        back = self.back.bind([dst], [outs[0]], [])
+
+        def run() -> None:
+            into()
+            conv()
+            back()
+        return run
+
+
+def qconv(spec: NodeSpec) -> Kernel:
+    """QLinearConv, 2-D, with constant int8 weights."""
+    api.require(f"QLinearConv {spec.name!r}")
+    x, y = tuple(spec.inputs[0].shape), tuple(spec.outputs[0].shape)
+    if len(x) != 4 or spec.attr("channels_last", 0):
+        raise UnsupportedOpError(f"QLinearConv {spec.name!r}: oneDNN here runs 2-D convolutions over NCHW")
+    at = {"x": 0, "x_scale": 1, "x_zp": 2, "w": 3, "w_scale": 4, "w_zp": 5, "y_scale": 6, "y_zp": 7, "bias": 8}
+    m, cg, kh, kw = spec.inputs[3].shape
+    g = int(spec.attr("group", 1))
+    p = _Params(spec, at, m)
+    strides, dil, pb, pe = _window(spec, x, y, (kh, kw))
+    wdims = (m, cg, kh, kw) if g == 1 else (g, m // g, cg, kh, kw)
+    xt, yt = _TYPES[p.x], _TYPES[p.y]
+    mds = {"x": api.Desc.make(x, "abcd", xt), "y": api.Desc.make(y, "abcd", yt),
+           "src": api.Desc.make(x, "acdb", xt), "dst": api.Desc.make(y, "acdb", yt)}
+    bias_md = api.Desc.make((m,), "a") if p.bias is not None else None
+    attr = p.attr(1 if g == 1 else 3)
+    w_any = api.Desc.make(wdims, api.TAG_ANY, api.S8)
+
+    def make(nthr: int | None = None) -> api.Primitive:
+        return create(spec, "convolution_forward", api.FORWARD_INFERENCE, api.CONVOLUTION_DIRECT, mds["src"].handle,
+                      w_any.handle, bias_md.handle if bias_md else None, mds["dst"].handle, api.Dims(*strides),
+                      api.Dims(*dil), api.Dims(*pb), api.Dims(*pe), attr=attr, nthr=nthr)
+
+    prim = make()
+    reject_reference(prim, spec)
+    w_md = prim.md(api.Q_WEIGHTS_MD)
+    packed = np.zeros(0, np.int8) if spec.options.get("probe") else \
+        _prepack(p.weights, wdims, "abcd" if g == 1 else "abcde", w_md)
+    held, extra = p.held(packed)
+    if bias_md is not None:  # the conv's bias is 1-D
+        extra = [(arg, side, i, bias_md if arg == api.ARG_BIAS else md) for arg, side, i, md in extra]
+    args = [(api.ARG_SRC, "in", 0, mds["src"]), (api.ARG_WEIGHTS, "held", 0, w_md), (api.ARG_DST, "out", 0, mds["dst"]),
+            *extra]
+    conv = OneDnnKernel(spec, prim, args, "int8_conv", variant=make)
+    conv.held = held
+    kernels = []
+    for a, b in (("x", "src"), ("dst", "y")):
+        mk = reorder_maker(spec, mds[a], mds[b])
+        kernels.append(OneDnnKernel(spec, mk(), [(api.ARG_FROM, "in", 0, mds[a]), (api.ARG_TO, "out", 0, mds[b])],
+                                    "reorder", variant=mk))
+    if any(k.scratch for k in kernels):
+        raise UnsupportedOpError(f"QLinearConv {spec.name!r}: oneDNN's NHWC reorders here would need a scratchpad")
+    return Int8Conv(kernels[0], conv, kernels[1], (mds["src"].nbytes, mds["dst"].nbytes))

@@ -1,0 +1,287 @@
+"""Group DequantizeLinear -> op -> QuantizeLinear node units (as onnxruntime's QDQ transformer and QNN's node units
+do) into integer ops with the requantization fused: the QLinear* ops and QGemm, whose kernels compute on the
+integers (backends/cpu/quant/, and oneDNN's int8 primitives where it runs them).
+
+Each rule is a *selector* (which unit shapes qualify) and an *action* (what replaces them), registered in `RULES`
+against the op types it applies to (onnxruntime's qdq_selector_action_transformer):
+
+- weighted (Conv -> QLinearConv, MatMul -> QLinearMatMul, Gemm -> QGemm): activations per tensor, constant weights
+  per tensor or per output channel; a float bias becomes the int32 bias at scale x_scale * w_scale, only where it
+  lies on that grid (the quantizer's DequantizeLinear of an int32 bias, folded by the frontend);
+- binary (Add, Mul -> QLinearAdd, QLinearMul), unary (Sigmoid, LeakyRelu, AveragePool, GlobalAveragePool -> their
+  QLinear op; 8-bit only), variadic (Concat -> QLinearConcat; 8-bit only); not Softmax: onnxruntime's
+  QLinearSoftmax scales by floor(1 / y_scale), which is not the unit's float semantics;
+- drop (MaxPool and data movement): with the same scale and zero point on both sides the op commutes with the
+  quantization and runs on the integers as they are.
+
+A unit qualifies when its op's float output goes only to one QuantizeLinear with a scalar constant scale, every
+quantized input comes from a DequantizeLinear whose scale and zero point are constants, and the integer types are
+8- or 16-bit. Anything else keeps its float DequantizeLinear -> op -> QuantizeLinear, with the spec's semantics.
+DequantizeLinear nodes left without readers are removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ctxrt.ir.graph import Graph, Node, Value
+from ctxrt.ir.passes.base import Pass, PassResult, check_topological
+from ctxrt.ir.passes.eliminate import EliminateDead
+
+UNIT = "qdq_unit"  # attribute of a fused node: the float op it replaces
+EIGHT = {np.dtype(np.uint8), np.dtype(np.int8)}
+INTS = EIGHT | {np.dtype(np.uint16), np.dtype(np.int16)}  # the integer products and QLinearAdd/Mul take 16-bit
+MS = "com.microsoft"
+
+
+@dataclass
+class Quant:
+    """A quantized operand: the integer tensor, its scale and zero point (value names)."""
+
+    x: str
+    scale: str
+    zp: str
+
+
+@dataclass
+class Unit:
+    node: Node
+    q: Node  # the QuantizeLinear of its output
+    ins: list[Quant | None]  # per input of the node: its DequantizeLinear's operand, or None
+    out: Quant
+
+
+class _Match:
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.producers = graph.producers()
+        self.consumers = graph.consumers()
+        self.zeros: dict[str, str] = {}
+
+    def const(self, name: str) -> np.ndarray | None:
+        return self.graph.const(name) if name else None
+
+    def scalar(self, name: str) -> bool:
+        c = self.const(name)
+        return c is not None and c.size == 1
+
+    def zero_point(self, node: Node, dtype: np.dtype) -> str:
+        """The node's zero point input, or a constant 0 of the integer type."""
+        if len(node.inputs) > 2 and node.inputs[2]:
+            return node.inputs[2]
+        name = f"zero_{dtype.name}"
+        if name not in self.graph.values:
+            self.graph.values[name] = Value(name, dtype, (), np.zeros((), dtype))
+        return name
+
+    def dequantized(self, name: str, per_axis: int | None = None) -> Quant | None:
+        """The operand of the DequantizeLinear that makes `name`: per tensor, or (per_axis given) per channel
+        along that axis of a constant integer tensor."""
+        d = self.producers.get(name)
+        if d is None or d.op != "DequantizeLinear" or d.attrs.get("block_size") or len(d.inputs) < 2:
+            return None
+        x, scale = d.inputs[0], d.inputs[1]
+        xt = np.dtype(self.graph.values[x].dtype)
+        zp = d.inputs[2] if len(d.inputs) > 2 else ""
+        if xt not in INTS or self.const(scale) is None or (zp and self.const(zp) is None):
+            return None
+        if self.graph.values[scale].dtype != np.float32:
+            return None
+        if not self.scalar(scale):
+            shape = self.graph.values[x].shape
+            axis = int(d.attrs.get("axis", 1)) % len(shape) if shape else 0
+            if per_axis is None or axis != per_axis % len(shape) or self.const(x) is None:
+                return None
+        return Quant(x, scale, self.zero_point(d, xt))
+
+    def dequantized_const(self, name: str) -> np.ndarray | None:
+        """The float32 value of a DequantizeLinear of a constant 1-D integer tensor (an int32 bias the frontend did
+        not fold), or None."""
+        d = self.producers.get(name)
+        if d is None or d.op != "DequantizeLinear" or len(d.inputs) < 2:
+            return None
+        x, scale = self.const(d.inputs[0]), self.const(d.inputs[1])
+        zp = self.const(d.inputs[2]) if len(d.inputs) > 2 and d.inputs[2] else np.zeros((), np.int64)
+        if x is None or scale is None or zp is None or x.ndim != 1 or scale.size not in (1, x.size):
+            return None
+        return ((x.astype(np.float32) - zp.astype(np.float32).reshape(-1)) * scale.reshape(-1)).astype(np.float32)
+
+    def quantized(self, node: Node) -> Node | None:
+        """The QuantizeLinear that alone reads the node's only output (per tensor, constant parameters)."""
+        out = node.outputs[0]
+        readers = self.consumers.get(out, [])
+        if len([o for o in node.outputs if o]) != 1 or out in self.graph.outputs or len(readers) != 1:
+            return None
+        q = readers[0]
+        if q.op != "QuantizeLinear" or q.inputs[0] != out or not self.scalar(q.inputs[1]):
+            return None
+        zp = q.inputs[2] if len(q.inputs) > 2 else ""
+        if self.graph.values[q.inputs[1]].dtype != np.float32 or (zp and not self.scalar(zp)):
+            return None
+        if np.dtype(self.graph.values[q.outputs[0]].dtype) not in INTS or q.attrs.get("output_dtype"):
+            return None
+        return q
+
+    def same(self, a: Quant, b: Quant) -> bool:
+        def eq(x: str, y: str) -> bool:
+            return x == y or bool(np.array_equal(self.const(x), self.const(y)))
+        return eq(a.scale, b.scale) and eq(a.zp, b.zp) and \
+            self.graph.values[a.x].dtype == self.graph.values[b.x].dtype
+
+
+Action = Callable[[_Match, Unit], Node | None]
+
+
+def _unit(m: _Match, node: Node, quantized: tuple[int, ...], weights: dict[int, int] | None = None,
+          ints: set[np.dtype] = INTS) -> Unit | None:
+    """The unit around `node` whose inputs `quantized` come from DequantizeLinear (those in `weights` maybe per
+    channel, along the axis given), all of integer types `ints`; or None."""
+    q = m.quantized(node)
+    if q is None or np.dtype(m.graph.values[q.outputs[0]].dtype) not in ints:
+        return None
+    ins: list[Quant | None] = [None] * len(node.inputs)
+    for i in quantized:
+        if i >= len(node.inputs) or not node.inputs[i]:
+            return None
+        ins[i] = m.dequantized(node.inputs[i], (weights or {}).get(i))
+        if ins[i] is None or np.dtype(m.graph.values[ins[i].x].dtype) not in ints:
+            return None
+    yt = np.dtype(m.graph.values[q.outputs[0]].dtype)
+    return Unit(node, q, ins, Quant(q.outputs[0], q.inputs[1], m.zero_point(q, yt)))
+
+
+def _node(unit: Unit, op: str, inputs: list[str], attrs: dict, domain: str = "") -> Node:
+    return Node(op, unit.node.name, inputs, [unit.out.x], {**attrs, UNIT: unit.node.op}, domain)
+
+
+def _bias(m: _Match, unit: Unit, i: int, a: Quant, w: Quant) -> str | None:
+    """The float bias at input `i` as int32 at scale a_scale * w_scale ('' if none), or None where it is not on
+    that grid (then the unit stays float)."""
+    if i >= len(unit.node.inputs) or not unit.node.inputs[i]:
+        return ""
+    b = m.const(unit.node.inputs[i])
+    if b is None:
+        b = m.dequantized_const(unit.node.inputs[i])
+    if b is None:
+        return None
+    scale = m.const(a.scale).astype(np.float64).reshape(()) * m.const(w.scale).astype(np.float64).reshape(-1)
+    b64 = b.astype(np.float64).reshape(-1)
+    ints = np.rint(b64 / scale)
+    if np.abs(ints).max(initial=0) >= 2**31 or not np.allclose(ints * scale, b64, rtol=1e-5, atol=1e-12):
+        return None
+    name = f"{unit.node.inputs[i]}#int32"
+    m.graph.values[name] = Value(name, np.dtype(np.int32), tuple(ints.shape), ints.astype(np.int32))
+    return name
+
+
+def _conv(m: _Match, node: Node) -> Node | None:
+    unit = _unit(m, node, (0, 1), {1: 0})
+    if unit is None:
+        return None
+    x, w = unit.ins[0], unit.ins[1]
+    bias = _bias(m, unit, 2, x, w)
+    if bias is None:
+        return None
+    return _node(unit, "QLinearConv", [x.x, x.scale, x.zp, w.x, w.scale, w.zp, unit.out.scale, unit.out.zp, bias],
+                 node.attrs)
+
+
+def _matmul(m: _Match, node: Node) -> Node | None:
+    unit = _unit(m, node, (0, 1), {1: -1})
+    if unit is None:
+        return None
+    a, b = unit.ins[0], unit.ins[1]
+    if not m.scalar(a.scale):
+        return None
+    return _node(unit, "QLinearMatMul", [a.x, a.scale, a.zp, b.x, b.scale, b.zp, unit.out.scale, unit.out.zp], {})
+
+
+def _gemm(m: _Match, node: Node) -> Node | None:
+    unit = _unit(m, node, (0, 1), {1: 0 if node.attrs.get("transB") else 1})
+    if unit is None or float(node.attrs.get("beta", 1.0)) != 1.0:
+        return None
+    a, b = unit.ins[0], unit.ins[1]
+    bias = _bias(m, unit, 2, a, b)
+    if bias is None or (bias and len(m.graph.values[bias].shape) != 1):
+        return None
+    attrs = {k: node.attrs[k] for k in ("alpha", "transA", "transB") if k in node.attrs}
+    return _node(unit, "QGemm", [a.x, a.scale, a.zp, b.x, b.scale, b.zp, bias, unit.out.scale, unit.out.zp],
+                 attrs, MS)
+
+
+def _binary(op: str) -> Action:
+    def action(m: _Match, node: Node) -> Node | None:
+        unit = _unit(m, node, (0, 1))
+        if unit is None:
+            return None
+        a, b = unit.ins[0], unit.ins[1]
+        return _node(unit, op, [a.x, a.scale, a.zp, b.x, b.scale, b.zp, unit.out.scale, unit.out.zp], {}, MS)
+    return action
+
+
+def _unary(op: str, keep: tuple[str, ...] = ()) -> Action:
+    def action(m: _Match, node: Node) -> Node | None:
+        unit = _unit(m, node, (0,), ints=EIGHT)  # lookup tables and pools of 8-bit values
+        if unit is None or len([n for n in node.inputs if n]) != 1:
+            return None
+        x = unit.ins[0]
+        attrs = {k: node.attrs[k] for k in keep if k in node.attrs} if keep != ("*",) else dict(node.attrs)
+        return _node(unit, op, [x.x, x.scale, x.zp, unit.out.scale, unit.out.zp], attrs, MS)
+    return action
+
+
+def _concat(m: _Match, node: Node) -> Node | None:
+    unit = _unit(m, node, tuple(range(len(node.inputs))), ints=EIGHT)
+    if unit is None:
+        return None
+    inputs = [unit.out.scale, unit.out.zp]
+    for q in unit.ins:
+        inputs += [q.x, q.scale, q.zp]
+    return _node(unit, "QLinearConcat", inputs, {"axis": node.attrs.get("axis", 0)}, MS)
+
+
+def _drop(m: _Match, node: Node) -> Node | None:
+    """The op on the integers: its input's and output's quantizations are the same."""
+    unit = _unit(m, node, (0,))
+    if unit is None or not m.same(unit.ins[0], unit.out):
+        return None
+    return Node(node.op, node.name, [unit.ins[0].x, *node.inputs[1:]], [unit.out.x], {**node.attrs, UNIT: "drop"},
+                node.domain)
+
+
+DROP = ("MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Expand", "Tile",
+        "DepthToSpace", "SpaceToDepth", "Identity")
+RULES: dict[str, Action] = {
+    "Conv": _conv, "MatMul": _matmul, "Gemm": _gemm,
+    "Add": _binary("QLinearAdd"), "Mul": _binary("QLinearMul"),
+    "Sigmoid": _unary("QLinearSigmoid"), "LeakyRelu": _unary("QLinearLeakyRelu", ("alpha",)),
+    "AveragePool": _unary("QLinearAveragePool", ("*",)), "GlobalAveragePool": _unary("QLinearGlobalAveragePool"),
+    "Concat": _concat,
+    **dict.fromkeys(DROP, _drop),
+}
+
+
+class FuseQDQUnits(Pass):
+    def call(self, graph: Graph) -> PassResult:
+        if not any(n.op == "QuantizeLinear" for n in graph.nodes):
+            return PassResult(graph, False)
+        m = _Match(graph)
+        replaced: dict[int, Node] = {}
+        dropped: set[int] = set()
+        for node in graph.nodes:
+            rule = RULES.get(node.op)
+            fused = rule(m, node) if rule is not None and node.outputs else None
+            if fused is not None:
+                replaced[id(node)] = fused
+                dropped.add(id(m.consumers[node.outputs[0]][0]))
+        if not replaced:
+            return PassResult(graph, False)
+        graph.nodes = [replaced.get(id(n), n) for n in graph.nodes if id(n) not in dropped]
+        graph = EliminateDead()(graph).graph
+        return PassResult(graph, True)
+
+    def ensures(self, graph: Graph) -> None:
+        check_topological(graph)

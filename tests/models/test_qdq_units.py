@@ -1,0 +1,141 @@
+"""QDQ node units run as integer kernels (ir/passes/qdq.py): models from onnxruntime's `quantize_static` (QDQ, per
+tensor and per channel, 8-bit and 16-bit activations) have their DequantizeLinear -> op -> QuantizeLinear units
+replaced by QLinear ops, and match onnxruntime within one quantization step; a unit that cannot run on integers
+keeps its float semantics."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from small_nets import cnn, encoder
+
+import ctxrt
+from ctxrt.backends import get_backend
+from ctxrt.backends.cpu.backend import CpuBackend
+from ctxrt.compiler import compile_graphs, save_context
+from ctxrt.runtime.report import graph_kernels
+
+ort = pytest.importorskip("onnxruntime")
+q = pytest.importorskip("onnxruntime.quantization")
+
+NETS = {"cnn": lambda: cnn(16, 16), "encoder": lambda: encoder(32, 64, seq=8, heads=2)}
+FLOAT_OPS = {"Conv", "MatMul", "Gemm", "Add", "Mul", "Sigmoid", "AveragePool", "GlobalAveragePool", "Concat"}
+EIGHT_BIT_ONLY = {"Sigmoid", "AveragePool", "GlobalAveragePool", "Concat"}  # lookup tables, pools: 16-bit stay float
+
+
+class _Reader(q.CalibrationDataReader):
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        rng = np.random.default_rng(3)
+        self.data = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(8)])
+
+    def get_next(self) -> dict | None:
+        return next(self.data, None)
+
+
+def quantized(tmp: Path, name: str, kind: str) -> tuple[str, tuple[int, ...]]:
+    model, shape = NETS[name]()
+    src, out = tmp / f"{name}.onnx", tmp / f"{name}-{kind}.onnx"
+    onnx.save(model, str(src))
+    options = {"quant_format": q.QuantFormat.QDQ, "per_channel": kind == "channel", "reduce_range": True,
+               "activation_type": q.QuantType.QUInt8, "weight_type": q.QuantType.QInt8}
+    if kind == "uint16":  # 16-bit activations, 8-bit weights, ONNX's own Q/DQ of opset 21
+        options.update(activation_type=q.QuantType.QUInt16, reduce_range=False)
+    q.quantize_static(str(src), str(out), _Reader(shape), **options)
+    return str(out), shape
+
+
+def _step(path: str) -> float:
+    model = onnx.load(path)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    last = next(n for n in model.graph.node if model.graph.output[0].name in n.output)
+    return float(np.max(inits[last.input[1]])) if last.op_type == "DequantizeLinear" else 0.0
+
+
+def _ort(path: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def _ops(path: str, backend: CpuBackend) -> Counter:
+    graphs, _ = compile_graphs([(path, None, "main")], backend)
+    return Counter(s.op for s in graphs[0].steps)
+
+
+@pytest.mark.parametrize("onednn", [None, False])
+@pytest.mark.parametrize("kind", ["tensor", "channel", "uint16"])
+@pytest.mark.parametrize("name", NETS)
+def test_qdq_units_run_as_integers_within_a_step(tmp_path: Path, name: str, kind: str, onednn: bool | None) -> None:
+    path, shape = quantized(tmp_path, name, kind)
+    backend = CpuBackend(onednn=onednn)
+    ops = _ops(path, backend)
+    floats = FLOAT_OPS - EIGHT_BIT_ONLY if kind == "uint16" else FLOAT_OPS
+    assert not floats & ops.keys(), ops  # every unit of these ops runs on integers
+    assert ops["QLinearConv" if name == "cnn" else "QLinearMatMul"] >= 3, ops
+    step = _step(path) or 1e-3  # the encoder ends in a float LayerNormalization: a 16-bit step before it, scaled
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).standard_normal(shape).astype(np.float32)}
+        ctx = ctxrt.compile(path, backend=backend)
+        try:
+            got = ctx.graph().run(feeds)[ctx.graph().outputs[0].name]
+        finally:
+            ctx.free()
+        assert np.abs(got - _ort(path, feeds)).max() <= step * 1.001, (np.abs(got - _ort(path, feeds)).max(), step)
+
+
+def test_classifier_top1_matches_onnxruntime(tmp_path: Path) -> None:
+    path, shape = quantized(tmp_path, "cnn", "channel")
+    session = ctxrt.InferenceSession(path)
+    for seed in range(8):
+        feeds = {"x": np.random.default_rng(10 + seed).standard_normal(shape).astype(np.float32)}
+        assert np.argmax(session.run(None, feeds)[0]) == np.argmax(_ort(path, feeds))
+
+
+def test_inspect_kernels_lists_the_integer_units(tmp_path: Path) -> None:
+    path, _ = quantized(tmp_path, "cnn", "tensor")
+    backend = get_backend("cpu")
+    graphs, weights = compile_graphs([(path, None, "main")], backend)
+    binary = save_context(tmp_path / "m.ctx", graphs, weights, backend, [path])
+    ops = {k["op"] for k in graph_kernels(str(binary))[0]["kernels"]}
+    assert {"QLinearConv", "QLinearAdd", "QGemm"} <= ops and not FLOAT_OPS & ops, ops
+
+
+def _unit_model(bias: np.ndarray, ws: np.ndarray, extra_reader: bool) -> onnx.ModelProto:
+    """DQ(x) -> Conv(DQ(w), bias) -> Q -> DQ -> y; with `extra_reader` the Conv's float output is an output too."""
+    rng = np.random.default_rng(8)
+    n = helper.make_node
+    nodes = [n("QuantizeLinear", ["x", "s", "z"], ["xq"]), n("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             n("DequantizeLinear", ["w", "ws"], ["wd"], axis=0), n("Conv", ["xd", "wd", "b"], ["c"], pads=[1, 1, 1, 1]),
+             n("QuantizeLinear", ["c", "ys", "z"], ["cq"]), n("DequantizeLinear", ["cq", "ys", "z"], ["y"])]
+    inits = [numpy_helper.from_array(np.float32(0.05), "s"), numpy_helper.from_array(np.uint8(128), "z"),
+             numpy_helper.from_array(rng.integers(-60, 60, (8, 4, 3, 3)).astype(np.int8), "w"),
+             numpy_helper.from_array(ws, "ws"),
+             numpy_helper.from_array(bias, "b"), numpy_helper.from_array(np.float32(0.1), "ys")]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    if extra_reader:
+        outputs.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "unit", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
+                              outputs, initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("case", ["bias on the grid", "bias off the grid", "float output read too"])
+def test_units_that_cannot_run_as_integers_keep_float_semantics(case: str) -> None:
+    rng = np.random.default_rng(9)
+    ws = rng.uniform(0.002, 0.01, 8).astype(np.float32)
+    on_grid = (rng.integers(-500, 500, 8) * (np.float32(0.05) * ws)).astype(np.float32)
+    bias = on_grid + np.float32(0.0123) if case == "bias off the grid" else on_grid
+    model = _unit_model(bias, ws, case == "float output read too").SerializeToString()
+    ops = Counter(s.op for s in compile_graphs([(model, None, "main")], get_backend("cpu"))[0][0].steps)
+    assert ("QLinearConv" in ops) == (case == "bias on the grid"), ops
+    feeds = {"x": rng.standard_normal((1, 4, 6, 6)).astype(np.float32)}
+    got = ctxrt.InferenceSession(model).run(None, feeds)
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert np.abs(got[0] - want[0]).max() <= 0.1 * 1.001
+    if case != "bias on the grid":  # float semantics: the same as onnxruntime's float Conv, to rounding
+        np.testing.assert_allclose(got[-1], want[-1], rtol=1e-5, atol=1e-5)
