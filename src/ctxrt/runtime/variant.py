@@ -216,8 +216,12 @@ def variants_warning(compiled: int, dims: Mapping[tuple[str, int], set[int]],
         seen.append(f"input {name!r} axis {axis}{label} took {len(sizes)} sizes from {sizes[0]} to {sizes[-1]}")
     example = {name: [max(dims[(name, a)]) for a in range(len(declared or []))]
                for name, (_, declared) in decl.items() if any((name, a) in varying for a in range(len(declared or [])))}
-    how = (f"pad inputs to one size and bind it, e.g. InferenceSession(..., shapes={example}), or to a few "
-           "sizes (e.g. powers of two)" if example else "feed value inputs fewer distinct values")
+    ranges = {f"{name}:{a}" if not (isinstance(declared[a], str) and declared[a].isidentifier()) else declared[a]:
+              (0, max(dims[(name, a)])) for name, (_, declared) in decl.items()
+              for a in range(len(declared or [])) if (name, a) in varying}
+    how = (f"give ranges wide enough for every shape, e.g. InferenceSession(..., dim_ranges={ranges}) (one "
+           f"program for all of them, docs/shapes-and-control-flow.md), or pad inputs to one size and bind it, "
+           f"e.g. shapes={example}" if example else "feed value inputs fewer distinct values")
     return (f"InferenceSession compiled {compiled} shape variants of its model "
             f"({'; '.join(seen) or 'the same shapes with other values of value inputs'}): every new input shape "
             f"compiles the model again. To compile fewer, {how}; max_shape_variants={max_variants} bounds how many "
