@@ -132,7 +132,7 @@ def test_cache_dir_stores_the_weights_once(backend, tmp_path) -> None:
         assert s["compile_cache_hits"] == 5 and s["compile_cache_misses"] == 0 and s["weights_written_bytes"] == 0
         assert s["weights_stored"] == 2 and s["weights_bytes"] < weights + (8 << 10)
     blobs[0].write_bytes(blobs[0].read_bytes()[:-4] + b"\0\0\0\1")  # a damaged weight: compiled and written again
-    with ctxrt.InferenceSession(path, backend, cache_dir=cache) as sess:
+    with ctxrt.InferenceSession(path, backend, cache_dir=cache, default_dim_max=0) as sess:
         np.testing.assert_allclose(sess.run(None, {"x": _x(2)})[0], _ort(path, _x(2)), rtol=1e-4, atol=1e-4)
         assert sess.stats["compile_cache_damaged"] == 1 and 0 < sess.stats["weights_written_bytes"] < weights
 
@@ -142,18 +142,18 @@ def test_cache_dir_key_covers_external_data_and_options(backend, tmp_path) -> No
     path, cache = _write(_mlp(0), tmp_path / "ext.onnx", external=True), tmp_path / "cache"
     data = tmp_path / "ext.onnx.data"
     assert data.is_file() and path.stat().st_size < 1024
-    with ctxrt.InferenceSession(path, backend, cache_dir=cache) as sess:
+    with ctxrt.InferenceSession(path, backend, cache_dir=cache, default_dim_max=0) as sess:
         np.testing.assert_allclose(sess.run(None, {"x": _x(2)})[0], _ort(path, _x(2)), rtol=1e-4, atol=1e-4)
     before, model = data.stat(), path.read_bytes()
     _write(_mlp(1), tmp_path / "ext.onnx", external=True)  # other weights, same names and sizes
     os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert path.read_bytes() == model and data.stat().st_size == before.st_size  # only the weights file changed
     want = _ort(path, _x(2))
-    with ctxrt.InferenceSession(path, backend, cache_dir=cache) as sess:
+    with ctxrt.InferenceSession(path, backend, cache_dir=cache, default_dim_max=0) as sess:
         got = sess.run(None, {"x": _x(2)})[0]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)  # before: the old weights' outputs
         assert sess.stats["compile_cache_misses"] == 1 and sess.stats["compile_cache_hits"] == 0
-    with ctxrt.InferenceSession(path, backend, cache_dir=cache) as sess:
+    with ctxrt.InferenceSession(path, backend, cache_dir=cache, default_dim_max=0) as sess:
         np.testing.assert_allclose(sess.run(None, {"x": _x(2)})[0], want, rtol=1e-4, atol=1e-4)
         assert sess.stats["compile_cache_hits"] == 1
     if backend == "cpu":  # another backend configuration is another entry

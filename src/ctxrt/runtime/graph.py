@@ -414,7 +414,7 @@ class Graph:
         for child in self._children.values():
             child._release()
         self._children.clear()
-        self._held = []
+        self._held, self._host_weights = [], None
         self._step_cache.clear()
         self._steps_made.clear()
 

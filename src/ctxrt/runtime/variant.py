@@ -73,6 +73,7 @@ class Variant:
         self.in_shapes = [t.shape for t in inputs]  # the IO shapes of the run in progress
         self.out_shapes = [t.shape for t in outputs]
         self.recent: dict[tuple[int, ...], set[tuple[tuple[int, ...], str]]] = {}  # dims -> IO keys, oldest first
+        self._lasts: dict[tuple[int, ...], tuple[list[Tensor | None], list[Tensor | None]]] = {}
 
     def fits(self, feeds: Mapping[str, Any]) -> bool:
         """A range program: whether the feeds' shapes lie inside its ranges (static axes checked by the run)."""
@@ -94,8 +95,14 @@ class Variant:
         new = dims not in self.recent
         self.recent.pop(dims, None)
         self.recent[dims] = {(t.shape, np.dtype(t.dtype).str) for t in child.inputs + child.outputs}
+        # pinning per shape: the tensors bound last at these dims (two inputs of one shape must not swap)
+        self.last_in, self.last_out = self._lasts.pop(dims, None) or ([None] * len(self.inputs),
+                                                                       [None] * len(self.outputs))
+        self._lasts[dims] = (self.last_in, self.last_out)
         while len(self.recent) > Graph.MAX_CHILDREN:
-            self.recent.pop(next(iter(self.recent)))
+            old = next(iter(self.recent))
+            self.recent.pop(old)
+            self._lasts.pop(old, None)
         return new
 
     def matches(self, feeds: Mapping[str, Any]) -> bool:
@@ -160,6 +167,7 @@ class Variant:
     def free(self) -> None:
         """Free the contexts and let go of every tensor this variant referred to."""
         self.plan, self.plan_copies = [], []
+        self._lasts.clear()
         for tensors in (self.last_in, self.last_out, self.cur_in, self.cur_out, self.plan_in, self.plan_out):
             tensors[:] = [None] * len(tensors)
         if self.group is not None:
