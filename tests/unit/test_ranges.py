@@ -16,6 +16,7 @@ import pytest
 import ctxrt
 from ctxrt.compiler.ranges import RangeError
 from ctxrt.errors import FormatError, ShapeError
+from ctxrt.runtime.graph import Graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 import decoders  # noqa: E402
@@ -76,7 +77,7 @@ def _generate_once(gpt2, backend: str) -> None:
         assert s["shape_variants_compiled"] == 1 and s["range_programs_compiled"] == 1
         weights = sum(onnx.numpy_helper.to_array(t).nbytes for t in onnx.load(str(path)).graph.initializer)
         assert s["weights_bytes"] <= 1.05 * weights  # held once: not per shape, not per token
-        # per past length met (the last 8 kept): the changed steps' kernels, never a compile
+        # per past length met (the last 16 kept): the changed steps' kernels, never a compile
         assert TOKENS <= s["range_specializations"] <= 2 * TOKENS
 
 
@@ -107,8 +108,8 @@ def test_batch_cycle_is_one_compile(backend) -> None:
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
         s = sess.stats
         assert s["shape_variants_compiled"] == 1 and s["range_specializations"] >= len(sizes)
-        # the tensor cache keeps the IO tensors of the last 8 shapes only
-        assert s["tensors_created"] - s["tensors_destroyed"] <= 2 * 8
+        # the tensor cache keeps the IO tensors (one input, one output) of the last MAX_CHILDREN shapes only
+        assert s["tensors_created"] - s["tensors_destroyed"] <= 2 * Graph.MAX_CHILDREN
 
 
 MODELS = [(name, exp) for name in exported.MODELS for exp in ("dynamo", "legacy")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
 
 @dataclass
@@ -96,7 +97,7 @@ class FnKernel(Kernel):
 def scratch_view(buf: np.ndarray, shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     """A typed view of the first bytes of a uint8 scratch buffer."""
     dt = np.dtype(dtype)
-    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    n = math.prod(shape) * dt.itemsize
     return buf[:n].view(dt).reshape(shape)
 
 

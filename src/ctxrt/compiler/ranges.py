@@ -176,6 +176,8 @@ def _apply(step: Step, changes: list[tuple[list[Any], int]], consts: dict[tuple[
             _set(attrs, where[2:], v)
         else:  # an element of a small integer constant
             consts.setdefault((k, where[2]), []).append((where[3], v))
+    if step.op == "Softmax" and step.attrs.get("kernel") == "onednn":  # a primitive per shape costs more than
+        attrs = {k: v for k, v in (attrs or step.attrs).items() if k not in ("kernel", "threads")}  # it saves
     new_in = [None if r is None else Ref(r.space, r.key, r.offset, tuple(s), r.dtype)
               for r, s in zip(step.inputs, ins, strict=True)]
     new_out = [Ref(r.space, r.key, r.offset, tuple(s), r.dtype) for r, s in zip(step.outputs, outs, strict=True)]

@@ -58,7 +58,8 @@ class Graph:
         self._children: OrderedDict[tuple[int, ...], Graph] = OrderedDict()
         self._io_places: dict[str, tuple[Any, int]] = {}
         self._parent: Graph | None = None
-        self._held: list[Any] = []  # a child's buffers of varying integer constants
+        self._held: list[Any] = []  # a child's buffers of varying integer constants and private scratch
+        self._private: dict[str, Any] = {}  # a child's private scratch views by key
         # A range program's kernels (and IO-free launches) of changed steps, by (step, its integers' values): a
         # decoder's token steps differ from each other in a few attention steps only.
         self._step_cache: dict[int, OrderedDict[tuple[int, ...], tuple[Step, Kernel, Launch | None]]] = {}
@@ -103,13 +104,30 @@ class Graph:
                             self.compiled.opset)
             kernel, _ = select_kernel(backend, spec, step.backend or None, step.params)
             planned = [r.nbytes for r in step.scratch]
-            if len(kernel.scratch) != len(planned) or any(n > p for n, p in zip(kernel.scratch, planned,
-                                                                                     strict=False)):
+            fits = len(kernel.scratch) == len(planned) and all(n <= p for n, p in zip(kernel.scratch, planned,
+                                                                                      strict=True))
+            if not fits and self._parent is not None:  # a range program's kernel at another shape: its own scratch
+                self.compiled.steps[k] = step = self._private_scratch(step, kernel.scratch)
+                fits = True
+            if not fits:
                 raise FormatError(f"graph {self.name!r}, node {step.name!r} ({step.op}): its kernel needs scratch "
                                   f"{list(kernel.scratch)} bytes but the program plans {planned}: the context was "
                                   "compiled by another version of ctxrt's kernels, or on a CPU with another core "
                                   "count (oneDNN sizes some scratchpads by it); compile it again")
             self._kernels.append(kernel)
+
+    def _private_scratch(self, step: Step, sizes: tuple[int, ...]) -> Step:
+        """The step with scratch buffers of its own (kernel-private bytes): where a range program's kernel at this
+        shape needs other scratch than the upper bound's kernel planned."""
+        refs = []
+        for j, n in enumerate(sizes):
+            key = f"{step.name}#private{j}"
+            buf = self.ctx.backend.alloc_device(max(int(n), 1))
+            self._held.append(buf)
+            self._private[key] = self.ctx.backend.view(buf, 0, (int(n),), np.uint8)
+            self.ctx.stats["range_private_scratch_bytes"] += int(n)
+            refs.append(Ref("private", key, 0, (int(n),), "|u1"))
+        return replace(step, scratch=refs)
 
     def _prepare(self, arena: tuple[Any, int], internal: Mapping[str, Any], weights: Mapping[str, Any],
                  reuse: Mapping[int, Launch] | None = None) -> None:
@@ -122,6 +140,8 @@ class Graph:
         def view(r: Ref) -> Any:
             if r.space == ARENA:
                 return backend.view(arena_buf, base + r.offset, r.shape, r.dtype)
+            if r.space == "private":
+                return self._private[r.key]
             if r.space == CONST:  # a 4-bit weight stays packed: its kernel unpacks it
                 return dtypes.as_ref(weights[r.key], r.shape, r.dtype)
             return self._views[r.key].reshape(r.shape)
@@ -414,7 +434,7 @@ class Graph:
         for child in self._children.values():
             child._release()
         self._children.clear()
-        self._held, self._host_weights = [], None
+        self._held, self._host_weights, self._private = [], None, {}
         self._step_cache.clear()
         self._steps_made.clear()
 
