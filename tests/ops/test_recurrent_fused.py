@@ -145,10 +145,13 @@ def test_plain_weights_through_a_binary(tmp_path) -> None:
     assert fused(steps)
 
 
-@pytest.mark.parametrize("batch", [1, 8])
-def test_runs_on_fewer_threads_than_the_primitives_were_made_for(batch: int) -> None:
-    values = arrays("GRU", 9, batch, 4, 8, 2)
-    assert fused(compare("GRU", values, NAMES[:4], ["Y", "Y_h"], direction="bidirectional", num_threads=1,
+@pytest.mark.parametrize("batch, hidden", [(1, 8), (8, 300)])
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_runs_on_one_thread_or_on_the_run_s_threads(batch: int, hidden: int, num_threads: int) -> None:
+    """Small steps run on one thread whatever the run has (OpenMP held to one meanwhile); a step of batch 8,
+    hidden 300 on the run's threads: with fewer than the primitives were made for, on primitives made for those."""
+    values = arrays("GRU", 3, batch, 4, hidden, 2)
+    assert fused(compare("GRU", values, NAMES[:4], ["Y", "Y_h"], direction="bidirectional", num_threads=num_threads,
                          linear_before_reset=1))
 
 

@@ -38,6 +38,11 @@ SCRATCH_BUDGET = {"speed": 1 << 20, "memory": 1 << 18}
 MIN_CHUNK = 4
 # Fewer rows: plain ldigo weights (one LSTM step at batch 1: 8.1 us vs brgemm's 10.0; at batch 8 62 vs 43).
 SMALL_BATCH = 4
+# Multiply-adds of a step's recurrent GEMM (batch x gates x hidden^2) below which a node runs on one thread
+# whatever the run has: every step ends in a barrier of OpenMP's threads, and a step this small gains little from
+# a second thread, while a thread another process holds stalls every step (a bidirectional LSTM, hidden 128,
+# 50 steps, batch 1 on a loaded 2-core machine: 120 ms on two threads, 2 ms on one).
+SMALL_STEP = 1 << 21
 LDIGO = "abcde"
 ARG_SRC_LAYER, ARG_SRC_ITER, ARG_SRC_ITER_C = 1, 2, 3
 ARG_DST_LAYER, ARG_DST_ITER, ARG_DST_ITER_C = 17, 18, 19
@@ -321,22 +326,20 @@ class FusedRecurrent(Kernel):
                 steps.insert(0, lambda: bias.fill(0))
             return [s for s in steps if s is not None]
 
-        default = launches(self.prims)
+        held = (ins, outs, scratch, x, y, wl, wi, bias, peep)  # what the primitives read and write by address
         if self.threads <= 1:  # no run has fewer threads: no lookup per launch
-            def run() -> None:
-                for step in default:
-                    step()
-            return run
-        table = {self.threads: default}
+            return _Steps(launches(self.prims), held)
+        if self.N * self.cell.gates * self.H * self.H < SMALL_STEP:
+            return _one_thread(_Steps(launches(self.variant(1)), held))
+        table = {self.threads: _Steps(launches(self.prims), held)}
         now = threads.openmp_now
 
         def run_variant() -> None:
             n = now()
             steps = table.get(n)
             if steps is None:
-                steps = table[n] = launches(self.variant(n))
-            for step in steps:
-                step()
+                steps = table[n] = _Steps(launches(self.variant(n)), held)
+            steps()
         return run_variant
 
     def _copies(self, ins: list[Any], outs: list[Any], states: np.ndarray, k: int, chunks: int
@@ -363,6 +366,37 @@ class FusedRecurrent(Kernel):
             for dst, src in finals:
                 np.copyto(dst, src)
         return first, last if finals else None
+
+
+class _Steps:
+    """A launch: its steps in order, holding the arrays their primitives read and write by address."""
+
+    def __init__(self, steps: list[Callable[[], None]], held: tuple[Any, ...]) -> None:
+        self.steps, self.held = steps, held
+
+    def __call__(self) -> None:
+        for step in self.steps:
+            step()
+
+
+def _one_thread(steps: _Steps) -> Callable[[], None]:
+    """The launch of `steps` made for one thread, OpenMP held to one thread while they run (outside a run too:
+    a primitive made for fewer threads than OpenMP gives it overruns its scratchpad)."""
+    now = threads.openmp_now
+
+    def run() -> None:
+        if now() == 1:
+            steps()
+            return
+        pools = [(p, p.get()) for p in threads.pools() if p.openmp]
+        for pool, _ in pools:
+            pool.set(1)
+        try:
+            steps()
+        finally:
+            for pool, n in pools:
+                pool.set(n)
+    return run
 
 
 def _recreate(spec: NodeSpec, make: Callable[[tuple[int | str, ...]], Any], wdims: tuple[tuple[int, ...], ...],
