@@ -108,12 +108,18 @@ def refusal(spec: NodeSpec) -> str | None:
     for k in (W, R, B, P):
         if _input(spec, k) is not None and _const(spec, k) is None:
             return "weights known only at run time"
+    d, cell = 2 if direction == "bidirectional" else 1, cell_of(spec)
+    x, r = _input(spec, X).shape, _input(spec, R).shape
+    if len(x) != 3 or len(r) != 3 or 0 in x or 0 in r or int(spec.attr("hidden_size", r[2])) != r[2]:
+        return "shapes"
+    g, h = cell.gates, r[2]
+    want = {W: (d, g * h, x[2]), R: (d, g * h, h), B: (d, 2 * g * h), P: (d, 3 * h)}
+    if any(_input(spec, k) is not None and tuple(_input(spec, k).shape) != s for k, s in want.items()):
+        return "shapes"
     if _input(spec, SEQ_LENS) is not None:
         lens, t = _const(spec, SEQ_LENS), _input(spec, X).shape[1 if spec.attr("layout", 0) else 0]
         if lens is None or (lens < t).any():
             return "sequence_lens"
-    d = 2 if direction == "bidirectional" else 1
-    cell = cell_of(spec)
     try:
         acts = activations(spec, cell.defaults, d)
     except UnsupportedOpError:
@@ -123,11 +129,6 @@ def refusal(spec: NodeSpec) -> str | None:
             return "activations"
     elif any(tuple(a.name for a in per_dir) != cell.defaults for per_dir in acts):
         return "activations"
-    x, r = _input(spec, X).shape, _input(spec, R).shape
-    if len(x) != 3 or len(r) != 3 or 0 in x or r[0] != d or r[1] != cell.gates * r[2]:
-        return "shapes"
-    if int(spec.attr("hidden_size", r[2])) != r[2] or _input(spec, W).shape != (d, cell.gates * r[2], x[2]):
-        return "shapes"
     return None
 
 
