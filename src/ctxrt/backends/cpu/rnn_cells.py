@@ -8,7 +8,7 @@ import numpy as np
 from ctxrt.backends.cpu import rnn_onednn
 from ctxrt.backends.cpu.recurrent import INITIAL_C, B, P, R, Recurrent, Scratch
 from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec
-from ctxrt.errors import UnsupportedOpError
+from ctxrt.errors import CtxrtError, UnsupportedOpError
 
 
 def _no_carry(s: int, invalid: np.ndarray) -> None:
@@ -196,7 +196,7 @@ def _fused_or(cells: type[Recurrent]) -> KernelFactory:
         if rnn_onednn.refusal(spec) is None:
             try:
                 return rnn_onednn.FusedRecurrent(spec)
-            except UnsupportedOpError:
+            except CtxrtError:
                 pass  # a combination this oneDNN does not implement
         return cells(spec)
     return factory
