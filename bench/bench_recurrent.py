@@ -1,9 +1,13 @@
-"""ctxrt vs onnxruntime on torch's own 2-layer bidirectional LSTM and GRU taggers (batch_first, exported with
-torch.onnx.export, dynamo=False, opset 17). Both engines in this process on one thread, timed in alternating
-blocks of runs; the figure per engine is the fastest block (the least disturbed by other load on the machine),
-and the ratio is ctxrt / onnxruntime. Prints a Markdown table and the command line.
+"""ctxrt vs onnxruntime on torch's own 2-layer bidirectional LSTM, GRU and RNN taggers (batch_first), exported
+with torch.onnx.export (dynamo=False, opset 17; `-dynamo`: dynamo=True, opset 18). Both engines in this process
+on one thread (ctxrt's num_threads=1, onnxruntime's intra_op_num_threads=1), timed in interleaved blocks of runs
+so that load on the machine hits both alike. Per engine: the median block, in wall-clock time and in the CPU
+time of this thread (both engines run on the calling thread: CPU time leaves out the time other processes took
+the core, the noise of a shared machine). Ratios are ctxrt / onnxruntime. Prints a Markdown table and the
+command line.
 
-    python bench/bench_recurrent.py [--steps 50] [--batch 1 8] [--hidden 128] [--rounds 25]
+    python bench/bench_recurrent.py [--models lstm gru rnn gru-dynamo] [--steps 50] [--batch 1 8]
+                                    [--hidden 128] [--rounds 25] [--block 5]
 """
 
 from __future__ import annotations
@@ -11,10 +15,14 @@ from __future__ import annotations
 import argparse
 import io
 import shlex
+import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
+
+MODELS = ("lstm", "gru", "rnn", "gru-dynamo")
 
 
 def _tagger(kind: str, inputs: int, hidden: int):
@@ -33,64 +41,79 @@ def _tagger(kind: str, inputs: int, hidden: int):
     return Tagger().eval()
 
 
-def _export(model, x) -> bytes:
+def _export(model, x, dynamo: bool) -> bytes:
+    import onnx
     import torch
 
+    if dynamo:
+        return torch.onnx.export(model, (x,), dynamo=True, opset_version=18, input_names=["x"],
+                                 output_names=["y"]).model_proto.SerializeToString()
     buf = io.BytesIO()
     torch.onnx.export(model, (x,), buf, dynamo=False, opset_version=17, input_names=["x"], output_names=["y"])
-    return buf.getvalue()
+    return onnx.load_from_string(buf.getvalue()).SerializeToString()
 
 
-def _time(fn, block: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(block):
+def _block(fn: Callable[[], object], runs: int) -> tuple[float, float]:
+    """(wall-clock, this thread's CPU) seconds per run over `runs` runs."""
+    w, c = time.perf_counter(), time.thread_time()
+    for _ in range(runs):
         fn()
-    return (time.perf_counter() - t0) / block
+    return (time.perf_counter() - w) / runs, (time.thread_time() - c) / runs
+
+
+def _row(name: str, batch: int, args: argparse.Namespace) -> str:
+    import onnxruntime as ort
+    import torch
+
+    import ctxrt
+
+    kind, _, exporter = name.partition("-")
+    x = torch.randn(batch, args.steps, 128)
+    data, feeds = _export(_tagger(kind.upper(), 128, args.hidden), x, exporter == "dynamo"), {"x": x.numpy()}
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    ctx = ctxrt.compile(data)
+    ctx.num_threads = 1
+    try:
+        g = ctx.graph()
+        outs = {g.outputs[0].name: np.empty(g.outputs[0].shape, np.float32)}
+        g.execute(feeds, outs)
+        err = float(np.abs(next(iter(outs.values())) - sess.run(None, feeds)[0]).max())
+        ours, theirs = [], []
+        for _ in range(args.rounds):  # interleaved blocks, each after one untimed run
+            g.execute(feeds, outs)
+            ours.append(_block(lambda: g.execute(feeds, outs), args.block))
+            sess.run(None, feeds)
+            theirs.append(_block(lambda: sess.run(None, feeds), args.block))
+    finally:
+        ctx.free()
+    cw, cc = (statistics.median(t[k] for t in ours) * 1e3 for k in (0, 1))
+    ow, oc = (statistics.median(t[k] for t in theirs) * 1e3 for k in (0, 1))
+    return (f"| {name} | {batch} | {args.steps} | {cw:.3f} | {ow:.3f} | {cw / ow:.2f} | {cc:.3f} | {oc:.3f} | "
+            f"{cc / oc:.2f} | {err:.1e} |")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=25)
+    ap.add_argument("--block", type=int, default=5, help="runs per timed block")
     args = ap.parse_args()
 
-    import onnxruntime as ort
-    import torch
     from threadpoolctl import threadpool_limits
 
-    import ctxrt
-
-    rows = []
     with threadpool_limits(1):
-        for kind in ("LSTM", "GRU"):
-            model = _tagger(kind, 128, args.hidden)
-            for batch in args.batch:
-                x = torch.randn(batch, args.steps, 128)
-                data, feeds = _export(model, x), {"x": x.numpy()}
-                so = ort.SessionOptions()
-                so.intra_op_num_threads = 1
-                sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
-                ctx = ctxrt.compile(data)
-                g = ctx.graph()
-                outs = {"y": np.empty(g.outputs[0].shape, np.float32)}
-                g.execute(feeds, outs)
-                want = sess.run(None, feeds)[0]
-                err = float(np.abs(outs["y"] - want).max())
-                run_ours = lambda g=g, feeds=feeds, outs=outs: g.execute(feeds, outs)  # noqa: E731
-                run_theirs = lambda sess=sess, feeds=feeds: sess.run(None, feeds)  # noqa: E731
-                ours, theirs = [], []
-                for _ in range(args.rounds):  # alternating blocks: load hits both engines alike
-                    ours.append(_time(run_ours, 5))
-                    theirs.append(_time(run_theirs, 5))
-                ctx.free()
-                c, o = min(ours) * 1e3, min(theirs) * 1e3
-                rows.append(f"| {kind} | {batch} | {args.steps} | {c:.3f} | {o:.3f} | {c / o:.2f} | {err:.1e} |")
-    print("| model | batch | steps | ctxrt ms | onnxruntime ms | ratio | max abs diff |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+        rows = [_row(name, batch, args) for name in args.models for batch in args.batch]
+    print("| model | batch | steps | ctxrt ms | onnxruntime ms | ratio | ctxrt CPU ms | onnxruntime CPU ms | CPU ratio "
+          "| max abs diff |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(rows))
-    print(f"\n`python {shlex.join(sys.argv)}` (one thread each, fastest of {args.rounds} blocks of 5 runs)")
+    print(f"\n`python {shlex.join(sys.argv)}` (one thread each; medians of {args.rounds} interleaved blocks of "
+          f"{args.block} runs)")
 
 
 if __name__ == "__main__":

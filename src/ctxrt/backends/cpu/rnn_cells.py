@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ctxrt.backends.cpu import rnn_onednn
 from ctxrt.backends.cpu.recurrent import INITIAL_C, B, P, R, Recurrent, Scratch
-from ctxrt.backends.kernel import NodeSpec
-from ctxrt.errors import UnsupportedOpError
+from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec
+from ctxrt.errors import CtxrtError, UnsupportedOpError
 
 
 def _no_carry(s: int, invalid: np.ndarray) -> None:
@@ -187,4 +188,18 @@ class LSTM(Recurrent):
         return step, carry, [] if k is None else [(k, cs[-1])]
 
 
-KERNELS = {"RNN": RNN, "GRU": GRU, "LSTM": LSTM}
+def _fused_or(cells: type[Recurrent]) -> KernelFactory:
+    """oneDNN's fused primitive where it computes the node (or the node was compiled for it), else the NumPy cell."""
+    def factory(spec: NodeSpec) -> Kernel:
+        if spec.attr(rnn_onednn.PACKED):
+            return rnn_onednn.FusedRecurrent(spec)
+        if rnn_onednn.refusal(spec) is None:
+            try:
+                return rnn_onednn.FusedRecurrent(spec)
+            except CtxrtError:
+                pass  # a combination this oneDNN does not implement
+        return cells(spec)
+    return factory
+
+
+KERNELS = {"RNN": _fused_or(RNN), "GRU": _fused_or(GRU), "LSTM": _fused_or(LSTM)}
