@@ -172,7 +172,8 @@ class FusedRecurrent(Kernel):
             self.prims = self._primitives(None)
             self.constants = {}
         else:
-            self.prims = self._primitives(None, self._choose(spec.options.get("prefer", "speed")))
+            self.prims = self._primitives(None, self._choose(spec.options.get("prefer", "speed"),
+                                                             bool(spec.options.get("ranges"))))
             self.constants = self._pack(spec)
         self.threads = kernels.creation_threads(spec)
         self._variants = {self.threads: self.prims}
@@ -208,10 +209,11 @@ class FusedRecurrent(Kernel):
                                   0.0, 0.0, nthr=nthr)
         return kernels.create(self.spec, self.cell.fn, api.FORWARD_INFERENCE, way, *handles, 0, nthr=nthr)
 
-    def _choose(self, prefer: str) -> api.Primitive:
-        """The weights formats and the chunks (at compile time); the primitive of the first chunk forward."""
+    def _choose(self, prefer: str, ranges: bool = False) -> api.Primitive:
+        """The weights formats and the chunks (at compile time); the primitive of the first chunk forward. A range
+        program's node keeps plain weights: its batch changes run to run, one format must serve every batch."""
         t, first = self.T, None
-        if self.N >= SMALL_BATCH and prefer != "memory":
+        if self.N >= SMALL_BATCH and prefer != "memory" and not ranges:
             chosen = self._make(t, 0, (api.TAG_ANY, api.TAG_ANY))
             names = tuple(chosen.md(api.Q_WEIGHTS_MD, j).tag_name(dims) for j, dims in enumerate(self.wdims))
             if None not in names:  # else a format no tag names (oneDNN's packed RNN weights): plain ones
