@@ -20,7 +20,9 @@ SALT = "d1"
 LAYERS, DIM, HEADS, VOCAB, POSITIONS = 2, 64, 4, 128, 256
 
 
-def _module(layers: int, dim: int, heads: int, vocab: int, positions: int):
+def block(dim: int, heads: int):
+    """A GPT-2 block (pre-LayerNorm attention with a KV cache and a causal mask over (new, past + new) positions,
+    then the tanh-GELU MLP): forward(x, past_k, past_v) -> (x, k, v)."""
     import torch
     from torch import nn
 
@@ -46,6 +48,15 @@ def _module(layers: int, dim: int, heads: int, vocab: int, positions: int):
             x = x + self.proj(y)
             x = x + self.out(nn.functional.gelu(self.fc(self.ln2(x)), approximate="tanh"))
             return x, k, v
+
+    return Block
+
+
+def _module(layers: int, dim: int, heads: int, vocab: int, positions: int):
+    import torch
+    from torch import nn
+
+    Block = block(dim, heads)  # noqa: N806 - a class
 
     class Decoder(nn.Module):
         def __init__(self) -> None:

@@ -9,10 +9,10 @@ Every model has a dynamic batch axis.
 from __future__ import annotations
 
 import io
-import math
 from collections.abc import Callable
 from pathlib import Path
 
+import decoders
 import numpy as np
 import onnx
 import zoo
@@ -192,27 +192,7 @@ def _gpt():
     nn = torch.nn
     hd = GPT_DIM // GPT_HEADS
 
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(GPT_DIM), nn.LayerNorm(GPT_DIM)
-            self.qkv, self.proj = nn.Linear(GPT_DIM, 3 * GPT_DIM), nn.Linear(GPT_DIM, GPT_DIM)
-            self.fc, self.out = nn.Linear(GPT_DIM, 4 * GPT_DIM), nn.Linear(4 * GPT_DIM, GPT_DIM)
-
-        def forward(self, x, past_k, past_v):
-            b, t, _ = x.shape
-            q, k, v = self.qkv(self.ln1(x)).split(GPT_DIM, dim=2)
-            q, k, v = (z.view(b, t, GPT_HEADS, hd).transpose(1, 2) for z in (q, k, v))
-            k, v = torch.cat([past_k, k], 2), torch.cat([past_v, v], 2)
-            s = k.shape[2]
-            att = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
-            # causal mask over (new, past + new) positions: the exporters write Trilu for triu/tril
-            mask = torch.triu(torch.ones(t, s, dtype=torch.bool), diagonal=s - t + 1)
-            att = torch.softmax(att.masked_fill(mask, float("-inf")), -1)
-            y = (att @ v).transpose(1, 2).reshape(b, t, GPT_DIM)
-            x = x + self.proj(y)
-            x = x + self.out(nn.functional.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-            return x, k, v
+    Block = decoders.block(GPT_DIM, GPT_HEADS)  # noqa: N806 - a class
 
     class Net(nn.Module):
         def __init__(self) -> None:

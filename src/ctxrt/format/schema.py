@@ -294,35 +294,35 @@ def _ranges(value: Any, g: CompiledGraph, where: str) -> Any:
     from ctxrt.compiler.ranges import MAX_DIMS, RangeError, Ranges, check_fits, entry_target
 
     r = as_map(value, where)
+
+    def rows(key: str, width: int, what: str) -> list[tuple[str, list[Any]]]:
+        out = []
+        for i, row in enumerate(as_list(field(r, key, where), f"{where} {key}")):
+            row = as_list(row, f"{where} {key}[{i}]")
+            if len(row) != width:
+                raise FormatError(f"{where} {key}[{i}]: expected [{what}]")
+            out.append((f"{where} {key}[{i}]", row))
+        return out
+
     dims = []
-    for i, d in enumerate(as_list(field(r, "dims", where), f"{where} dims")):
-        d = as_list(d, f"{where} dims[{i}]")
-        if len(d) != 3:
-            raise FormatError(f"{where} dims[{i}]: expected [name, min, max]")
-        lo = as_int(d[1], f"{where} dims[{i}] min")
-        dims.append((as_str(d[0], f"{where} dims[{i}] name"), lo, as_int(d[2], f"{where} dims[{i}] max", lo)))
+    for at, (name, lo, hi) in rows("dims", 3, "name, min, max"):
+        lo = as_int(lo, f"{at} min")
+        dims.append((as_str(name, f"{at} name"), lo, as_int(hi, f"{at} max", lo)))
     if not 0 < len(dims) <= MAX_DIMS:
         raise FormatError(f"{where} dims: 1 to {MAX_DIMS} dims, got {len(dims)}")
     readers = []
-    for i, rd in enumerate(as_list(field(r, "readers", where), f"{where} readers")):
-        rd = as_list(rd, f"{where} readers[{i}]")
-        if len(rd) != 2:
-            raise FormatError(f"{where} readers[{i}]: expected [input, axis]")
-        inp = as_int(rd[0], f"{where} readers[{i}] input", 0, len(g.inputs) - 1)
-        readers.append((inp, as_int(rd[1], f"{where} readers[{i}] axis", 0, max(len(g.inputs[inp].shape) - 1, 0))))
+    for at, (inp, axis) in rows("readers", 2, "input, axis"):
+        inp = as_int(inp, f"{at} input", 0, len(g.inputs) - 1)
+        readers.append((inp, as_int(axis, f"{at} axis", 0, max(len(g.inputs[inp].shape) - 1, 0))))
     if len(readers) != len(dims):
         raise FormatError(f"{where} readers: {len(readers)} for {len(dims)} dims")
     entries = []
-    for i, e in enumerate(as_list(field(r, "entries", where), f"{where} entries")):
-        e = as_list(e, f"{where} entries[{i}]")
-        if len(e) != 2:
-            raise FormatError(f"{where} entries[{i}]: expected [where, coefficients]")
-        place = as_list(e[0], f"{where} entries[{i}] where")
-        coeffs = [as_int(c, f"{where} entries[{i}] coefficients", -(1 << 40), 1 << 40)
-                  for c in as_list(e[1], f"{where} entries[{i}] coefficients")]
+    for at, (place, coeffs) in rows("entries", 2, "where, coefficients"):
+        place = as_list(place, f"{at} where")
+        coeffs = [as_int(c, f"{at} coefficients", -(1 << 40), 1 << 40) for c in as_list(coeffs, f"{at} coefficients")]
         if len(coeffs) != 1 << len(dims) or not entry_target(g, place):
-            raise FormatError(f"{where} entries[{i}]: {place!r} is no integer of this program, or the coefficients "
-                              "do not match the dims")
+            raise FormatError(f"{at}: {place!r} is no integer of this program, or the coefficients do not match "
+                              "the dims")
         entries.append((place, coeffs))
     ranges = Ranges(dims, readers, entries)
     try:
