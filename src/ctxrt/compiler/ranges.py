@@ -62,6 +62,9 @@ class Ranges:
         for i, (where, _) in enumerate(self.entries):
             if where[0] not in ("I", "O"):
                 self._by_step.setdefault(int(where[1]), []).append(i)
+        # a step's entries as one slice of the values where they are contiguous (as compile_ranges writes them)
+        self._slices = {k: (idx[0], idx[-1] + 1) for k, idx in self._by_step.items()
+                        if idx == list(range(idx[0], idx[-1] + 1))}
         self._io = [i for i, (where, _) in enumerate(self.entries) if where[0] in ("I", "O")]
 
     def to_meta(self) -> dict[str, Any]:
@@ -104,11 +107,12 @@ class Ranges:
         steps: list[Step] = []
         origin: list[int] = []
         keys: dict[int, tuple[int, ...]] = {}
-        by_step, entries = self._by_step, self.entries
+        by_step, entries, slices = self._by_step, self.entries, self._slices
         for k, step in enumerate(g.steps):
             idx = by_step.get(k)
             if idx is not None:
-                key = keys[k] = tuple([vals[i] for i in idx])
+                cut = slices.get(k)
+                key = keys[k] = tuple(vals[cut[0]:cut[1]]) if cut is not None else tuple([vals[i] for i in idx])
                 known = made.get((k, key))
                 if known is None:
                     step = _apply(step, [(entries[i][0], v) for i, v in zip(idx, key, strict=True)], consts, k)
