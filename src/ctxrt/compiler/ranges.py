@@ -66,6 +66,11 @@ class Ranges:
         self._slices = {k: (idx[0], idx[-1] + 1) for k, idx in self._by_step.items()
                         if idx == list(range(idx[0], idx[-1] + 1))}
         self._io = [i for i, (where, _) in enumerate(self.entries) if where[0] in ("I", "O")]
+        names = [d[0] for d in self.dims]
+        self._in_axes: dict[int, dict[int, str]] = {}  # input -> its axes that follow the dims -> their formula
+        for where, coeffs in self.entries:
+            if where[0] == "I":
+                self._in_axes.setdefault(int(where[1]), {})[int(where[2])] = _expression_of(coeffs, names)
 
     def to_meta(self) -> dict[str, Any]:
         return {"dims": [list(d) for d in self.dims], "readers": [list(r) for r in self.readers],
@@ -86,6 +91,13 @@ class Ranges:
                 raise ShapeError(f"input {inputs[i].name!r} axis {axis} (dim {name!r}) is {d}, outside the range "
                                  f"{lo}..{hi} this program was compiled for")
             values.append(d)
+        for i, (t, shape) in enumerate(zip(inputs, shapes, strict=True)):  # the axes that do not follow the dims
+            varying = self._in_axes.get(i, ())
+            if shape is None or len(shape) != len(t.shape) or any(
+                    a not in varying and d != u for a, (d, u) in enumerate(zip(shape, t.shape, strict=True))):
+                want = [varying.get(a, u) for a, u in enumerate(t.shape)]
+                raise ShapeError(f"input {t.name!r} expects shape {want}, got "
+                                 f"{None if shape is None else list(shape)}")
         return tuple(values)
 
     def evaluate(self, dims: Sequence[int]) -> np.ndarray:

@@ -66,6 +66,7 @@ class InferenceSession:
         self.dim_ranges = dim_ranges or {}
         self._default_dim_max = default_dim_max
         self._range_failed: str | None = None  # why this model cannot be a range program, once known
+        self._range_error: str | None = None  # why the last range compile failed (then exact shapes were compiled)
         if sess_options is None and is_session_options(backend):  # onnxruntime's order: (model, sess_options)
             backend, sess_options = "cpu", backend
         self._num_threads = threads_of(sess_options)
@@ -215,7 +216,15 @@ class InferenceSession:
 
                 tight = {k: v if isinstance(v, str) else (v[0], max(v[0], self._needed(feeds, k)))
                          for k, v in dims.items()}
-                for attempt in (dims, tight) if tight != dims else (dims,):
+                attempts = [dims] + ([tight] if tight != dims else [])
+                varied = self._varied(feeds)
+                if varied is not None:  # a dim that never changed may be one the model cannot vary (a head size)
+                    attempts.append({k: v if isinstance(v, str) or k in varied else (n := self._needed(feeds, k), n)
+                                     for k, v in dims.items()})
+                failed = None
+                for attempt in attempts:
+                    if all(not isinstance(v, str) and v[0] == v[1] for v in attempt.values()):
+                        continue  # nothing left to range
                     try:  # the upper bound may be past what the model allows (e.g. its position table): then tight
                         variant = self._single(self._compile(None, feeds, attempt), None)
                     except RangeError as e:
@@ -223,11 +232,15 @@ class InferenceSession:
                         warnings.warn(f"InferenceSession compiles this model for exact input shapes: it cannot be "
                                       f"one program for ranges of its dims ({e})", CtxrtWarning, stacklevel=3)
                         break
-                    except CtxrtError:
+                    except CtxrtError as e:
+                        failed = e
                         continue
                     self._ranges.update(attempt)
                     self._counters["range_programs_compiled"] += 1
                     break
+                if variant is None and failed is not None:
+                    self._counters["range_compiles_failed"] += 1
+                    self._range_error = f"{type(failed).__name__}: {failed}"
             if variant is None:
                 variant = self._single(self._compile({n: feeds[n].shape for n in decl}, feeds), None)
             self._counters["shape_variants_compiled"] += 1
@@ -266,6 +279,21 @@ class InferenceSession:
         Value inputs are taken from `feeds`; `dims`: ranges of a range program."""
         assert self._compiler is not None
         return self._compiler.compile(shapes, feeds, dims)
+
+    def _varied(self, feeds: Mapping[str, Any]) -> set[str] | None:
+        """After a range compile failed (not for a reason ranges cannot fix): the dims whose size changed between
+        the compiles so far and these feeds (the others are then fixed); None before."""
+        if not self._counters["range_compiles_failed"]:
+            return None
+        out = set()
+        for name, (_, decl) in self._in_decl.items():
+            for axis, d in enumerate(decl or ()):
+                if isinstance(d, int):
+                    continue
+                seen = self._dims.get((name, axis), set()) | {int(feeds[name].shape[axis])}
+                if len(seen) > 1:
+                    out.add(d if isinstance(d, str) else f"{name}:{axis}")
+        return out
 
     def _needed(self, feeds: Mapping[str, Any], key: str) -> int:
         """The size of dim `key` in these feeds."""
