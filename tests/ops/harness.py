@@ -220,14 +220,15 @@ def steady_state_allocation(run, settle: int = 10, measure: int = 50) -> tuple[i
     traced blocks (NumPy's `take` leaves a 120-byte object in one per call), so growth read 0-6 KB
     depending on when it last ran.
 
-    The default thread count (measured from the cores other processes leave idle) is held at one value meanwhile:
-    a run that first meets another count makes oneDNN primitive variants for it, by design, which a busy machine
-    (another test process beside this one, pytest-xdist) would otherwise let happen inside the measured runs."""
+    The default thread count (measured from the cores other processes leave idle) is held at every usable core
+    meanwhile, what it is on an idle machine: beside a busy core (another test process, pytest-xdist) it would
+    change from run to run, and the first run at a new count makes oneDNN primitive variants for it (by design),
+    inside the measured runs; and two measurements a test compares would be made at different counts."""
     from ctxrt.backends.cpu import threads
 
     monitor = threads.monitor()
-    held = monitor.available()
-    monitor.available = lambda: held  # type: ignore[method-assign]  # the instance's, over the class's method
+    cores = monitor.cores
+    monitor.available = lambda: cores  # type: ignore[method-assign]  # the instance's, over the class's method
     try:
         return _measure(run, settle, measure)
     finally:
