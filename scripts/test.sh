@@ -5,6 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check src tests bench examples
-# loadgroup: tests go to the workers one at a time, but a module's tests that share a module-scoped fixture stay
-# on one worker (tests/conftest.py marks them)
-exec .venv/bin/python -m pytest -n "${CTXRT_TEST_WORKERS:-auto}" --dist loadgroup "$@"
+# loadfile: a file's tests run on one worker (its module-scoped fixtures made once), but tests/ops's tests go out
+# one at a time, last, to keep every worker busy to the end (tests/conftest.py)
+exec .venv/bin/python -m pytest -n "${CTXRT_TEST_WORKERS:-auto}" --dist loadfile "$@"

@@ -1,9 +1,7 @@
 """Shared test helpers: tests/ops (harness), tests/models (zoo), tests/tuning and tests/server (*_helpers) are
 importable from every test folder, and the `backend` fixture runs a test once per backend ("cpu", "opencl").
 
-scripts/test.sh runs the suite in parallel (pytest-xdist, `--dist loadgroup`): tests go to the workers one by one,
-except that every test of a module with a module- or class-scoped fixture (a server, a model run, a workspace)
-goes to one worker, so that fixture is made once (`pytest_collection_modifyitems` below)."""
+scripts/test.sh runs the suite in parallel (pytest-xdist `-n auto --dist loadfile`; the scheduler is below)."""
 
 import sys
 from pathlib import Path
@@ -18,23 +16,24 @@ import pytest  # noqa: E402
 from harness import BACKENDS, skip_unless_available  # noqa: E402
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    # pytest-xdist registers this mark too; a run without it (plain `pytest`) must not warn about it
-    config.addinivalue_line("markers", "xdist_group(name): run these tests on one pytest-xdist worker")
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: a run without it never calls this
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadfile`, except that tests/ops goes out one test at a time.
 
+    A file's tests stay on one worker, so its module-scoped fixtures (a server, a model run once, a workspace) are
+    made once. xdist hands out the files with the most tests first and the single tests last: tests/ops's ~6,000
+    short tests (no fixture above function scope there) fill both workers to the end, instead of a worker idling
+    while the other finishes a long file."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
 
-_SHARED_SCOPES = {"module", "class", "package"}
+    class Scheduler(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return nodeid if path.startswith("tests/ops/") else path
 
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep a module's tests on one xdist worker where they share a module/class/package-scoped fixture (made once
-    per worker otherwise). Session-scoped fixtures (cheap: the backend, SqueezeNet's outputs) are made per worker."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None or item.get_closest_marker("xdist_group"):
-            continue
-        if any(defs[-1].scope in _SHARED_SCOPES for defs in info.name2fixturedefs.values() if defs):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    return Scheduler(config, log)
 
 
 @pytest.fixture(scope="session", params=BACKENDS)
