@@ -1,5 +1,7 @@
 """Shared test helpers: tests/ops (harness), tests/models (zoo), tests/tuning and tests/server (*_helpers) are
-importable from every test folder, and the `backend` fixture runs a test once per backend ("cpu", "opencl")."""
+importable from every test folder, and the `backend` fixture runs a test once per backend ("cpu", "opencl").
+
+scripts/test.sh runs the suite in parallel (pytest-xdist `-n auto --dist loadfile`; the scheduler is below)."""
 
 import sys
 from pathlib import Path
@@ -12,6 +14,26 @@ for folder in ("ops", "models", "tuning", "server", "cli"):
 
 import pytest  # noqa: E402
 from harness import BACKENDS, skip_unless_available  # noqa: E402
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: a run without it never calls this
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadfile`, except that tests/ops goes out one test at a time.
+
+    A file's tests stay on one worker, so its module-scoped fixtures (a server, a model run once, a workspace) are
+    made once. xdist hands out the files with the most tests first and the single tests last: tests/ops's ~6,000
+    short tests (no fixture above function scope there) fill both workers to the end, instead of a worker idling
+    while the other finishes a long file."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduler(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return nodeid if path.startswith("tests/ops/") else path
+
+    return Scheduler(config, log)
 
 
 @pytest.fixture(scope="session", params=BACKENDS)

@@ -18,7 +18,9 @@ from ctxrt.compiler import compile_graphs, save_context
 from ctxrt.format import read_metadata
 from ctxrt.runtime.loader import context_from_binary
 
-CASES = [(name, None) for name in zoo.LIGHT] + [("bert", 16)]
+# VGG-19 and ZFNet-512 are left out: every (op, kernel) pair of theirs is one of AlexNet's (oneDNN's convs, LRN,
+# MaxPool; Gemm), at 20 and 8 s a round trip; tests/models runs both against onnxruntime
+CASES = [(name, None) for name in zoo.LIGHT if name not in ("vgg19", "zfnet512")] + [("bert", 16)]
 
 
 def _model(name: str) -> tuple[Path, dict[str, np.ndarray], dict]:

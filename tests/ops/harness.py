@@ -218,7 +218,24 @@ def steady_state_allocation(run, settle: int = 10, measure: int = 50) -> tuple[i
     CPython's object free lists are filled first (`_fill_free_lists`), so what they hold is not counted either.
     The cycle collector is off meanwhile: its full collections empty those free lists, which then refill with
     traced blocks (NumPy's `take` leaves a 120-byte object in one per call), so growth read 0-6 KB
-    depending on when it last ran."""
+    depending on when it last ran.
+
+    The default thread count (measured from the cores other processes leave idle) is held at every usable core
+    meanwhile, what it is on an idle machine: beside a busy core (another test process, pytest-xdist) it would
+    change from run to run, and the first run at a new count makes oneDNN primitive variants for it (by design),
+    inside the measured runs; and two measurements a test compares would be made at different counts."""
+    from ctxrt.backends.cpu import threads
+
+    monitor = threads.monitor()
+    cores = monitor.cores
+    monitor.available = lambda: cores  # type: ignore[method-assign]  # the instance's, over the class's method
+    try:
+        return _measure(run, settle, measure)
+    finally:
+        del monitor.available
+
+
+def _measure(run, settle: int, measure: int) -> tuple[int, int]:
     import gc
     import tracemalloc
 

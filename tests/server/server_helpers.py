@@ -60,14 +60,27 @@ def free_port() -> int:
 
 
 def start_serve(*args: str, env: dict[str, str] | None = None) -> tuple[Any, int, str]:
-    """`python -m ctxrt.cli serve --port P ARGS...` in a child process: (process, port, its first line)."""
+    """`python -m ctxrt.cli serve --port P ARGS...` in a child process: (process, port, its first line).
+
+    `free_port` closes its socket before the child binds: should a test running beside this one (pytest-xdist)
+    take that port in between, the child exits at once saying so, and another port is tried."""
     import select
     import subprocess
     import sys
 
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "ctxrt.cli", "serve", "--port", str(port), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    ready, _, _ = select.select([proc.stdout], [], [], WAIT)
-    line = proc.stdout.readline() if ready else ""  # type: ignore[union-attr]
-    return proc, port, line
+    for attempt in range(5):
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "ctxrt.cli", "serve", "--port", str(port), *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        ready, _, _ = select.select([proc.stdout], [], [], WAIT)
+        line = proc.stdout.readline() if ready else ""  # type: ignore[union-attr]
+        if line or not ready:
+            return proc, port, line
+        try:  # its output closed without a line: it is exiting
+            proc.wait(WAIT)
+        except subprocess.TimeoutExpired:
+            return proc, port, line
+        err = proc.stderr.read()  # type: ignore[union-attr]
+        if "Address already in use" not in err or attempt == 4:
+            return proc, port, line
+    raise AssertionError("unreachable")

@@ -251,7 +251,10 @@ def test_stopping_the_server_mid_job_leaves_no_device_process(opencl: str, tmp_p
     fifo = tmp_path / "pause.fifo"
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    proc, port, line = start_serve("--token", TOKEN, env={**os.environ, "CTXRT_TEST_PAUSE": f"server-job:{fifo}"})
+    # PYTHONFAULTHANDLER: should the server outlive the signal (seen once, SIGTERM, under pytest-xdist on a busy
+    # machine; not reproduced), SIGABRT makes it print every thread's stack, which the failure then shows
+    proc, port, line = start_serve("--token", TOKEN, env={**os.environ, "CTXRT_TEST_PAUSE": f"server-job:{fifo}",
+                                                          "PYTHONFAULTHANDLER": "1"})
     try:
         assert f":{port}" in line, (line, proc.poll())
         (worker,) = _children(proc.pid)
@@ -262,7 +265,12 @@ def test_stopping_the_server_mid_job_leaves_no_device_process(opencl: str, tmp_p
         ready, _, _ = select.select([reader], [], [], WAIT)
         assert ready and os.read(reader, 100) == b"server-job\n"  # the device process is inside a job
         proc.send_signal(how)
-        _, err = proc.communicate(timeout=WAIT)
+        try:
+            _, err = proc.communicate(timeout=WAIT)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=WAIT)
+            pytest.fail(f"the server still ran {WAIT:g} s after signal {how}; its threads then:\n{err}")
         if how == signal.SIGTERM:
             assert proc.returncode == 0 and "stopped (SIGTERM)" in err and "Traceback" not in err, err
         assert _gone(worker), f"device process {worker} still runs after the server got signal {how}"
