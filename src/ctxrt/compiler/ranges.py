@@ -370,26 +370,37 @@ def compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str = "mai
     # read options["ranges"]).
     options = {**(options or compile_options()), "ranges": True}
     keep: set[str] = set()
-    cache: dict[tuple[int, ...], tuple[CompiledGraph, dict[str, Any]]] = {}
+    cache: dict[tuple[int, ...], tuple[CompiledGraph, dict[str, Any], bool]] = {}  # (program, weights, light)
 
-    def at(point: Sequence[int]) -> tuple[CompiledGraph, dict[str, Any]]:
+    def light(w: Mapping[str, Any]) -> dict[str, Any]:
+        """What a probe's constants are needed for once compared: the small integer ones (fitted)."""
+        return {n: a for n, a in w.items() if np.asarray(a).dtype.kind in "iu" and np.asarray(a).size <= _DYN_CONST_MAX}
+
+    def at(point: Sequence[int], full: bool = False) -> tuple[CompiledGraph, dict[str, Any]]:
+        """The program at a probe point; its weights kept whole only at the upper bound (or when `full`): a probe
+        holding a copy of the model's weights each would cost 2^k copies."""
         key = tuple(point)
-        if key not in cache:
+        if key not in cache or full and key != tuple(hi) and cache[key][2]:
             label = ", ".join(f"{d[0]}={v}" for d, v in zip(spec, key, strict=True))
             with progress.part(f"probe {label}"):
                 try:
                     graph = lower(model, shapes_of(point), backend, name, values, feeds, frozenset(keep))
-                    cache[key] = compile_ir(graph, backend, options, tuner if key == tuple(hi) else None)
+                    g, w = compile_ir(graph, backend, options, tuner if key == tuple(hi) else None)
+                    del graph
                 except CtxrtError as e:
                     if isinstance(e, RangeError):
                         raise
                     raise type(e)(f"at {label} (inside the ranges): {e}") from e
-        return cache[key]
+                whole = full or key == tuple(hi)
+                cache[key] = (g, w if whole else light(w), not whole)
+        return cache[key][0], cache[key][1]
 
     for _ in range(_KEEP_ROUNDS):
-        (gu, wu), (ga, wa) = at(hi), at(alt)
+        (gu, wu), (ga, wa) = at(hi), at(alt, full=True)
         _same_structure(gu, ga, spec)
         grow = {_value_of(key) for key in _varying_consts(gu, wu, wa)} - keep
+        cache[tuple(alt)] = (ga, light(wa), True)
+        del wa
         if not grow:
             break
         keep |= grow
@@ -515,7 +526,7 @@ def _integers(g: CompiledGraph, w: Mapping[str, Any], wu: Mapping[str, Any]) -> 
                 for a, d in enumerate(r.shape):
                     where.append((kind, k, i, a))
                     vals.append(d)
-                if kind == "in" and r.space == CONST:
+                if kind == "in" and r.space == CONST and r.key in w:  # a probe keeps its small integer ones only
                     c = np.asarray(w[r.key])
                     if c.dtype.kind in "iu" and c.size <= _DYN_CONST_MAX:
                         for j, v in enumerate(c.reshape(-1).tolist()):
