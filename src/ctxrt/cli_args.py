@@ -11,7 +11,7 @@ import argparse
 import contextlib
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,48 +29,36 @@ class UsageError(CtxrtError):
 
 
 # -- argparse types --------------------------------------------------------------------------------
+def checked_number(text: str, cast: Callable[[str], Any], ok: Callable[[Any], bool], what: str) -> Any:
+    """`text` read by `cast` (int or float) when `ok` holds of it, else the ArgumentTypeError argparse reports as
+    "expected WHAT, got 'TEXT'"."""
+    try:
+        value = cast(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An integer >= 1 (counts: --repeat, --split)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return value
+    return checked_number(text, int, lambda v: v >= 1, "a whole number >= 1")
 
 
 def non_negative_int(text: str) -> int:
     """An integer >= 0 (--threads, where 0 means the default)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
+    return checked_number(text, int, lambda v: v >= 0, "a whole number >= 0")
 
 
 def non_negative_float(text: str) -> float:
     """A finite number >= 0 (--temperature, where 0 means greedy)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
+    return checked_number(text, float, lambda v: 0 <= v < float("inf"), "a number >= 0")
 
 
 def fraction(text: str) -> float:
     """A number in (0, 1] (--top-p)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
-    return value
+    return checked_number(text, float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 
 
 def token_ids(text: str) -> list[int]:

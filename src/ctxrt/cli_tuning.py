@@ -11,27 +11,23 @@ import signal
 import sys
 from typing import Any
 
-from ctxrt.cli_args import UsageError, naming, non_negative_int, not_an_input, output_file, readable_file
+from ctxrt.cli_args import (
+    UsageError,
+    checked_number,
+    naming,
+    non_negative_int,
+    not_an_input,
+    output_file,
+    readable_file,
+)
 
 
 def port_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port 1..65535, got {text!r}")
-    return value
+    return checked_number(text, int, lambda v: 1 <= v <= 65535, "a TCP port 1..65535")
 
 
 def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < 1e9:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
+    return checked_number(text, float, lambda v: 0 < v < 1e9, "a number of seconds > 0")
 
 
 def load_config(path: str | None) -> dict[str, Any]:
