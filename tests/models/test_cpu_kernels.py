@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import zoo
-from test_models import SEQ, Run, assert_close, ort_outputs
+from test_models import SEQ, Run, assert_close, light_want, ort_outputs
 
 import ctxrt
 from ctxrt.backends.cpu.backend import CpuBackend
@@ -24,9 +24,10 @@ def model(request: pytest.FixtureRequest) -> Iterator[tuple[str, object, dict, d
     name = request.param
     if name == "bert":
         path, feeds = zoo.bert_model(layers=2, hidden=64, heads=4, seq=SEQ), zoo.bert_feeds(SEQ, pad=4)
+        yield name, path, feeds, ort_outputs(path, feeds)
     else:
         path, feeds = zoo.light_model(name), zoo.light_feeds(name)
-    yield name, path, feeds, ort_outputs(path, feeds)
+        yield name, path, feeds, light_want(name)  # shared with test_models.py's runs in this process
 
 
 @pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "numpy"])

@@ -3,6 +3,7 @@ exported BERTs."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +34,10 @@ def ort_outputs(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarra
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
 
 
-def run_both(path: Path, feeds: dict[str, np.ndarray], backend: str = "cpu") -> Run:
-    want = ort_outputs(path, feeds)  # its session is gone before ctxrt loads VGG-19's 548 MiB
+def run_both(path: Path, feeds: dict[str, np.ndarray], backend: str = "cpu",
+             want: dict[str, np.ndarray] | None = None) -> Run:
+    if want is None:
+        want = ort_outputs(path, feeds)  # its session is gone before ctxrt loads VGG-19's 548 MiB
     ctx = ctxrt.compile(path, shapes={k: v.shape for k, v in feeds.items()}, backend=backend)
     try:
         g = ctx.graph()
@@ -62,10 +65,18 @@ def assert_arena_near_bound(run: Run) -> None:
 
 # ---- light zoo: one module-scoped run per model, shared by its tests --------------------------------
 
+@functools.cache
+def light_want(name: str) -> dict[str, np.ndarray]:
+    """onnxruntime's outputs for a light model, computed once a process: every backend's run is compared with them
+    (VGG-19 takes onnxruntime ~4 s)."""
+    return ort_outputs(zoo.light_model(name), zoo.light_feeds(name))
+
+
 @pytest.fixture(scope="module", params=zoo.LIGHT)
 def light(request: pytest.FixtureRequest, backend: str) -> Iterator[Run]:
     # feeds from the name: reading inputs from the small source beats parsing VGG-19's 575 MB
-    yield run_both(zoo.light_model(request.param), zoo.light_feeds(request.param), backend)
+    name = request.param
+    yield run_both(zoo.light_model(name), zoo.light_feeds(name), backend, light_want(name))
 
 
 def test_light_model_matches_onnxruntime(light: Run) -> None:

@@ -11,9 +11,14 @@ those whose name contains one of the substrings) on the CPU and prints the count
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
+import pickle
 import pkgutil
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,14 +30,48 @@ _MADE: dict[str, dict[str, Any]] = {}  # generator module -> its cases, made onc
 
 
 def module_cases(module: str) -> dict[str, Any]:
-    """name -> TestCase of the node cases one generator module makes ("clip", "ai_onnx_ml.label_encoder")."""
+    """name -> TestCase of the node cases one generator module makes ("clip", "ai_onnx_ml.label_encoder").
+
+    Kept in the model cache (tests/models/zoo.py's: $CTXRT_MODEL_CACHE, else .cache/models), one pickle per module,
+    onnx and NumPy version: made anew, the pool modules take onnx's reference 10-25 s (3-D pools in Python loops)
+    of every test process's collection, each pytest-xdist worker's included."""
     if module not in _MADE:
-        node = importlib.import_module(_PACKAGE)
-        node._NodeTestCases.clear()
-        importlib.import_module(f"{_PACKAGE}.{module}")  # its export functions add the cases
-        _MADE[module] = {c.name: c for c in node._NodeTestCases}
-        node._NodeTestCases.clear()
+        import onnx
+
+        path = _cache_dir() / "onnx_nodes" / f"{module}_onnx{onnx.__version__}_np{np.__version__}.pkl"
+        try:
+            _MADE[module] = pickle.loads(path.read_bytes())
+        except Exception:  # none yet (or unreadable): made and kept
+            _MADE[module] = _make(module)
+            _write_atomic(path, pickle.dumps(_MADE[module]))
     return _MADE[module]
+
+
+def _make(module: str) -> dict[str, Any]:
+    node = importlib.import_module(_PACKAGE)
+    node._NodeTestCases.clear()
+    importlib.import_module(f"{_PACKAGE}.{module}")  # its export functions add the cases
+    made = {c.name: c for c in node._NodeTestCases}
+    node._NodeTestCases.clear()
+    return made
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("CTXRT_MODEL_CACHE", Path(__file__).resolve().parents[2] / ".cache" / "models"))
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """As zoo._write_atomic (tests/models is not on sys.path when this file runs as a script)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def cases(*modules: str) -> dict[str, Any]:

@@ -64,10 +64,12 @@ def start_serve(*args: str, env: dict[str, str] | None = None) -> tuple[Any, int
 
     `free_port` closes its socket before the child binds: should a test running beside this one (pytest-xdist)
     take that port in between, the child exits at once saying so, and another port is tried."""
+    import os
     import select
     import subprocess
     import sys
 
+    env = {**(os.environ if env is None else env), "PYTHONFAULTHANDLER": "1"}  # for stop_serve's SIGABRT
     for attempt in range(5):
         port = free_port()
         proc = subprocess.Popen([sys.executable, "-m", "ctxrt.cli", "serve", "--port", str(port), *args],
@@ -84,3 +86,19 @@ def start_serve(*args: str, env: dict[str, str] | None = None) -> tuple[Any, int
         if "Address already in use" not in err or attempt == 4:
             return proc, port, line
     raise AssertionError("unreachable")
+
+
+def stop_serve(proc: Any, sig: int) -> tuple[str, str]:
+    """Send a `start_serve` process `sig` and wait for it to end: (its stdout, its stderr). Should it still run WAIT
+    seconds later (seen twice under pytest-xdist on a busy machine, SIGTERM and SIGINT; not reproduced alone), SIGABRT
+    makes it print every thread's stack (PYTHONFAULTHANDLER), and the test fails with them."""
+    import signal
+    import subprocess
+
+    proc.send_signal(sig)
+    try:
+        return proc.communicate(timeout=WAIT)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        _, err = proc.communicate(timeout=WAIT)
+        raise AssertionError(f"ctxrt serve still ran {WAIT:g} s after signal {sig}; its threads then:\n{err}") from None

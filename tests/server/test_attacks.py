@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from server_helpers import TOKEN, WAIT, Raw, add_spec, start_serve
+from server_helpers import TOKEN, WAIT, Raw, add_spec, start_serve, stop_serve
 
 from ctxrt.backends import get_backend
 from ctxrt.backends.kernel import NodeSpec, TensorSpec
@@ -251,10 +251,7 @@ def test_stopping_the_server_mid_job_leaves_no_device_process(opencl: str, tmp_p
     fifo = tmp_path / "pause.fifo"
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    # PYTHONFAULTHANDLER: should the server outlive the signal (seen once, SIGTERM, under pytest-xdist on a busy
-    # machine; not reproduced), SIGABRT makes it print every thread's stack, which the failure then shows
-    proc, port, line = start_serve("--token", TOKEN, env={**os.environ, "CTXRT_TEST_PAUSE": f"server-job:{fifo}",
-                                                          "PYTHONFAULTHANDLER": "1"})
+    proc, port, line = start_serve("--token", TOKEN, env={**os.environ, "CTXRT_TEST_PAUSE": f"server-job:{fifo}"})
     try:
         assert f":{port}" in line, (line, proc.poll())
         (worker,) = _children(proc.pid)
@@ -264,13 +261,7 @@ def test_stopping_the_server_mid_job_leaves_no_device_process(opencl: str, tmp_p
         asking.start()
         ready, _, _ = select.select([reader], [], [], WAIT)
         assert ready and os.read(reader, 100) == b"server-job\n"  # the device process is inside a job
-        proc.send_signal(how)
-        try:
-            _, err = proc.communicate(timeout=WAIT)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGABRT)
-            _, err = proc.communicate(timeout=WAIT)
-            pytest.fail(f"the server still ran {WAIT:g} s after signal {how}; its threads then:\n{err}")
+        _, err = stop_serve(proc, how)
         if how == signal.SIGTERM:
             assert proc.returncode == 0 and "stopped (SIGTERM)" in err and "Traceback" not in err, err
         assert _gone(worker), f"device process {worker} still runs after the server got signal {how}"
@@ -300,8 +291,7 @@ def test_serve_without_a_token_makes_one_and_requires_it(opencl: str) -> None:
         assert client.call("device_info")["protocol"] == p.PROTOCOL
         client.close()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=WAIT)
+        stop_serve(proc, signal.SIGTERM)
     assert proc.returncode == 0
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from server_helpers import TOKEN, WAIT, add_spec, free_port, start_serve
+from server_helpers import TOKEN, WAIT, add_spec, free_port, start_serve, stop_serve
 from tuning_helpers import mlp_model
 
 import ctxrt
@@ -161,6 +161,5 @@ def test_ctxrt_serve_command(opencl: str) -> None:
         assert client.call("device_info")["protocol"] == 1
         client.close()
     finally:
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=WAIT)
+        out, err = stop_serve(proc, signal.SIGINT)
     assert proc.returncode == 130 and err == "ctxrt: interrupted\n", (proc.returncode, err)
