@@ -1,4 +1,4 @@
-"""The `ctxrt` command (DESIGN.md §10).
+"""The `ctxrt` command (docs/cli.md).
 
 Every bad input is one line on stderr and exit status 2 (130 for Ctrl-C), never a traceback; arguments
 are checked (cli_args.py) before any work starts; a command that fails or is interrupted leaves no output

@@ -106,7 +106,8 @@ def parse_dims(specs: Sequence[str]) -> dict[str, tuple[int, int]]:
 
 
 def parse_value(text: str, option: str = "--value") -> tuple[str, list[bool | int | float]]:
-    """NAME=V,V,... (numbers, or true/false): the value a value input is compiled for (DESIGN.md §9b)."""
+    """NAME=V,V,... (numbers, or true/false): the value a value input is compiled for
+    (docs/shapes-and-control-flow.md)."""
     name, sep, items = text.rpartition("=")
     words = {"true": True, "false": False}
     try:
@@ -254,7 +255,7 @@ def naming(path: str) -> Iterator[None]:
 def random_feeds(inputs: Sequence[Any], seed: int = 0, values: dict[str, np.ndarray] | None = None
                  ) -> dict[str, np.ndarray]:
     """Seeded inputs: normal floats; integers and booleans in {0, 1} (valid ids and masks); value inputs
-    (DESIGN.md §9b) the value the graph was compiled for."""
+    (docs/shapes-and-control-flow.md) the value the graph was compiled for."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for info in inputs:

@@ -14,7 +14,7 @@ class ShapeError(CtxrtError):
 
 
 class ValueInputError(ShapeError):
-    """Graph inputs decide shapes (value inputs, DESIGN.md §9b) and no value was given for them."""
+    """Graph inputs decide shapes (value inputs, docs/shapes-and-control-flow.md) and no value was given for them."""
 
     def __init__(self, message: str, names: list[str] | None = None) -> None:
         super().__init__(message)

@@ -24,7 +24,7 @@ def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backe
           values: Mapping[str, Any] | None = None, feeds: Mapping[str, Any] | None = None,
           keep: frozenset[str] = frozenset()) -> IRGraph:
     """ONNX model -> IR graph with static shapes, after the default passes (on control-flow bodies too).
-    `values` bakes in value inputs; missing ones are taken from `feeds` when given (DESIGN.md §9b)."""
+    `values` bakes in value inputs; missing ones are taken from `feeds` when given (docs/shapes-and-control-flow.md)."""
     from ctxrt.frontend.onnx import to_ir
 
     progress.stage("reading and folding")
@@ -84,8 +84,9 @@ def compile(model: str | os.PathLike | bytes | Any, shapes: Mapping[str, Iterabl
     """Online prepare: compile an ONNX model in memory and return a Context (finalized unless deferred).
 
     `io_mem_type="memhandle"` tells the context its IO tensors will be passed as memory handles, so it
-    allocates no internal IO buffers (DESIGN.md §6). `values` gives the values of value inputs (inputs that
-    decide shapes or branches, DESIGN.md §9b), e.g. {"shape": [2, -1]}: the graph is specialized on them.
+    allocates no internal IO buffers (docs/architecture.md). `values` gives the values of value inputs (inputs
+    that decide shapes or branches, docs/shapes-and-control-flow.md), e.g. {"shape": [2, -1]}: the graph is
+    specialized on them.
     `num_threads`: threads its runs use (None: the cores other processes leave idle). `prefer="memory"` keeps
     kernels whose own constants would be larger than the weights (Winograd, prepacked layouts) out. `dims`
     (a dim name of the model, or "INPUT:AXIS" -> (min, max)) compiles one program for every shape inside those

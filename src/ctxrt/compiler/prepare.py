@@ -40,7 +40,7 @@ def compile_graphs(models: Sequence[tuple[Any, ...]], backend: Backend, io_mem_t
                    dims: Mapping[str, Any] | None = None, **tuning: Any
                    ) -> tuple[list[CompiledGraph], dict[str, np.ndarray]]:
     """(model, shapes, graph name[, values]) for each graph -> compiled graphs and all their weights. Value
-    inputs (DESIGN.md §9b) are baked in from `values`, or from `feeds` when given. `options`: from
+    inputs (docs/shapes-and-control-flow.md) are baked in from `values`, or from `feeds` when given. `options`: from
     `ctxrt.compiler.compile_options` (default: prefer speed). `tuning` takes the compile config's keys
     (`tuning_mode=True, performance_cache_dir=...`, docs/tuning.md): the device's kernels are then tuned, and
     `save_context` stores the winners. `dims`: ranges of dynamic dims (compiler/ranges.py), for every model."""

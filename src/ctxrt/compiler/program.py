@@ -84,7 +84,7 @@ class CompiledGraph:
     strategy: str
     intervals: list[Interval] = field(default_factory=list)
     const_names: list[str] = field(default_factory=list)
-    # Inputs compiled for one value (DESIGN.md §9b): running with another value is an error.
+    # Inputs compiled for one value (docs/shapes-and-control-flow.md): running with another value is an error.
     value_inputs: dict[str, np.ndarray] = field(default_factory=dict)
     # Outputs whose size along one axis is an upper bound: name -> (axis, ref of the int64 real size).
     extents: dict[str, tuple[int, Ref]] = field(default_factory=dict)

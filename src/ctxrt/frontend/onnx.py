@@ -375,8 +375,8 @@ def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str
     a range program's values that depend on a dynamic dim).
 
     `shapes` binds dynamic input dimensions (an unbound one is bound to 1, with a CtxrtWarning); `values`
-    bakes in input values (value inputs, DESIGN.md §9b); value inputs missing from `values` are taken from
-    `feeds` when given (a session compiling for a run's inputs: then every value input must be there)."""
+    bakes in input values (value inputs, docs/shapes-and-control-flow.md); value inputs missing from `values` are
+    taken from `feeds` when given (a session compiling for a run's inputs: then every value input must be there)."""
     from ctxrt.frontend.build import bind_inputs, build_graph
 
     proto = sorted_model(load_model(model))

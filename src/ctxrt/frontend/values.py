@@ -1,4 +1,4 @@
-"""Value inputs and data-dependent sizes, at the ONNX level (DESIGN.md §9b).
+"""Value inputs and data-dependent sizes, at the ONNX level (docs/shapes-and-control-flow.md).
 
 A small integer or boolean graph input (as TensorRT's shape tensors) whose value reaches a position that decides
 a shape (Reshape's shape, Slice's starts, ...: the tables of ir/canonical.py) or a branch or a trip count (If's

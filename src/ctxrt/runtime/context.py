@@ -1,6 +1,6 @@
 """A context: weights, one spill-fill arena shared by its graphs, the graphs, and their counters.
 
-Lifecycle (DESIGN.md §5): create (optionally deferred) -> register weights / spill-fill buffers ->
+Lifecycle (docs/architecture.md): create (optionally deferred) -> register weights / spill-fill buffers ->
 finalize -> execute graphs -> free.
 """
 
@@ -243,7 +243,7 @@ class Context:
         if be.programs is not None:  # every device program built (or loaded from the binary) once, here
             be.programs.prepare(dict.fromkeys(k for g in self._graphs.values() for k in g.programs), self.stats)
         for g in self._graphs.values():
-            # Internal IO buffers for tensors prepared as raw (DESIGN.md §6); memhandle ones get none now.
+            # Internal IO buffers for tensors prepared as raw (docs/architecture.md); memhandle ones get none now.
             raw = [t for t in g.inputs + g.outputs if t.mem_type == "raw"]
             internal = {}
             if raw:
@@ -300,7 +300,7 @@ class Context:
                 "spillfill": s["alloc_spillfill_bytes"], "io": s["alloc_io_bytes"], "kernel": s["alloc_kernel_bytes"],
                 "padding": s["alloc_padding_bytes"]}
 
-    # -- memory handles (DESIGN.md §1, §6) ----------------------------------------------------------
+    # -- memory handles (docs/architecture.md) ----------------------------------------------------------
     def mem_register(self, buffer: Any, offset: int, shape: Any, dtype: Any) -> MemHandle:
         """A handle for the tensor dtype[shape] at `offset` in `buffer`, to pass to Graph.execute.
         Registering the same (buffer, offset, shape, dtype) again returns the same handle."""

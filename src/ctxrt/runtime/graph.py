@@ -45,7 +45,8 @@ class Graph:
         self._io_step_set: set[int] = set()
         self._host_weights: Mapping[str, np.ndarray] | None = None  # what its kernels were built with
         self._host: HostSteps | None = None  # steps on the backend's fallback (CPU partitions), if any
-        # Value inputs (DESIGN.md §9b): (name, the value compiled for); bounded outputs: (name, axis, size view).
+        # Value inputs (docs/shapes-and-control-flow.md): (name, the value compiled for); bounded outputs: (name, axis,
+        # size view).
         self.value_inputs: dict[str, np.ndarray] = dict(compiled.value_inputs)
         self._values = [(t, compiled.value_inputs[t.name]) for t in self.inputs if t.name in compiled.value_inputs]
         self._extents: list[tuple[TensorInfo, int, Any]] = []

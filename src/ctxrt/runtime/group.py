@@ -1,4 +1,4 @@
-"""Contexts sharing one spill-fill buffer (DESIGN.md §7, reference/000_*), and EPContext chains.
+"""Contexts sharing one spill-fill buffer (docs/architecture.md), and EPContext chains.
 
 A `ContextGroup` reads every context's max spill-fill size from its metadata (or from an EPContext
 node's `max_size`) without loading the binaries, allocates one buffer of the largest size, then loads

@@ -1,4 +1,4 @@
-"""CPU partitions: the steps a device backend has no kernel for, run by its fallback (DESIGN.md §3).
+"""CPU partitions: the steps a device backend has no kernel for, run by its fallback (docs/architecture.md).
 
 A run of consecutive fallback steps is a partition. The device queue is synchronised once, before a
 partition's first step (after it, device launches are simply issued again). The host reaches each tensor a

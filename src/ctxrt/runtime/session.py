@@ -1,4 +1,4 @@
-"""`InferenceSession`: onnxruntime's API over contexts, with a tensor cache and pinning (DESIGN.md §8).
+"""`InferenceSession`: onnxruntime's API over contexts, with a tensor cache and pinning (docs/architecture.md).
 
 The session passes every input and output to its graphs as a memory handle of a device `Tensor`. NumPy
 feeds are copied into tensors from the session's cache; after the run the tensors go back to the cache,

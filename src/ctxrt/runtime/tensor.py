@@ -1,4 +1,4 @@
-"""Device tensors and the session's tensor cache (DESIGN.md §8, reference/003_*).
+"""Device tensors and the session's tensor cache (docs/architecture.md).
 
 A `Tensor` is a tensor in a SharedBuffer of its session's backend. It is passed to graphs as a memory
 handle (one per context, registered on first use and kept), so binding it costs no copy. The session

@@ -64,7 +64,7 @@ class Variant:
         self.plan_out: list[Tensor | None] = [None] * n_out
         self.plan: list[tuple[Graph, dict[str, Any], dict[str, Any]]] = []
         self.plan_copies: list[tuple[Any, int]] = []
-        # Value inputs (DESIGN.md §9b) and the values this variant was compiled for.
+        # Value inputs (docs/shapes-and-control-flow.md) and the values this variant was compiled for.
         self.values = [(n, a) for st in stages for n, a in st.graph.value_inputs.items() if n in self.in_info]
         self.shapes: Mapping[str, tuple[int, ...]] = _NO_SHAPES  # real shapes of the last run's bounded outputs
         # A range program (one stage): shapes of its IO tensors follow the feeds' (compiler/ranges.py).

@@ -1,4 +1,4 @@
-"""Tuning mode (DESIGN.md §9, docs/tuning.md): tunable OpenCL kernels profiled at compile time on the target
+"""Tuning mode (docs/tuning.md): tunable OpenCL kernels profiled at compile time on the target
 device, the winners stored in the context binary, measurements remembered in a performance cache, and a target
 server (`ctxrt serve`) that compiles, profiles and executes kernels for a host that drives the compile.
 

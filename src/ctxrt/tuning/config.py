@@ -1,4 +1,4 @@
-"""The compile configuration of tuning mode, with QNN's names (reference/002, DESIGN.md §9).
+"""The compile configuration of tuning mode, with QNN's names (docs/tuning.md).
 
     {"tuning_mode": true, "performance_cache_dir": "perf", "invalidate_performance_cache": false}
 

@@ -1,4 +1,4 @@
-"""Compute float16 and bfloat16 graphs in float32, converting only at the edges (DESIGN.md §9c).
+"""Compute float16 and bfloat16 graphs in float32, converting only at the edges (docs/quantization.md).
 
 A CPU has no fast half-precision arithmetic: NumPy's float16 kernels convert every operand on every call (a small
 CNN ran 100x slower than in float32). This pass retypes every half-precision activation that an op of `WIDENED`
