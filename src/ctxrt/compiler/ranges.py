@@ -245,7 +245,7 @@ def resolve(declared: Sequence[tuple[str, Any, Any]], dims: DimSpec, shapes: Map
     names = {n for n, _, _ in declared}
     derived: dict[str, str] = {}
     for key, value in dims.items():
-        if _is_expression(value):
+        if is_expression(value):
             derived[key] = value  # a dim that follows others: "past_sequence_length + sequence_length"
             continue
         ranges[key] = parse_range(value, key)
@@ -311,7 +311,7 @@ def resolve(declared: Sequence[tuple[str, Any, Any]], dims: DimSpec, shapes: Map
     return [(k, *ranges[k]) for k in order], layout
 
 
-def _is_expression(value: Any) -> bool:
+def is_expression(value: Any) -> bool:
     """A dim given as an expression of other dims ("past + sequence") rather than a range."""
     return isinstance(value, str) and any(c.isalpha() or c == "_" for c in value)
 
@@ -356,7 +356,7 @@ def compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str = "mai
     declared, _ = declared_io(model)
     spec, layout = resolve(declared, dims, shapes)
     fixed = {k: parse_range(v, k)[0] for k, v in dims.items()
-             if not _is_expression(v) and len(set(parse_range(v, k))) == 1}
+             if not is_expression(v) and len(set(parse_range(v, k))) == 1}
     k = len(spec)
     hi = [h for _, _, h in spec]
     alt = [h - 1 if h - 1 >= max(lo, 1) else lo for _, lo, h in spec]
@@ -640,4 +640,4 @@ def arena_refs(step: Step) -> list[Ref]:
     return [r for r in (*step.inputs, *step.outputs) if r is not None and r.space == ARENA]
 
 
-__all__ = ["RangeError", "Ranges", "compile_ranges", "parse_range", "resolve"]
+__all__ = ["RangeError", "Ranges", "compile_ranges", "is_expression", "parse_range", "resolve"]

@@ -59,6 +59,7 @@ class Graph:
         self._children: OrderedDict[tuple[int, ...], Graph] = OrderedDict()
         self._io_places: dict[str, tuple[Any, int]] = {}
         self._parent: Graph | None = None
+        self.dims: tuple[int, ...] = ()  # a range program's child: the dim values it runs
         self._held: list[Any] = []  # a child's buffers of varying integer constants and private scratch
         self._private: dict[str, Any] = {}  # a child's private scratch views by key
         # A range program's kernels (and IO-free launches) of changed steps, by (step, its integers' values): a
@@ -267,7 +268,7 @@ class Graph:
             work.append(w)
         cap = None if any(w is None for w in work) else 1 if max(work, default=0) < SMALL_WORK else None
         child = Graph(ctx, compiled, cap)
-        child._parent, child._held = self, held
+        child._parent, child._held, child.dims = self, held, dims
         kernels: dict[int, Kernel] = {}
         launches: dict[int, Launch] = {}
         for c, k in enumerate(origin):

@@ -348,10 +348,9 @@ class InferenceSession:
     @dim_ranges.setter
     def dim_ranges(self, value: Mapping[str, Any]) -> None:
         """Ranges for the next compile (a range program compiled already keeps its own until a feed leaves it)."""
-        from ctxrt.compiler.ranges import parse_range
+        from ctxrt.compiler.ranges import is_expression, parse_range
 
-        self._ranges = {k: v if isinstance(v, str) and any(c.isalpha() or c == "_" for c in v)
-                        else parse_range(v, k) for k, v in value.items()}
+        self._ranges = {k: v if is_expression(v) else parse_range(v, k) for k, v in value.items()}
 
     # -- onnxruntime's API ---------------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:

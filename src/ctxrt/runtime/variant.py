@@ -91,7 +91,7 @@ class Variant:
         child = g._child(feeds)
         self.in_shapes = [t.shape for t in child.inputs]
         self.out_shapes = [t.shape for t in child.outputs]
-        dims = g.ranges.bind(g.inputs, self.in_shapes)
+        dims = child.dims  # bound once, by _child
         new = dims not in self.recent
         self.recent.pop(dims, None)
         self.recent[dims] = {(t.shape, np.dtype(t.dtype).str) for t in child.inputs + child.outputs}
