@@ -11,17 +11,17 @@ those whose name contains one of the substrings) on the CPU and prints the count
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import os
 import pickle
 import pkgutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))  # zoo's cache (also run as a script)
+import zoo  # noqa: E402
 
 _PACKAGE = "onnx.backend.test.case.node"
 
@@ -38,12 +38,12 @@ def module_cases(module: str) -> dict[str, Any]:
     if module not in _MADE:
         import onnx
 
-        path = _cache_dir() / "onnx_nodes" / f"{module}_onnx{onnx.__version__}_np{np.__version__}.pkl"
+        path = zoo.cache_dir() / "onnx_nodes" / f"{module}_onnx{onnx.__version__}_np{np.__version__}.pkl"
         try:
             _MADE[module] = pickle.loads(path.read_bytes())
         except Exception:  # none yet (or unreadable): made and kept
             _MADE[module] = _make(module)
-            _write_atomic(path, pickle.dumps(_MADE[module]))
+            zoo._write_atomic(path, pickle.dumps(_MADE[module]))
     return _MADE[module]
 
 
@@ -54,24 +54,6 @@ def _make(module: str) -> dict[str, Any]:
     made = {c.name: c for c in node._NodeTestCases}
     node._NodeTestCases.clear()
     return made
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("CTXRT_MODEL_CACHE", Path(__file__).resolve().parents[2] / ".cache" / "models"))
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """As zoo._write_atomic (tests/models is not on sys.path when this file runs as a script)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def cases(*modules: str) -> dict[str, Any]:
