@@ -15,6 +15,7 @@ from ctxrt.backends import select_kernel
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, TensorSpec
 from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Ref, Step, TensorInfo
 from ctxrt.errors import FormatError, LifecycleError, RegistrationError, ShapeError
+from ctxrt.runtime.extents import AtDims, ExtentRunner
 from ctxrt.runtime.memhandle import MemHandle
 from ctxrt.runtime.partition import HostSteps
 from ctxrt.runtime.work import SMALL_WORK, step_work, thread_cap
@@ -68,6 +69,10 @@ class Graph:
         self._steps_made: dict[tuple[int, tuple[int, ...]], Step] = {}
         self._work: list[int | None] | None = None  # a range program's per-step work at the upper bound
         self._work_made: dict[tuple[int, tuple[int, ...]], int | None] = {}  # and of its changed steps, by values
+        # A range program whose changed steps all take run-time extents runs every set of dims from one launch list
+        # (runtime/extents.py) instead of child graphs.
+        self._extent: ExtentRunner | None = None
+        self._weights: Mapping[str, Any] = {}
 
     @property
     def spillfill_size(self) -> int:
@@ -149,6 +154,7 @@ class Graph:
             return self._views[r.key].reshape(r.shape)
 
         self._view = view
+        self._weights = weights
         self._extents = [(self._info[name], axis, self._host_scalar(view(r)))
                          for name, (axis, r) in self.compiled.extents.items()]
         self._internal = dict(internal)
@@ -164,6 +170,8 @@ class Graph:
         self._bound = None
         if all(name in self._internal for name in self._io_order):
             self._record((None,) * len(self._io_order))
+        if self.ranges is not None and self._parent is None:
+            self._extent = ExtentRunner.build(self)
 
     def _host_scalar(self, tensor: Any) -> tuple[Any, np.ndarray, bool]:
         """(tensor, a host array holding its value after a run, whether that needs a copy): a zero-copy host view
@@ -209,8 +217,11 @@ class Graph:
     # -- range programs ------------------------------------------------------------------------------
     MAX_CHILDREN = 16  # sets of dim values whose kernels and launches a range program keeps
 
-    def _child(self, inputs: Mapping[str, Any]) -> Graph:
-        """The graph for the dim values of these feeds (made on first need, least recently used dropped)."""
+    def _child(self, inputs: Mapping[str, Any]) -> Graph | AtDims:
+        """The graph for the dim values of these feeds (made on first need, least recently used dropped); with
+        run-time extents, the program at those dims (`inputs`, `outputs`, `dims`)."""
+        if self._extent is not None:
+            return self._extent.at(inputs)
         if inputs.keys() != self._input_names:
             missing, extra = sorted(self._input_names - set(inputs)), sorted(set(inputs) - self._input_names)
             raise ShapeError(f"graph {self.name!r} inputs: missing {missing}, unknown {extra}")
@@ -347,6 +358,8 @@ class Graph:
         if not ctx.finalized:
             raise LifecycleError(f"graph {self.name!r}: context was freed" if ctx.freed
                                  else f"graph {self.name!r}: context is not finalized; call finalize()")
+        if self._extent is not None:
+            return self._extent.execute(inputs, outputs)
         if self.ranges is not None:
             return self._child(inputs).execute(inputs, outputs)
         if inputs.keys() != self._input_names:
@@ -432,7 +445,7 @@ class Graph:
         """Drop everything that reaches the context's memory (the view maker holds its weights and arena)."""
         self._launches, self._views, self._internal, self._kernels, self._bound = [], {}, {}, [], None
         self._host, self._extents = None, []
-        self._view = None
+        self._view, self._extent, self._weights = None, None, {}
         for child in self._children.values():
             child._release()
         self._children.clear()
@@ -442,9 +455,10 @@ class Graph:
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once and return new arrays for every output (of their real shapes, see `execute`)."""
-        if self.ranges is not None and self.ctx.finalized:
+        if self.ranges is not None and self.ctx.finalized and self._extent is None:
             return self._child(feeds).run(feeds)
-        outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in self.outputs}
+        infos = self._extent.at(feeds).outputs if self._extent is not None and self.ctx.finalized else self.outputs
+        outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in infos}
         for name, shape in self.execute(feeds, outs).items():
             outs[name] = np.ascontiguousarray(outs[name][tuple(slice(0, d) for d in shape)])
         return outs

@@ -25,6 +25,7 @@ from ctxrt.compiler.program import TensorInfo
 from ctxrt.errors import CtxrtError, CtxrtWarning, LifecycleError, RegistrationError, ShapeError, ValueInputError
 from ctxrt.runtime.compile_cache import VariantCompiler
 from ctxrt.runtime.context import Context
+from ctxrt.runtime.graph import Graph
 from ctxrt.runtime.options import is_session_options, threads_of
 from ctxrt.runtime.ort_api import IOBinding, NodeArg, cut, node_arg
 from ctxrt.runtime.tensor import Tensor, TensorCache
@@ -377,6 +378,10 @@ class InferenceSession:
                 missing = sorted(set(v.in_info) - set(input_feed))
                 extra = sorted(set(input_feed) - set(v.in_info))
                 raise ShapeError(f"inputs: missing {missing}, unknown {extra}")
+            g = v.ranged
+            if g is not None and g._extent is not None and not any(x.__class__ is Tensor
+                                                                    for x in input_feed.values()):
+                return self._run_at_dims(g, names, input_feed)
             if v.ranged is not None and v.shapes_for(input_feed):
                 self._cache.keep_only(self._io_keys())
             for info, dt, shape in zip(v.inputs, v.in_dt, v.in_shapes, strict=True):
@@ -415,6 +420,21 @@ class InferenceSession:
                         cache.release(t)
                         own_out[i] = None
             return results
+
+    def _run_at_dims(self, g: Graph, names: list[str], feeds: Mapping[str, Any]) -> list[np.ndarray]:
+        """A range program run on arrays (runtime/extents.py): the feeds copied into its IO buffers, the outputs
+        asked for copied into new arrays; no session tensor is made per shape."""
+        at = g._child(feeds)
+        for info in at.inputs:
+            _check_array(info, np.dtype(info.dtype), feeds[info.name], "input")
+        info = {o.name: o for o in at.outputs}
+        outs = {n: np.empty(info[n].shape, np.dtype(info[n].dtype)) for n in names}
+        g.execute(feeds, outs)
+        counters = self._counters
+        counters["session_runs"] += 1
+        counters["copies_in"] += len(at.inputs)
+        counters["copies_out"] += len(names)
+        return [outs[n] for n in names]
 
     def io_binding(self) -> IOBinding:
         self._check_open()

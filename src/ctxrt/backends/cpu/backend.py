@@ -30,12 +30,15 @@ _UFUNC_BUFSIZE = 1024
 def small_ufunc_buffers() -> Iterator[None]:
     """NumPy's ufunc iterator buffers strided and broadcast operands in chunks of `bufsize` elements, allocating
     those buffers each call: 1024 keeps them at a few KiB (the default 8192 costs up to 64 KiB a call) at no
-    measurable speed cost. Every run of NumPy kernels (here, and CPU partitions of other backends) uses it."""
-    old = np.setbufsize(_UFUNC_BUFSIZE)
+    measurable speed cost. Every run of NumPy kernels (here, and CPU partitions of other backends) uses it.
+    Floating-point warnings are off meanwhile: a kernel's inf or NaN is its output (a fully masked attention row
+    is NaN in onnxruntime too), not a warning to the user."""
+    old, errors = np.setbufsize(_UFUNC_BUFSIZE), np.seterr(all="ignore")
     try:
         yield
     finally:
         np.setbufsize(old)
+        np.seterr(**errors)
 
 
 class CpuBuffer:

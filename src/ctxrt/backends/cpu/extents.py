@@ -1,0 +1,179 @@
+"""Launches for a range program's steps whose extents follow its dims (docs/shapes-and-control-flow.md).
+
+A decoder's attention steps (the past concatenated with the new keys, Q.K^T, the mask, Softmax, the weighted sum)
+change shape at every token. These makers build such a step's launch from the views it reads and writes, and the
+attributes of the step at those dims, with no kernel object and no per-shape table: `maker(step, opset)` is chosen
+once per step (None when the op, its attributes or its dtypes are not covered: the step then gets a kernel per
+shape), and `make(step, ins, outs)` costs about a microsecond per view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ctxrt.backends.kernel import Launch
+
+Make = Callable[[Any, list[Any], list[Any]], Launch]
+
+_IGNORED = frozenset({"kernel", "threads"})  # implementation choices of the upper bound's kernel, not semantics
+
+_BINARY: dict[str, Any] = {
+    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Pow": np.power,
+    "Equal": np.equal, "Less": np.less, "Greater": np.greater, "LessOrEqual": np.less_equal,
+    "GreaterOrEqual": np.greater_equal, "And": np.logical_and, "Or": np.logical_or, "Xor": np.logical_xor,
+}
+_FLOAT_ONLY = frozenset({"Div", "Pow"})  # integer Div truncates and integer Pow overflows unlike NumPy's
+_UNARY: dict[str, Any] = {
+    "Neg": np.negative, "Exp": np.exp, "Tanh": np.tanh, "Sqrt": np.sqrt, "Abs": np.absolute,
+    "Reciprocal": np.reciprocal, "Cos": np.cos, "Sin": np.sin, "Not": np.logical_not, "Log": np.log,
+}
+_COPIES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+_ATTRS: dict[str, frozenset[str]] = {
+    "Concat": frozenset({"axis"}), "Transpose": frozenset({"perm"}), "Softmax": frozenset({"axis"}),
+    "Expand": frozenset({"shape"}), "Trilu": frozenset({"upper"}), "Slice": frozenset({"starts", "ends", "axes",
+                                                                                      "steps"}),
+    "Reshape": frozenset({"shape", "allowzero"}), "Squeeze": frozenset({"axes"}), "Unsqueeze": frozenset({"axes"}),
+    "Flatten": frozenset({"axis"}),
+}
+
+
+def maker(step: Any, opset: int) -> Make | None:
+    """The launch maker for `step` (a compiled Step at any dims of its range), or None when not covered."""
+    op = step.op
+    if set(step.attrs) - _IGNORED - _ATTRS.get(op, frozenset()):
+        return None  # a fused activation, a residual, a layout: the kernel's own business
+    ins = [None if r is None else np.dtype(r.dtype) for r in step.inputs]
+    outs = [np.dtype(r.dtype) for r in step.outputs]
+    if len(outs) != 1 or any(dt.kind not in "biuf" for dt in [*outs, *(d for d in ins if d is not None)]):
+        return None
+    if op in _BINARY and len(ins) == 2 and None not in ins:
+        if op in _FLOAT_ONLY and outs[0].kind != "f":
+            return None
+        return _binary(_BINARY[op])
+    if op in _UNARY and len(ins) == 1 and ins[0] is not None:
+        if op not in ("Neg", "Abs", "Not") and outs[0].kind != "f":
+            return None
+        return _unary(_UNARY[op])
+    if op == "Where" and len(ins) == 3 and None not in ins:
+        return _where
+    if op == "MatMul" and len(ins) == 2 and None not in ins and outs[0].kind == "f" and ins[0] == ins[1] == outs[0]:
+        return _matmul
+    if op == "Softmax" and opset >= 13 and len(ins) == 1 and outs[0].kind == "f":
+        return _softmax
+    if op == "Concat" and None not in ins:
+        return _concat
+    if op in ("Transpose", "Slice", "Expand") or op in _COPIES:
+        return _VIEWS[op]
+    if op == "Trilu" and outs[0] == ins[0]:
+        return _trilu
+    if op == "Range" and len(ins) == 3 and None not in ins:
+        return _range
+    return None
+
+
+def _binary(ufunc: Any) -> Make:
+    def make(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
+        a, b, y = ins[0], ins[1], outs[0]
+        return lambda: ufunc(a, b, out=y)
+    return make
+
+
+def _unary(ufunc: Any) -> Make:
+    def make(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
+        x, y = ins[0], outs[0]
+        return lambda: ufunc(x, out=y)
+    return make
+
+
+def _where(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
+    c, x, y, out = ins[0], ins[1], ins[2], outs[0]
+    return lambda: np.copyto(out, np.where(c, x, y))  # NumPy's where has no `out`
+
+
+def _matmul(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
+    a, b, y = ins[0], ins[1], outs[0]
+    return lambda: np.matmul(a, b, out=y)
+
+
+def _softmax(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
+    x, y = ins[0], outs[0]
+    axis = int(step.attrs.get("axis", -1)) % max(x.ndim, 1)
+
+    def run() -> None:
+        m = np.maximum.reduce(x, axis=axis, keepdims=True)
+        np.subtract(x, m, out=y)  # max subtraction: exp never overflows
+        np.exp(y, out=y)
+        np.divide(y, np.add.reduce(y, axis=axis, keepdims=True), out=y)
+    return run if x.size else _nothing
+
+
+def _concat(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
+    axis = int(step.attrs["axis"]) % outs[0].ndim
+    xs, y = list(ins), outs[0]
+    return lambda: np.concatenate(xs, axis=axis, out=y)
+
+
+def _transpose(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
+    rank = ins[0].ndim
+    perm = [int(p) % rank for p in step.attrs.get("perm") or range(rank - 1, -1, -1)]
+    src, y = ins[0].transpose(perm), outs[0]
+    return lambda: np.copyto(y, src)
+
+
+def _slice(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
+    a = step.attrs
+    starts, ends = list(a["starts"]), list(a["ends"])
+    axes = list(a.get("axes") or range(len(starts)))
+    steps = list(a.get("steps") or [1] * len(starts))
+    index = [slice(None)] * ins[0].ndim
+    for start, end, axis, s in zip(starts, ends, axes, steps, strict=True):
+        index[int(axis) % ins[0].ndim] = slice(int(start), int(end), int(s))
+    src, y = ins[0][tuple(index)], outs[0]
+    return lambda: np.copyto(y, src)
+
+
+def _expand(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
+    x, y = ins[0], outs[0]
+    return lambda: np.copyto(y, x)  # copyto broadcasts like ONNX Expand
+
+
+def _copy(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
+    y = outs[0]
+    src = ins[0].reshape(y.shape)
+    if src.size and src.ctypes.data == y.ctypes.data:
+        return _nothing  # aliased by the planner
+    return lambda: np.copyto(y, src)
+
+
+def _trilu(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
+    x, y = ins[0], outs[0]
+    k = ins[1] if len(ins) > 1 and ins[1] is not None else None
+    rows, cols = x.shape[-2:] if x.ndim >= 2 else (0, 0)
+    diag = np.arange(cols)[None, :] - np.arange(rows)[:, None]  # j - i
+    zero_where = np.less if step.attrs.get("upper", 1) else np.greater  # upper: zero j - i < k
+    same = x.size and x.ctypes.data == y.ctypes.data
+
+    def run() -> None:
+        if not same:
+            np.copyto(y, x)
+        y[..., zero_where(diag, 0 if k is None else int(k.reshape(-1)[0]))] = 0
+    return run if y.size else _nothing
+
+
+def _range(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
+    start, delta, y = ins[0], ins[2], outs[0]
+
+    def run() -> None:  # ONNX: start + i * delta, in the output's type
+        np.copyto(y, start.reshape(()) + delta.reshape(()) * np.arange(y.shape[0]), casting="unsafe")
+    return run
+
+
+def _nothing() -> None:
+    pass
+
+
+_VIEWS: dict[str, Make] = {"Transpose": _transpose, "Slice": _slice, "Expand": _expand,
+                           **{op: _copy for op in _COPIES}}

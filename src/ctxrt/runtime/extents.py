@@ -1,0 +1,329 @@
+"""A range program run at every set of dim values from one list of launches (docs/shapes-and-control-flow.md).
+
+Only the steps whose integers changed get other launches; the rest are the upper bound's. A changed step covered by
+the CPU's makers of run-time extents (`backends/cpu/extents.py`: element-wise ops, MatMul, Softmax, Concat,
+Transpose, Slice, Expand, Trilu, Range, copies) has its launch made from views at the same arena offsets, a few
+microseconds; another (a oneDNN GEMM whose rows follow the sequence) gets its kernel made once per shape, from a
+small cache per step. A decoder's token at a new past length changes only its attention steps, all covered: it
+costs no kernel, no graph and no compile. Other backends make a child graph per set of dims (runtime/graph.py).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ctxrt import dtypes
+from ctxrt.backends import select_kernel
+from ctxrt.backends.kernel import NodeSpec, TensorSpec
+from ctxrt.compiler.program import ARENA, CONST, Step, TensorInfo
+from ctxrt.compiler.ranges import _apply
+from ctxrt.errors import RegistrationError, ShapeError
+from ctxrt.runtime.memhandle import MemHandle
+from ctxrt.runtime.work import SMALL_WORK, step_work
+
+if TYPE_CHECKING:
+    from ctxrt.backends.cpu.extents import Make
+    from ctxrt.runtime.graph import Graph
+
+_NO_SHAPES: Mapping[str, tuple[int, ...]] = {}
+PER_STEP = 64  # shapes of one changed step whose launches (and kernels) are kept
+
+
+class Made:
+    """One changed step at one set of its integers' values: the step (None: its outputs are empty, nothing to run),
+    its launch maker or kernel, its launch when it touches no IO tensor, what it holds, its work."""
+
+    __slots__ = ("step", "make", "kernel", "launch", "consts", "scratch", "held", "work")
+
+    def __init__(self, step: Step | None) -> None:
+        self.step, self.make, self.kernel, self.launch = step, None, None, None
+        self.consts: dict[int, np.ndarray] = {}
+        self.scratch: list[Any] = []
+        self.held: list[Any] = []
+        self.work: int | None = 0
+
+
+class AtDims:
+    """A range program at one set of dim values: its IO (shapes at these dims), its changed steps, the thread cap,
+    and the launch list recorded for one IO binding."""
+
+    __slots__ = ("dims", "inputs", "outputs", "steps", "cap", "bound", "internal", "launches")
+
+    def __init__(self, dims: tuple[int, ...], inputs: list[TensorInfo], outputs: list[TensorInfo],
+                 steps: dict[int, Made], cap: int | None) -> None:
+        self.dims, self.inputs, self.outputs, self.steps, self.cap = dims, inputs, outputs, steps, cap
+        self.bound: tuple[MemHandle | None, ...] | None = None
+        self.internal: dict[str, Any] = {}
+        self.launches: list[Any] = []
+
+
+class ExtentRunner:
+    """Runs graph `g` (a range program on the CPU) at any dims inside its ranges; see the module's docstring."""
+
+    def __init__(self, g: Graph, makers: dict[int, Make | None]) -> None:
+        self.g, self.makers = g, makers
+        self.states: OrderedDict[tuple[int, ...], AtDims] = OrderedDict()
+        self.io_steps = set(g._io_steps)
+        self.cache: dict[int, OrderedDict[tuple[int, ...], Made]] = {k: OrderedDict() for k in makers}
+        self.work = [step_work(s) for s in g.compiled.steps]  # at the upper bound: bounds every shape inside
+        fixed = [w for k, w in enumerate(self.work) if k not in makers]
+        self.static_work: int | None = None if None in fixed else max(fixed, default=0)
+        # the changed steps grouped by the dims their integers follow (bit j: dim j), each group kept per the
+        # values of its dims: a decoder's token at a new past length remakes only the steps that follow the past
+        coeffs, groups = g.ranges._coeffs, {}
+        for k, idx in g.ranges._by_step.items():
+            mask = 0
+            for i in idx:
+                for m in np.nonzero(coeffs[i])[0].tolist():
+                    mask |= m
+            groups.setdefault(mask, []).append((k, idx))
+        self.groups: dict[int, list[tuple[int, list[int]]]] = groups
+        self.group_cache: dict[int, OrderedDict[tuple[int, ...], tuple[dict[int, Made], int | None]]] = {
+            m: OrderedDict() for m in groups}
+        # launches of the steps that touch IO tensors but do not change, bound to the internal IO buffers
+        self.internal_io: dict[int, Any] | None = None
+
+    @classmethod
+    def build(cls, g: Graph) -> ExtentRunner | None:
+        """The runner for `g`, or None where child graphs run it (not the CPU, CPU partitions of another backend,
+        outputs of data-dependent size, value inputs)."""
+        if g.ctx.backend.name != "cpu" or g._host is not None or g.compiled.extents or g._values:
+            return None
+        from ctxrt.backends.cpu.extents import maker
+
+        return cls(g, {k: maker(g.compiled.steps[k], g.compiled.opset) for k in g.ranges._by_step})
+
+    # -- dims ------------------------------------------------------------------------------------------
+    def at(self, inputs: Mapping[str, Any]) -> AtDims:
+        g = self.g
+        if inputs.keys() != g._input_names:
+            missing, extra = sorted(g._input_names - set(inputs)), sorted(set(inputs) - g._input_names)
+            raise ShapeError(f"graph {g.name!r} inputs: missing {missing}, unknown {extra}")
+        dims = g.ranges.bind(g.inputs, [getattr(inputs[t.name], "shape", None) for t in g.inputs])
+        st = self.states.get(dims)
+        if st is not None:
+            self.states.move_to_end(dims)
+            return st
+        with g.ctx.lock:
+            st = self.states[dims] = self._at(dims)
+            while len(self.states) > g.MAX_CHILDREN:
+                self.states.popitem(last=False)
+            g.ctx.stats["range_specializations"] += 1
+        return st
+
+    def _at(self, dims: tuple[int, ...]) -> AtDims:
+        g, r = self.g, self.g.ranges
+        vals = r.evaluate(dims).tolist()
+        io = {"I": [list(t.shape) for t in g.inputs], "O": [list(t.shape) for t in g.outputs]}
+        for i in r._io:
+            kind, index, axis = r.entries[i][0]
+            io[kind][index][axis] = vals[i]
+        steps: dict[int, Made] = {}
+        largest = self.static_work
+        for mask, members in self.groups.items():  # the steps that follow the same dims change together
+            made = self._group(mask, members, dims, vals)
+            steps.update(made[0])
+            largest = None if largest is None or made[1] is None else max(largest, made[1])
+        ins = [TensorInfo(t.name, tuple(s), t.dtype, t.mem_type) for t, s in zip(g.inputs, io["I"], strict=True)]
+        outs = [TensorInfo(t.name, tuple(s), t.dtype, t.mem_type) for t, s in zip(g.outputs, io["O"], strict=True)]
+        cap = None if largest is None or largest >= SMALL_WORK else 1
+        return AtDims(dims, ins, outs, steps, cap)
+
+    def _group(self, mask: int, members: list[tuple[int, list[int]]], dims: tuple[int, ...], vals: list[int]
+               ) -> tuple[dict[int, Made], int | None]:
+        """The steps whose integers follow exactly the dims in `mask`, at these dims (kept per their values),
+        and their largest work."""
+        cache = self.group_cache[mask]
+        key = tuple([d for j, d in enumerate(dims) if mask >> j & 1])
+        hit = cache.get(key)
+        if hit is not None:
+            cache.move_to_end(key)
+            return hit
+        r = self.g.ranges
+        steps: dict[int, Made] = {}
+        largest: int | None = 0
+        for k, idx in members:
+            step_key = tuple([vals[i] for i in idx])
+            per_step = self.cache[k]
+            made = per_step.get(step_key)
+            if made is None:
+                made = per_step[step_key] = self._make(k, [(r.entries[i][0], vals[i]) for i in idx])
+                while len(per_step) > PER_STEP:
+                    per_step.popitem(last=False)
+            steps[k] = made
+            if largest is not None:
+                largest = None if made.work is None else max(largest, made.work)
+        hit = cache[key] = (steps, largest)
+        while len(cache) > PER_STEP:
+            cache.popitem(last=False)
+        return hit
+
+    def _make(self, k: int, changes: list[tuple[list[Any], int]]) -> Made:
+        """Step k at new values of its integers: its launch maker, or a kernel made for its shapes; its launch
+        now when it touches no IO tensor."""
+        g = self.g
+        ctx, be = g.ctx, g.ctx.backend
+        consts: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        step = _apply(g.compiled.steps[k], changes, consts, k)
+        if step.outputs and all(0 in o.shape for o in step.outputs):
+            return Made(None)
+        made = Made(step)
+        upper = self.work[k]  # a step's work at the upper bound bounds it anywhere inside the ranges
+        made.work = upper if upper is not None and upper < SMALL_WORK else step_work(step)
+        for (_, i), elements in consts.items():  # small integer constants that follow the dims
+            ref = step.inputs[i]
+            array = np.array(ctx.host_weights[ref.key]).reshape(ref.shape)
+            flat = array.reshape(-1)
+            for j, v in elements:
+                flat[j] = v
+            made.consts[i] = array
+        made.make = self.makers[k]
+        if made.make is None:
+            weights = ctx.host_weights
+            spec = NodeSpec(step.op, step.name, step.attrs,
+                            [TensorSpec(r.shape, np.dtype(r.dtype)) if r else None for r in step.inputs],
+                            [TensorSpec(r.shape, np.dtype(r.dtype)) for r in step.outputs],
+                            [made.consts.get(i, weights[r.key]) if r is not None and r.space == CONST else None
+                             for i, r in enumerate(step.inputs)], g.compiled.opset)
+            made.kernel, _ = select_kernel(be, spec, step.backend or None, step.params)
+            planned = [ref.nbytes for ref in step.scratch]
+            sizes = [int(n) for n in made.kernel.scratch]
+            if len(sizes) == len(planned) and all(n <= p for n, p in zip(sizes, planned, strict=True)):
+                made.scratch = [_view(g, ref) for ref in step.scratch]
+            else:  # this shape's kernel needs other scratch than the upper bound's planned: its own
+                for n in sizes:
+                    buf = be.alloc_device(max(n, 1))
+                    made.held.append(buf)
+                    made.scratch.append(be.view(buf, 0, (n,), np.uint8))
+                    ctx.stats["range_private_scratch_bytes"] += n
+            ctx.stats["range_kernels_built"] += 1
+        if k not in self.io_steps:
+            made.launch = self._launch(made, lambda ref: _view(g, ref))
+        return made
+
+    def _launch(self, made: Made, view: Any) -> Any:
+        step = made.step
+        ins = [None if r is None else made.consts[i] if i in made.consts else view(r) for i, r in enumerate(step.inputs)]
+        outs = [view(r) for r in step.outputs]
+        if made.make is not None:
+            return made.make(step, ins, outs)
+        return made.kernel.bind(ins, outs, made.scratch)
+
+    # -- recording -------------------------------------------------------------------------------------
+    def _record(self, st: AtDims, bound: tuple[MemHandle | None, ...]) -> None:
+        g = self.g
+        be = g.ctx.backend
+        views: dict[str, Any] = {}
+        for info, h in zip(st.inputs + st.outputs, bound, strict=True):
+            if h is not None:
+                views[info.name] = h.view
+                continue
+            internal = st.internal.get(info.name)
+            if internal is None:
+                buf, off = g._io_place(info.name)
+                internal = st.internal[info.name] = be.view(buf, off, info.shape, info.dtype)
+            views[info.name] = internal
+
+        def view(r: Any) -> Any:
+            if r.space in (ARENA, CONST):
+                return _view(g, r)
+            return views[r.key].reshape(r.shape)
+
+        launches = []
+        io_steps, changed = self.io_steps, st.steps
+        raw = all(h is None for h in bound)
+        if self.internal_io is None:
+            self.internal_io = {}
+        internal = self.internal_io
+        for k, step in enumerate(g.compiled.steps):
+            made = changed.get(k)
+            if made is not None:
+                if made.step is None:
+                    continue
+                launch = made.launch if made.launch is not None else self._launch(made, view)
+            elif k in io_steps:  # unchanged: on the internal IO buffers its launch is the same at any dims
+                launch = internal.get(k) if raw else None
+                if launch is None:
+                    launch = g._kernels[k].bind([view(r) if r else None for r in step.inputs],
+                                                [view(r) for r in step.outputs], [view(r) for r in step.scratch])
+                    if raw:
+                        internal[k] = launch
+            else:
+                launch = g._launches[k]
+            launches.append(launch)
+        st.launches, st.bound = launches, bound
+        g.ctx.stats["recordings"] += 1
+
+    # -- running ---------------------------------------------------------------------------------------
+    def execute(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None) -> Mapping[str, tuple[int, ...]]:
+        g = self.g
+        ctx = g.ctx
+        st = self.at(inputs)
+        outputs = outputs or {}
+        if not outputs.keys() <= g._output_names:
+            raise ShapeError(f"graph {g.name!r} has no outputs {sorted(set(outputs) - g._output_names)}")
+        for info in st.inputs:
+            g._check_feed(info, inputs[info.name], "input")
+        for info in st.outputs:
+            if info.name in outputs:
+                g._check_feed(info, outputs[info.name], "output")
+        backend, stats = ctx.backend, ctx.stats
+        with ctx.lock:
+            if not _same(st, inputs, outputs):
+                bound = tuple(v if isinstance(v, MemHandle) else None for v in
+                              [inputs[i.name] for i in st.inputs] + [outputs.get(o.name) for o in st.outputs])
+                for h in bound:
+                    if h is not None and not h.registered:  # deregistered by another thread meanwhile
+                        raise RegistrationError("memory handle was deregistered")
+                g._check_overlap(bound)
+                self._record(st, bound)
+            for info in st.inputs:
+                v = inputs[info.name]
+                if not isinstance(v, MemHandle):
+                    backend.copy_in(st.internal[info.name], v)
+                    stats["copies_in"] += 1
+                    stats["bytes_in"] += info.nbytes
+            threads = ctx.threads
+            threads.cap = st.cap
+            with threads:
+                backend.run(st.launches)
+            for info in st.outputs:
+                v = outputs.get(info.name)
+                if v is not None and not isinstance(v, MemHandle):
+                    backend.copy_out(v, st.internal[info.name])
+                    stats["copies_out"] += 1
+                    stats["bytes_out"] += info.nbytes
+            stats["runs"] += 1
+        return _NO_SHAPES
+
+
+def _same(st: AtDims, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
+    """True when `st`'s launches are recorded for exactly these handles (None: internal). Allocates nothing."""
+    bound = st.bound
+    if bound is None:
+        return False
+    k = 0
+    for info in st.inputs:
+        v = inputs[info.name]
+        if (v if isinstance(v, MemHandle) else None) is not bound[k]:
+            return False
+        k += 1
+    for info in st.outputs:
+        v = outputs.get(info.name)
+        if (v if isinstance(v, MemHandle) else None) is not bound[k]:
+            return False
+        k += 1
+    return True
+
+
+def _view(g: Graph, r: Any) -> Any:
+    """The tensor an arena or constant ref names (constants as kernels read them)."""
+    if r.space == ARENA:
+        buf, base = g.ctx.arena
+        # the CPU backend's view, made directly (numpy checks the bounds): the hot path of a new set of dims
+        return np.ndarray(r.shape, r.dtype, buf.array, base + r.offset)
+    return dtypes.as_ref(g._weights[r.key], r.shape, r.dtype)
