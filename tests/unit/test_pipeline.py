@@ -209,3 +209,34 @@ def test_exported_gelu_becomes_one_kernel(spelling) -> None:
 
     want = ReferenceEvaluator(m).run(None, {"x": x})[0]
     np.testing.assert_allclose(g.run({"x": x})["y"], want, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("spelling", ["legacy", "dynamo", "shared-cube"])
+def test_exported_tanh_gelu_becomes_one_kernel(spelling) -> None:
+    """GPT-2's GELU, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as both torch exporters spell it: one Gelu
+    (approximate="tanh"); a cube that something else also reads is left alone."""
+    consts = {"c1": np.array(0.044715, np.float32), "c2": np.array(np.sqrt(2 / np.pi), np.float32),
+              "one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32), "three": np.array(3.0, np.float32)}
+    if spelling == "dynamo":  # Pow, constants first, x * (0.5 * (1 + t))
+        nodes = [helper.make_node("Pow", ["x", "three"], ["p"]), helper.make_node("Mul", ["c1", "p"], ["m1"]),
+                 helper.make_node("Add", ["x", "m1"], ["a1"]), helper.make_node("Mul", ["c2", "a1"], ["m2"]),
+                 helper.make_node("Tanh", ["m2"], ["t"]), helper.make_node("Add", ["t", "one"], ["a2"]),
+                 helper.make_node("Mul", ["half", "a2"], ["m3"]), helper.make_node("Mul", ["x", "m3"], ["y"])]
+    else:  # x * (x * x), (x * (1 + t)) * 0.5
+        nodes = [helper.make_node("Mul", ["x", "x"], ["sq"]), helper.make_node("Mul", ["x", "sq"], ["p"]),
+                 helper.make_node("Mul", ["c1", "p"], ["m1"]), helper.make_node("Add", ["x", "m1"], ["a1"]),
+                 helper.make_node("Mul", ["c2", "a1"], ["m2"]), helper.make_node("Tanh", ["m2"], ["t"]),
+                 helper.make_node("Add", ["one", "t"], ["a2"]), helper.make_node("Mul", ["x", "a2"], ["m3"]),
+                 helper.make_node("Mul", ["m3", "half"], ["y"])]
+    outs = [_vi("y", None)] + ([_vi("sq", None)] if spelling == "shared-cube" else [])
+    m = _model(nodes, [_vi("x", [4, 4096])], outs, [numpy_helper.from_array(v, k) for k, v in consts.items()])
+    g = ctxrt.compile(m).graph()
+    ops = [s.op for s in g.compiled.steps]
+    assert ops == ["Gelu"] if spelling != "shared-cube" else "Gelu" not in ops
+    if spelling != "shared-cube":
+        assert g.compiled.steps[0].attrs["approximate"] == "tanh"
+    x = np.random.default_rng(0).standard_normal((4, 4096)).astype(np.float32) * 3
+    from onnx.reference import ReferenceEvaluator
+
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    np.testing.assert_allclose(g.run({"x": x})["y"], want, rtol=1e-5, atol=2e-6)

@@ -79,7 +79,10 @@ class Variant:
         """A range program: whether the feeds' shapes lie inside its ranges (static axes checked by the run)."""
         g = self.ranged
         try:
-            g.ranges.bind(g.inputs, [getattr(feeds.get(t.name), "shape", None) for t in g.inputs])
+            if g._extent is not None and feeds.keys() == g._input_names:
+                g._extent.at(feeds)  # binds the dims once for this run (the run asks again)
+            else:
+                g.ranges.bind(g.inputs, [getattr(feeds.get(t.name), "shape", None) for t in g.inputs])
         except ShapeError:
             return False
         return all(np.array_equal(array_of(feeds[name]), value) for name, value in self.values)
