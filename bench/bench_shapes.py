@@ -3,8 +3,10 @@
 - **generation**: a GPT-2-style decoder (4 layers, hidden 256, random weights, dynamo export) generating 64 tokens
   greedily from a 4-token prompt and an empty past, through `InferenceSession.run`: ms per token of the first
   generation (compiles included) and of a second one (steady), for ctxrt with `dim_ranges` (one range program),
-  ctxrt with its default ranges (widened as the past grows) and onnxruntime; then peak RSS beyond the weights of
-  each, each in a fresh process (sampled every millisecond);
+  ctxrt loading a context binary compiled ahead with the same ranges (`ctxrt compile --dim ...`, the deployment
+  path), ctxrt with its default ranges (widened as the past grows) and onnxruntime; then peak RSS beyond the
+  weights of each, each in a fresh process (sampled every millisecond; both runtimes' libraries, oneDNN's
+  included, loaded before the baseline);
 - **batch cycle**: MobileNetV3 (dynamo export) at batch 1, 2, ..., 12, cycled 3 times: median ms per call.
 
     .venv/bin/python bench/bench_shapes.py [--rounds R] [--json]
@@ -40,6 +42,18 @@ def _decoder() -> Path:
     return decoders.gpt2_decoder("dynamo", layers=LAYERS, dim=DIM, heads=HEADS)
 
 
+def _context_binary(path: Path) -> Path:
+    """The decoder compiled ahead as one range program (what `ctxrt compile --dim` writes)."""
+    from ctxrt.cli import main as cli
+
+    out = path.with_suffix(".ranges.ctx")
+    if not out.exists():
+        dims = [a for name, (lo, hi) in RANGES.items() for a in ("--dim", f"{name}={lo}:{hi}")]
+        if cli(["compile", str(path), "-o", str(out), *dims]) != 0:
+            raise SystemExit("ctxrt compile failed")
+    return out
+
+
 def _session(kind: str, path: Path) -> Any:
     if kind == "onnxruntime":
         import onnxruntime as ort
@@ -47,6 +61,8 @@ def _session(kind: str, path: Path) -> Any:
         return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     import ctxrt
 
+    if kind == "ctxrt .ctx":
+        return ctxrt.InferenceSession(_context_binary(path))
     return ctxrt.InferenceSession(path, dim_ranges=RANGES if kind == "ctxrt ranges" else None)
 
 
@@ -61,7 +77,8 @@ def _generate(sess: Any) -> tuple[float, list[list[int]]]:
 
 def generation(rounds: int) -> dict[str, dict[str, float]]:
     path = _decoder()
-    kinds = ["ctxrt ranges", "ctxrt default", "onnxruntime"]
+    _context_binary(path)
+    kinds = ["ctxrt ranges", "ctxrt .ctx", "ctxrt default", "onnxruntime"]
     first: dict[str, list[float]] = {k: [] for k in kinds}
     steady: dict[str, list[float]] = {k: [] for k in kinds}
     tokens: dict[str, list[list[int]]] = {}
@@ -90,7 +107,9 @@ def _rss_child(kind: str, out: Any) -> None:
     import onnxruntime  # noqa: F401
 
     import ctxrt  # noqa: F401  both runtimes imported before the baseline: the libraries are not the model's
+    from ctxrt.backends.cpu.onednn import api
 
+    api.library()  # oneDNN's code, loaded on first use, as onnxruntime's is by its import (14 MiB)
     base = _rss_now()
     peak, done = [base], threading.Event()
 
@@ -116,7 +135,8 @@ def _rss_now() -> int:
 def memory() -> dict[str, dict[str, float]]:
     ctx = mp.get_context("spawn")
     out: dict[str, dict[str, float]] = {}
-    for kind in ("ctxrt ranges", "ctxrt default", "onnxruntime"):
+    _context_binary(_decoder())
+    for kind in ("ctxrt ranges", "ctxrt .ctx", "ctxrt default", "onnxruntime"):
         q = ctx.Queue()
         p = ctx.Process(target=_rss_child, args=(kind, q))
         p.start()

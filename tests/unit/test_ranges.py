@@ -92,6 +92,73 @@ def test_default_ranges_widen_instead_of_compiling_per_shape() -> None:
         assert decoders.generate(lambda f: sess.run(None, f), feeds, TOKENS) == want
         assert sess.stats["range_programs_compiled"] == 4
         assert sess.stats["shape_variants_freed"] == 3  # each narrower range freed by the wider one
+        # each wider one checked the narrower one's fit at its bound (two compiles) instead of fitting anew
+        assert sess.stats["range_programs_widened"] == 3
+
+
+def test_a_new_past_length_makes_no_kernel_and_no_tensor(gpt2) -> None:
+    """On the CPU a decoder's token at a past length not seen before changes only its attention steps, whose
+    launches take the new extents from views: after the first tokens no kernel is made and (runs on arrays) no
+    session tensor either. A oneDNN GEMM at one row runs NumPy's GEMV on the same weights."""
+    path, feeds, want = gpt2
+    built = []
+    with ctxrt.InferenceSession(path, dim_ranges=PAST) as sess:
+        def run(f):
+            built.append(sess.stats["range_kernels_built"])
+            return sess.run(None, f)
+        assert decoders.generate(run, feeds, TOKENS) == want
+        s = sess.stats
+        assert built[2] == built[-1] == s["range_kernels_built"]  # from the third token (seq 1) on: none made
+        assert s["range_specializations"] == TOKENS and s["tensors_created"] == 0
+        assert s["recordings"] == TOKENS  # one launch list per past length
+
+
+def test_launches_that_take_extents_match_onnx(backend) -> None:
+    """The makers of backends/cpu/extents.py against onnx's reference on the shapes a decoder's attention steps
+    take at several past lengths, through one range program of a small attention block."""
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    d = 8
+    nodes = [helper.make_node("Concat", ["past", "k"], ["kk"], axis=2),
+             helper.make_node("Transpose", ["kk"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Div", ["s", "scale"], ["sd"]),
+             helper.make_node("Shape", ["kk"], ["shp"]),
+             helper.make_node("Slice", ["shp", "two", "three"], ["plen"]),
+             helper.make_node("Squeeze", ["plen"], ["n"]),
+             helper.make_node("Range", ["zero", "n", "one"], ["pos"]),
+             helper.make_node("Cast", ["pos"], ["posf"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["sd", "posf"], ["sa"]),
+             helper.make_node("Softmax", ["sa"], ["p"], axis=-1),
+             helper.make_node("Tanh", ["p"], ["pt"]),
+             helper.make_node("Where", ["cond", "pt", "p"], ["pw"]),
+             helper.make_node("Concat", ["past", "k"], ["vv"], axis=2),
+             helper.make_node("MatMul", ["pw", "vv"], ["y"])]
+    inits = [helper.make_tensor("scale", TensorProto.FLOAT, [], [np.sqrt(d)]),
+             helper.make_tensor("two", TensorProto.INT64, [1], [2]), helper.make_tensor("three", TensorProto.INT64, [1], [3]),
+             helper.make_tensor("zero", TensorProto.INT64, [], [0]), helper.make_tensor("one", TensorProto.INT64, [], [1]),
+             helper.make_tensor("cond", TensorProto.BOOL, [1], [True])]
+    fl = TensorProto.FLOAT
+    g = helper.make_graph(nodes, "attn", [helper.make_tensor_value_info("past", fl, [1, 2, "past", d]),
+                                          helper.make_tensor_value_info("k", fl, [1, 2, 1, d]),
+                                          helper.make_tensor_value_info("q", fl, [1, 2, 1, d])],
+                          [helper.make_tensor_value_info("y", fl, None), helper.make_tensor_value_info("kk", fl, None)],
+                          inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    ref = ReferenceEvaluator(m)
+    rng = np.random.default_rng(5)
+    with ctxrt.InferenceSession(m.SerializeToString(), backend, dim_ranges={"past": (0, 40)}) as sess:
+        for p in (0, 1, 7, 40, 3, 7):
+            feeds = {"past": rng.standard_normal((1, 2, p, d)).astype(np.float32),
+                     "k": rng.standard_normal((1, 2, 1, d)).astype(np.float32),
+                     "q": rng.standard_normal((1, 2, 1, d)).astype(np.float32)}
+            for w, x in zip(ref.run(None, feeds), sess.run(None, feeds), strict=True):
+                assert w.shape == x.shape
+                np.testing.assert_allclose(x, w, rtol=1e-5, atol=1e-6)
+        assert sess.stats["shape_variants_compiled"] == 1
+        if backend == "cpu":  # every changed step takes its extents: no kernel made per past length
+            assert sess.stats["range_kernels_built"] == 0
 
 
 def test_batch_cycle_is_one_compile(backend) -> None:

@@ -65,7 +65,7 @@ def compile_ir(graph: IRGraph, backend: Backend, options: Mapping[str, Any] | No
 def compile_model(model: Any, shapes: Mapping[str, Iterable[int]] | None = None, backend: Backend | None = None,
                   name: str = "main", values: Mapping[str, Any] | None = None,
                   feeds: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
-                  tuner: Tuner | None = None, dims: Mapping[str, Any] | None = None
+                  tuner: Tuner | None = None, dims: Mapping[str, Any] | None = None, prior: Any = None
                   ) -> tuple[CompiledGraph, dict[str, Any]]:
     """One ONNX model (path, bytes or ModelProto) -> (compiled graph, the constants it reads). `dims` (a dim
     name or "INPUT:AXIS" -> (min, max)) makes it one range program for every shape inside (docs/shapes.md)."""
@@ -73,7 +73,7 @@ def compile_model(model: Any, shapes: Mapping[str, Iterable[int]] | None = None,
     if dims:
         from ctxrt.compiler.ranges import compile_ranges
 
-        return compile_ranges(model, dims, backend, name, shapes, values, feeds, options, tuner)
+        return compile_ranges(model, dims, backend, name, shapes, values, feeds, options, tuner, prior)
     return compile_ir(lower(model, shapes, backend, name, values, feeds), backend, options, tuner)
 
 
@@ -93,12 +93,16 @@ def compile(model: str | os.PathLike | bytes | Any, shapes: Mapping[str, Iterabl
     ranges (docs/shapes.md). `tuning`
     takes the compile config's keys (docs/tuning.md): `tuning_mode=True, performance_cache_dir=...,
     invalidate_performance_cache=False` and the budgets."""
+    from ctxrt.runtime import heap
     from ctxrt.runtime.loader import compile_to_context
 
     be = get_backend(backend)
     graphs, weights = compile_graphs([(model, shapes, "main", values)], be, io_mem_type,
                                      options=compile_options(prefer), dims=dims, **tuning)
-    return compile_to_context(graphs, weights, be, defer_graph_init, num_threads)
+    ctx = compile_to_context(graphs, weights, be, defer_graph_init, num_threads)
+    del graphs, weights
+    heap.trim()  # what the compile freed: not kept at its peak (runtime/heap.py)
+    return ctx
 
 
 __all__ = ["compile", "compile_graphs", "compile_ir", "compile_model", "compile_options", "compile_split",

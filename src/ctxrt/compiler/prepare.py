@@ -37,13 +37,14 @@ def _namespaced(g: CompiledGraph, weights: Mapping[str, np.ndarray], prefix: str
 
 def compile_graphs(models: Sequence[tuple[Any, ...]], backend: Backend, io_mem_type: str = "raw",
                    feeds: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
-                   dims: Mapping[str, Any] | None = None, **tuning: Any
+                   dims: Mapping[str, Any] | None = None, prior: Any = None, **tuning: Any
                    ) -> tuple[list[CompiledGraph], dict[str, np.ndarray]]:
     """(model, shapes, graph name[, values]) for each graph -> compiled graphs and all their weights. Value
     inputs (docs/shapes-and-control-flow.md) are baked in from `values`, or from `feeds` when given. `options`: from
     `ctxrt.compiler.compile_options` (default: prefer speed). `tuning` takes the compile config's keys
     (`tuning_mode=True, performance_cache_dir=...`, docs/tuning.md): the device's kernels are then tuned, and
-    `save_context` stores the winners. `dims`: ranges of dynamic dims (compiler/ranges.py), for every model."""
+    `save_context` stores the winners. `dims`: ranges of dynamic dims (compiler/ranges.py), for every model; `prior`:
+    the Ranges of a narrower compile of the same model, whose fit is checked first (compile_ranges)."""
     from ctxrt.compiler import compile_model
     from ctxrt.tuning import make_tuner
 
@@ -58,7 +59,7 @@ def compile_graphs(models: Sequence[tuple[Any, ...]], backend: Backend, io_mem_t
         with progress.part(name) if len(models) > 1 else contextlib.nullcontext():
             try:
                 g, w = compile_model(model, shapes, backend, name, rest[0] if rest else None, feeds,
-                                     options, tuner, dims)
+                                     options, tuner, dims, prior)
             except CtxrtError as e:  # with several models, say which one
                 if len(models) == 1:
                     raise

@@ -54,6 +54,9 @@ class Ranges:
     dims: list[tuple[str, int, int]]
     readers: list[tuple[int, int]]
     entries: list[tuple[list[Any], list[int]]]
+    # the model values left unfolded because they follow the dims (compile time only: not stored)
+    keep: frozenset[str] = frozenset()
+    widened: bool = False  # made from a narrower program's fit (compile_ranges's `prior`): two compiles
 
     def __post_init__(self) -> None:
         k = len(self.dims)
@@ -346,9 +349,13 @@ def _eval(expr: str, env: Mapping[str, int]) -> int:
 def compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str = "main",
                    shapes: Mapping[str, Iterable[int]] | None = None, values: Mapping[str, Any] | None = None,
                    feeds: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
-                   tuner: Tuner | None = None) -> tuple[CompiledGraph, dict[str, Any]]:
+                   tuner: Tuner | None = None, prior: Ranges | None = None) -> tuple[CompiledGraph, dict[str, Any]]:
     """One ONNX model compiled as a range program: (the program at the upper bound with its `ranges`, its
-    constants). RangeError when the model's programs differ in structure between shapes of the ranges."""
+    constants). RangeError when the model's programs differ in structure between shapes of the ranges.
+
+    `prior`: the ranges of the same model's program for narrower ranges of the same dims (a session widening
+    them): its fit is checked at the new upper bound U and at U - 1 (two compiles, not 2^k + 3); where it does not
+    hold there, the ranges are fitted anew."""
     from ctxrt import progress
     from ctxrt.compiler import compile_ir, compile_options, lower
     from ctxrt.frontend.io_types import declared_io
@@ -395,6 +402,13 @@ def compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str = "mai
                 cache[key] = (g, w if whole else light(w), not whole)
         return cache[key][0], cache[key][1]
 
+    if prior is not None and [(n, lo) for n, lo, _ in prior.dims] == [(n, lo) for n, lo, _ in spec]:
+        keep = set(prior.keep)
+        try:
+            return _widened(prior, spec, (hi, *at(hi)), (alt, *at(alt)), keep)
+        except RangeError:
+            keep = set()
+            cache.clear()
     for _ in range(_KEEP_ROUNDS):
         (gu, wu), (ga, wa) = at(hi), at(alt, full=True)
         _same_structure(gu, ga, spec)
@@ -433,7 +447,31 @@ def compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str = "mai
     entries = [(list(where[i]), [int(c) for c in coeffs[:, i]]) for i in varying]
     gu, wu = graphs[0]
     readers = _readers(spec, entries, gu)
-    ranges = Ranges(list(spec), readers, entries)
+    ranges = Ranges(list(spec), readers, entries, frozenset(keep))
+    check_fits(gu, ranges, spec)
+    return replace(gu, ranges=ranges), wu
+
+
+def _widened(prior: Ranges, spec: list[tuple[str, int, int]], upper: tuple[Any, CompiledGraph, dict[str, Any]],
+             below: tuple[Any, CompiledGraph, dict[str, Any]], keep: set[str]) -> tuple[CompiledGraph, dict[str, Any]]:
+    """The program at the new upper bound with the prior fit, if every integer of the programs at U and U - 1
+    is what the fit gives there (a varying one) or the same at both (the others); else RangeError."""
+    (point_u, gu, wu), (point_a, ga, wa) = upper, below
+    _same_structure(gu, ga, spec)
+    where, vu = _integers(gu, wu, wu)
+    _, va = _integers(ga, wa, wu)
+    index = {tuple(w): i for i, w in enumerate(where)}
+    pos = [index.get(tuple(w)) for w, _ in prior.entries]
+    if None in pos:
+        raise RangeError("the fit of the narrower ranges names integers the wider program does not have")
+    ranges = Ranges(list(spec), prior.readers, prior.entries, frozenset(keep), widened=True)
+    for point, vals in ((point_u, vu), (point_a, va)):
+        want = ranges.evaluate(point)
+        if any(vals[p] != int(v) for p, v in zip(pos, want, strict=True)):
+            raise RangeError("the fit of the narrower ranges does not hold at the wider bound")
+    fitted = set(pos)
+    if any(a != b for j, (a, b) in enumerate(zip(vu, va, strict=True)) if j not in fitted):
+        raise RangeError("an integer the narrower ranges found fixed follows the dims at the wider bound")
     check_fits(gu, ranges, spec)
     return replace(gu, ranges=ranges), wu
 

@@ -24,6 +24,7 @@ import ctxrt
 from ctxrt.backends import Backend
 from ctxrt.errors import FormatError
 from ctxrt.format import layout
+from ctxrt.runtime import heap
 from ctxrt.runtime.context import Context
 from ctxrt.runtime.weightstore import WeightStore
 
@@ -45,9 +46,10 @@ class VariantCompiler:
         self._external: tuple[Stamp, list[Path]] | None = None  # the model's external-data files, by its stamp
 
     def compile(self, shapes: Mapping[str, Any] | None, feeds: Mapping[str, Any] | None,
-                dims: Mapping[str, tuple[int, int]] | None = None) -> Context:
+                dims: Mapping[str, tuple[int, int]] | None = None, prior: Any = None) -> Context:
         """Online prepare with memhandle IO (the session binds every IO tensor); value inputs are taken from
-        `feeds`; `dims`: the ranges of a range program. Through the cache folder when there is one."""
+        `feeds`; `dims`: the ranges of a range program (`prior`: the Ranges of a narrower one, whose fit is
+        checked first). Through the cache folder when there is one."""
         from ctxrt.compiler import compile_graphs
         from ctxrt.runtime.loader import compile_to_context
         from ctxrt.runtime.variant import array_of
@@ -55,14 +57,18 @@ class VariantCompiler:
         shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
         feeds = {k: array_of(v) for k, v in (feeds or {}).items()}
         dims = {k: v if isinstance(v, str) else (int(v[0]), int(v[1])) for k, v in (dims or {}).items()}
-        if self.folder is None:
-            graphs, weights = compile_graphs([(self.source, shapes, "main")], self.backend, "memhandle", feeds,
-                                             dims=dims)
-            return compile_to_context(graphs, weights, self.backend, store=self.store)
-        return self._cached(shapes, feeds, dims)
+        try:
+            if self.folder is None:
+                graphs, weights = compile_graphs([(self.source, shapes, "main")], self.backend, "memhandle", feeds,
+                                                 dims=dims, prior=prior)
+                return compile_to_context(graphs, weights, self.backend, store=self.store)
+            return self._cached(shapes, feeds, dims, prior)
+        finally:
+            graphs = weights = None
+            heap.trim()  # what the compile freed (probe programs, IR): not kept at the compile's peak
 
     def _cached(self, shapes: dict[str, tuple[int, ...]], feeds: dict[str, Any],
-                dims: dict[str, tuple[int, int]]) -> Context:
+                dims: dict[str, tuple[int, int]], prior: Any = None) -> Context:
         """The context binary for this compile from the folder, or compiled and kept there. The names of the
         model's value inputs are learned at its first compile and kept beside the binaries."""
         from ctxrt.compiler import compile_graphs, save_context
@@ -95,7 +101,7 @@ class VariantCompiler:
                     counters["compile_cache_damaged"] += 1
         counters["compile_cache_misses"] += 1
         graphs, weights = compile_graphs([(self.source, shapes, "main")], self.backend, "memhandle", feeds,
-                                         dims=dims)
+                                         dims=dims, prior=prior)
         names = sorted(graphs[0].value_inputs)
         names_file.write_text(json.dumps(names))
         cached = path_for(names)

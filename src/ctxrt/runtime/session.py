@@ -206,7 +206,10 @@ class InferenceSession:
                              "compiled for one value)")
         else:
             dims = self._range_dims(feeds)
-            if dims:  # a wider range replaces the ranges compiled before
+            prior = None
+            if dims:  # a wider range replaces the ranges compiled before (whose fit it tries first)
+                prior = next((old.ranged.ranges for old in self._variants.values() if old.ranged is not None),
+                             None)
                 for k in [k for k, old in self._variants.items() if old.ranged is not None]:
                     self._retire(self._variants.pop(k))
             while len(self._variants) >= self._max_variants:  # free the least recently used variant first
@@ -227,7 +230,7 @@ class InferenceSession:
                     if all(not isinstance(v, str) and v[0] == v[1] for v in attempt.values()):
                         continue  # nothing left to range
                     try:  # the upper bound may be past what the model allows (e.g. its position table): then tight
-                        variant = self._single(self._compile(None, feeds, attempt), None)
+                        variant = self._single(self._compile(None, feeds, attempt, prior), None)
                     except RangeError as e:
                         self._range_failed = str(e)
                         warnings.warn(f"InferenceSession compiles this model for exact input shapes: it cannot be "
@@ -238,6 +241,8 @@ class InferenceSession:
                         continue
                     self._ranges.update(attempt)
                     self._counters["range_programs_compiled"] += 1
+                    if variant.ranged is not None and variant.ranged.ranges.widened:
+                        self._counters["range_programs_widened"] += 1  # two compiles: the narrower fit held
                     break
                 if variant is None and failed is not None:
                     self._counters["range_compiles_failed"] += 1
@@ -275,11 +280,11 @@ class InferenceSession:
                 warnings.warn(message, CtxrtWarning, stacklevel=4)
 
     def _compile(self, shapes: Any, feeds: Mapping[str, Any] | None = None,
-                 dims: Mapping[str, tuple[int, int]] | None = None) -> Context:
+                 dims: Mapping[str, tuple[int, int]] | None = None, prior: Any = None) -> Context:
         """Online prepare with memhandle IO (the session binds every IO tensor); through `cache_dir` when set.
-        Value inputs are taken from `feeds`; `dims`: ranges of a range program."""
+        Value inputs are taken from `feeds`; `dims`: ranges of a range program (`prior`: a narrower one's)."""
         assert self._compiler is not None
-        return self._compiler.compile(shapes, feeds, dims)
+        return self._compiler.compile(shapes, feeds, dims, prior)
 
     def _varied(self, feeds: Mapping[str, Any]) -> set[str] | None:
         """After a range compile failed (not for a reason ranges cannot fix): the dims whose size changed between

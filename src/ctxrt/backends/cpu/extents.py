@@ -36,7 +36,7 @@ _ATTRS: dict[str, frozenset[str]] = {
     "Expand": frozenset({"shape"}), "Trilu": frozenset({"upper"}), "Slice": frozenset({"starts", "ends", "axes",
                                                                                       "steps"}),
     "Reshape": frozenset({"shape", "allowzero"}), "Squeeze": frozenset({"axes"}), "Unsqueeze": frozenset({"axes"}),
-    "Flatten": frozenset({"axis"}),
+    "Flatten": frozenset({"axis"}), "Cast": frozenset({"to", "saturate"}), "ConstantOfShape": frozenset({"value"}),
 }
 
 
@@ -71,6 +71,10 @@ def maker(step: Any, opset: int) -> Make | None:
         return _trilu
     if op == "Range" and len(ins) == 3 and None not in ins:
         return _range
+    if op == "Cast" and len(ins) == 1 and not (ins[0].kind == "f" and outs[0].kind in "iu"):
+        return _cast  # not float to integer: its rounding and range are the Cast kernel's business
+    if op == "ConstantOfShape":
+        return _fill
     return None
 
 
@@ -234,6 +238,18 @@ def _range(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     def run() -> None:  # ONNX: start + i * delta, in the output's type
         np.copyto(y, start.reshape(()) + delta.reshape(()) * np.arange(y.shape[0]), casting="unsafe")
     return run
+
+
+def _cast(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
+    x, y = ins[0], outs[0]
+    return lambda: np.copyto(y, x, casting="unsafe")  # to bool: non-zero is True, as ONNX's Cast
+
+
+def _fill(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
+    y = outs[0]
+    value = step.attrs.get("value")
+    fill = y.dtype.type(0) if value is None else y.dtype.type(np.asarray(value).reshape(-1)[0])
+    return lambda: y.fill(fill)
 
 
 def _nothing() -> None:
