@@ -135,9 +135,10 @@ def test_launches_that_take_extents_match_onnx(backend) -> None:
              helper.make_node("Where", ["cond", "pt", "p"], ["pw"]),
              helper.make_node("Concat", ["past", "k"], ["vv"], axis=2),
              helper.make_node("MatMul", ["pw", "vv"], ["y"])]
+    i64 = TensorProto.INT64
     inits = [helper.make_tensor("scale", TensorProto.FLOAT, [], [np.sqrt(d)]),
-             helper.make_tensor("two", TensorProto.INT64, [1], [2]), helper.make_tensor("three", TensorProto.INT64, [1], [3]),
-             helper.make_tensor("zero", TensorProto.INT64, [], [0]), helper.make_tensor("one", TensorProto.INT64, [], [1]),
+             helper.make_tensor("two", i64, [1], [2]), helper.make_tensor("three", i64, [1], [3]),
+             helper.make_tensor("zero", i64, [], [0]), helper.make_tensor("one", i64, [], [1]),
              helper.make_tensor("cond", TensorProto.BOOL, [1], [True])]
     fl = TensorProto.FLOAT
     g = helper.make_graph(nodes, "attn", [helper.make_tensor_value_info("past", fl, [1, 2, "past", d]),

@@ -214,7 +214,8 @@ class ExtentRunner:
 
     def _launch(self, made: Made, view: Any) -> Any:
         step = made.step
-        ins = [None if r is None else made.consts[i] if i in made.consts else view(r) for i, r in enumerate(step.inputs)]
+        ins = [None if r is None else made.consts[i] if i in made.consts else view(r)
+               for i, r in enumerate(step.inputs)]
         outs = [view(r) for r in step.outputs]
         if made.make is not None:
             return made.make(step, ins, outs)
