@@ -64,6 +64,30 @@ def test_layernorm_float64_and_in_place() -> None:
     check(nodes, {"x": rand(4, 6)}, {"s": rand(6)}, opset=17, rtol=1e-4, atol=1e-5)
 
 
+def test_layernorm_runs_on_onednn_where_it_can() -> None:
+    """float32 rows with Scale and B of the normalized shape, Y only: oneDNN's kernel (constant and run-time
+    parameters, no B, in place after an Add); the optional outputs or a broadcast Scale: NumPy's."""
+    from ctxrt.backends.cpu.onednn import api
+
+    if not api.available():
+        pytest.skip("oneDNN is not installed")
+    cases = [([helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"])], {"x": rand(1, 1, 256)},
+              {"s": rand(256), "b": rand(256)}, True),
+             ([helper.make_node("LayerNormalization", ["x", "s"], ["y"], axis=1)],
+              {"x": rand(3, 4, 5), "s": rand(4, 5)}, {}, True),
+             ([helper.make_node("Add", ["x", "x"], ["t"]), helper.make_node("LayerNormalization", ["t", "s"], ["y"])],
+              {"x": rand(16, 384)}, {"s": rand(384)}, True),
+             ([helper.make_node("LayerNormalization", ["x", "s", "b"], ["y", "m"])], {"x": rand(2, 8)},
+              {"s": rand(8), "b": rand(8)}, False),
+             ([helper.make_node("LayerNormalization", ["x", "s", "b"], ["y"], axis=1)], {"x": rand(2, 3, 4)},
+              {"s": rand(1), "b": rand(4)}, False)]
+    for nodes, feeds, inits, onednn in cases:
+        check(nodes, feeds, inits, opset=17, rtol=1e-4, atol=1e-5)
+        g = ctxrt.compile(make_model(nodes, feeds, inits, 17)).graph()
+        algos = [k.algorithm for s, k in zip(g.compiled.steps, g._kernels, strict=True) if s.op == "LayerNormalization"]
+        assert algos and all(a.startswith("onednn:layernorm") == onednn for a in algos), algos
+
+
 # --- InstanceNormalization, GroupNormalization -------------------------------------------------------
 
 @pytest.mark.parametrize("shape", [(2, 3, 5), (2, 3, 4, 5), (1, 2, 3, 4, 2), (2, 3, 1)])

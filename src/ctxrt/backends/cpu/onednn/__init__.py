@@ -16,7 +16,8 @@ LAYOUT_OPS: dict[str, KernelFactory] = {
 # Not LogSoftmax: oneDNN's log is off by up to 1.2e-4 relative near 0 (onnxruntime's, NumPy's: 1e-7).
 # The integer ops of QDQ units (int8.py) too: their tensors stay NCHW, the int8 conv reorders inside its launch.
 PLAIN_OPS: dict[str, KernelFactory] = {"MatMul": matmul.matmul, "Gemm": matmul.matmul, "Softmax": kernels.softmax,
-                                       "QLinearMatMul": int8.qmatmul, "QGemm": int8.qmatmul, "QLinearConv": int8.qconv}
+                                       "LayerNormalization": kernels.layernorm, "QLinearMatMul": int8.qmatmul,
+                                       "QGemm": int8.qmatmul, "QLinearConv": int8.qconv}
 KERNELS = {**LAYOUT_OPS, **PLAIN_OPS}
 reorder = kernels.reorder
 

@@ -92,6 +92,7 @@ def _prototype(lib: ctypes.CDLL) -> None:
         "dnnl_pooling_forward_primitive_desc_create": [pp, vp, i, i, vp, vp, Dims, Dims, Dims, Dims, Dims, vp],
         "dnnl_lrn_forward_primitive_desc_create": [pp, vp, i, i, vp, vp, i64, f, f, f, vp],
         "dnnl_batch_normalization_forward_primitive_desc_create": [pp, vp, i, vp, vp, f, ctypes.c_uint, vp],
+        "dnnl_layer_normalization_forward_primitive_desc_create": [pp, vp, i, vp, vp, vp, f, ctypes.c_uint, vp],
         "dnnl_reorder_primitive_desc_create": [pp, vp, vp, vp, vp, vp],
         "dnnl_matmul_primitive_desc_create": [pp, vp, vp, vp, vp, vp, vp],
         "dnnl_softmax_forward_primitive_desc_create": [pp, vp, i, i, vp, vp, i, vp],
