@@ -26,6 +26,19 @@ from ctxrt.ir.layouts import Layout
 _UFUNC_BUFSIZE = 1024
 
 
+def _quiet() -> tuple[Any, Any] | None:
+    """(NumPy's context variable of ufunc settings, the settings of a run), where NumPy 2 has them."""
+    try:
+        from numpy._core import _ufunc_config as config
+
+        return config._extobj_contextvar, config._make_extobj(all="ignore", bufsize=_UFUNC_BUFSIZE)
+    except (ImportError, AttributeError, TypeError):  # another NumPy: setbufsize and seterr, each time
+        return None
+
+
+_QUIET = _quiet()
+
+
 @contextlib.contextmanager
 def small_ufunc_buffers() -> Iterator[None]:
     """NumPy's ufunc iterator buffers strided and broadcast operands in chunks of `bufsize` elements, allocating
@@ -33,6 +46,13 @@ def small_ufunc_buffers() -> Iterator[None]:
     measurable speed cost. Every run of NumPy kernels (here, and CPU partitions of other backends) uses it.
     Floating-point warnings are off meanwhile: a kernel's inf or NaN is its output (a fully masked attention row
     is NaN in onnxruntime too), not a warning to the user."""
+    if _QUIET is not None:  # both settings in one swap of NumPy's context variable: 0.4 us, not 10
+        token = _QUIET[0].set(_QUIET[1])
+        try:
+            yield
+        finally:
+            _QUIET[0].reset(token)
+        return
     old, errors = np.setbufsize(_UFUNC_BUFSIZE), np.seterr(all="ignore")
     try:
         yield
