@@ -47,6 +47,20 @@ def test_unary_activation(op: str, attrs: dict, opset: int, dtype: Any) -> None:
     check(helper.make_node(op, ["x"], ["y"], **attrs), {"x": inputs(dtype)}, opset=opset, rtol=rtol, atol=atol)
 
 
+def test_hard_swish_runs_on_onednn_where_installed() -> None:
+    """float32 HardSwish is one oneDNN pass (edge values and NaN as onnx.reference); float64 stays NumPy's."""
+    from ctxrt.backends.cpu.onednn import api
+
+    if not api.available():
+        pytest.skip("oneDNN is not installed")
+    for dtype, onednn in ((np.float32, True), (np.float64, False)):
+        node = helper.make_node("HardSwish", ["x"], ["y"])
+        feeds = {"x": inputs(dtype)}
+        check(node, feeds, opset=14, rtol=TOL[dtype][0], atol=TOL[dtype][1])
+        g = ctxrt.compile(make_model([node], feeds, opset=14)).graph()
+        assert g._kernels[0].algorithm.startswith("onednn:eltwise") == onednn
+
+
 @pytest.mark.parametrize("slope_shape", [(1,), (5, 1, 1), (1, 5, 1, 1), (7,), (4, 5, 6, 7), (6, 1)])
 @pytest.mark.parametrize("const", [True, False])
 def test_prelu_broadcasting(slope_shape: tuple[int, ...], const: bool) -> None:

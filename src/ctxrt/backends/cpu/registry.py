@@ -31,6 +31,7 @@ from ctxrt.backends.cpu import (
     widen,
 )
 from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec
+from ctxrt.errors import UnsupportedOpError
 
 KERNELS: dict[str, KernelFactory] = {}
 for _module in (elementwise, clamp, activations, logic, reduce, shape, norm, nn, spatial, convtranspose, resize,
@@ -46,8 +47,21 @@ def _routed(numpy: KernelFactory, provided: KernelFactory) -> KernelFactory:
     return factory
 
 
+def _preferred(numpy: KernelFactory, provided: KernelFactory) -> KernelFactory:
+    def factory(spec: NodeSpec) -> Kernel:
+        if spec.attr("kernel") not in (None, onednn.NAME) or not onednn.api.available():
+            return numpy(spec)
+        try:
+            return provided(spec)
+        except UnsupportedOpError:
+            return numpy(spec)
+    return factory
+
+
 for _op, _factory in onednn.KERNELS.items():
     KERNELS[_op] = _routed(KERNELS[_op], _factory)
+for _op, _factory in onednn.ELTWISE.items():
+    KERNELS[_op] = _preferred(KERNELS[_op], _factory)
 KERNELS["Reorder"] = onednn.reorder  # only the layout pass makes Reorders, for oneDNN's layouts
 for _op, _factory in KERNELS.items():  # half-precision weights widened when built (ir/passes/half.py)
     KERNELS[_op] = widen.widening(_factory)

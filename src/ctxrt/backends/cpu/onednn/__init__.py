@@ -19,6 +19,10 @@ PLAIN_OPS: dict[str, KernelFactory] = {"MatMul": matmul.matmul, "Gemm": matmul.m
                                        "LayerNormalization": kernels.layernorm, "QLinearMatMul": int8.qmatmul,
                                        "QGemm": int8.qmatmul, "QLinearConv": int8.qconv}
 KERNELS = {**LAYOUT_OPS, **PLAIN_OPS}
+# Element-wise ops it runs whatever their layout, chosen by the kernel table itself (registry.py), not the layout
+# pass: NumPy's kernel where oneDNN declines (another dtype) or is not installed.
+# (Not HardSigmoid: oneDNN's clips NaN to 0 or 1, ONNX's keeps it.)
+ELTWISE: dict[str, KernelFactory] = {"HardSwish": kernels.eltwise}
 reorder = kernels.reorder
 
 

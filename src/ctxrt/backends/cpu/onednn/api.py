@@ -25,6 +25,7 @@ TAG_ANY = 1
 FORWARD_INFERENCE = 96
 CONVOLUTION_DIRECT = 1
 ELTWISE_RELU, ELTWISE_GELU_TANH, ELTWISE_GELU_ERF = 32, 43, 49
+ELTWISE_HARDSIGMOID, ELTWISE_HARDSWISH = 40, 52  # dnnl_alg_kind_t, oneDNN 3.x
 POOLING_MAX, POOLING_AVG_INCLUDE, POOLING_AVG_EXCLUDE = 511, 767, 1023
 LRN_ACROSS_CHANNELS = 2815
 SOFTMAX_ACCURATE = 0x30000
@@ -93,6 +94,7 @@ def _prototype(lib: ctypes.CDLL) -> None:
         "dnnl_lrn_forward_primitive_desc_create": [pp, vp, i, i, vp, vp, i64, f, f, f, vp],
         "dnnl_batch_normalization_forward_primitive_desc_create": [pp, vp, i, vp, vp, f, ctypes.c_uint, vp],
         "dnnl_layer_normalization_forward_primitive_desc_create": [pp, vp, i, vp, vp, vp, f, ctypes.c_uint, vp],
+        "dnnl_eltwise_forward_primitive_desc_create": [pp, vp, i, i, vp, vp, f, f, vp],
         "dnnl_reorder_primitive_desc_create": [pp, vp, vp, vp, vp, vp],
         "dnnl_matmul_primitive_desc_create": [pp, vp, vp, vp, vp, vp, vp],
         "dnnl_softmax_forward_primitive_desc_create": [pp, vp, i, i, vp, vp, i, vp],
