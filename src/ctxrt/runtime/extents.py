@@ -18,7 +18,7 @@ import numpy as np
 
 from ctxrt import dtypes
 from ctxrt.backends import select_kernel
-from ctxrt.backends.cpu.extents import small_rows
+from ctxrt.backends.cpu.extents import _nothing, small_rows
 from ctxrt.backends.kernel import NodeSpec, TensorSpec
 from ctxrt.compiler.program import ARENA, CONST, Step, TensorInfo
 from ctxrt.compiler.ranges import _apply
@@ -36,12 +36,14 @@ PER_STEP = 64  # shapes of one changed step whose launches (and kernels) are kep
 
 class Made:
     """One changed step at one set of its integers' values: the step (None: its outputs are empty, nothing to run),
-    its launch maker or kernel, its launch when it touches no IO tensor, what it holds, its work."""
+    its launch maker or kernel, its launch when it touches no IO tensor (or on the internal IO buffers), what it
+    holds, its work."""
 
-    __slots__ = ("step", "make", "kernel", "launch", "consts", "scratch", "held", "work")
+    __slots__ = ("step", "make", "kernel", "launch", "raw", "consts", "scratch", "held", "work")
 
     def __init__(self, step: Step | None) -> None:
         self.step, self.make, self.kernel, self.launch = step, None, None, None
+        self.raw: Any = None  # its launch on the internal IO buffers (a step touching IO, runs on arrays)
         self.consts: dict[int, np.ndarray] = {}
         self.scratch: list[Any] = []
         self.held: list[Any] = []
@@ -87,7 +89,7 @@ class ExtentRunner:
         self.group_cache: dict[int, OrderedDict[tuple[int, ...], tuple[dict[int, Made], int | None]]] = {
             m: OrderedDict() for m in groups}
         # launches of the steps that touch IO tensors but do not change, bound to the internal IO buffers
-        self.internal_io: dict[int, Any] | None = None
+        self.internal_io: list[Any] | None = None
 
     @classmethod
     def build(cls, g: Graph) -> ExtentRunner | None:
@@ -224,47 +226,56 @@ class ExtentRunner:
     # -- recording -------------------------------------------------------------------------------------
     def _record(self, st: AtDims, bound: tuple[MemHandle | None, ...]) -> None:
         g = self.g
-        be = g.ctx.backend
-        views: dict[str, Any] = {}
-        for info, h in zip(st.inputs + st.outputs, bound, strict=True):
-            if h is not None:
-                views[info.name] = h.view
-                continue
-            internal = st.internal.get(info.name)
-            if internal is None:
-                buf, off = g._io_place(info.name)
-                internal = st.internal[info.name] = be.view(buf, off, info.shape, info.dtype)
-            views[info.name] = internal
+        if all(h is None for h in bound):  # arrays fed and returned: the internal IO buffers, views at these dims
+            views = st.internal
+            if not views:
+                for info in st.inputs + st.outputs:
+                    buf, off = g._io_place(info.name)
+                    views[info.name] = np.ndarray(info.shape, info.dtype, buf.array, off)
+        else:
+            views = {info.name: h.view if h is not None else st.internal.get(info.name)
+                     for info, h in zip(st.inputs + st.outputs, bound, strict=True)}
+            for info in st.inputs + st.outputs:
+                if views[info.name] is None:
+                    buf, off = g._io_place(info.name)
+                    views[info.name] = st.internal[info.name] = np.ndarray(info.shape, info.dtype, buf.array, off)
 
         def view(r: Any) -> Any:
             if r.space in (ARENA, CONST):
                 return _view(g, r)
             return views[r.key].reshape(r.shape)
 
-        launches = []
-        io_steps, changed = self.io_steps, st.steps
-        raw = all(h is None for h in bound)
-        if self.internal_io is None:
-            self.internal_io = {}
-        internal = self.internal_io
-        for k, step in enumerate(g.compiled.steps):
-            made = changed.get(k)
-            if made is not None:
-                if made.step is None:
-                    continue
-                launch = made.launch if made.launch is not None else self._launch(made, view)
-            elif k in io_steps:  # unchanged: on the internal IO buffers its launch is the same at any dims
-                launch = internal.get(k) if raw else None
-                if launch is None:
-                    launch = g._kernels[k].bind([view(r) if r else None for r in step.inputs],
-                                                [view(r) for r in step.outputs], [view(r) for r in step.scratch])
-                    if raw:
-                        internal[k] = launch
+        if views is st.internal:
+            launches = list(self._internal_base(view))  # unchanged steps' launches: the same at any dims
+        else:
+            launches = [None if k in st.steps else g._launches[k] if k not in self.io_steps else
+                        g._kernels[k].bind([view(r) if r else None for r in step.inputs],
+                                           [view(r) for r in step.outputs], [view(r) for r in step.scratch])
+                        for k, step in enumerate(g.compiled.steps)]
+        raw = views is st.internal
+        for k, made in st.steps.items():
+            if made.step is None:
+                launches[k] = _nothing
+            elif made.launch is not None:
+                launches[k] = made.launch
+            elif raw:  # on the internal IO buffers its views follow its own integers only: made once
+                if made.raw is None:
+                    made.raw = self._launch(made, view)
+                launches[k] = made.raw
             else:
-                launch = g._launches[k]
-            launches.append(launch)
+                launches[k] = self._launch(made, view)
         st.launches, st.bound = launches, bound
         g.ctx.stats["recordings"] += 1
+
+    def _internal_base(self, view: Any) -> list[Any]:
+        """The launch list on the internal IO buffers with the changed steps left None (made once)."""
+        if self.internal_io is None:
+            g = self.g
+            self.internal_io = [None if k in self.makers else g._launches[k] if k not in self.io_steps else
+                                g._kernels[k].bind([view(r) if r else None for r in step.inputs],
+                                                   [view(r) for r in step.outputs], [view(r) for r in step.scratch])
+                                for k, step in enumerate(g.compiled.steps)]
+        return self.internal_io
 
     # -- running ---------------------------------------------------------------------------------------
     def execute(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None) -> Mapping[str, tuple[int, ...]]:
