@@ -4,7 +4,9 @@
   greedily from a 4-token prompt and an empty past, through `InferenceSession.run`: ms per token of the first
   generation (compiles included) and of a second one (steady), for ctxrt with `dim_ranges` (one range program),
   ctxrt loading a context binary compiled ahead with the same ranges (`ctxrt compile --dim ...`, the deployment
-  path), ctxrt with its default ranges (widened as the past grows) and onnxruntime; then peak RSS beyond the
+  path), ctxrt with its default ranges (widened as the past grows) and onnxruntime; "new shape": the median run of
+  the first generation's tokens after the prompt (each at a past length met for the first time, the model
+  already compiled), "steady": the second generation (the same past lengths again); then peak RSS beyond the
   weights of each, each in a fresh process (sampled every millisecond; both runtimes' libraries, oneDNN's
   included, loaded before the baseline);
 - **batch cycle**: MobileNetV3 (dynamo export) at batch 1, 2, ..., 12, cycled 3 times: median ms per call.
@@ -66,12 +68,20 @@ def _session(kind: str, path: Path) -> Any:
     return ctxrt.InferenceSession(path, dim_ranges=RANGES if kind == "ctxrt ranges" else None)
 
 
-def _generate(sess: Any) -> tuple[float, list[list[int]]]:
+def _generate(sess: Any, per_token: list[float] | None = None) -> tuple[float, list[list[int]]]:
+    """(ms per token of a 64-token generation, its tokens); `per_token` gets each step's ms."""
     import decoders
 
     feeds = decoders.empty_past(LAYERS, seq=4, dim=DIM, heads=HEADS)
+
+    def run(f: Any) -> Any:
+        t0 = time.perf_counter()
+        out = sess.run(None, f)
+        if per_token is not None:
+            per_token.append((time.perf_counter() - t0) * 1e3)
+        return out
     t = time.perf_counter()
-    tokens = decoders.generate(lambda f: sess.run(None, f), feeds, TOKENS, LAYERS)
+    tokens = decoders.generate(run, feeds, TOKENS, LAYERS)
     return (time.perf_counter() - t) / TOKENS * 1e3, tokens
 
 
@@ -80,6 +90,7 @@ def generation(rounds: int) -> dict[str, dict[str, float]]:
     _context_binary(path)
     kinds = ["ctxrt ranges", "ctxrt .ctx", "ctxrt default", "onnxruntime"]
     first: dict[str, list[float]] = {k: [] for k in kinds}
+    fresh: dict[str, list[float]] = {k: [] for k in kinds}
     steady: dict[str, list[float]] = {k: [] for k in kinds}
     tokens: dict[str, list[list[int]]] = {}
     for r in range(rounds):
@@ -87,14 +98,16 @@ def generation(rounds: int) -> dict[str, dict[str, float]]:
             t = time.perf_counter()
             sess = _session(kind, path)
             opened = time.perf_counter() - t
-            ms, tokens[kind] = _generate(sess)
+            steps: list[float] = []
+            ms, tokens[kind] = _generate(sess, steps)
             first[kind].append(ms + opened * 1e3 / TOKENS)  # session creation counted in the first generation
+            fresh[kind].append(statistics.median(steps[2:]))  # a token at a past length not met before
             steady[kind].append(_generate(sess)[0])
             del sess
     if any(t != tokens["onnxruntime"] for t in tokens.values()):
         raise SystemExit(f"tokens differ: {tokens}")
-    return {k: {"first_ms_per_token": statistics.median(first[k]), "steady_ms_per_token": statistics.median(steady[k])}
-            for k in kinds}
+    return {k: {"first_ms_per_token": statistics.median(first[k]), "new_shape_ms": statistics.median(fresh[k]),
+                "steady_ms_per_token": statistics.median(steady[k])} for k in kinds}
 
 
 def _rss_child(kind: str, out: Any) -> None:
@@ -188,10 +201,12 @@ def main() -> None:
     print(machine_line())
     o = gen["onnxruntime"]
     print(f"GPT-2-style decoder, {LAYERS} layers, hidden {DIM}, {TOKENS} tokens from an empty past (ms per token):")
-    print(f"  {'runtime':<16}{'first gen':>11}{'ratio':>8}{'steady':>9}{'ratio':>8}{'RSS beyond weights':>21}")
+    print(f"  {'runtime':<16}{'first gen':>11}{'ratio':>8}{'new shape':>11}{'ratio':>8}{'steady':>9}{'ratio':>8}"
+          f"{'RSS beyond weights':>21}")
     for k, v in gen.items():
         m = mem[k]["rss_beyond_weights_mib"]
         print(f"  {k:<16}{v['first_ms_per_token']:>11.2f}{v['first_ms_per_token'] / o['first_ms_per_token']:>8.2f}"
+              f"{v['new_shape_ms']:>11.2f}{v['new_shape_ms'] / o['new_shape_ms']:>8.2f}"
               f"{v['steady_ms_per_token']:>9.2f}{v['steady_ms_per_token'] / o['steady_ms_per_token']:>8.2f}"
               f"{m:>15.1f} MiB ({m / max(mem['onnxruntime']['rss_beyond_weights_mib'], 1e-9):.2f}x)")
     print(f"  weights {mem['onnxruntime']['weights_mib']:.1f} MiB")

@@ -88,6 +88,20 @@ class ExtentRunner:
         self.groups: dict[int, list[tuple[int, list[int]]]] = groups
         self.group_cache: dict[int, OrderedDict[tuple[int, ...], tuple[dict[int, Made], int | None]]] = {
             m: OrderedDict() for m in groups}
+        # steps with a launch maker whose integers are only extents: their refs' axes that follow the dims, by
+        # position in the step's values (made without a new Step, _pure)
+        self.pure: dict[int, tuple[list[Any], list[Any]]] = {}
+        entries = g.ranges.entries
+        for k, idx in g.ranges._by_step.items():
+            if makers[k] is None or any(entries[i][0][0] not in ("in", "out") for i in idx):
+                continue
+            step = g.compiled.steps[k]
+            axes: dict[tuple[str, int], list[tuple[int, int]]] = {}
+            for j, i in enumerate(idx):
+                kind, _, slot, axis = entries[i][0]
+                axes.setdefault((kind, int(slot)), []).append((int(axis), j))
+            self.pure[k] = ([None if r is None else (r, axes.get(("in", n), ())) for n, r in enumerate(step.inputs)],
+                            [(r, axes.get(("out", n), ())) for n, r in enumerate(step.outputs)])
         # launches of the steps that touch IO tensors but do not change, bound to the internal IO buffers
         self.internal_io: list[Any] | None = None
 
@@ -160,7 +174,8 @@ class ExtentRunner:
             per_step = self.cache[k]
             made = per_step.get(step_key)
             if made is None:
-                made = per_step[step_key] = self._make(k, [(r.entries[i][0], vals[i]) for i in idx])
+                made = per_step[step_key] = self._pure(k, step_key) if k in self.pure else \
+                    self._make(k, [(r.entries[i][0], vals[i]) for i in idx])
                 while len(per_step) > PER_STEP:
                     per_step.popitem(last=False)
             steps[k] = made
@@ -212,6 +227,25 @@ class ExtentRunner:
             ctx.stats["range_kernels_built"] += 1
         if k not in self.io_steps:
             made.launch = self._launch(made, lambda ref: _view(g, ref))
+        return made
+
+    def _pure(self, k: int, key: tuple[int, ...]) -> Made:
+        """Step k, whose integers are extents only, at these values: refs of the new shapes (the same places)
+        and its maker's launch; no Step and no kernel are made (about 5 us)."""
+        g = self.g
+        step = g.compiled.steps[k]
+        ins_spec, outs_spec = self.pure[k]
+        ins = [None if x is None else _shaped(x[0], x[1], key) for x in ins_spec]
+        outs = [_shaped(r, axes, key) for r, axes in outs_spec]
+        if outs and all(0 in o.shape for o in outs):
+            return Made(None)
+        at = _Step(step.op, step.attrs, ins, outs)
+        made = Made(at)  # type: ignore[arg-type]
+        upper = self.work[k]  # a step's work at the upper bound bounds it anywhere inside the ranges
+        made.work = upper if upper is not None and upper < SMALL_WORK else step_work(at)  # type: ignore[arg-type]
+        made.make = self.makers[k]
+        if k not in self.io_steps:
+            made.launch = made.make(at, [None if r is None else _view(g, r) for r in ins], [_view(g, r) for r in outs])
         return made
 
     def _launch(self, made: Made, view: Any) -> Any:
@@ -346,3 +380,30 @@ def _view(g: Graph, r: Any) -> Any:
         # the CPU backend's view, made directly (numpy checks the bounds): the hot path of a new set of dims
         return np.ndarray(r.shape, r.dtype, buf.array, base + r.offset)
     return dtypes.as_ref(g._weights[r.key], r.shape, r.dtype)
+
+
+class _Step:
+    """A step at some dims as a launch maker reads it (op, attributes, refs): cheaper than a Step."""
+
+    __slots__ = ("op", "attrs", "inputs", "outputs")
+
+    def __init__(self, op: str, attrs: dict[str, Any], inputs: list[Any], outputs: list[Any]) -> None:
+        self.op, self.attrs, self.inputs, self.outputs = op, attrs, inputs, outputs
+
+
+class _Ref:
+    """A ref at some dims: the upper bound's place, another shape."""
+
+    __slots__ = ("space", "key", "offset", "shape", "dtype")
+
+    def __init__(self, r: Any, shape: tuple[int, ...]) -> None:
+        self.space, self.key, self.offset, self.dtype, self.shape = r.space, r.key, r.offset, r.dtype, shape
+
+
+def _shaped(r: Any, axes: Any, key: tuple[int, ...]) -> Any:
+    if not axes:
+        return r
+    shape = list(r.shape)
+    for axis, j in axes:
+        shape[axis] = key[j]
+    return _Ref(r, tuple(shape))
