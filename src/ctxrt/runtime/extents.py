@@ -245,7 +245,8 @@ class ExtentRunner:
         made.work = upper if upper is not None and upper < SMALL_WORK else step_work(at)  # type: ignore[arg-type]
         made.make = self.makers[k]
         if k not in self.io_steps:
-            made.launch = made.make(at, [None if r is None else _view(g, r) for r in ins], [_view(g, r) for r in outs])
+            made.launch = made.make(at, [None if r is None else _view(g, r) for r in ins],
+                                    [_view(g, r) for r in outs])
         return made
 
     def _launch(self, made: Made, view: Any) -> Any:
@@ -317,55 +318,64 @@ class ExtentRunner:
         ctx = g.ctx
         st = self.at(inputs)
         outputs = outputs or {}
-        if not outputs.keys() <= g._output_names:
-            raise ShapeError(f"graph {g.name!r} has no outputs {sorted(set(outputs) - g._output_names)}")
-        for info in st.inputs:
-            g._check_feed(info, inputs[info.name], "input")
-        for info in st.outputs:
-            if info.name in outputs:
-                g._check_feed(info, outputs[info.name], "output")
-        backend, stats = ctx.backend, ctx.stats
+        g._check_io(st.inputs, st.outputs, inputs, outputs)
         with ctx.lock:
-            if not _same(st, inputs, outputs):
-                bound = tuple(v if isinstance(v, MemHandle) else None for v in
-                              [inputs[i.name] for i in st.inputs] + [outputs.get(o.name) for o in st.outputs])
-                for h in bound:
-                    if h is not None and not h.registered:  # deregistered by another thread meanwhile
-                        raise RegistrationError("memory handle was deregistered")
+            if not same_binding(st.bound, st.inputs, st.outputs, inputs, outputs):
+                bound = binding(st.inputs, st.outputs, inputs, outputs)
                 g._check_overlap(bound)
                 self._record(st, bound)
-            for info in st.inputs:
-                v = inputs[info.name]
-                if not isinstance(v, MemHandle):
-                    backend.copy_in(st.internal[info.name], v)
-                    stats["copies_in"] += 1
-                    stats["bytes_in"] += info.nbytes
-            threads = ctx.threads
-            threads.cap = st.cap
-            with threads:
-                backend.run(st.launches)
-            for info in st.outputs:
-                v = outputs.get(info.name)
-                if v is not None and not isinstance(v, MemHandle):
-                    backend.copy_out(v, st.internal[info.name])
-                    stats["copies_out"] += 1
-                    stats["bytes_out"] += info.nbytes
-            stats["runs"] += 1
+            run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, st.launches, st.cap)
         return _NO_SHAPES
 
 
-def _same(st: AtDims, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
-    """True when `st`'s launches are recorded for exactly these handles (None: internal). Allocates nothing."""
-    bound = st.bound
+def run_recorded(ctx: Any, inputs: Mapping[str, Any], outputs: Mapping[str, Any], ins: list[TensorInfo],
+                 outs: list[TensorInfo], internal: Mapping[str, Any], launches: list[Any], cap: int | None) -> None:
+    """One run of recorded launches (under the context's lock): array feeds copied into their internal IO
+    buffers, the launches on the context's threads (`cap`: the program's thread cap), array outputs copied out."""
+    backend, stats = ctx.backend, ctx.stats
+    for info in ins:
+        v = inputs[info.name]
+        if not isinstance(v, MemHandle):
+            backend.copy_in(internal[info.name], v)
+            stats["copies_in"] += 1
+            stats["bytes_in"] += info.nbytes
+    threads = ctx.threads
+    threads.cap = cap
+    with threads:
+        backend.run(launches)
+    for info in outs:
+        v = outputs.get(info.name)
+        if v is not None and not isinstance(v, MemHandle):
+            backend.copy_out(v, internal[info.name])
+            stats["copies_out"] += 1
+            stats["bytes_out"] += info.nbytes
+    stats["runs"] += 1
+
+
+def binding(ins: list[TensorInfo], outs: list[TensorInfo], inputs: Mapping[str, Any], outputs: Mapping[str, Any]
+            ) -> tuple[MemHandle | None, ...]:
+    """Per IO tensor, the handle bound to it (None: an array, through the internal buffer)."""
+    bound = tuple(v if isinstance(v, MemHandle) else None for v in
+                  [inputs[i.name] for i in ins] + [outputs.get(o.name) for o in outs])
+    for h in bound:
+        if h is not None and not h.registered:  # deregistered by another thread meanwhile
+            raise RegistrationError("memory handle was deregistered")
+    return bound
+
+
+def same_binding(bound: tuple[Any, ...] | None, ins: list[TensorInfo], outs: list[TensorInfo],
+                 inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
+    """True when launches recorded for `bound` (a handle, or None for the internal buffer, per IO tensor) serve
+    exactly these feeds and outputs. Allocates nothing."""
     if bound is None:
         return False
     k = 0
-    for info in st.inputs:
+    for info in ins:
         v = inputs[info.name]
         if (v if isinstance(v, MemHandle) else None) is not bound[k]:
             return False
         k += 1
-    for info in st.outputs:
+    for info in outs:
         v = outputs.get(info.name)
         if (v if isinstance(v, MemHandle) else None) is not bound[k]:
             return False

@@ -15,7 +15,7 @@ from ctxrt.backends import select_kernel
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, TensorSpec
 from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Ref, Step, TensorInfo
 from ctxrt.errors import FormatError, LifecycleError, RegistrationError, ShapeError
-from ctxrt.runtime.extents import AtDims, ExtentRunner
+from ctxrt.runtime.extents import AtDims, ExtentRunner, binding, run_recorded, same_binding
 from ctxrt.runtime.memhandle import MemHandle
 from ctxrt.runtime.partition import HostSteps
 from ctxrt.runtime.work import SMALL_WORK, step_work, thread_cap
@@ -329,6 +329,17 @@ class Graph:
                                             "overlapping bytes of one shared buffer")
 
     # -- running ---------------------------------------------------------------------------------
+    def _check_io(self, ins: list[TensorInfo], outs: list[TensorInfo], inputs: Mapping[str, Any],
+                  outputs: Mapping[str, Any]) -> None:
+        """Every feed, and every output given, of the IO shapes `ins` and `outs` (a range program's at its dims)."""
+        if not outputs.keys() <= self._output_names:
+            raise ShapeError(f"graph {self.name!r} has no outputs {sorted(set(outputs) - self._output_names)}")
+        for info in ins:
+            self._check_feed(info, inputs[info.name], "input")
+        for info in outs:
+            if info.name in outputs:
+                self._check_feed(info, outputs[info.name], "output")
+
     def _check_feed(self, info: TensorInfo, array: Any, role: str) -> None:
         if isinstance(array, MemHandle):
             h = array
@@ -366,41 +377,15 @@ class Graph:
             missing, extra = sorted(self._input_names - set(inputs)), sorted(set(inputs) - self._input_names)
             raise ShapeError(f"graph {self.name!r} inputs: missing {missing}, unknown {extra}")
         outputs = outputs or {}
-        if not outputs.keys() <= self._output_names:
-            raise ShapeError(f"graph {self.name!r} has no outputs {sorted(set(outputs) - self._output_names)}")
-        for info in self.inputs:
-            self._check_feed(info, inputs[info.name], "input")
-        for info in self.outputs:
-            if info.name in outputs:
-                self._check_feed(info, outputs[info.name], "output")
+        self._check_io(self.inputs, self.outputs, inputs, outputs)
         for info, value in self._values:
             self._check_value(info, inputs[info.name], value)
-        backend, stats = ctx.backend, ctx.stats
+        backend = ctx.backend
         with ctx.lock:
-            if not self._same_binding(inputs, outputs):  # pinned: replay; else re-record the IO launches
-                bound = tuple(v if isinstance(v, MemHandle) else None for v in
-                              [inputs[i.name] for i in self.inputs] + [outputs.get(o.name) for o in self.outputs])
-                for h in bound:
-                    if h is not None and not h.registered:  # deregistered by another thread meanwhile
-                        raise RegistrationError("memory handle was deregistered")
-                self._record(bound)
-            for info in self.inputs:
-                v = inputs[info.name]
-                if not isinstance(v, MemHandle):
-                    backend.copy_in(self._internal[info.name], v)
-                    stats["copies_in"] += 1
-                    stats["bytes_in"] += info.nbytes
-            threads = ctx.threads
-            threads.cap = self.thread_cap
-            with threads:
-                backend.run(self._launches)
-            for info in self.outputs:
-                v = outputs.get(info.name)
-                if v is not None and not isinstance(v, MemHandle):
-                    backend.copy_out(v, self._internal[info.name])
-                    stats["copies_out"] += 1
-                    stats["bytes_out"] += info.nbytes
-            stats["runs"] += 1
+            if not same_binding(self._bound, self.inputs, self.outputs, inputs, outputs):  # pinned: replay
+                self._record(binding(self.inputs, self.outputs, inputs, outputs))  # re-record the IO launches
+            run_recorded(ctx, inputs, outputs, self.inputs, self.outputs, self._internal, self._launches,
+                         self.thread_cap)
             if not self._extents:
                 return _NO_SHAPES
             shapes = {}
@@ -422,24 +407,6 @@ class Graph:
             raise ShapeError(f"input {info.name!r} is a value input compiled for {value.reshape(-1).tolist()}; got "
                              f"{np.asarray(got).reshape(-1).tolist()[:16]} (it decides a shape or a branch: compile "
                              f"again with --value {info.name}=..., or run the .onnx model through InferenceSession)")
-
-    def _same_binding(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> bool:
-        """True when the launches are recorded for exactly these handles (None: internal). Allocates nothing."""
-        bound = self._bound
-        if bound is None:
-            return False
-        k = 0
-        for info in self.inputs:
-            v = inputs[info.name]
-            if (v if isinstance(v, MemHandle) else None) is not bound[k]:
-                return False
-            k += 1
-        for info in self.outputs:
-            v = outputs.get(info.name)
-            if (v if isinstance(v, MemHandle) else None) is not bound[k]:
-                return False
-            k += 1
-        return True
 
     def _release(self) -> None:
         """Drop everything that reaches the context's memory (the view maker holds its weights and arena)."""
