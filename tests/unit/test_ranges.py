@@ -276,3 +276,40 @@ def test_hostile_range_metadata_is_a_format_error(edit, needle) -> None:
     with pytest.raises(FormatError, match=needle):
         ctxrt.InferenceSession(context_bytes(graphs, weights, {"backend": "cpu", "hardware": "x86_64",
                                                                "producer": "test", "alignment": 64}))
+
+
+def test_gemms_at_few_rows_and_the_heap_after_a_compile(monkeypatch) -> None:
+    """A range program's oneDNN GEMMs (bias, residual, Relu fused) at fewer than 8 rows run NumPy's GEMV on the
+    same stored weights, at 8 or more the primitive: every size matches onnxruntime. The compile hands its freed
+    heap back (runtime/heap.py) once."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ctxrt.runtime import heap
+
+    rng = np.random.default_rng(9)
+    w1, w2 = (rng.standard_normal(s).astype(np.float32) * 0.2 for s in ((64, 48), (48, 64)))
+    b1, b2 = (rng.standard_normal(n).astype(np.float32) for n in (48, 64))
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["o"]),
+             helper.make_node("Add", ["o", "b2"], ["ob"]), helper.make_node("Add", ["ob", "x"], ["y"])]
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(a, k) for k, a in (("w1", w1), ("w2", w2), ("b1", b1), ("b2", b2))])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    trims = []
+    monkeypatch.setattr(heap, "trim", lambda: trims.append(1) or True)
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    with ctxrt.InferenceSession(m, dim_ranges={"n": (1, 32)}) as sess:
+        for n in (1, 5, 8, 32, 2, 1):
+            x = rng.standard_normal((n, 64)).astype(np.float32)
+            np.testing.assert_allclose(sess.run(None, {"x": x})[0], theirs.run(None, {"x": x})[0], rtol=1e-4,
+                                       atol=1e-4)
+        assert sess.stats["shape_variants_compiled"] == 1 and trims == [1]
+        g = next(iter(sess._variants.values())).ranged
+        from ctxrt.backends.cpu.onednn import api
+
+        if api.available():  # rows 1, 2 and 5 on NumPy's GEMV; 8 (and 32, the upper bound's) on oneDNN
+            made = [m for cache in g._extent.cache.values() for m in cache.values() if m.step is not None
+                    and m.step.op == "MatMul"]
+            gemv = {m.step.inputs[0].shape[0] for m in made if m.kernel is None}
+            assert gemv == {1, 2, 5} and all(m.kernel is not None for m in made if m.step.inputs[0].shape[0] >= 8)
