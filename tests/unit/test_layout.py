@@ -92,8 +92,39 @@ def test_reorders_only_around_a_plain_only_op() -> None:
     assert [s.attrs.get("kernel") for s in steps if s.op == "Conv"] == ["onednn"] * 4
 
 
+def se_block() -> onnx.ModelProto:
+    """MobileNetV3's squeeze-and-excitation block between convs, as the exporters write it: the spatial mean
+    (ReduceMean over H, W, kept 4-D), two 1x1 convs (Relu, HardSigmoid), the per-channel scale, then HardSwish."""
+    c, r = 24, 8
+    inits = {"w0": _w(c, 8, 3, 3), "w1": _w(r, c, 1, 1), "b1": _w(r), "w2": _w(c, r, 1, 1), "b2": _w(c),
+             "w3": _w(16, c, 1, 1)}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["c0"], ["h0"]),
+             helper.make_node("ReduceMean", ["h0"], ["m"], axes=[-1, -2], keepdims=1),
+             helper.make_node("Conv", ["m", "w1", "b1"], ["f1"]), helper.make_node("Relu", ["f1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["f2"]),
+             helper.make_node("HardSigmoid", ["f2"], ["s"], alpha=1 / 6),
+             helper.make_node("Mul", ["h0", "s"], ["z"]),
+             helper.make_node("Conv", ["z", "w3"], ["y"])]
+    return _model(nodes, inits, (2, 8, 12, 12))
+
+
+def test_squeeze_and_excitation_stays_channels_last() -> None:
+    """The spatial mean runs as oneDNN's GlobalAveragePool in L, the per-channel scale multiplies in L (its
+    [N, C, 1, 1] operand viewed as [N, 1, 1, C]), one-pixel values change layout as views: the only reorders are
+    the model's input and output."""
+    steps = _steps(se_block(), onednn=True)
+    reorders = [s for s in steps if s.op == "Reorder"]
+    assert [(s.inputs[0].space, s.outputs[0].space) for s in reorders] == [("input", "arena"), ("arena", "output")]
+    pool = [s for s in steps if s.op == "GlobalAveragePool"]
+    assert len(pool) == 1 and pool[0].attrs["kernel"] == "onednn" and "ReduceMean" not in [s.op for s in steps]
+    (mul,) = [s for s in steps if s.op == "Mul"]
+    assert mul.inputs[0].shape == (2, 12, 12, 24) and mul.inputs[1].shape == (2, 1, 1, 24)
+    assert [s.algorithm for s in steps if s.op == "HardSwish"][0].startswith("onednn:eltwise")
+
+
 @pytest.mark.parametrize("layout", ["nhwc", "nChw8c", "nChw16c"])
-@pytest.mark.parametrize("make", [conv_chain, chain_with_reshape])
+@pytest.mark.parametrize("make", [conv_chain, chain_with_reshape, se_block])
 def test_layouts_match_the_reference(make, layout: str) -> None:
     model = make()
     x = RNG.standard_normal(tuple(d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim))

@@ -120,10 +120,11 @@ def hard_sigmoid(spec: NodeSpec) -> Kernel:
     def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
         x, y = ins[0], outs[0]
 
-        def run() -> None:
+        def run() -> None:  # maximum/minimum keep NaN as clip does, without clip's ~10 us of dispatch
             np.multiply(x, alpha, out=y)
             np.add(y, beta, out=y)
-            np.clip(y, zero, one, out=y)
+            np.maximum(y, zero, out=y)
+            np.minimum(y, one, out=y)
         return run
     return BoundKernel(make)
 

@@ -99,8 +99,14 @@ class _Assign:
             v = self.graph.values[name]
             self.graph.values[out] = Value(out, v.dtype, self.logical[name])
             self.logical[out], self.lay[out] = self.logical[name], to
-            self.nodes.append(Node("Reorder", f"{out}/reorder", [name], [out], {"from": src.name, "to": to.name},
-                                   "ctxrt"))
+            if same_bytes(self.logical[name], to) and same_bytes(self.logical[name], src):
+                # one pixel per image: the same bytes in both layouts, so a view of the other shape (the planner
+                # aliases a Reshape) instead of a copy
+                shape = list(to.physical(self.logical[name]))
+                self.nodes.append(Node("Reshape", f"{out}/view", [name], [out], {"shape": shape}))
+            else:
+                self.nodes.append(Node("Reorder", f"{out}/reorder", [name], [out],
+                                       {"from": src.name, "to": to.name}, "ctxrt"))
             self.copies[key] = out
         return self.copies[key]
 
@@ -121,6 +127,10 @@ class _Assign:
     def visit(self, node: Node) -> None:
         L, ins = self.L, node.inputs
         x = ins[0] if ins else ""
+        if node.op == "ReduceMean" and "GlobalAveragePool" in self.p.ops and self.spatial_mean(node):
+            # the mean over H and W, kept 4-D (a squeeze-and-excitation block's): GlobalAveragePool, which the
+            # provider runs in L (no reorder of its input to plain)
+            node = Node("GlobalAveragePool", node.name, [x], list(node.outputs), {}, node.domain)
         if node.op in self.p.ops and self.is_act(x) and self.is_act(node.outputs[0]):
             self.provider_node(node)
         elif node.op in self.p.plain_ops:
@@ -133,12 +143,50 @@ class _Assign:
                 and len({self.logical[n] for n in ins}) == 1 and any(self.lay[n] is L for n in ins):
             self.set_inputs(node, dict.fromkeys(range(len(ins)), L))
             self.emit(node, L)
+        elif node.op in BINARY and len(ins) == 2 and self.per_channel_in_l(node):
+            pass  # emitted by per_channel_in_l
         elif node.op in CHANNEL_OPS and self.channel_op_in_l(node):
             self.set_inputs(node, dict.fromkeys(range(len(ins)), L))
             node.attrs = {**node.attrs, "axis": L.channel_axis}
             self.emit(node, L)
         else:
             self.plain(node)
+
+    def spatial_mean(self, node: Node) -> bool:
+        x, y = node.inputs[0], node.outputs[0]
+        if len(node.inputs) > 1 and node.inputs[1] or not (self.is_act(x) and self.is_act(y)):
+            return False
+        axes = node.attrs.get("axes")
+        return (node.attrs.get("keepdims", 1) == 1 and axes is not None
+                and sorted(int(a) % 4 for a in axes) == [2, 3] and len(axes) == 2)
+
+    def per_channel_in_l(self, node: Node) -> bool:
+        """A value in channels-last L times (plus, ...) a per-channel one (a squeeze-and-excitation block's
+        scale, [N, C, 1, 1], [1, C, 1, 1] or [C, 1, 1]): run in L, the per-channel operand viewed as [N, 1, 1, C]
+        (the same bytes; a Reshape the planner aliases), instead of a reorder of the large one to plain and back."""
+        L, (a, b) = self.L, node.inputs
+        if not L.channels_last or L.block:
+            return False
+        big = 0 if self.is_act(a) and self.lay[a] is L else 1 if self.is_act(b) and self.lay[b] is L else None
+        if big is None:
+            return False
+        x, c = node.inputs[big], node.inputs[1 - big]
+        n, ch, _, _ = self.logical[x]
+        v = self.graph.values.get(c)
+        if v is None or np.dtype(v.dtype) != np.float32 or self.lay.get(c, PLAIN) is not PLAIN:
+            return False
+        shape = tuple(self.logical[c]) if c in self.logical else tuple(v.shape)
+        if shape not in ((n, ch, 1, 1), (1, ch, 1, 1), (ch, 1, 1)) or self.logical[node.outputs[0]] != self.logical[x]:
+            return False
+        lead = shape[0] if len(shape) == 4 else 1
+        view = f"{c}#per_channel"
+        if view not in self.graph.values:
+            self.graph.values[view] = Value(view, v.dtype, (lead, 1, 1, ch))
+            self.logical[view], self.lay[view] = (lead, 1, 1, ch), PLAIN
+            self.nodes.append(Node("Reshape", f"{view}/reshape", [c], [view], {"shape": [lead, 1, 1, ch]}))
+        node.inputs = [x, view] if big == 0 else [view, x]
+        self.emit(node, L)
+        return True
 
     def channel_op_in_l(self, node: Node) -> bool:
         L, ins = self.L, node.inputs
