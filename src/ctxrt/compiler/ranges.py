@@ -359,7 +359,9 @@ def compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str = "mai
     from ctxrt import progress
     from ctxrt.compiler import compile_ir, compile_options, lower
     from ctxrt.frontend.io_types import declared_io
+    from ctxrt.frontend.onnx import load_model
 
+    model = load_model(model)  # once: every probe lowers the same proto (the file is not read and parsed again)
     declared, _ = declared_io(model)
     spec, layout = resolve(declared, dims, shapes)
     fixed = {k: parse_range(v, k)[0] for k, v in dims.items()
