@@ -313,3 +313,24 @@ def test_gemms_at_few_rows_and_the_heap_after_a_compile(monkeypatch) -> None:
                     and m.step.op == "MatMul"]
             gemv = {m.step.inputs[0].shape[0] for m in made if m.kernel is None}
             assert gemv == {1, 2, 5} and all(m.kernel is not None for m in made if m.step.inputs[0].shape[0] >= 8)
+
+
+def test_probe_compiles_share_the_weights_work(monkeypatch) -> None:
+    """A range compile's probes lower one loaded proto and share its arrays and the weights derived from them
+    (ir/memo.py): each oneDNN weight is prepacked once, not once per probe; outside a range compile nothing is
+    kept."""
+    from ctxrt.backends.cpu.onednn import api, kernels
+
+    if not api.available():
+        pytest.skip("oneDNN is not installed")
+    made = []
+    real = kernels._prepack
+    monkeypatch.setattr(kernels, "_prepack", lambda *a: made.append(1) or real(*a))
+    g = ctxrt.compile(decoders.gpt2_decoder("dynamo"),
+                      dims={"batch": (1, 1), "sequence": (1, 8), "past_sequence": (0, 32)}).graph()
+    packed = [s for s in g.compiled.steps if s.attrs.get("weights_tag") and s.op in ("MatMul", "Gemm")]
+    assert packed and len(made) == len(packed)  # 9+ probes, one reorder per weight
+    made.clear()
+    ctxrt.compile(decoders.gpt2_decoder("dynamo"), shapes={"input_ids": [1, 8]} | {
+        k: [1, decoders.HEADS, 3, 16] for k in decoders.names()[0][1:]})
+    assert len(made) == len(packed)  # a static compile: its own prepacking, nothing kept from before

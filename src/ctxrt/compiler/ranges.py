@@ -28,6 +28,7 @@ import numpy as np
 
 from ctxrt.compiler.program import ARENA, CONST, CompiledGraph, Ref, Step, TensorInfo
 from ctxrt.errors import CtxrtError, ShapeError
+from ctxrt.ir import memo
 
 if TYPE_CHECKING:
     from ctxrt.backends import Backend
@@ -356,12 +357,21 @@ def compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str = "mai
     `prior`: the ranges of the same model's program for narrower ranges of the same dims (a session widening
     them): its fit is checked at the new upper bound U and at U - 1 (two compiles, not 2^k + 3); where it does not
     hold there, the ranges are fitted anew."""
-    from ctxrt import progress
-    from ctxrt.compiler import compile_ir, compile_options, lower
-    from ctxrt.frontend.io_types import declared_io
     from ctxrt.frontend.onnx import load_model
 
     model = load_model(model)  # once: every probe lowers the same proto (the file is not read and parsed again)
+    with memo.shared():  # and shares its arrays, transposed and prepacked weights
+        return _compile_ranges(model, dims, backend, name, shapes, values, feeds, options, tuner, prior)
+
+
+def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
+                    shapes: Mapping[str, Iterable[int]] | None, values: Mapping[str, Any] | None,
+                    feeds: Mapping[str, Any] | None, options: Mapping[str, Any] | None, tuner: Tuner | None,
+                    prior: Ranges | None) -> tuple[CompiledGraph, dict[str, Any]]:
+    from ctxrt import progress
+    from ctxrt.compiler import compile_ir, compile_options, lower
+    from ctxrt.frontend.io_types import declared_io
+
     declared, _ = declared_io(model)
     spec, layout = resolve(declared, dims, shapes)
     fixed = {k: parse_range(v, k)[0] for k, v in dims.items()

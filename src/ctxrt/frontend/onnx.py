@@ -26,6 +26,7 @@ from ctxrt.frontend.pools import POOLS, ceil_pool_shape
 from ctxrt.ir.canonical import INFER_AS_IDENTITY
 from ctxrt.ir.dynamic import PASS_THROUGH
 from ctxrt.ir.graph import Graph
+from ctxrt.ir.memo import memo
 
 # Ops that never need a kernel when their inputs are known at compile time (they always fold here).
 FOLD_ONLY = {"Shape", "Size", "Constant", "ConstantOfShape", "Range", "Identity", "Dropout"}
@@ -94,7 +95,8 @@ class Folder:
         self.consts = dict(consts)
         for init in graph.initializer:
             try:
-                self.consts[init.name] = numpy_helper.to_array(init)
+                self.consts[init.name] = memo("initializer", init, None,
+                                              lambda init=init: numpy_helper.to_array(init))
             except Exception as e:
                 raise ModelError(f"initializer {init.name!r} cannot be read: {e}") from e
         self.inputs = dict(inputs)  # graph inputs (value inputs too: they are also constants here)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ctxrt.ir.graph import Graph, Value
+from ctxrt.ir.memo import memo
 from ctxrt.ir.passes.base import Pass, PassResult, check_topological
 
 
@@ -31,7 +32,8 @@ class TransposeMatMulWeights(Pass):
                 continue  # read by something else too: keep one layout
             t_name = f"{name}__T"
             if t_name not in graph.values:
-                graph.values[t_name] = Value(t_name, v.dtype, (v.shape[1], v.shape[0]), np.ascontiguousarray(v.const.T))
+                const = memo("transposed", v.const, None, lambda v=v: np.ascontiguousarray(v.const.T))
+                graph.values[t_name] = Value(t_name, v.dtype, (v.shape[1], v.shape[0]), const)
             for c in consumers[name]:
                 c.inputs[1] = t_name
                 c.attrs["transB"] = 1

@@ -31,6 +31,7 @@ from ctxrt.backends.cpu.onednn import api
 from ctxrt.backends.kernel import Kernel, NodeSpec
 from ctxrt.errors import CtxrtError, UnsupportedOpError
 from ctxrt.ir.layouts import LAYOUTS, PLAIN, Layout
+from ctxrt.ir.memo import memo
 
 
 def _layouts(spec: NodeSpec) -> tuple[Layout, Layout]:
@@ -292,7 +293,16 @@ def variant_of(spec: NodeSpec, make: Callable[..., api.Primitive], wdims: tuple[
 
 
 def prepack(weights: np.ndarray, wdims: tuple[int, ...], tag: str, to: api.Desc) -> np.ndarray:
-    """Weights stored as `tag` (over dims `wdims`) reordered into `to` (at compile time; stored in the binary)."""
+    """Weights stored as `tag` (over dims `wdims`) reordered into `to` (at compile time; stored in the binary).
+    A range compile's probes share the result (ir/memo.py)."""
+    name = to.tag_name(wdims)
+    if name is None:
+        return _prepack(weights, wdims, tag, to)
+    return memo("prepacked", weights, (tuple(wdims), tag, name, to.nbytes),
+                lambda: _prepack(weights, wdims, tag, to))
+
+
+def _prepack(weights: np.ndarray, wdims: tuple[int, ...], tag: str, to: api.Desc) -> np.ndarray:
     src = np.ascontiguousarray(weights, np.float32)
     out = np.zeros(to.nbytes // 4, np.float32)
     plain = api.Desc.make(wdims, tag)
