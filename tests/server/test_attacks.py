@@ -333,3 +333,38 @@ def test_the_compiler_cache_is_emptied_past_its_limit(tmp_path: Path, monkeypatc
     (tmp_path / "kcache" / "cd.bc").write_bytes(b"x" * 600)
     worker._trim_cache(str(tmp_path))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_signal_taken_by_another_thread_stops_accept(opencl: str) -> None:
+    """The kernel may give SIGTERM (or SIGINT) to any thread, e.g. a session's blocked in recv(): Python only flags
+    it, and its handler runs in the main thread once that runs Python again. serve_forever's accept() wakes up
+    every ACCEPT_POLL seconds, so the handler runs within that, not at the next connection (the `ctxrt serve`
+    that stayed up 120 s after SIGTERM in parallel test runs)."""
+    from ctxrt.tuning.server import ACCEPT_POLL
+
+    class Stop(Exception):
+        pass
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Stop
+
+    srv = Server("127.0.0.1", 0, TOKEN)
+    previous = signal.signal(signal.SIGUSR1, handler)
+    watchdog = threading.Timer(10.0, srv.close)  # without the fix: accept() never returns; this ends the test
+    sent = []
+
+    def other_thread() -> None:
+        time.sleep(0.3)  # the main thread is in accept() by now
+        sent.append(time.monotonic())
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)  # to this thread, not the main one
+
+    try:
+        watchdog.start()
+        threading.Thread(target=other_thread, daemon=True).start()
+        with pytest.raises(Stop):
+            srv.serve_forever()
+        assert time.monotonic() - sent[0] < ACCEPT_POLL + 1.0
+    finally:
+        watchdog.cancel()
+        signal.signal(signal.SIGUSR1, previous)
+        srv.close()

@@ -92,6 +92,7 @@ METHODS: dict[str, Callable[[Server, dict[str, Any]], Any]] = {
 CLOSING = ("too_large", "truncated", "busy")  # after these the stream is out of step: answer, then close
 LINGER_BYTES = 1 << 20  # read and dropped at most, while closing a connection
 ACCEPT_BACKOFF = (0.01, 1.0)  # seconds: first and longest wait after accept() fails (e.g. out of descriptors)
+ACCEPT_POLL = 0.25  # seconds between wake-ups of a blocked accept() (pending signals run then)
 
 
 class Budget:
@@ -159,9 +160,15 @@ class Server:
         """Accept connections until `close` (from another thread) or Ctrl-C. An accept() that fails (out of file
         descriptors, a connection reset before it was accepted) is logged and retried with a growing pause."""
         pause = ACCEPT_BACKOFF[0]
+        # accept() wakes up every ACCEPT_POLL seconds: a signal (SIGTERM, Ctrl-C) the kernel gave to a session's
+        # thread only sets Python's flag, and its handler runs in this thread once it executes Python again: a
+        # blocking accept() would keep the server up until the next connection (seen: 120 s after SIGTERM).
+        self.sock.settimeout(ACCEPT_POLL)
         while not self._closed.is_set():
             try:
                 conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
             except OSError as e:
                 if self._closed.is_set() or self.sock.fileno() < 0:
                     return  # the listening socket closed under accept(): shutting down
