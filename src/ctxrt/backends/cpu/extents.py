@@ -92,7 +92,7 @@ def small_rows(step: Any) -> Make | None:
         return None
     k, n = (int(d) for d in a["weight_shape"])
     rows = int(np.prod(step.inputs[0].shape[:-1]))
-    act, approx = a.get("activation"), a.get("approximate", "none")
+    act = a.get("activation")
     if rows >= GEMV_ROWS or step.inputs[0].shape[-1] != k or act not in (None, "Relu"):
         return None  # a GELU costs NumPy 9 passes: oneDNN's fused one is faster (1 x 256 by 256 x 1024: 26 vs 38 us)
     has_bias = (step.op == "Gemm" or a.get("bias")) and len(step.inputs) > 2 and step.inputs[2] is not None
@@ -101,23 +101,16 @@ def small_rows(step: Any) -> Make | None:
     def make(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
         x, w, y = ins[0].reshape(rows, k), ins[1].reshape(k, n), outs[0].reshape(rows, n)
         adds = ([ins[2].reshape(n)] if has_bias else []) + ([ins[3].reshape(rows, n)] if residual else [])
-        epilogue = _activation(act, approx, y)
+        relu = act == "Relu"
 
         def run() -> None:
             np.matmul(x, w, out=y)
             for t in adds:
                 np.add(y, t, out=y)
-            if epilogue is not None:
-                epilogue()
+            if relu:
+                np.maximum(y, np.float32(0), out=y)
         return run
     return make
-
-
-def _activation(act: str | None, approx: str, y: np.ndarray) -> Launch | None:
-    """Relu of y in place, or None."""
-    if act == "Relu":
-        return lambda: np.maximum(y, np.float32(0), out=y)
-    return None
 
 
 def _binary(ufunc: Any) -> Make:
