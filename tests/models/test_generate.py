@@ -83,6 +83,9 @@ def test_builder_llama_greedy_equals_onnxruntime_genai(precision: str) -> None:
     with ctxrt.Generator(folder) as gen:
         assert (gen.batching, gen.spec.eos_ids, gen.spec.context_length) == ("batch, right padding", (2,), 64)
         got = gen.generate(LLAMA_PROMPTS, N)
+        # one launch list for every past length, GroupQueryAttention's presents cut to their real length
+        ranged = [v.ranged for v in gen.session._variants.values() if v.ranged is not None]
+        assert ranged and all(g._extent is not None for g in ranged)
     assert got.tokens == want
 
 

@@ -102,14 +102,16 @@ class ExtentRunner:
                 axes.setdefault((kind, int(slot)), []).append((int(axis), j))
             self.pure[k] = ([None if r is None else (r, axes.get(("in", n), ())) for n, r in enumerate(step.inputs)],
                             [(r, axes.get(("out", n), ())) for n, r in enumerate(step.outputs)])
+        # outputs of data-dependent size (GroupQueryAttention's present): (name, axis, the scalar of its real size)
+        self.extents = [(name, axis, _view(g, r)) for name, (axis, r) in g.compiled.extents.items()]
         # launches of the steps that touch IO tensors but do not change, bound to the internal IO buffers
         self.internal_io: list[Any] | None = None
 
     @classmethod
     def build(cls, g: Graph) -> ExtentRunner | None:
         """The runner for `g`, or None where child graphs run it (not the CPU, CPU partitions of another backend,
-        outputs of data-dependent size, value inputs)."""
-        if g.ctx.backend.name != "cpu" or g._host is not None or g.compiled.extents or g._values:
+        value inputs)."""
+        if g.ctx.backend.name != "cpu" or g._host is not None or g._values:
             return None
         from ctxrt.backends.cpu.extents import maker
 
@@ -325,7 +327,13 @@ class ExtentRunner:
                 g._check_overlap(bound)
                 self._record(st, bound)
             run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, st.launches, st.cap)
-        return _NO_SHAPES
+            if not self.extents:
+                return _NO_SHAPES
+            shapes = {}
+            for name, axis, size in self.extents:  # the real shapes: the leading part of the bounded axis
+                shape = next(o.shape for o in st.outputs if o.name == name)
+                shapes[name] = shape[:axis] + (int(size),) + shape[axis + 1:]
+            return shapes
 
 
 def run_recorded(ctx: Any, inputs: Mapping[str, Any], outputs: Mapping[str, Any], ins: list[TensorInfo],

@@ -434,7 +434,9 @@ class InferenceSession:
             _check_array(info, np.dtype(info.dtype), feeds[info.name], "input")
         info = {o.name: o for o in at.outputs}
         outs = {n: np.empty(info[n].shape, np.dtype(info[n].dtype)) for n in names}
-        g.execute(feeds, outs)
+        for n, shape in g.execute(feeds, outs).items():  # outputs of data-dependent size: their real shape
+            if n in outs:
+                outs[n] = np.ascontiguousarray(outs[n][tuple(slice(0, d) for d in shape)])
         counters = self._counters
         counters["session_runs"] += 1
         counters["copies_in"] += len(at.inputs)
