@@ -334,3 +334,28 @@ def test_probe_compiles_share_the_weights_work(monkeypatch) -> None:
     ctxrt.compile(decoders.gpt2_decoder("dynamo"), shapes={"input_ids": [1, 8]} | {
         k: [1, decoders.HEADS, 3, 16] for k in decoders.names()[0][1:]})
     assert len(made) == len(packed)  # a static compile: its own prepacking, nothing kept from before
+
+
+@pytest.mark.parametrize("axes, keepdims, dtype", [([1], 1, np.int64), ([1], 0, np.float32), ([0, 1], 1, np.float32),
+                                                   (None, 0, np.int64)])
+def test_reduce_sum_takes_extents(axes, keepdims, dtype) -> None:
+    """ReduceSum over a dim that varies (a mask's row sums), down to a zero-size axis: onnx's reference at every
+    length, and no kernel made per length."""
+    from onnx import helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    t = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    inits = [numpy_helper.from_array(np.array(axes, np.int64), "axes")] if axes is not None else []
+    nodes = [helper.make_node("ReduceSum", ["x"] + (["axes"] if axes is not None else []), ["s"], keepdims=keepdims),
+             helper.make_node("Add", ["s", "s"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", t, [2, "n"])],
+                          [helper.make_tensor_value_info("y", t, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    ref = ReferenceEvaluator(m)
+    with ctxrt.InferenceSession(m.SerializeToString(), dim_ranges={"n": (0, 9)}) as sess:
+        for n in (0, 1, 5, 9, 3):
+            x = (np.random.default_rng(n).standard_normal((2, n)) * 10).astype(dtype)
+            got, want = sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0]
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert sess.stats["shape_variants_compiled"] == 1 and sess.stats["range_kernels_built"] == 0

@@ -37,6 +37,7 @@ _ATTRS: dict[str, frozenset[str]] = {
                                                                                       "steps"}),
     "Reshape": frozenset({"shape", "allowzero"}), "Squeeze": frozenset({"axes"}), "Unsqueeze": frozenset({"axes"}),
     "Flatten": frozenset({"axis"}), "Cast": frozenset({"to", "saturate"}), "ConstantOfShape": frozenset({"value"}),
+    "ReduceSum": frozenset({"axes", "keepdims", "noop_with_empty_axes"}),
 }
 
 
@@ -75,6 +76,8 @@ def maker(step: Any, opset: int) -> Make | None:
         return _cast  # not float to integer: its rounding and range are the Cast kernel's business
     if op == "ConstantOfShape":
         return _fill
+    if op == "ReduceSum" and len(ins) == 1 and ins[0] == outs[0] and outs[0].kind in "iuf":
+        return _reduce_sum  # (a mask's row sums: the sequence lengths a GroupQueryAttention reads)
     return None
 
 
@@ -220,6 +223,19 @@ def _fill(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     value = step.attrs.get("value")
     fill = y.dtype.type(0) if value is None else y.dtype.type(np.asarray(value).reshape(-1)[0])
     return lambda: y.fill(fill)
+
+
+def _reduce_sum(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
+    x, y = ins[0], outs[0]
+    a = step.attrs
+    axes = a.get("axes")
+    if not axes:
+        if a.get("noop_with_empty_axes", 0):
+            return lambda: np.copyto(y, x)
+        axes = range(x.ndim)
+    axis = tuple(sorted(int(k) % max(x.ndim, 1) for k in axes))
+    keep = bool(a.get("keepdims", 1))
+    return lambda: np.add.reduce(x, axis=axis, keepdims=keep, out=y)  # over no elements: 0, as ONNX says
 
 
 def _nothing() -> None:
