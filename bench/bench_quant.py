@@ -37,27 +37,18 @@ from ctxrt.compiler import compile_graphs, save_context
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "models"))
 from bench_ops import _median_ms  # noqa: E402
-from small_nets import cnn, encoder  # noqa: E402
+from small_nets import calibration, cnn, encoder  # noqa: E402
 
 MODELS: dict[str, Callable[[], tuple[onnx.ModelProto, tuple[int, ...]]]] = {
     "cnn": lambda: cnn(32, 56), "encoder": lambda: encoder(128, 512, seq=64, heads=4, layers=2)}
 VARIANTS = ("float32", "qdq_int8", "dynamic_int8", "float16")
 
 
-class _Reader(q.CalibrationDataReader):
-    def __init__(self, shape: tuple[int, ...]) -> None:
-        rng = np.random.default_rng(3)
-        self.data = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(16)])
-
-    def get_next(self) -> dict | None:
-        return next(self.data, None)
-
-
 def variants(name: str, folder: Path, which: tuple[str, ...] = VARIANTS) -> tuple[dict[str, str], tuple[int, ...]]:
     model, shape = MODELS[name]()
     paths = {v: str(folder / f"{name}-{v}.onnx") for v in VARIANTS}
     onnx.save(model, paths["float32"])
-    q.quantize_static(paths["float32"], paths["qdq_int8"], _Reader(shape), quant_format=q.QuantFormat.QDQ,
+    q.quantize_static(paths["float32"], paths["qdq_int8"], calibration(shape, 16), quant_format=q.QuantFormat.QDQ,
                       per_channel=True, reduce_range=True, activation_type=q.QuantType.QUInt8,
                       weight_type=q.QuantType.QInt8)
     q.quantize_dynamic(paths["float32"], paths["dynamic_int8"], weight_type=q.QuantType.QInt8)

@@ -81,3 +81,17 @@ def encoder(d: int = 64, h: int = 128, seq: int = 16, heads: int = 4, layers: in
     nodes.append(n("Identity", [x], ["y"]))
     shape = (1, seq, d)
     return _model(nodes, "encoder", shape, list(shape), inits), shape
+
+
+def calibration(shape: tuple[int, ...], count: int = 8) -> object:
+    """onnxruntime.quantization's calibration reader: `count` random float32 feeds of input "x" (seed 3)."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            rng = np.random.default_rng(3)
+            self.data = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(count)])
+
+        def get_next(self) -> dict | None:
+            return next(self.data, None)
+    return Reader()

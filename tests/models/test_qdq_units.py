@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from small_nets import cnn, encoder
+from small_nets import calibration, cnn, encoder
 
 import ctxrt
 from ctxrt.backends import get_backend
@@ -28,15 +28,6 @@ FLOAT_OPS = {"Conv", "MatMul", "Gemm", "Add", "Mul", "Sigmoid", "AveragePool", "
 EIGHT_BIT_ONLY = {"Sigmoid", "AveragePool", "GlobalAveragePool", "Concat"}  # lookup tables, pools: 16-bit stay float
 
 
-class _Reader(q.CalibrationDataReader):
-    def __init__(self, shape: tuple[int, ...]) -> None:
-        rng = np.random.default_rng(3)
-        self.data = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(8)])
-
-    def get_next(self) -> dict | None:
-        return next(self.data, None)
-
-
 def quantized(tmp: Path, name: str, kind: str) -> tuple[str, tuple[int, ...]]:
     model, shape = NETS[name]()
     src, out = tmp / f"{name}.onnx", tmp / f"{name}-{kind}.onnx"
@@ -45,7 +36,7 @@ def quantized(tmp: Path, name: str, kind: str) -> tuple[str, tuple[int, ...]]:
                "activation_type": q.QuantType.QUInt8, "weight_type": q.QuantType.QInt8}
     if kind == "uint16":  # 16-bit activations, 8-bit weights, ONNX's own Q/DQ of opset 21
         options.update(activation_type=q.QuantType.QUInt16, reduce_range=False)
-    q.quantize_static(str(src), str(out), _Reader(shape), **options)
+    q.quantize_static(str(src), str(out), calibration(shape), **options)
     return str(out), shape
 
 

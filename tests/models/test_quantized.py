@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
+from small_nets import calibration
 
 import ctxrt
 from ctxrt.backends import get_backend
@@ -80,15 +81,6 @@ def block(d: int = 32, h: int = 64) -> tuple[onnx.ModelProto, tuple[int, ...]]:
 MODELS = {"cnn": cnn, "block": block}
 
 
-class _Reader(quantization.CalibrationDataReader):
-    def __init__(self, shape: tuple[int, ...]) -> None:
-        rng = np.random.default_rng(3)
-        self.data = iter([{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(8)])
-
-    def get_next(self) -> dict | None:
-        return next(self.data, None)
-
-
 def _save(built: tuple[onnx.ModelProto, tuple[int, ...]], path: Path) -> tuple[str, tuple[int, ...]]:
     onnx.save(built[0], str(path))
     return str(path), built[1]
@@ -106,12 +98,12 @@ def quantize(src: str, shape: tuple[int, ...], kind: str, out: Path) -> str:
         quantizer.process()
         quantizer.model.save_model_to_file(str(out))
     elif kind == "QDQ16-contrib":  # 16-bit activations and weights: com.microsoft Quantize/DequantizeLinear
-        q.quantize_static(src, str(out), _Reader(shape), quant_format=q.QuantFormat.QDQ,
+        q.quantize_static(src, str(out), calibration(shape), quant_format=q.QuantFormat.QDQ,
                           activation_type=q.QuantType.QUInt16, weight_type=q.QuantType.QInt16,
                           extra_options={"UseQDQContribOps": True})
     else:
         fmt, per_channel = kind.split("-")
-        q.quantize_static(src, str(out), _Reader(shape), quant_format=getattr(q.QuantFormat, fmt),
+        q.quantize_static(src, str(out), calibration(shape), quant_format=getattr(q.QuantFormat, fmt),
                           per_channel=per_channel == "channel", activation_type=q.QuantType.QUInt8,
                           weight_type=q.QuantType.QInt8, reduce_range=True)
     return str(out)
