@@ -205,6 +205,15 @@ def _apply(step: Step, changes: list[tuple[list[Any], int]], consts: dict[tuple[
                 step.algorithm, step.backend, step.params)
 
 
+def filled(constant: np.ndarray, elements: Iterable[tuple[int, int]]) -> np.ndarray:
+    """A copy of a small integer constant with the elements (flat index, value) that follow the dims set."""
+    array = np.array(constant)
+    flat = array.reshape(-1)
+    for j, v in elements:
+        flat[j] = v
+    return array
+
+
 def _copy(v: Any) -> Any:
     if isinstance(v, dict):
         return {k: _copy(x) for k, x in v.items()}

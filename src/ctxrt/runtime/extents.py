@@ -21,7 +21,7 @@ from ctxrt.backends import select_kernel
 from ctxrt.backends.cpu.extents import _nothing, small_rows
 from ctxrt.backends.kernel import NodeSpec, TensorSpec
 from ctxrt.compiler.program import ARENA, CONST, Step, TensorInfo
-from ctxrt.compiler.ranges import _apply
+from ctxrt.compiler.ranges import _apply, filled
 from ctxrt.errors import RegistrationError, ShapeError
 from ctxrt.runtime.memhandle import MemHandle
 from ctxrt.runtime.work import SMALL_WORK, step_work
@@ -54,11 +54,12 @@ class AtDims:
     """A range program at one set of dim values: its IO (shapes at these dims), its changed steps, the thread cap,
     and the launch list recorded for one IO binding."""
 
-    __slots__ = ("dims", "inputs", "outputs", "steps", "cap", "bound", "internal", "launches")
+    __slots__ = ("dims", "inputs", "outputs", "out_info", "steps", "cap", "bound", "internal", "launches")
 
     def __init__(self, dims: tuple[int, ...], inputs: list[TensorInfo], outputs: list[TensorInfo],
                  steps: dict[int, Made], cap: int | None) -> None:
         self.dims, self.inputs, self.outputs, self.steps, self.cap = dims, inputs, outputs, steps, cap
+        self.out_info = {t.name: t for t in outputs}
         self.bound: tuple[MemHandle | None, ...] | None = None
         self.internal: dict[str, Any] = {}
         self.launches: list[Any] = []
@@ -103,7 +104,8 @@ class ExtentRunner:
             self.pure[k] = ([None if r is None else (r, axes.get(("in", n), ())) for n, r in enumerate(step.inputs)],
                             [(r, axes.get(("out", n), ())) for n, r in enumerate(step.outputs)])
         # outputs of data-dependent size (GroupQueryAttention's present): (name, axis, the scalar of its real size)
-        self.extents = [(name, axis, _view(g, r)) for name, (axis, r) in g.compiled.extents.items()]
+        out_index = {t.name: i for i, t in enumerate(g.outputs)}
+        self.extents = [(out_index[name], axis, _view(g, r)) for name, (axis, r) in g.compiled.extents.items()]
         # launches of the steps that touch IO tensors but do not change, bound to the internal IO buffers
         self.internal_io: list[Any] | None = None
 
@@ -198,15 +200,10 @@ class ExtentRunner:
         if step.outputs and all(0 in o.shape for o in step.outputs):
             return Made(None)
         made = Made(step)
-        upper = self.work[k]  # a step's work at the upper bound bounds it anywhere inside the ranges
-        made.work = upper if upper is not None and upper < SMALL_WORK else step_work(step)
+        made.work = self._work(k, step)
         for (_, i), elements in consts.items():  # small integer constants that follow the dims
             ref = step.inputs[i]
-            array = np.array(ctx.host_weights[ref.key]).reshape(ref.shape)
-            flat = array.reshape(-1)
-            for j, v in elements:
-                flat[j] = v
-            made.consts[i] = array
+            made.consts[i] = filled(ctx.host_weights[ref.key], elements).reshape(ref.shape)
         made.make = self.makers[k] or small_rows(step)
         if made.make is None:
             weights = ctx.host_weights
@@ -243,13 +240,17 @@ class ExtentRunner:
             return Made(None)
         at = _Step(step.op, step.attrs, ins, outs)
         made = Made(at)  # type: ignore[arg-type]
-        upper = self.work[k]  # a step's work at the upper bound bounds it anywhere inside the ranges
-        made.work = upper if upper is not None and upper < SMALL_WORK else step_work(at)  # type: ignore[arg-type]
+        made.work = self._work(k, at)
         made.make = self.makers[k]
         if k not in self.io_steps:
             made.launch = made.make(at, [None if r is None else _view(g, r) for r in ins],
                                     [_view(g, r) for r in outs])
         return made
+
+    def _work(self, k: int, step: Any) -> int | None:
+        """Step k's work at these dims: the upper bound's where that is small (it bounds every shape inside)."""
+        upper = self.work[k]
+        return upper if upper is not None and upper < SMALL_WORK else step_work(step)
 
     def _launch(self, made: Made, view: Any) -> Any:
         step = made.step
@@ -330,9 +331,9 @@ class ExtentRunner:
             if not self.extents:
                 return _NO_SHAPES
             shapes = {}
-            for name, axis, size in self.extents:  # the real shapes: the leading part of the bounded axis
-                shape = next(o.shape for o in st.outputs if o.name == name)
-                shapes[name] = shape[:axis] + (int(size),) + shape[axis + 1:]
+            for index, axis, size in self.extents:  # the real shapes: the leading part of the bounded axis
+                info = st.outputs[index]
+                shapes[info.name] = info.shape[:axis] + (int(size),) + info.shape[axis + 1:]
             return shapes
 
 

@@ -14,6 +14,7 @@ from ctxrt import dtypes
 from ctxrt.backends import select_kernel
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, TensorSpec
 from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Ref, Step, TensorInfo
+from ctxrt.compiler.ranges import filled
 from ctxrt.errors import FormatError, LifecycleError, RegistrationError, ShapeError
 from ctxrt.runtime.extents import AtDims, ExtentRunner, binding, run_recorded, same_binding
 from ctxrt.runtime.memhandle import MemHandle
@@ -249,10 +250,7 @@ class Graph:
                 step = compiled.steps[where[k]]
                 ref = step.inputs[i]
                 base = ref.key.split("@", 1)[0]  # a step made for other dims names its constant base@dims
-                array = np.array(ctx.host_weights[base])
-                flat = array.reshape(-1)
-                for j, v in elements:
-                    flat[j] = v
+                array = filled(ctx.host_weights[base], elements)
                 key = f"{base}@{'x'.join(map(str, dims))}"
                 buf = be.alloc_device(max(array.nbytes, 1))
                 tensor = be.view(buf, 0, array.shape, array.dtype)

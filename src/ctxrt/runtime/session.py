@@ -432,8 +432,8 @@ class InferenceSession:
         at = g._child(feeds)
         for info in at.inputs:
             _check_array(info, np.dtype(info.dtype), feeds[info.name], "input")
-        info = {o.name: o for o in at.outputs}
-        outs = {n: np.empty(info[n].shape, np.dtype(info[n].dtype)) for n in names}
+        info = at.out_info
+        outs = {n: np.empty(info[n].shape, info[n].dtype) for n in names}
         for n, shape in g.execute(feeds, outs).items():  # outputs of data-dependent size: their real shape
             if n in outs:
                 outs[n] = np.ascontiguousarray(outs[n][tuple(slice(0, d) for d in shape)])

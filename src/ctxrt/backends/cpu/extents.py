@@ -144,11 +144,15 @@ def _softmax(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     x, y = ins[0], outs[0]
     axis = int(step.attrs.get("axis", -1)) % max(x.ndim, 1)
 
+    # the row statistics, made with the launch (a shape's launch is kept): nothing allocated per run
+    m = np.empty(x.shape[:axis] + (1,) + x.shape[axis + 1:], y.dtype) if x.ndim else np.empty((), y.dtype)
+
     def run() -> None:
-        m = np.maximum.reduce(x, axis=axis, keepdims=True)
+        np.maximum.reduce(x, axis=axis, keepdims=True, out=m)
         np.subtract(x, m, out=y)  # max subtraction: exp never overflows
         np.exp(y, out=y)
-        np.divide(y, np.add.reduce(y, axis=axis, keepdims=True), out=y)
+        np.add.reduce(y, axis=axis, keepdims=True, out=m)
+        np.divide(y, m, out=y)
     return run if x.size else _nothing
 
 
