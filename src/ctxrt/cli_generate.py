@@ -47,6 +47,8 @@ def add_generate(sub: Any) -> None:
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's eos ids")
     g.add_argument("--context-length", type=positive_int, metavar="N",
                    help="the model's context, where neither genai_config.json nor config.json gives it")
+    g.add_argument("--prompt-window", type=positive_int, default=128, metavar="N",
+                   help="the most prompt tokens one run takes; longer prompts run in chunks (default 128)")
     g.add_argument("--backend", default="cpu", help="cpu (default), opencl or opencl:N")
     g.add_argument("--threads", type=non_negative_int, default=0, metavar="N",
                    help="threads of every pool (BLAS, OpenMP); 0: the cores other processes leave idle")
@@ -69,7 +71,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     options = SessionOptions(args.threads) if args.threads else None
     with naming(args.model), Generator(args.model, args.backend, sess_options=options,
-                                       context_length=args.context_length) as gen:
+                                       context_length=args.context_length, prompt_window=args.prompt_window) as gen:
         tokenizer = gen.tokenizer if args.prompt else None
         prompts = [tokenizer.encode(p).ids for p in args.prompt] if tokenizer else args.prompt_ids
         run = gen.stream(prompts, args.max_new_tokens, sampling=sampling, stop_ids=args.stop_id,

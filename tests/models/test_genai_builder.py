@@ -63,3 +63,41 @@ def test_genai_llama_prompt_then_tokens(llama: Path, shared_buffer: bool) -> Non
         state = [{p: result[k] for p, k in zip(pasts, present, strict=True)} for result in (got, want)]
         ids = np.argmax(want[0][:, -1], axis=-1)[:, None].astype(np.int64)
         mask = np.concatenate([mask, np.ones((2, 1), np.int64)], axis=1)
+
+
+def test_shared_buffer_is_written_in_place(llama: Path) -> None:
+    """`kv_shared`: one Tensor of the context's length bound as each past input and as its present output (what
+    ctxrt.Generator does with onnxruntime-genai's past_present_share_buffer). Per step only the new rows are
+    written (rows past the sequence stay as they were: NaN here; nothing is zeroed or copied), logits equal
+    onnxruntime's, and one range program runs every step."""
+    import onnxruntime as ort
+
+    theirs = ort.InferenceSession(str(llama), providers=["CPUExecutionProvider"])
+    pasts = [i.name for i in theirs.get_inputs() if i.name.startswith("past_key_values")]
+    with ctxrt.InferenceSession(llama, dim_ranges={"past_sequence_length": (MAX_LENGTH, MAX_LENGTH),
+                                                   "total_sequence_length": (1, MAX_LENGTH),
+                                                   "sequence_length": (1, 8), "batch_size": (1, 1),
+                                                   "kv_cache_dim": (16, 16)}) as ours:
+        ours.kv_shared = pasts
+        cache = {p: ctxrt.Tensor.from_numpy(np.full((1, 2, MAX_LENGTH, 16), np.nan, np.float32), ours)
+                 for p in pasts}
+        state = {p: np.zeros((1, 2, MAX_LENGTH, 16), np.float32) for p in pasts}
+        ids, total = np.array([[5, 9, 17, 33, 4, 8]], np.int64), 6
+        for step in range(4):
+            feeds = {"input_ids": ids, "attention_mask": np.ones((1, total), np.int64)}
+            binding = ours.io_binding()
+            for name, value in {**feeds, **cache}.items():
+                binding.bind_input(name, value)
+            for o in ours.get_outputs():
+                binding.bind_output(o.name, cache.get(o.name.replace("present", "past_key_values")))
+            ours.run_with_iobinding(binding)
+            want = theirs.run(None, {**feeds, **state})
+            state = {p: want[1 + k] for k, p in enumerate(pasts)}
+            np.testing.assert_allclose(binding.get_outputs()[0].numpy(), want[0], rtol=1e-4, atol=1e-5,
+                                       err_msg=f"step {step}")
+            for p in pasts:
+                rows = cache[p].numpy()
+                np.testing.assert_allclose(rows[:, :, :total], state[p][:, :, :total], rtol=1e-5, atol=1e-6)
+                assert np.isnan(rows[:, :, total:]).all(), f"step {step}: rows past {total} were written"
+            ids, total = np.argmax(want[0][:, -1], axis=-1)[:, None].astype(np.int64), total + 1
+        assert ours.stats["shape_variants_compiled"] == 1

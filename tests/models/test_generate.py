@@ -89,6 +89,30 @@ def test_builder_llama_greedy_equals_onnxruntime_genai(precision: str) -> None:
     assert got.tokens == want
 
 
+def _chunked(model: Path, prompts: list[list[int]], want: list[list[int]]) -> None:
+    with ctxrt.Generator(model, prompt_window=5) as gen:
+        got = gen.generate(prompts, N)
+        assert gen.session.stats["shape_variants_compiled"] == 1
+        seq = gen.session.get_inputs()[0].shape[1]
+        assert gen.session.dim_ranges[seq] == (1, 5)
+    assert [until(t, {2}) for t in got.tokens] == [until(t, {2}) for t in want]
+
+
+def test_a_prompt_longer_than_the_window_runs_in_chunks(gpt2: Path) -> None:
+    """Prompts longer than the prompt window (5 tokens here) run as chunks, the past growing between them (a
+    batch padded on the left): the tokens of the whole prompt at once in onnxruntime, from ONE compile whose
+    sequence range is the window (every dim ranged before the first run)."""
+    prompts = [[5, 9, 17, 33, 4, 8, 11, 2, 19, 23, 6, 30], [7, 8, 13]]
+    _chunked(gpt2, prompts, [ort_greedy(gpt2, p, N) for p in prompts])
+
+
+def test_a_builder_prompt_longer_than_the_window_runs_in_chunks(llama: Path) -> None:
+    """The same for a builder model (batch 1: GroupQueryAttention takes several new tokens after a past only
+    there), its KV cache the shared buffer written in place."""
+    prompts = [[5, 9, 17, 33, 4, 8, 11, 12, 19, 23, 6, 30]]
+    _chunked(llama, prompts, [genai_greedy(llama, p, N) for p in prompts])
+
+
 def test_sampling_with_a_seed_is_reproducible(llama: Path, llama_greedy: list[list[int]]) -> None:
     sampled = Sampling(temperature=1.0, top_k=20, top_p=0.9, seed=7)
     with ctxrt.Generator(llama) as gen:
@@ -185,8 +209,9 @@ def test_cli_generate_json(llama: Path, llama_greedy: list[list[int]], capsys: p
     for key in ("tokens_per_s", "prompt_tokens_per_s", "time_to_first_token_ms"):
         assert report[key] > 0, key
     memory = report["memory"]
-    # the last step's presents: 2 layers x (key, value) x batch 2 x 2 kv heads x (4 + 2 rows) x 16 x float32
-    assert memory["kv_cache"] == 4 * 2 * 2 * 6 * 16 * 4
+    # the shared KV buffer (genai_config's past_present_share_buffer): 2 layers x (key, value) x batch 2 x 2 kv
+    # heads x the context's 64 rows x 16 x float32
+    assert memory["kv_cache"] == 4 * 2 * 2 * LLAMA_CONTEXT * 16 * 4
     assert memory["weights"] > 0 and memory["spillfill"] > 0 and memory["peak_rss"] > 2 ** 20
 
 

@@ -317,23 +317,24 @@ def test_gemms_at_few_rows_and_the_heap_after_a_compile(monkeypatch) -> None:
 
 def test_probe_compiles_share_the_weights_work(monkeypatch) -> None:
     """A range compile's probes lower one loaded proto and share its arrays and the weights derived from them
-    (ir/memo.py): each oneDNN weight is prepacked once, not once per probe; outside a range compile nothing is
-    kept."""
-    from ctxrt.backends.cpu.onednn import api, kernels
+    (ir/memo.py): each weight is transposed once, not once per probe, and oneDNN reads the transposed weights as
+    stored (nothing prepacked); outside a range compile nothing is kept."""
+    from ctxrt.ir.passes import transpose_weights
 
-    if not api.available():
-        pytest.skip("oneDNN is not installed")
     made = []
-    real = kernels._prepack
-    monkeypatch.setattr(kernels, "_prepack", lambda *a: made.append(1) or real(*a))
-    g = ctxrt.compile(decoders.gpt2_decoder("dynamo"),
-                      dims={"batch": (1, 1), "sequence": (1, 8), "past_sequence": (0, 32)}).graph()
-    packed = [s for s in g.compiled.steps if s.attrs.get("weights_tag") and s.op in ("MatMul", "Gemm")]
-    assert packed and len(made) == len(packed)  # 9+ probes, one reorder per weight
+    real = transpose_weights.memo
+    monkeypatch.setattr(transpose_weights, "memo",
+                        lambda kind, source, extra, make: real(kind, source, extra, lambda: made.append(1) or make()))
+    ctx = ctxrt.compile(decoders.gpt2_decoder("dynamo"),
+                        dims={"batch": (1, 1), "sequence": (1, 8), "past_sequence": (0, 32)})
+    stored = [s for s in ctx.graph().compiled.steps if s.attrs.get("transB") and s.op in ("MatMul", "Gemm")]
+    assert stored and len(made) == len(stored)  # 9+ probes, one transposition per weight
+    if any(s.attrs.get("kernel") == "onednn" for s in stored):
+        assert ctx.stats["weights_prepacked_bytes"] == 0  # read as stored: no second copy
     made.clear()
     ctxrt.compile(decoders.gpt2_decoder("dynamo"), shapes={"input_ids": [1, 8]} | {
         k: [1, decoders.HEADS, 3, 16] for k in decoders.names()[0][1:]})
-    assert len(made) == len(packed)  # a static compile: its own prepacking, nothing kept from before
+    assert len(made) == len(stored)  # a static compile: its own, nothing kept from before
 
 
 @pytest.mark.parametrize("axes, keepdims, dtype", [([1], 1, np.int64), ([1], 0, np.float32), ([0, 1], 1, np.float32),

@@ -22,13 +22,15 @@ if TYPE_CHECKING:
 
 def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backend, name: str = "main",
           values: Mapping[str, Any] | None = None, feeds: Mapping[str, Any] | None = None,
-          keep: frozenset[str] = frozenset()) -> IRGraph:
+          keep: frozenset[str] = frozenset(), options: Mapping[str, Any] | None = None) -> IRGraph:
     """ONNX model -> IR graph with static shapes, after the default passes (on control-flow bodies too).
-    `values` bakes in value inputs; missing ones are taken from `feeds` when given (docs/shapes-and-control-flow.md)."""
+    `values` bakes in value inputs; missing ones are taken from `feeds` when given (docs/shapes-and-control-flow.md).
+    `options["kv_shared"]`: past inputs bound to one buffer with their presents (frontend.onnx.to_ir)."""
     from ctxrt.frontend.onnx import to_ir
 
     progress.stage("reading and folding")
-    return _passes(to_ir(model, supported_ops(backend), shapes, name, values, feeds, keep))
+    shared = frozenset((options or {}).get("kv_shared", ()))
+    return _passes(to_ir(model, supported_ops(backend), shapes, name, values, feeds, keep, shared))
 
 
 def _passes(graph: IRGraph) -> IRGraph:
@@ -42,12 +44,14 @@ def _passes(graph: IRGraph) -> IRGraph:
 PREFER = ("speed", "memory")
 
 
-def compile_options(prefer: str = "speed") -> dict[str, Any]:
-    """The options kernels see at compile time. `prefer="memory"`: no kernel whose own constants (transformed
-    or prepacked weights) are larger than the weights they replace."""
+def compile_options(prefer: str = "speed", kv_shared: Iterable[str] = ()) -> dict[str, Any]:
+    """The options a compile sees. `prefer="memory"`: no kernel whose own constants (transformed or prepacked
+    weights) are larger than the weights they replace. `kv_shared`: past inputs (GroupQueryAttention's) that runs
+    bind to the same buffer as their present outputs, a KV cache written in place (docs/generate.md)."""
     if prefer not in PREFER:
         raise CtxrtError(f"prefer must be one of {PREFER}, got {prefer!r}")
-    return {"prefer": prefer}
+    shared = sorted(kv_shared)
+    return {"prefer": prefer, **({"kv_shared": shared} if shared else {})}
 
 
 def compile_ir(graph: IRGraph, backend: Backend, options: Mapping[str, Any] | None = None,
@@ -74,7 +78,7 @@ def compile_model(model: Any, shapes: Mapping[str, Iterable[int]] | None = None,
         from ctxrt.compiler.ranges import compile_ranges
 
         return compile_ranges(model, dims, backend, name, shapes, values, feeds, options, tuner, prior)
-    return compile_ir(lower(model, shapes, backend, name, values, feeds), backend, options, tuner)
+    return compile_ir(lower(model, shapes, backend, name, values, feeds, options=options), backend, options, tuner)
 
 
 def compile(model: str | os.PathLike | bytes | Any, shapes: Mapping[str, Iterable[int]] | None = None,

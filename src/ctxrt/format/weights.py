@@ -17,6 +17,7 @@ import numpy as np
 from ctxrt import dtypes
 from ctxrt.errors import FormatError
 from ctxrt.format import codec, layout
+from ctxrt.mapped import region
 
 
 @dataclass(frozen=True)
@@ -80,13 +81,30 @@ def plan_weights(weights: Mapping[str, np.ndarray]
     return table, chunks, size
 
 
-def pack(weights: Mapping[str, np.ndarray]) -> tuple[dict[str, WeightEntry], np.ndarray]:
-    """The weights section as one in-memory block (online prepare)."""
-    table, chunks, size = plan_weights(weights)
+def pack(weights: Mapping[str, np.ndarray]) -> tuple[dict[str, WeightEntry], list[np.ndarray]]:
+    """The weights of online prepare: (name -> entry, segments). Segment 0 is one in-memory block of the weights
+    made in memory; each weight that is a view of a mapped file (a model's external data, ctxrt.mapped) is a
+    segment of its own, used in place: no copy of it is made."""
+    table: dict[str, WeightEntry] = {}
+    segments: list[np.ndarray] = []
+    mapped: dict[tuple[str, int, str, tuple[int, ...]], WeightEntry] = {}
+    rest: dict[str, np.ndarray] = {}
+    for name, value in weights.items():
+        where = region(value) if isinstance(value, np.ndarray) else None
+        if where is None or dtypes.is_4bit(value.dtype):
+            rest[name] = value
+            continue
+        key = (*where, dtypes.name(value.dtype), tuple(value.shape))
+        if key not in mapped:
+            segments.append(value.reshape(-1).view(np.uint8))
+            mapped[key] = WeightEntry(0, value.nbytes, key[2], key[3], len(segments))
+        table[name] = mapped[key]
+    packed, chunks, size = plan_weights(rest)
     block = np.zeros(size, np.uint8)
     for offset, raw in chunks:
         block[offset:offset + raw.nbytes] = raw
-    return table, block
+    table.update(packed)
+    return table, [block, *segments]
 
 
 def views(table: Mapping[str, WeightEntry], segments: list[np.ndarray]) -> dict[str, np.ndarray]:

@@ -256,7 +256,7 @@ def _node(st: Folder, proto: onnx.NodeProto, name: str, read: set[str]) -> Node:
         return _control_node(st, proto, name)
     outputs = list(proto.output)
     if op in values.UPPER_BOUNDS:  # every output present (kernels index them), then the extent
-        bound = values.UPPER_BOUNDS[op](proto, st.shape_of, st.consts)
+        bound = values.upper_bound(proto, st.shape_of, st.consts, st.scope.shared_kv)
         dt0 = st.dtype_of(proto.input[0])
         outputs = [proto.output[k] if k < len(proto.output) and proto.output[k] else st.scope.fresh(f"{name}/out{k}")
                    for k in range(len(bound))]

@@ -121,10 +121,12 @@ def stand_in(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto] | None:
     return None if rule is None else rule(node, opset)
 
 
-def gqa_bounds(node: onnx.NodeProto, shape: Callable[[str], Any], const: Mapping[str, np.ndarray]
-               ) -> dict[int, tuple[np.dtype | None, tuple[int, ...]]] | None:
+def gqa_bounds(node: onnx.NodeProto, shape: Callable[[str], Any], const: Mapping[str, np.ndarray],
+               shared: frozenset[str] = frozenset()) -> dict[int, tuple[np.dtype | None, tuple[int, ...]]] | None:
     """GroupQueryAttention's outputs: attention (B, S, num_heads * H); present key and value (B, kv_num_heads,
-    past + S, H), an upper bound of their length max(total_sequence_length, past)."""
+    past + S, H), an upper bound of their length max(total_sequence_length, past); for a past input in `shared`
+    (one buffer of the context's length bound to past and present, onnxruntime-genai's shared buffer), the past's
+    own shape: total_sequence_length never exceeds it there (the kernel checks)."""
     q, k, _, past_k = _inputs(node, 4)
     sq, sp = shape(q), shape(past_k) if past_k else ()
     if sq is None or sp is None:
@@ -136,7 +138,7 @@ def gqa_bounds(node: onnx.NodeProto, shape: Callable[[str], Any], const: Mapping
         raise ShapeError(f"{label}: query of shape {list(sq)} for num_heads={n}, kv_num_heads={kv}")
     batch, s, h = sq[0], sq[1], sq[2] // heads
     past = sp[2] if len(sp) == 4 else 0
-    present = (batch, kv, past + s, h)
+    present = (batch, kv, past if past_k in shared and past else past + s, h)
     bounds = {0: (None, (batch, s, n * h)), 1: (None, present), 2: (None, present)}
     if len(node.output) > 3 and node.output[3]:  # output_qk: refused by the kernel, typed here to say so
         bounds[3] = (None, (batch, n, s, past + s))

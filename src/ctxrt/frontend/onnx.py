@@ -21,6 +21,7 @@ from ctxrt.errors import CtxrtWarning, ModelError, ShapeError, UnsupportedOpErro
 from ctxrt.format.codec import MAX_TENSOR_BYTES
 from ctxrt.frontend import contrib, control, extensions, values
 from ctxrt.frontend.checks import check_model, check_supported, op_key
+from ctxrt.frontend.external import load_in_place, tensor_array
 from ctxrt.frontend.order import sorted_model
 from ctxrt.frontend.pools import POOLS, ceil_pool_shape
 from ctxrt.ir.canonical import INFER_AS_IDENTITY
@@ -44,7 +45,9 @@ def load_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> onnx.Model
     try:
         if isinstance(model, bytes):
             return onnx.load_from_string(model)
-        return onnx.load(os.fspath(model))
+        return load_in_place(model)
+    except ModelError:
+        raise
     except FileNotFoundError as e:
         raise ModelError(f"no such model file: {model}") from e
     except Exception as e:  # protobuf raises DecodeError, onnx raises ValueError/OSError
@@ -78,6 +81,7 @@ class Scope:
         self.fresh = control.Namer(control.all_names(model.graph))
         self.notes: list[str] = []
         self.supported: set[str] = set()  # op types the backend has kernels for
+        self.shared_kv: frozenset[str] = frozenset()  # past inputs one buffer with their presents (to_ir)
 
     def make_model(self, graph: onnx.GraphProto, min_opset: int = 0) -> onnx.ModelProto:
         opsets = [helper.make_opsetid(o.domain, max(o.version, min_opset)) if o.domain in ("", "ai.onnx") else o
@@ -96,7 +100,7 @@ class Folder:
         for init in graph.initializer:
             try:
                 self.consts[init.name] = memo("initializer", init, None,
-                                              lambda init=init: numpy_helper.to_array(init))
+                                              lambda init=init: tensor_array(init))
             except Exception as e:
                 raise ModelError(f"initializer {init.name!r} cannot be read: {e}") from e
         self.inputs = dict(inputs)  # graph inputs (value inputs too: they are also constants here)
@@ -330,7 +334,7 @@ class Folder:
                         self.fixed[out] = (np.dtype(np.int64) if pos else self.dtype_of(node.input[0]), pooled)
                         changed = True
             elif op_key(node) in values.UPPER_BOUNDS and not any(o in self.fixed for o in node.output if o):
-                bound = values.UPPER_BOUNDS[op_key(node)](node, self.shape_of, self.consts)
+                bound = values.upper_bound(node, self.shape_of, self.consts, self.scope.shared_kv)
                 if bound is None:
                     continue
                 dt0 = self.dtype_of(node.input[0])
@@ -372,13 +376,16 @@ def _bounded_axes(node: onnx.NodeProto) -> dict[int, int]:
 
 def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str],
           shapes: Shapes | None = None, name: str = "main", values: Mapping[str, Any] | None = None,
-          feeds: Mapping[str, Any] | None = None, keep: frozenset[str] = frozenset()) -> Graph:
+          feeds: Mapping[str, Any] | None = None, keep: frozenset[str] = frozenset(),
+          shared_kv: frozenset[str] = frozenset()) -> Graph:
     """Load an ONNX model as an IR graph with static shapes, constants folded (except the values in `keep`:
     a range program's values that depend on a dynamic dim).
 
     `shapes` binds dynamic input dimensions (an unbound one is bound to 1, with a CtxrtWarning); `values`
     bakes in input values (value inputs, docs/shapes-and-control-flow.md); value inputs missing from `values` are
-    taken from `feeds` when given (a session compiling for a run's inputs: then every value input must be there)."""
+    taken from `feeds` when given (a session compiling for a run's inputs: then every value input must be there).
+    `shared_kv`: past inputs of GroupQueryAttention that will be bound to the same buffer as their present outputs
+    (a KV cache of the context's length written in place): those presents take the past's shape."""
     from ctxrt.frontend.build import bind_inputs, build_graph
 
     proto = sorted_model(load_model(model))
@@ -389,6 +396,7 @@ def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str
     check_supported(control.all_nodes(proto.graph), supported, FOLD_ONLY | {"Scan"})
     scope = Scope(proto)
     scope.supported = set(supported)
+    scope.shared_kv = frozenset(shared_kv)
     inputs, baked = bind_inputs(proto, shapes or {}, values or {}, scope.notes)
     st = Folder(scope, proto.graph, inputs, baked)
     st.value_inputs.update(baked)

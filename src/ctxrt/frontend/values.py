@@ -20,6 +20,7 @@ import onnx
 
 from ctxrt.errors import ShapeError
 from ctxrt.frontend import extensions
+from ctxrt.frontend.checks import op_key
 from ctxrt.frontend.control import attr, free_vars, subgraphs
 from ctxrt.ir.canonical import BRANCH_INPUTS, PARAM_INPUTS, RUNTIME_PARAMS, SHAPE_INPUTS
 
@@ -162,3 +163,12 @@ UPPER_BOUNDS: dict[str, Callable[[onnx.NodeProto, Callable[[str], Any], Mapping[
     "NonZero": _nonzero, "Compress": _compress, "Unique": _unique, "NonMaxSuppression": _nms,
     extensions.GQA: extensions.gqa_bounds,
 }
+
+
+def upper_bound(node: onnx.NodeProto, shape: Callable[[str], Any], const: Mapping[str, np.ndarray],
+                shared_kv: frozenset[str] = frozenset()) -> Bound | None:
+    """UPPER_BOUNDS' rule for the node; GroupQueryAttention's also told which past inputs share their buffer with
+    the present outputs (frontend.onnx.to_ir's `shared_kv`)."""
+    if node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft":
+        return extensions.gqa_bounds(node, shape, const, shared_kv)
+    return UPPER_BOUNDS[op_key(node)](node, shape, const)

@@ -1,10 +1,10 @@
 """`Generator`: a decoder's token loop over `InferenceSession`'s public API (get_inputs/get_outputs, io_binding).
 
-Each step binds the previous step's present tensors as this step's past inputs (session tensors: no copy of the
-KV cache between steps) and reads only the logits rows it samples from. Feeds change shape every token (the
-past grows by one); how much that costs is the session's business, so this loop gets faster as the session
-does.
-"""
+Every dim is ranged before the first run (one range program for the whole generation); prompts run in chunks of
+the prompt window. A builder model with genai_config's past_present_share_buffer keeps its KV cache in one Tensor
+per past input, the context's length, bound as that past and as its present (written in place, only the new
+rows); other models bind each step's present tensors as the next step's pasts (session tensors: not copied
+between steps). Only the logits rows sampled from are read (docs/generate.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,10 @@ from ctxrt.runtime.session import InferenceSession, IOBinding
 from ctxrt.runtime.tensor import Tensor
 
 Tokens = list[int | None]  # per prompt, the token it made at a step (None: none)
+# The most prompt tokens one run takes: longer prompts run in chunks of this many (the arena is planned for it)
+PROMPT_WINDOW = 128
+# The past's range when the model does not say its context length (a longer past widens it: one compile more)
+UNKNOWN_CONTEXT = 512
 
 
 @dataclass
@@ -54,22 +58,31 @@ class Generator:
     a folder (or its model) written by onnxruntime-genai's model builder (read through its genai_config.json),
     or a context binary compiled from either. `generate` returns a `GenerationResult`; `stream` yields the
     tokens step by step. `sess_options` and `backend` go to the InferenceSession; `context_length` overrides
-    what genai_config.json (or a Hugging Face config.json beside an export) says."""
+    what genai_config.json (or a Hugging Face config.json beside an export) says; `prompt_window`: the most prompt
+    tokens one run takes (longer prompts run in chunks; the arena is planned for it). docs/generate.md."""
 
     def __init__(self, model: str | os.PathLike, backend: str = "cpu", *, sess_options: Any = None,
-                 context_length: int | None = None) -> None:
-        if context_length is not None and (isinstance(context_length, bool) or not isinstance(context_length, int)
-                                           or context_length < 1):
-            raise GenerationError(f"context_length must be a whole number >= 1, got {context_length!r}")
+                 context_length: int | None = None, prompt_window: int = PROMPT_WINDOW) -> None:
+        for name, value in (("context_length", context_length), ("prompt_window", prompt_window)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise GenerationError(f"{name} must be a whole number >= 1, got {value!r}")
+        self.prompt_window = prompt_window
         self.files = locate(model)
         # the past only grows: an exact-shape variant (or a range program outgrown) is not run again
         self.session = InferenceSession(self.files.model, backend, sess_options=sess_options, max_shape_variants=2)
+        self._batch_dim: str | None = None
+        self._kv: tuple[int, dict[str, Tensor]] | None = None  # the shared KV buffer: (batch, past -> tensor)
         try:
             self.spec: DecoderSpec = describe(self.files, self.session.get_inputs(), self.session.get_outputs(),
                                               context_length)
         except BaseException:
             self.session.close()
             raise
+        if self.spec.share_buffer:  # an ONNX model compiles its presents as its pasts' buffers; a .ctx as it was
+            if self.session._compiler is not None:
+                self.session.kv_shared = [s.past for s in self.spec.kv]
+            else:
+                self.spec = replace(self.spec, share_buffer=False)
         self._range_the_past()
         self._outputs = [o.name for o in self.session.get_outputs()]
         self._logits_at = self._outputs.index(self.spec.logits)
@@ -77,21 +90,43 @@ class Generator:
         self._tokenizer: Any = None
 
     def _range_the_past(self) -> None:
-        """One range program for the whole generation: the past from 0 to the context length, a mask's length
-        as past + sequence (docs/shapes-and-control-flow.md); the session widens what the feeds outgrow."""
+        """One range program for the whole generation, compiled at the prompt: the past from 0 to the context
+        length, the new tokens from 1 to the prompt window, a mask's length as past + sequence, the batch set at
+        the first prompt, and the cache's other axes (a builder model's `kv_cache_dim`, the head size) fixed
+        (docs/shapes-and-control-flow.md); the session widens what the feeds outgrow."""
         spec, shapes = self.spec, {i.name: i.shape for i in self.session.get_inputs()}
-        if spec.context_length is None or not spec.kv:
+        if not spec.kv:
             return
         past = shapes[spec.kv[0].past][spec.kv[0].seq_axis]
-        seq = shapes[spec.input_ids][1] if len(shapes[spec.input_ids]) > 1 else None
         if not isinstance(past, str):
             return
-        ranges: dict[str, Any] = {past: (0, spec.context_length)}
+        context = spec.context_length or UNKNOWN_CONTEXT
+        ranges: dict[str, Any] = {past: (context, context) if spec.share_buffer else (0, context)}
+        ids = shapes[spec.input_ids]
+        seq = ids[1] if len(ids) > 1 else None
+        if isinstance(seq, str) and seq.isidentifier():
+            ranges[seq] = (1, min(self.prompt_window, context))
         mask = shapes[spec.attention_mask][1] if spec.attention_mask and len(shapes[spec.attention_mask]) > 1 \
             else None
         if isinstance(mask, str) and isinstance(seq, str) and mask not in (past, seq) and mask.isidentifier():
-            ranges[mask] = f"{past} + {seq}"
+            ranges[mask] = (1, context) if spec.share_buffer else f"{past} + {seq}"
+        for slot in spec.kv:
+            for axis, d in enumerate(shapes[slot.past]):
+                fixed = slot.shape[axis]
+                if isinstance(d, str) and d.isidentifier() and d not in ranges and isinstance(fixed, int):
+                    ranges[d] = (fixed, fixed)
+        self._batch_dim = ids[0] if ids and isinstance(ids[0], str) and ids[0].isidentifier() else None
         self.session.dim_ranges = {**ranges, **self.session.dim_ranges}
+
+    def _cover_batch(self, batch: int) -> None:
+        """Before the first run: the batch range is the first batch's size (a larger one later widens it); a
+        batch of several at least 1..4 (narrower ranges are fitted from programs at batches that some ops compile
+        differently: in-place broadcasts; measured on a GPT-2 export, 1..2 and 1..3 refused, 1..4 one program)."""
+        if self._batch_dim is not None and self.session.stats["shape_variants_compiled"] == 0:
+            ranges = self.session.dim_ranges
+            lo, hi = ranges.get(self._batch_dim, (1, 1))
+            hi = max(hi, batch, 4 if batch > 1 else 1)
+            self.session.dim_ranges = {**ranges, self._batch_dim: (min(lo, batch), hi)}
 
     @property
     def batching(self) -> str:
@@ -152,12 +187,31 @@ class Generator:
                                       "so it leaves no room for a new token")
         return checked
 
+    def _cache(self, batch: int) -> dict[str, Tensor]:
+        """The KV cache of a shared-buffer model: one tensor per past input, the context's length, bound as that
+        past input and as its present output at every step (GroupQueryAttention writes only the new rows);
+        made once per batch size."""
+        if self._kv is None or self._kv[0] != batch:
+            if self._kv is not None:
+                for t in self._kv[1].values():
+                    t.destroy()
+            self._kv = None
+            made = {}
+            for slot in self.spec.kv:
+                shape = [self.spec.context_length if a == slot.seq_axis else batch if a == slot.batch_axis else d
+                         for a, d in enumerate(slot.shape)]
+                made[slot.past] = Tensor.from_numpy(np.zeros(shape, slot.dtype), self.session)
+            self._kv = (batch, made)
+        return self._kv[1]
+
     def _run(self, feeds: dict[str, np.ndarray | Tensor]) -> IOBinding:
         binding = self.session.io_binding()
         for name, value in feeds.items():
             binding.bind_input(name, value)
+        shared = {s.present: feeds[s.past] for s in self.spec.kv} if self.spec.share_buffer else {}
         for name in self._outputs:
-            binding.bind_output(name)  # session tensors: presents become the next step's pasts in place
+            # session tensors (presents become the next step's pasts in place), or the shared KV buffer
+            binding.bind_output(name, shared.get(name))
         with warnings.catch_warnings():  # its advice (bind one input shape) does not apply to a growing cache
             warnings.filterwarnings("ignore", "InferenceSession compiled", CtxrtWarning)
             self.session.run_with_iobinding(binding)
@@ -225,11 +279,10 @@ class Generation:
         spec = self._gen.spec
         ids, mask, last = _pad([self._prompts[r] for r in rows], spec)
         budget = [self._budget(len(self._prompts[r])) for r in rows]
-        feeds = {slot.past: slot.empty(len(rows)) for slot in spec.kv}
         alive = list(range(len(rows)))
+        self._gen._cover_batch(len(rows))
         tic = time.perf_counter()
-        binding = self._gen._run({**self._inputs(ids, mask), **feeds})
-        new = self._choose(binding, last)
+        binding, new = self._prompt(ids, mask, last)
         self._times["prompt"] += time.perf_counter() - tic
         if not self._times["first"]:
             self._times["first"] = time.perf_counter() - start
@@ -252,6 +305,31 @@ class Generation:
             self._times["decode"] += time.perf_counter() - tic
             self._decoded += len(alive)
         self._kv_bytes = max(self._kv_bytes, sum(t.nbytes for t in self._gen._presents(binding)))
+
+    def _prompt(self, ids: np.ndarray, mask: np.ndarray, last: np.ndarray) -> tuple[IOBinding, np.ndarray]:
+        """Run the prompts, in chunks of the prompt window where the model allows it (a right-padded batch of
+        prompts of different lengths runs whole: its attention takes several new tokens only for batch 1), and
+        choose each prompt's first token from the logits of its last token's chunk."""
+        spec, window, width = self._gen.spec, self._gen.prompt_window, ids.shape[1]
+        if spec.padding == "right" and len(ids) > 1 and not mask.all():
+            window = width
+        binding: IOBinding | None = None
+        past = self._gen._cache(len(ids)) if spec.share_buffer else {slot.past: slot.empty(len(ids))
+                                                                      for slot in spec.kv}
+        rows: np.ndarray | None = None
+        for start in range(0, width, window):
+            end = min(width, start + window)
+            previous, binding = binding, self._gen._run({**self._inputs(ids[:, start:end], mask[:, :end]), **past})
+            del previous  # its presents were this run's pasts
+            here = np.flatnonzero((last >= start) & (last < end))
+            if len(here):
+                logits = self._gen._logits(binding)
+                got = logits.array if logits.array is not None else logits.numpy()
+                rows = np.empty((len(ids), got.shape[-1]), got.dtype) if rows is None else rows
+                rows[here] = got[here, last[here] - start]
+            past = dict(zip((s.past for s in spec.kv), self._gen._presents(binding), strict=True))
+        assert binding is not None and rows is not None
+        return binding, choose(rows, self._sampling, self._rng)
 
     def _inputs(self, ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
         spec = self._gen.spec

@@ -63,6 +63,9 @@ class DecoderSpec:
     pad_id: int = 0
     context_length: int | None = None
     vocab_size: int | None = None
+    # past and present one buffer of the context's length, written in place (genai_config's
+    # search.past_present_share_buffer: GroupQueryAttention's shared buffer)
+    share_buffer: bool = False
 
     @property
     def batching(self) -> str:
@@ -237,7 +240,8 @@ def _genai(config: dict[str, Any], ins: Mapping[str, Any], outs: Mapping[str, An
     return DecoderSpec("genai", input_ids, mask, pos, logits, tuple(kv), "right" if mask and not pos else "none",
                        _int_types(ins, (input_ids, mask, pos)), eos_ids, pad if isinstance(pad, int) else 0,
                        context if context > 0 else None,
-                       vocab if isinstance(vocab, int) and vocab > 0 else _last_dim(outs[logits]))
+                       vocab if isinstance(vocab, int) and vocab > 0 else _last_dim(outs[logits]),
+                       search.get("past_present_share_buffer") is True and bool(kv) and context > 0)
 
 
 def _nth(names: Mapping[str, Any], key: str, i: int) -> str:

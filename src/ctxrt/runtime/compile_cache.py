@@ -22,6 +22,7 @@ import numpy as np
 
 import ctxrt
 from ctxrt.backends import Backend
+from ctxrt.compiler import compile_options
 from ctxrt.errors import FormatError
 from ctxrt.format import layout
 from ctxrt.runtime import heap
@@ -44,6 +45,7 @@ class VariantCompiler:
         self.store = WeightStore(backend, None if self.folder is None else self.folder / "weights")
         self._digests: dict[Path, tuple[Stamp, str]] = {}  # file -> (its stamp when hashed, SHA-256 of its bytes)
         self._external: tuple[Stamp, list[Path]] | None = None  # the model's external-data files, by its stamp
+        self.options = compile_options()  # what every compile of this model sees (a session may set kv_shared)
 
     def compile(self, shapes: Mapping[str, Any] | None, feeds: Mapping[str, Any] | None,
                 dims: Mapping[str, tuple[int, int]] | None = None, prior: Any = None) -> Context:
@@ -60,7 +62,7 @@ class VariantCompiler:
         try:
             if self.folder is None:
                 graphs, weights = compile_graphs([(self.source, shapes, "main")], self.backend, "memhandle", feeds,
-                                                 dims=dims, prior=prior)
+                                                 self.options, dims=dims, prior=prior)
                 return compile_to_context(graphs, weights, self.backend, store=self.store)
             return self._cached(shapes, feeds, dims, prior)
         finally:
@@ -101,7 +103,7 @@ class VariantCompiler:
                     counters["compile_cache_damaged"] += 1
         counters["compile_cache_misses"] += 1
         graphs, weights = compile_graphs([(self.source, shapes, "main")], self.backend, "memhandle", feeds,
-                                         dims=dims, prior=prior)
+                                         self.options, dims=dims, prior=prior)
         names = sorted(graphs[0].value_inputs)
         names_file.write_text(json.dumps(names))
         cached = path_for(names)
@@ -127,13 +129,11 @@ class VariantCompiler:
     def options_key(self, shapes: Mapping[str, tuple[int, ...]], dims: Mapping[str, tuple[int, int]] | None = None
                     ) -> str:
         """Everything besides the model and the values of value inputs that a compiled binary depends on."""
-        from ctxrt.compiler import compile_options
-
         be = self.backend
         return json.dumps({
             "shapes": sorted((k, list(v)) for k, v in shapes.items()), "io_mem_type": "memhandle",
             "dims": sorted((k, v if isinstance(v, str) else list(v)) for k, v in (dims or {}).items()),
-            "options": compile_options(), "device": be.device_id(), "ctxrt": ctxrt.__version__,
+            "options": self.options, "device": be.device_id(), "ctxrt": ctxrt.__version__,
             "formats": list(layout.SUPPORTED_VERSIONS), "cpus": os.cpu_count(),
             "backend": {"onednn": getattr(be, "onednn", None), "layout": getattr(getattr(be, "layout", None), "name",
                                                                                  None)},

@@ -20,6 +20,7 @@ from ctxrt.backends.kernel import held_constants_bytes
 from ctxrt.compiler.program import CONST, CompiledGraph
 from ctxrt.errors import LifecycleError, RegistrationError
 from ctxrt.format import weights as wts
+from ctxrt.mapped import region
 from ctxrt.runtime.graph import Graph, io_buffer_layout
 from ctxrt.runtime.memhandle import MemHandle, check_descriptor, handle_key
 
@@ -233,6 +234,7 @@ class Context:
         be = self.backend
         self._place_weights()
         self.stats["weights_bytes"] = sum(int(seg.nbytes) for seg in self._segments)
+        self.stats["weights_mapped_bytes"] = sum(self.mapped_weights().values())
         self.stats["weights_prepacked_bytes"] = self._prepacked_bytes()
         if "spillfill" in self._registered:
             self.arena = self._registered["spillfill"]
@@ -290,6 +292,10 @@ class Context:
         ids = [id(seg) for seg in self._segments]
         return ({i: int(seg.nbytes) for i, seg in zip(ids, self._segments, strict=True)},
                 {(ids[s], o): n for (s, o), n in self._prepacked().items()})
+
+    def mapped_weights(self) -> dict[int, int]:
+        """(id of each weights segment read in place from a model's external data file -> its bytes)."""
+        return {id(seg): int(seg.nbytes) for seg in self._segments if region(seg) is not None}
 
     def memory(self) -> dict[str, int]:
         """Bytes this context holds, by category: `weights` (the weights section, memory-mapped from the binary

@@ -34,6 +34,12 @@ _NO_SHAPES: Mapping[str, tuple[int, ...]] = {}
 PER_STEP = 64  # shapes of one changed step whose launches (and kernels) are kept
 
 
+# op -> positions of constant inputs its CPU kernel reads only when it runs, never when it is made: a range
+# program's step whose only changes are these values keeps one kernel (GroupQueryAttention's seqlens_k and
+# total_sequence_length follow the mask's length, a new value every token)
+RUN_TIME_CONSTS = {"com.microsoft.GroupQueryAttention": frozenset({5, 6})}
+
+
 class Made:
     """One changed step at one set of its integers' values: the step (None: its outputs are empty, nothing to run),
     its launch maker or kernel, its launch when it touches no IO tensor (or on the internal IO buffers), what it
@@ -74,6 +80,8 @@ class ExtentRunner:
         self.last: tuple[list[Any] | None, Any] = (None, None)  # (feeds' shapes, the state they bound)
         self.io_steps = set(g._io_steps)
         self.cache: dict[int, OrderedDict[tuple[int, ...], Made]] = {k: OrderedDict() for k in makers}
+        # kernels of steps whose changing constants their kernel reads only when it runs, by step and shapes
+        self.by_shape: dict[tuple[int, Any], Any] = {}
         self.work = [step_work(s) for s in g.compiled.steps]  # at the upper bound: bounds every shape inside
         fixed = [w for k, w in enumerate(self.work) if k not in makers]
         self.static_work: int | None = None if None in fixed else max(fixed, default=0)
@@ -212,7 +220,19 @@ class ExtentRunner:
                             [TensorSpec(r.shape, np.dtype(r.dtype)) for r in step.outputs],
                             [made.consts.get(i, weights[r.key]) if r is not None and r.space == CONST else None
                              for i, r in enumerate(step.inputs)], g.compiled.opset)
-            made.kernel, _ = select_kernel(be, spec, step.backend or None, step.params)
+            late = RUN_TIME_CONSTS.get(step.op, frozenset())
+            shapes = None
+            if consts and {i for _, i in consts} <= late:  # a kernel made for these shapes serves every value
+                shapes = (k, tuple(r.shape if r else None for r in [*step.inputs, *step.outputs, *step.scratch]),
+                          tuple((i, made.consts[i].tobytes()) for i in sorted(made.consts) if i not in late))
+                made.kernel = self.by_shape.get(shapes)
+            if made.kernel is None:
+                made.kernel, _ = select_kernel(be, spec, step.backend or None, step.params)
+                ctx.stats["range_kernels_built"] += 1
+                if shapes is not None:
+                    self.by_shape[shapes] = made.kernel
+                    if len(self.by_shape) > PER_STEP * 4:
+                        self.by_shape.pop(next(iter(self.by_shape)))
             planned = [ref.nbytes for ref in step.scratch]
             sizes = [int(n) for n in made.kernel.scratch]
             if len(sizes) == len(planned) and all(n <= p for n, p in zip(sizes, planned, strict=True)):
@@ -223,7 +243,6 @@ class ExtentRunner:
                     made.held.append(buf)
                     made.scratch.append(be.view(buf, 0, (n,), np.uint8))
                     ctx.stats["range_private_scratch_bytes"] += n
-            ctx.stats["range_kernels_built"] += 1
         if k not in self.io_steps:
             made.launch = self._launch(made, lambda ref: _view(g, ref))
         return made

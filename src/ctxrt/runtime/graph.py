@@ -25,6 +25,30 @@ if TYPE_CHECKING:
     from ctxrt.runtime.context import Context
 
 
+# op -> (input, output) positions the op's kernel updates in place when both are bound to one buffer:
+# GroupQueryAttention's past and present key and value (onnxruntime-genai's past_present_share_buffer)
+IN_PLACE = {"com.microsoft.GroupQueryAttention": ((3, 1), (4, 2))}
+
+
+def in_place_pairs(steps: list[Any]) -> frozenset[tuple[str, str]]:
+    """(graph output, graph input) pairs that may be one buffer: an IN_PLACE op reads the input (and nothing
+    else does) and writes the output."""
+    readers: dict[str, int] = {}
+    for step in steps:
+        for r in step.inputs:
+            if r is not None and r.space == INPUT:
+                readers[r.key] = readers.get(r.key, 0) + 1
+    pairs = set()
+    for step in steps:
+        for i, o in IN_PLACE.get(step.op, ()):
+            src = step.inputs[i] if i < len(step.inputs) else None
+            dst = step.outputs[o] if o < len(step.outputs) else None
+            if src is not None and dst is not None and src.space == INPUT and dst.space == OUTPUT \
+                    and readers[src.key] == 1:
+                pairs.add((dst.key, src.key))
+    return frozenset(pairs)
+
+
 class Graph:
     """One program of a context. Use `run(feeds)` or `execute(inputs, outputs)`."""
 
@@ -162,6 +186,7 @@ class Graph:
         host = [s.backend not in ("", backend.name) for s in self.compiled.steps]
         self._host = HostSteps(self.ctx, self.compiled.steps, host, self._host_weights) if any(host) else None
         self._io_order = [t.name for t in self.inputs + self.outputs]
+        self._in_place = in_place_pairs(self.compiled.steps)
         self._io_steps = [k for k, step in enumerate(self.compiled.steps)
                           if any(r is not None and r.space in (INPUT, OUTPUT) for r in step.inputs + step.outputs)]
         io_steps = self._io_step_set = set(self._io_steps)
@@ -313,13 +338,17 @@ class Graph:
 
     def _check_overlap(self, bound: tuple[MemHandle | None, ...]) -> None:
         """An output handle may not share bytes with any other IO handle: kernels would read what they
-        already overwrote. (Inputs may overlap each other: they are only read.)"""
+        already overwrote. (Inputs may overlap each other: they are only read.) The exception: an input and an
+        output that one kernel updates in place (`in_place_pairs`) may be exactly the same bytes."""
         n_in = len(self.inputs)
         for k, out in enumerate(bound[n_in:], n_in):
             if out is None:
                 continue
             for j, other in enumerate(bound):
                 if j == k or other is None or other.buffer is not out.buffer:
+                    continue
+                if (self._io_order[k], self._io_order[j]) in self._in_place and other.offset == out.offset \
+                        and other.nbytes == out.nbytes:
                     continue
                 lo, hi = max(other.offset, out.offset), min(other.offset + other.nbytes, out.offset + out.nbytes)
                 if other is out or lo < hi:

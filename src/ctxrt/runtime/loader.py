@@ -63,12 +63,13 @@ def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backen
 def compile_to_context(graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray], backend: Backend,
                        defer_graph_init: bool = False, num_threads: int | None = None,
                        store: WeightStore | None = None) -> Context:
-    """A context over weights compiled in memory: packed into one block of its own, or (with `store`) held by
-    the store once per distinct content, shared with the other contexts it gave them to."""
+    """A context over weights compiled in memory: packed into one block of its own (those read in place from a
+    model's external data file stay there), or (with `store`) held by the store once per distinct content,
+    shared with the other contexts it gave them to."""
     if store is None:
-        table, block = pack(weights)
-        block.flags.writeable = False
-        return Context(graphs, table, block, backend, defer_graph_init=defer_graph_init, num_threads=num_threads)
+        table, segments = pack(weights)
+        segments[0].flags.writeable = False
+        return Context(graphs, table, segments, backend, defer_graph_init=defer_graph_init, num_threads=num_threads)
     table, segments, keys = store.intern(weights)
     try:
         return Context(graphs, table, segments, backend, defer_graph_init=defer_graph_init, num_threads=num_threads,

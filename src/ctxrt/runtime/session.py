@@ -14,7 +14,7 @@ import threading
 import warnings
 import weakref
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -357,6 +357,24 @@ class InferenceSession:
         from ctxrt.compiler.ranges import is_expression, parse_range
 
         self._ranges = {k: v if is_expression(v) else parse_range(v, k) for k, v in value.items()}
+
+    @property
+    def kv_shared(self) -> frozenset[str]:
+        """Past inputs (GroupQueryAttention's) that runs bind to the same Tensor as their present outputs: a KV
+        cache of the context's length written in place, each present planned with its past's shape."""
+        return frozenset(self._compiler.options.get("kv_shared", ())) if self._compiler is not None else frozenset()
+
+    @kv_shared.setter
+    def kv_shared(self, names: Iterable[str]) -> None:
+        """For the next compile (an ONNX model's session only)."""
+        from ctxrt.compiler import compile_options
+
+        names = frozenset(names)
+        if self._compiler is None:
+            raise CtxrtError("a context binary's presents keep the shapes it was compiled with")
+        if not names <= self._in_decl.keys():
+            raise ShapeError(f"kv_shared: no inputs {sorted(names - self._in_decl.keys())}")
+        self._compiler.options = compile_options(self._compiler.options.get("prefer", "speed"), names)
 
     # -- onnxruntime's API ---------------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:

@@ -195,17 +195,21 @@ def array_of(x: Any) -> Any:
 
 def held_stats(retired: Counter[str], contexts: list[Context], store: WeightStore | None) -> Counter[str]:
     """The contexts' counters added to those of freed ones, weights that several contexts share counted once
-    (`weights_bytes`: each segment; `weights_prepacked_bytes`: each prepacked weight), with the weight store's
+    (`weights_bytes`: each segment, `weights_mapped_bytes` those read in place from a model's external data file;
+    `weights_prepacked_bytes`: each prepacked weight), with the weight store's
     counters and its device copies (in `alloc_weights_bytes`)."""
     total = Counter(retired)
     segments: dict[int, int] = {}
+    mapped: dict[int, int] = {}
     prepacked: dict[tuple[int, int], int] = {}
     for ctx in contexts:
         total.update(ctx.stats)
         held, packed = ctx.held_weights()
         segments.update(held)
+        mapped.update(ctx.mapped_weights())
         prepacked.update(packed)
     total["weights_bytes"] = sum(segments.values())
+    total["weights_mapped_bytes"] = sum(mapped.values())
     total["weights_prepacked_bytes"] = sum(prepacked.values())
     if store is not None:
         total.update(store.stats)

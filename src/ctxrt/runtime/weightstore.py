@@ -6,6 +6,7 @@ in every variant. A `WeightStore` holds each distinct content once, keyed by the
 long as a context uses it (a reference per context, dropped when the context is freed):
 
 - compiled in memory, a context's weights are copied into the store (`intern`) unless it holds them already;
+  those read in place from the model's external data file (ctxrt.mapped) stay there, named by file and offset;
 - with a compile cache folder, each weight of at least `EXTERNAL_MIN_BYTES` is written once as
   `<sha256>.bin` (`save`) and a cached context binary only names it (format version 2, docs/format.md);
   loading one maps each blob once per store (`lease`: size and CRC-32 checked);
@@ -30,6 +31,7 @@ from ctxrt.errors import FormatError
 from ctxrt.format import layout
 from ctxrt.format.atomic import atomic_write
 from ctxrt.format.weights import ExternalWeight, WeightEntry, content_key, raw_bytes
+from ctxrt.mapped import region
 
 EXTERNAL_MIN_BYTES = 4096  # smaller weights stay inside a cached context binary: a file each would cost more
 
@@ -65,10 +67,14 @@ class WeightStore:
         try:
             for name, value in weights.items():
                 arr, raw = raw_bytes(value, name)
-                key = content_key(raw)
+                where = None if dtypes.is_4bit(arr.dtype) else region(arr)
+                if where is None:
+                    key, make = content_key(raw), lambda raw=raw: _aligned_copy(raw)
+                else:  # a view of a model's external data file: used in place, named by where it lies
+                    key, make = f"mapped:{where[0]}:{where[1]}:{arr.dtype}:{arr.shape}", lambda raw=raw: raw
                 if key not in index:
                     index[key] = len(segments)
-                    segments.append(self._take(key, lambda raw=raw: _aligned_copy(raw)))
+                    segments.append(self._take(key, make))
                     keys.append(key)
                 table[name] = WeightEntry(0, int(raw.nbytes), dtypes.name(arr.dtype), tuple(arr.shape), index[key])
         except BaseException:

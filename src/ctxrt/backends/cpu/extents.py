@@ -85,11 +85,12 @@ GEMV_ROWS = 8  # rows under which a GEMM is a GEMV that NumPy streams faster tha
 
 
 def small_rows(step: Any) -> Make | None:
-    """For a oneDNN GEMM step (MatMul, Gemm) whose weights are stored plain, (K, N), at fewer than GEMV_ROWS rows:
-    NumPy's GEMV with the same epilogue (bias, residual, then Relu), reading the same stored weights. A decoder's
-    projections at one token: 25% faster than the primitive (8 GEMVs of 1 MiB in a row, one thread)."""
+    """For a oneDNN GEMM step (MatMul, Gemm) whose weights are stored plain, (K, N) or (N, K), at fewer than
+    GEMV_ROWS rows: NumPy's GEMV with the same epilogue (bias, residual, then Relu), reading the same stored
+    weights. A decoder's projections at one token: 25% faster than the primitive (8 GEMVs of 1 MiB in a row, one
+    thread)."""
     a = step.attrs
-    if step.op not in ("MatMul", "Gemm") or a.get("kernel") != "onednn" or a.get("weights_tag") != "ab":
+    if step.op not in ("MatMul", "Gemm") or a.get("kernel") != "onednn" or a.get("weights_tag") not in ("ab", "ba"):
         return None
     if any(np.dtype(r.dtype) != np.float32 for r in [*step.inputs, *step.outputs] if r is not None):
         return None
@@ -102,7 +103,8 @@ def small_rows(step: Any) -> Make | None:
     residual = bool(a.get("residual")) and len(step.inputs) > 3 and step.inputs[3] is not None
 
     def make(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
-        x, w, y = ins[0].reshape(rows, k), ins[1].reshape(k, n), outs[0].reshape(rows, n)
+        w = ins[1].reshape(k, n) if a["weights_tag"] == "ab" else ins[1].reshape(n, k).T
+        x, y = ins[0].reshape(rows, k), outs[0].reshape(rows, n)
         adds = ([ins[2].reshape(n)] if has_bias else []) + ([ins[3].reshape(rows, n)] if residual else [])
         relu = act == "Relu"
 

@@ -3,7 +3,8 @@
 OpenBLAS packs B on every call; reading it from a [N, K] layout (an "NT" GEMM) streams the weights
 faster when they are not in cache, which is every run for a model larger than the cache: 8 % on a
 BERT feed-forward MatMul (128x384 @ 384x1536) measured cold. The weights are stored once, transposed, in
-the context binary: no copy at load time.
+the context binary: no copy at load time. Weights read in place from a model's external data file (ctxrt.mapped)
+keep their layout: a transposed copy would double their memory (oneDNN reads either layout directly).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import numpy as np
 from ctxrt.ir.graph import Graph, Value
 from ctxrt.ir.memo import memo
 from ctxrt.ir.passes.base import Pass, PassResult, check_topological
+from ctxrt.mapped import region
 
 
 class TransposeMatMulWeights(Pass):
@@ -24,7 +26,7 @@ class TransposeMatMulWeights(Pass):
                 continue
             name = node.inputs[1]
             v = graph.values[name]
-            if not v.is_const or v.const.ndim != 2 or name in graph.outputs:
+            if not v.is_const or v.const.ndim != 2 or name in graph.outputs or region(v.const) is not None:
                 continue
             if len(graph.values[node.inputs[0]].shape) < 2:  # a vector times a matrix: keep it
                 continue

@@ -10,9 +10,12 @@ attends to columns [0, min(s + 1, T)) (T = seqlens_k[b] + 1; rows past T are pad
 has past = T - S tokens before these (S > 1 only for batch 1, as in onnxruntime). Present rows [0, past) are
 copied from the past (the rest of a longer past buffer, onnxruntime-genai's shared buffer, is not read), rows
 [past, past + S) are the new keys and values (keys rotated at positions past, past + 1, ...), later rows are
-zero. Present is planned at past + S rows; its real length, max(total_sequence_length, P), is the node's extra
-output (ir/dynamic.py). Scores are scaled (default 1/sqrt(H)), soft-capped (softcap * tanh(x / softcap)),
-limited to the last local_window_size positions, and softmaxed with exp(head_sink) (or 1, smooth_softmax) added
+zero. Present is planned at P + S rows (at P for a past named in the compile's `kv_shared`: the shared buffer of
+the context's length); its real length, max(total_sequence_length, P), is the node's extra output
+(ir/dynamic.py). When past and present are one buffer (bound so by ctxrt.Generator, as onnxruntime-genai's
+past_present_share_buffer), only the new rows are written: the KV cache is updated in place. Scores are scaled
+(default 1/sqrt(H)), soft-capped (softcap * tanh(x / softcap)), limited to the last local_window_size positions,
+and softmaxed with exp(head_sink) (or 1, smooth_softmax) added
 to the denominator. Each block of kv heads is one batched GEMM per product; scratch holds one block's scores.
 """
 
@@ -119,11 +122,14 @@ class GroupQueryAttention(Kernel):
         ends, starts = (scratch_view(scratch[8], (2, s_), np.int64)[k][:, None] for k in (0, 1))
         half, interleaved, scale, softcap, window = self.half, self.interleaved, self.scale, self.softcap, self.window
 
+        shared = _same_memory(past_k, present_k) and _same_memory(past_v, present_v)
+
         def fill(present: np.ndarray, past: np.ndarray | None, new: np.ndarray, b: int, start: int, rotary: bool
                  ) -> None:
-            """Present rows of sequence b: past [0, start), new tokens [start, start + S), zeros after."""
+            """Present rows of sequence b: past [0, start), new tokens [start, start + S), zeros after; where past
+            and present are one buffer (onnxruntime-genai's shared buffer, bound to both), the new rows only."""
             dst = present[b]
-            if start:
+            if start and not shared:
                 np.copyto(dst[:, :start], past[b, :, :start])
             rows = dst[:, start:start + s_]
             if rotary:
@@ -132,7 +138,8 @@ class GroupQueryAttention(Kernel):
                        sin[None, start:start + s_, :half], tmp, half, interleaved)
             else:
                 np.copyto(rows, new[b].transpose(1, 0, 2))
-            dst[:, start + s_:].fill(0)
+            if not shared:
+                dst[:, start + s_:].fill(0)
 
         def attend(b: int, start: int, total_b: int) -> None:
             q = q_src[b].transpose(1, 0, 2)
@@ -208,6 +215,13 @@ class GroupQueryAttention(Kernel):
                 attend(b, start, total_b)
             extent[...] = length
         return run
+
+
+def _same_memory(past: np.ndarray | None, present: np.ndarray) -> bool:
+    """Whether a past input and a present output are one buffer (bound so by onnxruntime-genai's shared buffer
+    and ctxrt's Generator): the same address and shape."""
+    return past is not None and past.shape == present.shape and \
+        past.__array_interface__["data"][0] == present.__array_interface__["data"][0]
 
 
 def group_query_attention(spec: NodeSpec) -> Kernel:

@@ -1,10 +1,10 @@
 """oneDNN's matmul for MatMul and Gemm nodes whose right-hand matrix is a constant (a layer's weights): the
-weights prepacked at compile time into the format its brgemm kernel reads; the bias, a residual add and a Relu
-or GELU (FuseActivation's, FuseMatMulEpilogue's) as post-ops of the primitive. Measured at one thread against
-NumPy's SGEMM (OpenBLAS) on a MiniLM layer's shapes: 128 x 384 by 384 x 1536 1.49 ms vs 2.38, 1536 -> 384
-1.40 vs 1.95, 384 -> 384 0.37 vs 0.49. A single row (a classifier at batch 1) is a GEMV that NumPy streams as
-fast: left to NumPy.
-"""
+primitive reads the weights where they are stored, in their plain layout ((N, K) after TransposeMatMulWeights), so
+no second copy of them exists; only where oneDNN has no fast kernel for that layout are they prepacked at compile
+time into the format it prefers. The bias, a residual add and a Relu or GELU (FuseActivation's,
+FuseMatMulEpilogue's) are post-ops of the primitive. Measured at one thread against NumPy's SGEMM (OpenBLAS) on a
+MiniLM layer's shapes: 128 x 384 by 384 x 1536 1.49 ms vs 2.38, 1536 -> 384 1.40 vs 1.95, 384 -> 384 0.37 vs 0.49.
+A single row (a classifier at batch 1) is a GEMV that NumPy streams as fast: left to NumPy."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from ctxrt.backends.cpu.onednn.kernels import (
     weighted_args,
 )
 from ctxrt.backends.kernel import Kernel, NodeSpec
-from ctxrt.errors import UnsupportedOpError
+from ctxrt.errors import CtxrtError, UnsupportedOpError
 
 MIN_ROWS = 8  # fewer rows of A: a GEMV, as fast in NumPy (not in a range program: its rows vary, one kernel)
 _ELTWISE = {("Relu", "none"): api.ELTWISE_RELU, ("Gelu", "none"): api.ELTWISE_GELU_ERF,
@@ -48,6 +48,20 @@ def _shapes(spec: NodeSpec) -> tuple[int, int, int, bool]:
     if len(a.shape) < 2 or a.shape[-1] != k or rows < MIN_ROWS and not spec.options.get("ranges"):
         raise UnsupportedOpError(f"{what}: {rows} row(s): a GEMV, left to NumPy")
     return rows, k, n, transposed
+
+
+def _stored_or_chosen(spec: NodeSpec, make: Any, wdims: tuple[int, int], stored: str) -> tuple[api.Primitive, str]:
+    """The primitive reading the weights as stored (plain, (K, N) or (N, K)): no copy of them exists; else the
+    one reading the format oneDNN prefers (prepacked). Measured at 1 and 2 threads, 128 rows by a decoder's and an
+    encoder's weights (768 x 2048, 2048 x 768, 768 x 32000, 384 x 1536): the stored (N, K) layout as fast as the
+    blocked one or faster, 16 rows by 768 x 2048 twice as fast."""
+    try:
+        prim = make(stored)
+    except CtxrtError:
+        prim = None
+    if prim is not None and not prim.impl.startswith("ref"):
+        return prim, stored
+    return choose_weights(spec, make, wdims, int(spec.consts[1].nbytes))
 
 
 def matmul(spec: NodeSpec) -> Kernel:
@@ -83,9 +97,10 @@ def matmul(spec: NodeSpec) -> Kernel:
     if packed:
         prim, own = recreate_or_reorder(spec, make, (k, n), packed)
     else:
-        prim, packed = choose_weights(spec, make, (k, n), int(spec.consts[1].nbytes))
-        if not spec.options.get("probe"):
-            constants = {1: prepack(spec.consts[1], (k, n), "ba" if transposed else "ab", prim.md(api.Q_WEIGHTS_MD))}
+        stored = "ba" if transposed else "ab"
+        prim, packed = _stored_or_chosen(spec, make, (k, n), stored)
+        if not spec.options.get("probe") and packed != stored:
+            constants = {1: prepack(spec.consts[1], (k, n), stored, prim.md(api.Q_WEIGHTS_MD))}
         attrs = {"weights_tag": packed, "weight_shape": [k, n]}
     args = weighted_args(prim, src_md, dst_md, bias_md, attr.binary_index if residual else None)
     return OneDnnKernel(spec, prim, args, "matmul", attrs, constants, variant=variant_of(spec, make, (k, n), packed),

@@ -1,0 +1,214 @@
+"""Text generation, ctxrt's `Generator` against onnxruntime-genai on the same builder folder (issue 21):
+
+A random-weight Llama-style model (hidden 768, 8 layers, 12 heads, 4 kv heads, intermediate 2048, vocab 32000:
+~420 MB in fp32) written by onnxruntime-genai's model builder for the CPU, fp32 and int4 (block 32). One prompt of
+128 tokens, 128 new tokens, greedy; both stop at max length only (eos ignored by neither: random weights rarely
+reach it, and the tokens are compared). Per engine and precision: generation tokens/s (token steps only), prompt
+tokens/s, time to first token (model load excluded, compile included), load time, peak RSS and peak RSS beyond the
+weights (the resident set sampled every millisecond in a fresh process, minus the one after imports, minus the
+weight bytes of model.onnx and its data file).
+
+    .venv/bin/python bench/bench_generate.py [--rounds R] [--precisions fp32,int4] [--json]
+
+Each run is a fresh child process; rounds alternate which engine goes first; figures are medians over rounds.
+The folders are built once into .cache/bench (the builder takes about a minute per precision). The machine is
+shared: say what else ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+CACHE = Path(os.environ.get("CTXRT_BENCH_CACHE", ROOT / ".cache" / "bench"))
+CONFIG = {"vocab_size": 32000, "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 8,
+          "num_attention_heads": 12, "num_key_value_heads": 4, "max_position_embeddings": 2048}
+PROMPT, NEW = 128, 128
+ENGINES = ("ctxrt", "onnxruntime-genai")
+
+
+def folder(precision: str) -> Path:
+    """The builder's folder for `precision`, built on first use (a random Llama saved with transformers)."""
+    out = CACHE / f"genai_llama_h768_l8_{precision}"
+    if (out / "genai_config.json").is_file():
+        return out
+    import torch
+    import transformers
+
+    CACHE.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=CACHE, prefix=out.name + "."))
+    try:
+        from tokenizers import Tokenizer, models, pre_tokenizers
+
+        torch.manual_seed(0)
+        hf = work / "hf"
+        transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).save_pretrained(hf)
+        words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(CONFIG["vocab_size"])}, unk_token="t0"))
+        words.pre_tokenizer = pre_tokenizers.Whitespace()
+        transformers.PreTrainedTokenizerFast(tokenizer_object=words, unk_token="t0", eos_token="t2").save_pretrained(hf)
+        done = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", str(hf), "-i", str(hf),
+                               "-o", str(work / "out"), "-p", precision, "-e", "cpu", "-c", str(work / "cache")],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"the model builder failed:\n{done.stderr[-3000:]}")
+        os.replace(work / "out", out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def _rss_now() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _weights(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir() if p.suffix in (".onnx", ".data") or p.name.endswith("data"))
+
+
+def _prompt() -> list[int]:
+    import numpy as np
+
+    return [int(t) for t in np.random.default_rng(0).integers(3, CONFIG["vocab_size"], PROMPT)]
+
+
+def _run_genai(path: Path) -> dict[str, Any]:
+    import numpy as np
+    import onnxruntime_genai as og
+
+    t = time.perf_counter()
+    model = og.Model(str(path))
+    load = time.perf_counter() - t
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=PROMPT + NEW, do_sample=False)
+    t = time.perf_counter()
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.array([_prompt()], np.int32))  # runs the prompt
+    prompt_s = time.perf_counter() - t
+    gen.generate_next_token()  # picks the first token from the prompt's logits
+    first = time.perf_counter() - t
+    t = time.perf_counter()
+    while not gen.is_done():
+        gen.generate_next_token()  # runs the model on the last token, then picks
+    decode = time.perf_counter() - t
+    tokens = [int(x) for x in gen.get_sequence(0)[PROMPT:]]
+    return {"load_s": load, "ttft_ms": first * 1e3, "prompt_tok_s": PROMPT / prompt_s,
+            "tok_s": (len(tokens) - 1) / decode, "tokens": tokens}
+
+
+def _run_ctxrt(path: Path) -> dict[str, Any]:
+    import ctxrt
+
+    t = time.perf_counter()
+    gen = ctxrt.Generator(path, context_length=PROMPT + NEW)
+    load = time.perf_counter() - t
+    result = gen.generate([_prompt()], NEW, use_eos=False)
+    return {"load_s": load, "ttft_ms": result.time_to_first_token_ms, "prompt_tok_s": result.prompt_tokens_per_s,
+            "tok_s": result.tokens_per_s, "tokens": result.tokens[0], "ctxrt_memory": result.memory}
+
+
+def child(engine: str, precision: str) -> None:
+    """One generation in this process; prints one JSON line."""
+    import onnxruntime  # noqa: F401  both runtimes' libraries loaded before the baseline
+    import onnxruntime_genai  # noqa: F401
+
+    import ctxrt  # noqa: F401
+    from ctxrt.backends import get_backend
+    from ctxrt.backends.cpu.onednn import api
+
+    api.library()
+    get_backend("cpu")  # the kernels' modules, imported on first use, as onnxruntime's are by its import
+    path = folder(precision)
+    base, peak, done = _rss_now(), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_now())
+            time.sleep(0.001)
+
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    out = (_run_ctxrt if engine == "ctxrt" else _run_genai)(path)
+    done.set()
+    watcher.join()
+    peak_rss = max(peak[0], _rss_now()) - base
+    out.update(peak_rss_mib=peak_rss / 2 ** 20, beyond_weights_mib=(peak_rss - _weights(path)) / 2 ** 20,
+               weights_mib=_weights(path) / 2 ** 20)
+    print(json.dumps(out))
+
+
+def measure(precisions: list[str], rounds: int) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {p: {e: [] for e in ENGINES} for p in precisions}
+    for p in precisions:
+        folder(p)
+    for r in range(rounds):
+        for p in precisions:
+            for engine in ENGINES if r % 2 == 0 else ENGINES[::-1]:
+                done = subprocess.run([sys.executable, __file__, "--child", engine, p], capture_output=True,
+                                      text=True)
+                if done.returncode != 0:
+                    raise SystemExit(f"{engine} {p} failed:\n{done.stderr[-3000:]}")
+                results[p][engine].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    summary: dict[str, dict[str, Any]] = {}
+    for p in precisions:
+        summary[p] = {}
+        for engine, runs in results[p].items():
+            row = {k: statistics.median(run[k] for run in runs) for k in runs[0] if isinstance(runs[0][k], float)}
+            row["tokens"] = runs[0]["tokens"]
+            summary[p][engine] = row
+        ours, theirs = summary[p]["ctxrt"]["tokens"], summary[p]["onnxruntime-genai"]["tokens"]
+        summary[p]["tokens_equal"] = ours == theirs
+        summary[p]["tokens_equal_prefix"] = next((k for k, (a, b) in enumerate(zip(ours, theirs, strict=True))
+                                                  if a != b), len(ours))
+    return summary
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--precisions", default="fp32,int4")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(*args.child)
+        return
+    summary = measure(args.precisions.split(","), args.rounds)
+    if args.json:
+        print(json.dumps(summary))
+        return
+    from bench_latency import machine_line
+
+    print(machine_line())
+    c = CONFIG
+    print(f"Llama-style, hidden {c['hidden_size']}, {c['num_hidden_layers']} layers, vocab {c['vocab_size']}; "
+          f"prompt {PROMPT}, {NEW} new tokens, greedy; medians of {args.rounds} rounds")
+    print(f"  {'model':<6}{'engine':<19}{'tok/s':>8}{'ratio':>7}{'prompt tok/s':>14}{'ratio':>7}{'TTFT ms':>9}"
+          f"{'load s':>8}{'peak RSS':>10}{'beyond wts':>12}{'ratio':>7}")
+    for p, rows in summary.items():
+        o = rows["onnxruntime-genai"]
+        for engine in ENGINES:
+            v = rows[engine]
+            print(f"  {p:<6}{engine:<19}{v['tok_s']:>8.1f}{v['tok_s'] / o['tok_s']:>7.2f}"
+                  f"{v['prompt_tok_s']:>14.1f}{v['prompt_tok_s'] / o['prompt_tok_s']:>7.2f}{v['ttft_ms']:>9.1f}"
+                  f"{v['load_s']:>8.2f}{v['peak_rss_mib']:>10.1f}{v['beyond_weights_mib']:>12.1f}"
+                  f"{v['beyond_weights_mib'] / max(o['beyond_weights_mib'], 1e-9):>7.2f}")
+        print(f"  {p}: weights {o['weights_mib']:.1f} MiB; tokens equal: {rows['tokens_equal']} "
+              f"(first difference at {rows['tokens_equal_prefix']})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""A model whose weights live in an ONNX external data file is compiled without copying them: every weight read as
+it is stored (not transposed, not prepacked) is a view of the mapped file (`weights_mapped_bytes`), the compile
+allocates a fraction of the weights' bytes, and outputs equal onnxruntime's, through `ctxrt.compile` and through
+an InferenceSession's range program. A location outside the model's folder or a data file too short for its
+tensors is one ModelError naming the tensor."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import ctxrt
+from ctxrt.errors import ModelError
+
+WIDTH, HIDDEN = 256, 1024
+DOMAIN = np.lib.tracemalloc_domain
+
+
+def _mlp() -> onnx.ModelProto:
+    """x[batch, 256] -> MatMul 256 x 1024 + b -> Relu -> MatMul 1024 x 256: 2 MiB of weights."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((WIDTH, HIDDEN)) / 16).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal(HIDDEN).astype(np.float32), "b1"),
+             numpy_helper.from_array((rng.standard_normal((HIDDEN, WIDTH)) / 32).astype(np.float32), "w2")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", WIDTH])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _save(model: onnx.ModelProto, path, location: str = "mlp.onnx.data"):
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=location,
+                    size_threshold=0)
+    return path
+
+
+WEIGHT_BYTES = (WIDTH * HIDDEN * 2 + HIDDEN) * 4
+
+
+def _x(batch: int) -> np.ndarray:
+    return np.random.default_rng(batch).standard_normal((batch, WIDTH)).astype(np.float32)
+
+
+def test_weights_are_read_in_place_from_the_data_file(tmp_path) -> None:
+    path = _save(_mlp(), tmp_path / "mlp.onnx")
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": _x(3)})[0]
+    ctxrt.compile(path, shapes={"x": (3, WIDTH)}).free()  # what a first compile imports and caches
+    tracemalloc.start()
+    try:
+        ctx = ctxrt.compile(path, shapes={"x": (3, WIDTH)})
+        allocated = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    try:
+        # the matrices are read where they are stored; at most the bias is copied (it joins the GEMM's epilogue)
+        assert ctx.stats["weights_mapped_bytes"] >= WIDTH * HIDDEN * 2 * 4
+        assert ctx.stats["weights_prepacked_bytes"] == 0
+        assert allocated < WEIGHT_BYTES / 4, f"the compile allocated {allocated} bytes for {WEIGHT_BYTES} of weights"
+        np.testing.assert_allclose(ctx.graph().run({"x": _x(3)})["y"], want, rtol=1e-4, atol=1e-5)
+    finally:
+        ctx.free()
+
+
+def test_a_range_program_reads_them_in_place_too(tmp_path) -> None:
+    path = _save(_mlp(), tmp_path / "mlp.onnx")
+    theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    with ctxrt.InferenceSession(path, dim_ranges={"batch": (1, 8)}) as sess:
+        for batch in (1, 5, 8):
+            got = sess.run(None, {"x": _x(batch)})[0]
+            np.testing.assert_allclose(got, theirs.run(None, {"x": _x(batch)})[0], rtol=1e-4, atol=1e-5)
+        stats = sess.stats
+        assert stats["shape_variants_compiled"] == 1
+        assert stats["weights_mapped_bytes"] >= WIDTH * HIDDEN * 2 * 4
+
+
+def test_a_location_outside_the_folder_is_one_error(tmp_path) -> None:
+    (tmp_path / "inner").mkdir()
+    _save(_mlp(), tmp_path / "mlp.onnx")
+    model = onnx.load(str(tmp_path / "mlp.onnx"), load_external_data=False)
+    for t in model.graph.initializer:
+        for e in t.external_data:
+            if e.key == "location":
+                e.value = "../mlp.onnx.data"
+    (tmp_path / "inner" / "mlp.onnx").write_bytes(model.SerializeToString())
+    with pytest.raises(ModelError, match="w1.*not a file inside the model's folder"):
+        ctxrt.compile(tmp_path / "inner" / "mlp.onnx", shapes={"x": (1, WIDTH)})
+
+
+def test_a_data_file_too_short_is_one_error(tmp_path) -> None:
+    path = _save(_mlp(), tmp_path / "mlp.onnx")
+    data = tmp_path / "mlp.onnx.data"
+    data.write_bytes(data.read_bytes()[:WEIGHT_BYTES // 2])
+    with pytest.raises(ModelError, match="external data .* does not hold"):
+        ctxrt.compile(path, shapes={"x": (1, WIDTH)})
