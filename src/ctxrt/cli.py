@@ -312,6 +312,12 @@ def _check_compile_args(args: argparse.Namespace) -> None:
 def cmd_compile(args: argparse.Namespace) -> int:
     from ctxrt.compiler import compile_graphs, compile_options, save_context
 
+    if args.generate:
+        return _compile_generate(args, load_config(args.config))
+    given = [f for f, v in (("--prompt-window", args.prompt_window), ("--context", args.context),
+                            ("--batch", args.batch)) if v is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)} go with --generate")
     _check_compile_args(args)
     tuning = load_config(args.config)
     if args.split is not None:
@@ -337,6 +343,43 @@ def cmd_compile(args: argparse.Namespace) -> int:
         else:
             written = [save_context(out, graphs, weights, backend, args.models)]
     print(f"wrote {' and '.join(map(str, written))}")
+    return 0
+
+
+def _compile_generate(args: argparse.Namespace, tuning: dict[str, Any]) -> int:
+    """MODEL (a builder folder, a decoder export) --generate -o OUT.ctx: one range program for every prompt chunk
+    and token of a generation (docs/generate.md), its KV cache a shared buffer where the model's config says so."""
+    from ctxrt.compiler import compile_graphs, compile_options, save_context
+    from ctxrt.generation.generator import PROMPT_WINDOW, generation_ranges
+    from ctxrt.generation.spec import describe, locate
+    from ctxrt.runtime.session import InferenceSession
+
+    if len(args.models) != 1 or args.dim or args.shape or args.value or args.split is not None:
+        raise UsageError("--generate takes one model and chooses its ranges itself (no --dim, --shape, --value or "
+                         "--split)")
+    files = locate(args.models[0])
+    if model_kind("", os.fspath(files.model)) == "ctx":
+        raise UsageError(f"{files.model} is a context binary (already compiled); compile takes ONNX models")
+    out = output_file("-o", args.output, ".ctx")
+    not_an_input(f"-o {args.output}", out, [os.fspath(files.model)])
+    backend = compile_backend(args.backend, args.config, tuning)
+    with naming(args.models[0]):
+        session = InferenceSession(files.model, backend)  # reads the declared IO only: nothing compiles
+        try:
+            spec = describe(files, session.get_inputs(), session.get_outputs(), args.context)
+        finally:
+            session.close()
+        ranges, _ = generation_ranges(spec, {i.name: i.shape for i in session.get_inputs()},
+                                      args.prompt_window or PROMPT_WINDOW, args.batch or 1)
+        if not ranges:
+            raise UsageError(f"{args.models[0]}: no past input whose sequence axis is a symbolic dim to range")
+        shared = [s.past for s in spec.kv] if spec.share_buffer else []
+        with _progress(args, f"compile {files.model.name} for generation"):
+            graphs, weights = compile_graphs([(files.model, None, "main")], backend, args.io_mem_type,
+                                             options=compile_options(args.prefer, shared), dims=ranges, **tuning)
+            written = save_context(out, graphs, weights, backend, [files.model])
+    print(f"wrote {written} (ranges: " + ", ".join(f"{k}={v[0]}:{v[1]}" if isinstance(v, tuple) else f"{k}={v}"
+                                                   for k, v in ranges.items()) + ")")
     return 0
 
 
@@ -416,6 +459,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "and tunes on a `ctxrt serve` machine")
     c.add_argument("--prefer", default="speed", choices=["speed", "memory"],
                    help="memory: no kernel whose own constants (Winograd, prepacked weights) outgrow the weights")
+    c.add_argument("--generate", action="store_true",
+                   help="MODEL is a decoder (an onnxruntime-genai builder folder or a torch export): one program for "
+                   "every prompt chunk and token of a generation, for `ctxrt generate` (docs/generate.md)")
+    c.add_argument("--prompt-window", type=positive_int, metavar="N",
+                   help="with --generate: the most prompt tokens one run takes (default 128)")
+    c.add_argument("--context", type=positive_int, metavar="N",
+                   help="with --generate: the context length (default: the model's config)")
+    c.add_argument("--batch", type=positive_int, metavar="N",
+                   help="with --generate: the most prompts one run takes (default 1)")
     c.add_argument("--epcontext", action="store_true", help="also write OUT_ctx.onnx (EPContext model)")
     c.add_argument("--embed", action="store_true", help="embed the binary in the EPContext model")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

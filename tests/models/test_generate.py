@@ -199,6 +199,31 @@ def test_context_binary_compiled_with_ranges(tmp_path: Path, capsys: pytest.Capt
         assert gen.generate(GPT_PROMPTS[:1], 20).finish_reasons == ["context"]
 
 
+def test_compile_generate_then_generate_without_compiling(llama: Path, llama_greedy: list[list[int]],
+                                                          gpt2: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """`ctxrt compile FOLDER --generate` writes one range program for a whole generation (the ranges it chose are
+    printed; the builder model's KV cache a shared buffer of the context's length): generating from it compiles
+    nothing and gives onnxruntime-genai's tokens; a torch export the same against onnxruntime's loop."""
+    shutil.copy(llama / "genai_config.json", tmp_path)
+    code, out, err = cli(capsys, "compile", llama, "--generate", "--batch", 2, "-o", tmp_path / "model.ctx", "-q")
+    assert code == 0, err
+    assert f"past_sequence_length={LLAMA_CONTEXT}:{LLAMA_CONTEXT}" in out and "kv_cache_dim=16:16" in out
+    with ctxrt.Generator(tmp_path / "model.ctx") as gen:
+        assert gen.spec.share_buffer
+        got = gen.generate(LLAMA_PROMPTS, N)
+        assert gen.session.stats["shape_variants_compiled"] == 0
+    assert got.tokens == llama_greedy
+    code, out, err = cli(capsys, "compile", gpt2, "--generate", "--context", 32, "--prompt-window", 4, "-o",
+                         tmp_path / "gpt2.ctx", "-q")
+    assert code == 0, err
+    with ctxrt.Generator(tmp_path / "gpt2.ctx", context_length=32) as gen:
+        assert gen.generate(GPT_PROMPTS[:1], N).tokens == [ort_greedy(gpt2, GPT_PROMPTS[0], N)]
+        assert gen.session.stats["shape_variants_compiled"] == 0
+    assert_one_line_error(*cli(capsys, "compile", gpt2, "--generate", "--dim", "seq=1:4", "-o", tmp_path / "x.ctx"),
+                          "--generate takes one model and chooses its ranges itself")
+
+
 def test_cli_generate_json(llama: Path, llama_greedy: list[list[int]], capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = cli(capsys, "generate", llama, "--prompt-ids", "5,9,17,33", "--prompt-ids", "7,8,40",
                          "--max-new-tokens", 3, "--ignore-eos", "--json")

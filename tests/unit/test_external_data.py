@@ -98,3 +98,35 @@ def test_a_data_file_too_short_is_one_error(tmp_path) -> None:
     data.write_bytes(data.read_bytes()[:WEIGHT_BYTES // 2])
     with pytest.raises(ModelError, match="external data .* does not hold"):
         ctxrt.compile(path, shapes={"x": (1, WIDTH)})
+
+
+def _mapped_rss(path) -> int:
+    """Resident bytes of this process's mappings of `path` (Linux: /proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:
+                inside = line.rstrip().endswith(str(path))
+            elif inside and head and head[0] == "Rss:":
+                total += int(head[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/smaps"), reason="reads /proc/self/smaps")
+def test_loading_a_binary_leaves_its_weights_out_of_the_resident_set(tmp_path) -> None:
+    """The weights section's checksum reads every page once; they are then handed back (still in the page
+    cache): a loaded context binary is resident only where kernels read it."""
+    path = _save(_mlp(), tmp_path / "mlp.onnx")
+    binary = tmp_path / "mlp.ctx"
+    ctxrt.compile(path, shapes={"x": (1, WIDTH)}).free()
+    from ctxrt.cli import main as cli
+
+    assert cli(["compile", str(path), "-o", str(binary), "--shape", f"x=1x{WIDTH}", "-q"]) == 0
+    ctx = ctxrt.context_from_binary(binary)
+    try:
+        assert _mapped_rss(binary.resolve()) < WEIGHT_BYTES / 4
+        want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": _x(1)})[0]
+        np.testing.assert_allclose(ctx.graph().run({"x": _x(1)})["y"], want, rtol=1e-4, atol=1e-5)
+    finally:
+        ctx.free()

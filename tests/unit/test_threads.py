@@ -253,3 +253,38 @@ def test_a_program_of_small_kernels_runs_on_one_thread_a_large_conv_on_the_idle_
     tol = 1e-4 * np.abs(outputs[None]).max() + 1e-5  # another thread count sums in another order
     assert np.abs(outputs[1] - outputs[None]).max() <= tol and np.abs(outputs[2] - outputs[None]).max() <= tol
     ctx.free()
+
+
+def test_a_token_s_gemvs_get_blas_threads_a_prompt_s_gemms_leave_them_to_openmp(monkeypatch) -> None:
+    """A range program at one row runs its large GEMMs as NumPy GEMVs (memory-bound: faster on every idle core),
+    so that run gives BLAS the threads; at many rows they are oneDNN's, and BLAS keeps one thread (its workers
+    would spin on the cores oneDNN's threads need). An embedding's Gather counts the rows it picks, not its table."""
+    from ctxrt.backends.cpu.onednn import api
+
+    if not api.available():
+        pytest.skip("oneDNN is not installed")
+
+    class Idle:
+        cores = 2
+
+        @staticmethod
+        def available() -> int:
+            return 2
+
+    monkeypatch.setitem(threads._STATE, "monitor", Idle())
+    rng = np.random.default_rng(3)
+    table = numpy_helper.from_array(rng.standard_normal((50000, 1024)).astype(np.float32), "table")
+    w = numpy_helper.from_array((rng.standard_normal((1024, 4096)) / 32).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["x"]),
+                           helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("ids", TensorProto.INT64, ["seq"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["seq", 4096])], [table, w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    theirs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    with ctxrt.InferenceSession(m.SerializeToString(), CpuBackend(onednn=True), dim_ranges={"seq": (1, 32)}) as sess:
+        for seq, blas in ((1, True), (32, False), (1, True)):
+            ids = rng.integers(0, 50000, seq)
+            np.testing.assert_allclose(sess.run(None, {"ids": ids})[0], theirs.run(None, {"ids": ids})[0],
+                                       rtol=1e-4, atol=1e-4)
+            ctx = next(iter(sess._variants.values())).contexts[0]
+            assert ctx.threads.blas is blas, seq

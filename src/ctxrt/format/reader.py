@@ -128,7 +128,18 @@ class ContextFile:
         if self._verify_weights:
             layout.check_crc(self.sections[layout.WEIGHTS], raw)
             self._verify_weights = False  # once per ContextFile: it reads every weight byte
+            self._release(self.sections[layout.WEIGHTS].offset, raw.nbytes)
         return raw, self.sections[layout.WEIGHTS].offset
+
+    def _release(self, offset: int, nbytes: int) -> None:
+        """Out of this process's resident set, the mapped pages the checksum just read: they stay in the page
+        cache, and only those kernels touch come back (an embedding's unused rows never do)."""
+        advise = getattr(mmap, "MADV_DONTNEED", None)
+        if self._mm is None or advise is None or not nbytes:
+            return
+        start = offset - offset % mmap.PAGESIZE
+        with contextlib.suppress(OSError, ValueError):
+            self._mm.madvise(advise, start, offset + nbytes - start)
 
     def weights_block(self) -> np.ndarray:
         """The weights section as a read-only uint8 array over the file's memory."""

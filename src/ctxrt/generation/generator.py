@@ -12,7 +12,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -81,7 +81,7 @@ class Generator:
         if self.spec.share_buffer:  # an ONNX model compiles its presents as its pasts' buffers; a .ctx as it was
             if self.session._compiler is not None:
                 self.session.kv_shared = [s.past for s in self.spec.kv]
-            else:
+            elif not _presents_are_pasts(self.spec, self.session):
                 self.spec = replace(self.spec, share_buffer=False)
         self._range_the_past()
         self._outputs = [o.name for o in self.session.get_outputs()]
@@ -90,38 +90,15 @@ class Generator:
         self._tokenizer: Any = None
 
     def _range_the_past(self) -> None:
-        """One range program for the whole generation, compiled at the prompt: the past from 0 to the context
-        length, the new tokens from 1 to the prompt window, a mask's length as past + sequence, the batch set at
-        the first prompt, and the cache's other axes (a builder model's `kv_cache_dim`, the head size) fixed
-        (docs/shapes-and-control-flow.md); the session widens what the feeds outgrow."""
-        spec, shapes = self.spec, {i.name: i.shape for i in self.session.get_inputs()}
-        if not spec.kv:
-            return
-        past = shapes[spec.kv[0].past][spec.kv[0].seq_axis]
-        if not isinstance(past, str):
-            return
-        context = spec.context_length or UNKNOWN_CONTEXT
-        ranges: dict[str, Any] = {past: (context, context) if spec.share_buffer else (0, context)}
-        ids = shapes[spec.input_ids]
-        seq = ids[1] if len(ids) > 1 else None
-        if isinstance(seq, str) and seq.isidentifier():
-            ranges[seq] = (1, min(self.prompt_window, context))
-        mask = shapes[spec.attention_mask][1] if spec.attention_mask and len(shapes[spec.attention_mask]) > 1 \
-            else None
-        if isinstance(mask, str) and isinstance(seq, str) and mask not in (past, seq) and mask.isidentifier():
-            ranges[mask] = (1, context) if spec.share_buffer else f"{past} + {seq}"
-        for slot in spec.kv:
-            for axis, d in enumerate(shapes[slot.past]):
-                fixed = slot.shape[axis]
-                if isinstance(d, str) and d.isidentifier() and d not in ranges and isinstance(fixed, int):
-                    ranges[d] = (fixed, fixed)
-        self._batch_dim = ids[0] if ids and isinstance(ids[0], str) and ids[0].isidentifier() else None
+        """One range program for the whole generation, compiled at the prompt (`generation_ranges`); the batch
+        is set at the first prompt; the session widens what the feeds outgrow."""
+        shapes = {i.name: i.shape for i in self.session.get_inputs()}
+        ranges, self._batch_dim = generation_ranges(self.spec, shapes, self.prompt_window)
         self.session.dim_ranges = {**ranges, **self.session.dim_ranges}
 
     def _cover_batch(self, batch: int) -> None:
-        """Before the first run: the batch range is the first batch's size (a larger one later widens it); a
-        batch of several at least 1..4 (narrower ranges are fitted from programs at batches that some ops compile
-        differently: in-place broadcasts; measured on a GPT-2 export, 1..2 and 1..3 refused, 1..4 one program)."""
+        """Before the first run: the batch range is the first batch's (generation_ranges; a larger one later
+        widens it)."""
         if self._batch_dim is not None and self.session.stats["shape_variants_compiled"] == 0:
             ranges = self.session.dim_ranges
             lo, hi = ranges.get(self._batch_dim, (1, 1))
@@ -364,6 +341,48 @@ class Generation:
             elif len(self.tokens[r]) >= budget[b][0]:
                 self.finish_reasons[r] = budget[b][1]
         return out
+
+
+def _presents_are_pasts(spec: DecoderSpec, session: InferenceSession) -> bool:
+    """Whether a context binary was compiled with shared KV buffers (`ctxrt compile --generate`): each present
+    output of its past input's shape."""
+    ins = {i.name: i.shape for i in session.get_inputs()}
+    outs = {o.name: o.shape for o in session.get_outputs()}
+    return all(outs.get(s.present) == ins.get(s.past) for s in spec.kv)
+
+
+def generation_ranges(spec: DecoderSpec, shapes: Mapping[str, Sequence[int | str | None]], window: int,
+                      batch: int | None = None) -> tuple[dict[str, Any], str | None]:
+    """(the ranges of one program for a whole generation, the batch dim's name): the past from 0 to the context
+    length (the context's length itself for a shared KV buffer), the new tokens from 1 to the prompt window, a
+    mask's length as past + sequence (1 to the context with a shared buffer), the batch 1..`batch` when given (at
+    least 1..4 for a batch of several: narrower ranges are fitted from programs at batches that some ops compile
+    differently, in-place broadcasts; measured on a GPT-2 export, 1..2 and 1..3 refused), and the cache's other
+    symbolic axes (a builder model's `kv_cache_dim`) fixed from the config (docs/generate.md)."""
+    if not spec.kv:
+        return {}, None
+    past = shapes[spec.kv[0].past][spec.kv[0].seq_axis]
+    if not isinstance(past, str):
+        return {}, None
+    context = spec.context_length or UNKNOWN_CONTEXT
+    ranges: dict[str, Any] = {past: (context, context) if spec.share_buffer else (0, context)}
+    ids = list(shapes[spec.input_ids])
+    seq = ids[1] if len(ids) > 1 else None
+    if isinstance(seq, str) and seq.isidentifier():
+        ranges[seq] = (1, min(window, context))
+    mask_shape = shapes[spec.attention_mask] if spec.attention_mask else []
+    mask = mask_shape[1] if len(mask_shape) > 1 else None
+    if isinstance(mask, str) and isinstance(seq, str) and mask not in (past, seq) and mask.isidentifier():
+        ranges[mask] = (1, context) if spec.share_buffer else f"{past} + {seq}"
+    for slot in spec.kv:
+        for axis, d in enumerate(shapes[slot.past]):
+            fixed = slot.shape[axis]
+            if isinstance(d, str) and d.isidentifier() and d not in ranges and isinstance(fixed, int):
+                ranges[d] = (fixed, fixed)
+    batch_dim = ids[0] if ids and isinstance(ids[0], str) and ids[0].isidentifier() else None
+    if batch_dim is not None and batch is not None:
+        ranges[batch_dim] = (1, max(batch, 4 if batch > 1 else 1))
+    return ranges, batch_dim
 
 
 def _pad(prompts: list[list[int]], spec: DecoderSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -213,13 +213,20 @@ def _genai(config: dict[str, Any], ins: Mapping[str, Any], outs: Mapping[str, An
     input_ids, logits = names.get("input_ids", "input_ids"), out_names.get("logits", "logits")
     mask = names.get("attention_mask") if names.get("attention_mask") in ins else None
     pos = names.get("position_ids") if names.get("position_ids") in ins else None
-    kv = []
+    search = config.get("search") if isinstance(config.get("search"), dict) else {}
+    share = search.get("past_present_share_buffer") is True
+    kv, rows = [], set()  # rows: a shared buffer's fixed length (a binary compiled with `--generate`)
     for pattern, out_pattern in (("past_key_names", "present_key_names"), ("past_value_names", "present_value_names")):
         for i in range(layers):
             past, present = _nth(names, pattern, i), _nth(out_names, out_pattern, i)
             if past not in ins or present not in outs:
                 raise ModelError(f"{GENAI_CONFIG} names {past!r} and {present!r}, which the model lacks")
-            _grows(ins[past], 2)
+            dims = _dims(ins[past])
+            if share and dims is not None and len(dims) == 4 and isinstance(dims[2], int) and \
+                    _dims(outs[present]) == dims:
+                rows.add(dims[2])  # past and present one buffer of a fixed length
+            else:
+                _grows(ins[past], 2)
             kv.append(KVSlot(past, present, _dtype(ins[past]), (None, heads, None, head_size), 0, 2))
     for name in (input_ids, logits):
         if name not in ins and name not in outs:
@@ -233,15 +240,14 @@ def _genai(config: dict[str, Any], ins: Mapping[str, Any], outs: Mapping[str, An
         raise ModelError(f"{GENAI_CONFIG}: model.eos_token_id must be an int or a list of ints")
     model = config["model"]
     pad = model.get("pad_token_id", eos_ids[0] if eos_ids else 0)
-    search = config.get("search") if isinstance(config.get("search"), dict) else {}
-    limits = [_get(config, "model.context_length", int), search.get("max_length")]
+    limits = [_get(config, "model.context_length", int), search.get("max_length"), *rows]
     context = min(n for n in limits if isinstance(n, int) and not isinstance(n, bool))
     vocab = model.get("vocab_size")
     return DecoderSpec("genai", input_ids, mask, pos, logits, tuple(kv), "right" if mask and not pos else "none",
                        _int_types(ins, (input_ids, mask, pos)), eos_ids, pad if isinstance(pad, int) else 0,
                        context if context > 0 else None,
                        vocab if isinstance(vocab, int) and vocab > 0 else _last_dim(outs[logits]),
-                       search.get("past_present_share_buffer") is True and bool(kv) and context > 0)
+                       share and bool(kv) and context > 0)
 
 
 def _nth(names: Mapping[str, Any], key: str, i: int) -> str:

@@ -45,7 +45,7 @@ class Made:
     its launch maker or kernel, its launch when it touches no IO tensor (or on the internal IO buffers), what it
     holds, its work."""
 
-    __slots__ = ("step", "make", "kernel", "launch", "raw", "consts", "scratch", "held", "work")
+    __slots__ = ("step", "make", "kernel", "launch", "raw", "consts", "scratch", "held", "work", "blas")
 
     def __init__(self, step: Step | None) -> None:
         self.step, self.make, self.kernel, self.launch = step, None, None, None
@@ -54,17 +54,19 @@ class Made:
         self.scratch: list[Any] = []
         self.held: list[Any] = []
         self.work: int | None = 0
+        self.blas = False  # a GEMM run by NumPy's BLAS at these shapes (small_rows' GEMV)
 
 
 class AtDims:
     """A range program at one set of dim values: its IO (shapes at these dims), its changed steps, the thread cap,
     and the launch list recorded for one IO binding."""
 
-    __slots__ = ("dims", "inputs", "outputs", "out_info", "steps", "cap", "bound", "internal", "launches")
+    __slots__ = ("dims", "inputs", "outputs", "out_info", "steps", "cap", "blas", "bound", "internal", "launches")
 
     def __init__(self, dims: tuple[int, ...], inputs: list[TensorInfo], outputs: list[TensorInfo],
-                 steps: dict[int, Made], cap: int | None) -> None:
+                 steps: dict[int, Made], cap: int | None, blas: bool = False) -> None:
         self.dims, self.inputs, self.outputs, self.steps, self.cap = dims, inputs, outputs, steps, cap
+        self.blas = blas  # the run's large kernels are BLAS GEMVs: BLAS gets the threads, not only OpenMP
         self.out_info = {t.name: t for t in outputs}
         self.bound: tuple[MemHandle | None, ...] | None = None
         self.internal: dict[str, Any] = {}
@@ -166,7 +168,14 @@ class ExtentRunner:
         ins = [TensorInfo(t.name, tuple(s), t.dtype, t.mem_type) for t, s in zip(g.inputs, io["I"], strict=True)]
         outs = [TensorInfo(t.name, tuple(s), t.dtype, t.mem_type) for t, s in zip(g.outputs, io["O"], strict=True)]
         cap = None if largest is None or largest >= SMALL_WORK else 1
-        return AtDims(dims, ins, outs, steps, cap)
+        # a decoder's token: its GEMMs are GEMVs on NumPy (small_rows), memory-bound, faster on every idle core
+        # (768 x 2048: 157 us on one thread, 81 on two); OpenBLAS's threads then spin ~0.1 s, so only when no
+        # large oneDNN kernel runs beside them (a prompt's GEMMs keep BLAS at one thread)
+        gemv = max((m.work or 0 for m in steps.values() if m.blas), default=0)
+        blas = cap is None and gemv >= SMALL_WORK and self.static_work is not None and all(
+            m.blas or m.work is not None and m.work < SMALL_WORK for m in steps.values()) and \
+            self.static_work < SMALL_WORK
+        return AtDims(dims, ins, outs, steps, cap, blas)
 
     def _group(self, mask: int, members: list[tuple[int, list[int]]], dims: tuple[int, ...], vals: list[int]
                ) -> tuple[dict[int, Made], int | None]:
@@ -212,7 +221,10 @@ class ExtentRunner:
         for (_, i), elements in consts.items():  # small integer constants that follow the dims
             ref = step.inputs[i]
             made.consts[i] = filled(ctx.host_weights[ref.key], elements).reshape(ref.shape)
-        made.make = self.makers[k] or small_rows(step)
+        made.make = self.makers[k]
+        if made.make is None:
+            made.make = small_rows(step)
+            made.blas = made.make is not None
         if made.make is None:
             weights = ctx.host_weights
             spec = NodeSpec(step.op, step.name, step.attrs,
@@ -346,7 +358,7 @@ class ExtentRunner:
                 bound = binding(st.inputs, st.outputs, inputs, outputs)
                 g._check_overlap(bound)
                 self._record(st, bound)
-            run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, st.launches, st.cap)
+            run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, st.launches, st.cap, st.blas)
             if not self.extents:
                 return _NO_SHAPES
             shapes = {}
@@ -357,9 +369,11 @@ class ExtentRunner:
 
 
 def run_recorded(ctx: Any, inputs: Mapping[str, Any], outputs: Mapping[str, Any], ins: list[TensorInfo],
-                 outs: list[TensorInfo], internal: Mapping[str, Any], launches: list[Any], cap: int | None) -> None:
+                 outs: list[TensorInfo], internal: Mapping[str, Any], launches: list[Any], cap: int | None,
+                 blas: bool = False) -> None:
     """One run of recorded launches (under the context's lock): array feeds copied into their internal IO
-    buffers, the launches on the context's threads (`cap`: the program's thread cap), array outputs copied out."""
+    buffers, the launches on the context's threads (`cap`: the program's thread cap; `blas`: its large kernels
+    are BLAS calls, which then get the threads), array outputs copied out."""
     backend, stats = ctx.backend, ctx.stats
     for info in ins:
         v = inputs[info.name]
@@ -368,7 +382,7 @@ def run_recorded(ctx: Any, inputs: Mapping[str, Any], outputs: Mapping[str, Any]
             stats["copies_in"] += 1
             stats["bytes_in"] += info.nbytes
     threads = ctx.threads
-    threads.cap = cap
+    threads.cap, threads.blas = cap, blas
     with threads:
         backend.run(launches)
     for info in outs:

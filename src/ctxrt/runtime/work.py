@@ -17,6 +17,7 @@ SMALL_WORK = 1 << 22  # multiply-adds (or elements) of a program's largest kerne
 _GEMMS = {"MatMul", "Gemm", "MatMulInteger", "QLinearMatMul", "FusedMatMul", "MatMulNBits"}
 _CONVS = {"Conv", "ConvInteger", "QLinearConv", "ConvTranspose"}
 _OPAQUE = {"If", "Loop", "Scan"}  # bodies whose work a step's shapes do not show
+_PICKS = {"Gather", "GatherElements", "GatherND", "Slice"}  # read only what they output (an embedding's rows)
 
 
 def step_work(step: Step) -> int | None:
@@ -33,6 +34,8 @@ def step_work(step: Step) -> int | None:
         w = step.attrs.get("weight_shape") or ins[1].shape
         per_output = math.prod(w[1:]) if len(w) > 1 else 1
         return out * per_output
+    if step.op in _PICKS:
+        return out
     return max([out, *(math.prod(r.shape) for r in ins)])
 
 

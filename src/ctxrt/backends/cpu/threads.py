@@ -210,6 +210,7 @@ class ThreadScope:
         self.openmp_owns = False
         self._outer = 0
         self.cap: int | None = None  # set by the program about to run: 1 when all its kernels are small (work.py)
+        self.blas = False  # set by the program about to run: its large kernels are BLAS calls (GEMVs)
 
     def count(self) -> int:
         if self.num_threads:
@@ -221,7 +222,7 @@ class ThreadScope:
         omp = openmp_count(n)  # never more than oneDNN's primitives were made for
         self._outer, _CURRENT.n = openmp_now(), omp
         for pool in pools():
-            want = omp if pool.openmp else 1 if self.openmp_owns else n
+            want = omp if pool.openmp else 1 if self.openmp_owns and not self.blas else n
             old = pool.get()
             if old != want:
                 pool.set(want)
