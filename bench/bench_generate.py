@@ -6,7 +6,7 @@ A random-weight Llama-style model (hidden 768, 8 layers, 12 heads, 4 kv heads, i
 folder (its compile counted in the time to first token), on the folder's model compiled ahead (`ctxrt compile
 FOLDER --generate`: loading it compiles nothing) and onnxruntime-genai. Per engine and precision: generation
 tokens/s (token steps only), prompt tokens/s, time to first token (model load excluded), load time, peak RSS
-and peak RSS beyond the weights (the resident set sampled every millisecond in a fresh process, minus the one
+and peak RSS beyond the weights (the peak resident set, VmHWM reset after the imports, in a fresh process, minus the one
 after imports, minus the weight bytes of model.onnx and its data file; negative where pages are never touched,
 e.g. an embedding's unused rows).
 
@@ -28,7 +28,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -75,6 +74,12 @@ def folder(precision: str) -> Path:
 def _rss_now() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def _hwm() -> int:
+    """The process's peak resident set since the last reset (Linux: VmHWM)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
 def _weights(path: Path) -> int:
@@ -145,20 +150,12 @@ def child(engine: str, precision: str) -> None:
     api.library()
     get_backend("cpu")  # the kernels' modules, imported on first use, as onnxruntime's are by its import
     path = folder(precision)
-    base, peak, done = _rss_now(), [0], threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], _rss_now())
-            time.sleep(0.001)
-
-    watcher = threading.Thread(target=sample, daemon=True)
-    watcher.start()
+    base = _rss_now()
+    with open("/proc/self/clear_refs", "w") as f:  # the peak resident set (VmHWM) starts again from here: no
+        f.write("5")  # sampling thread, which would take the GIL from the engine measured
     out = _run_genai(path) if engine == "onnxruntime-genai" else _run_ctxrt(
         path / "model.ctx" if engine == "ctxrt .ctx" else path)
-    done.set()
-    watcher.join()
-    peak_rss = max(peak[0], _rss_now()) - base
+    peak_rss = _hwm() - base
     out.update(peak_rss_mib=peak_rss / 2 ** 20, beyond_weights_mib=(peak_rss - _weights(path)) / 2 ** 20,
                weights_mib=_weights(path) / 2 ** 20)
     print(json.dumps(out))

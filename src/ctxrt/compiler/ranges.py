@@ -413,7 +413,9 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
             with progress.part(f"probe {label}"):
                 try:
                     graph = lower(model, shapes_of(point), backend, name, values, feeds, frozenset(keep), options)
-                    g, w = compile_ir(graph, backend, options, tuner if key == tuple(hi) else None)
+                    top = key == tuple(hi)  # the program that runs; the other probes are only compared
+                    g, w = compile_ir(graph, backend, options if top else {**options, "probe_arena": True},
+                                      tuner if top else None)
                     del graph
                 except CtxrtError as e:
                     if isinstance(e, RangeError):
