@@ -47,6 +47,18 @@ def _model():
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+class _Monitor:
+    """A core monitor of 2 cores that says `idle` of them are idle."""
+
+    cores = 2
+
+    def __init__(self, idle: int) -> None:
+        self.idle = idle
+
+    def available(self) -> int:
+        return self.idle
+
+
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_every_pool_holds_the_thread_count_during_a_run_and_gets_it_back_after(n: int) -> None:
     be = SpyBackend()
@@ -126,14 +138,7 @@ def test_busy_ticks_leave_out_idle_iowait_steal_and_guest() -> None:
 
 
 def test_default_thread_scope_uses_the_monitor(monkeypatch) -> None:
-    class Busy:
-        cores = 2
-
-        @staticmethod
-        def available() -> int:
-            return 1
-
-    monkeypatch.setitem(threads._STATE, "monitor", Busy())
+    monkeypatch.setitem(threads._STATE, "monitor", _Monitor(1))
     scope = threads.ThreadScope(None)
     with scope:
         assert all(p.get() == 1 for p in threads.pools())
@@ -230,14 +235,7 @@ def _conv(c: int, hw: int) -> object:
 @pytest.mark.parametrize(("model", "want"), [(_model, 1), (lambda: _conv(64, 56), 2)], ids=["small", "large_conv"])
 def test_a_program_of_small_kernels_runs_on_one_thread_a_large_conv_on_the_idle_cores(monkeypatch, model,
                                                                                      want) -> None:
-    class Idle:
-        cores = 2
-
-        @staticmethod
-        def available() -> int:
-            return 2
-
-    monkeypatch.setitem(threads._STATE, "monitor", Idle())
+    monkeypatch.setitem(threads._STATE, "monitor", _Monitor(2))
     m = model()
     shape = [d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]
     x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
@@ -264,14 +262,7 @@ def test_a_token_s_gemvs_get_blas_threads_a_prompt_s_gemms_leave_them_to_openmp(
     if not api.available():
         pytest.skip("oneDNN is not installed")
 
-    class Idle:
-        cores = 2
-
-        @staticmethod
-        def available() -> int:
-            return 2
-
-    monkeypatch.setitem(threads._STATE, "monitor", Idle())
+    monkeypatch.setitem(threads._STATE, "monitor", _Monitor(2))
     rng = np.random.default_rng(3)
     table = numpy_helper.from_array(rng.standard_normal((50000, 1024)).astype(np.float32), "table")
     w = numpy_helper.from_array((rng.standard_normal((1024, 4096)) / 32).astype(np.float32), "w")
