@@ -17,12 +17,12 @@ from onnx import TensorProto, helper, numpy_helper
 import ctxrt
 from ctxrt.errors import ModelError
 
-WIDTH, HIDDEN = 256, 1024
+WIDTH, HIDDEN = 512, 1024  # 2 MiB matrices: read as stored (smaller ones oneDNN prepacks)
 DOMAIN = np.lib.tracemalloc_domain
 
 
 def _mlp() -> onnx.ModelProto:
-    """x[batch, 256] -> MatMul 256 x 1024 + b -> Relu -> MatMul 1024 x 256: 2 MiB of weights."""
+    """x[batch, 512] -> MatMul 512 x 1024 + b -> Relu -> MatMul 1024 x 512: 4 MiB of weights."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array((rng.standard_normal((WIDTH, HIDDEN)) / 16).astype(np.float32), "w1"),
              numpy_helper.from_array(rng.standard_normal(HIDDEN).astype(np.float32), "b1"),
@@ -130,3 +130,26 @@ def test_loading_a_binary_leaves_its_weights_out_of_the_resident_set(tmp_path) -
         np.testing.assert_allclose(ctx.graph().run({"x": _x(1)})["y"], want, rtol=1e-4, atol=1e-5)
     finally:
         ctx.free()
+
+
+def test_large_matmul_weights_are_read_as_stored_small_ones_prepacked() -> None:
+    """oneDNN reads a MatMul's weights of 2 MiB or more in their stored (N, K) layout (memory-bound: no second
+    copy), smaller ones in its blocked format (faster at a few rows); the outputs equal onnxruntime's either way."""
+    from ctxrt.backends.cpu.onednn import api
+
+    if not api.available():
+        pytest.skip("oneDNN is not installed")
+    for width, prepacked in ((512, False), (128, True)):
+        rng = np.random.default_rng(width)
+        w = numpy_helper.from_array((rng.standard_normal((width, HIDDEN)) / 16).astype(np.float32), "w")
+        g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, HIDDEN])], [w])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+        x = rng.standard_normal((16, width)).astype(np.float32)
+        with ctxrt.compile(m) as ctx:
+            step = next(s for s in ctx.graph().compiled.steps if s.op == "MatMul")
+            assert step.attrs["kernel"] == "onednn"
+            assert (ctx.stats["weights_prepacked_bytes"] > 0) is prepacked, width
+            want = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+            np.testing.assert_allclose(ctx.graph().run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)

@@ -26,6 +26,7 @@ from ctxrt.backends.cpu.onednn.kernels import (
 from ctxrt.backends.kernel import Kernel, NodeSpec
 from ctxrt.errors import CtxrtError, UnsupportedOpError
 
+STORED_MIN_BYTES = 2 << 20  # weights read as stored from this size (memory-bound); smaller ones prepacked
 MIN_ROWS = 8  # fewer rows of A: a GEMV, as fast in NumPy (not in a range program: its rows vary, one kernel)
 _ELTWISE = {("Relu", "none"): api.ELTWISE_RELU, ("Gelu", "none"): api.ELTWISE_GELU_ERF,
             ("Gelu", "tanh"): api.ELTWISE_GELU_TANH}
@@ -51,10 +52,14 @@ def _shapes(spec: NodeSpec) -> tuple[int, int, int, bool]:
 
 
 def _stored_or_chosen(spec: NodeSpec, make: Any, wdims: tuple[int, int], stored: str) -> tuple[api.Primitive, str]:
-    """The primitive reading the weights as stored (plain, (K, N) or (N, K)): no copy of them exists; else the
-    one reading the format oneDNN prefers (prepacked). Measured at 1 and 2 threads, 128 rows by a decoder's and an
-    encoder's weights (768 x 2048, 2048 x 768, 768 x 32000, 384 x 1536): the stored (N, K) layout as fast as the
-    blocked one or faster, 16 rows by 768 x 2048 twice as fast."""
+    """For weights of at least STORED_MIN_BYTES, the primitive reading them as stored (plain, (K, N) or (N, K)):
+    no copy of them exists; else (or where that has no fast kernel) the one reading the format oneDNN prefers
+    (prepacked). Measured at 1 and 2 threads, 128 rows by a decoder's and an encoder's weights (768 x 2048, 2048 x
+    768, 768 x 32000, 384 x 1536): the stored (N, K) layout as fast as the blocked one or faster, 16 rows by 768 x
+    2048 twice as fast; but one row by a matrix that fits the caches (GPT-2's 256 x 1024, GELU fused) faster
+    blocked: 0.45 vs 0.70 ms of oneDNN calls a token."""
+    if int(spec.consts[1].nbytes) < STORED_MIN_BYTES:
+        return choose_weights(spec, make, wdims, int(spec.consts[1].nbytes))
     try:
         prim = make(stored)
     except CtxrtError:
