@@ -113,6 +113,16 @@ def test_a_builder_prompt_longer_than_the_window_runs_in_chunks(llama: Path) -> 
     _chunked(llama, prompts, [genai_greedy(llama, p, N) for p in prompts])
 
 
+def test_builder_llama_on_opencl_with_the_shared_buffer(opencl: str, llama: Path,
+                                                        llama_greedy: list[list[int]]) -> None:
+    """The same tokens on the OpenCL backend (GroupQueryAttention in a CPU partition over the shared KV buffers
+    bound as past and present), from one compile."""
+    with ctxrt.Generator(llama, opencl) as gen:
+        assert gen.spec.share_buffer
+        assert gen.generate(LLAMA_PROMPTS, N).tokens == llama_greedy
+        assert gen.session.stats["shape_variants_compiled"] == 1
+
+
 def test_sampling_with_a_seed_is_reproducible(llama: Path, llama_greedy: list[list[int]]) -> None:
     sampled = Sampling(temperature=1.0, top_k=20, top_p=0.9, seed=7)
     with ctxrt.Generator(llama) as gen:
