@@ -153,3 +153,25 @@ def test_large_matmul_weights_are_read_as_stored_small_ones_prepacked() -> None:
             assert (ctx.stats["weights_prepacked_bytes"] > 0) is prepacked, width
             want = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
             np.testing.assert_allclose(ctx.graph().run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_binary_stores_them_transposed_a_compile_in_memory_does_not(tmp_path) -> None:
+    """Run from memory, mapped MatMul weights keep their (K, N) layout (no copy); written to a binary they are
+    stored (N, K), the layout a token's GEMVs read faster, and the binary is mapped in turn."""
+    from ctxrt.cli import main as cli
+
+    path = _save(_mlp(), tmp_path / "mlp.onnx")
+    binary = tmp_path / "mlp.ctx"
+    assert cli(["compile", str(path), "-o", str(binary), "--shape", f"x=2x{WIDTH}", "-q"]) == 0
+    in_memory = ctxrt.compile(path, shapes={"x": (2, WIDTH)})
+    loaded = ctxrt.context_from_binary(binary)
+    try:
+        def transposed(ctx) -> list[bool]:
+            return [bool(s.attrs.get("transB")) for s in ctx.graph().compiled.steps if s.op == "MatMul"]
+
+        assert transposed(in_memory) == [False, False] and transposed(loaded) == [True, True]
+        np.testing.assert_allclose(loaded.graph().run({"x": _x(2)})["y"], in_memory.graph().run({"x": _x(2)})["y"],
+                                   rtol=1e-4, atol=1e-5)
+    finally:
+        in_memory.free()
+        loaded.free()

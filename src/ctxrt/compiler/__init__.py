@@ -30,28 +30,32 @@ def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backe
 
     progress.stage("reading and folding")
     shared = frozenset((options or {}).get("kv_shared", ()))
-    return _passes(to_ir(model, supported_ops(backend), shapes, name, values, feeds, keep, shared))
+    in_memory = bool((options or {}).get("in_memory"))
+    return _passes(to_ir(model, supported_ops(backend), shapes, name, values, feeds, keep, shared), in_memory)
 
 
-def _passes(graph: IRGraph) -> IRGraph:
+def _passes(graph: IRGraph, in_memory: bool = False) -> IRGraph:
     for node in graph.nodes:
         for key, value in node.attrs.items():
             if isinstance(value, IRGraph):
-                node.attrs[key] = _passes(value)
-    return run_passes(graph, default_passes())
+                node.attrs[key] = _passes(value, in_memory)
+    return run_passes(graph, default_passes(in_memory))
 
 
 PREFER = ("speed", "memory")
 
 
-def compile_options(prefer: str = "speed", kv_shared: Iterable[str] = ()) -> dict[str, Any]:
+def compile_options(prefer: str = "speed", kv_shared: Iterable[str] = (), in_memory: bool = False
+                    ) -> dict[str, Any]:
     """The options a compile sees. `prefer="memory"`: no kernel whose own constants (transformed or prepacked
     weights) are larger than the weights they replace. `kv_shared`: past inputs (GroupQueryAttention's) that runs
-    bind to the same buffer as their present outputs, a KV cache written in place (docs/generate.md)."""
+    bind to the same buffer as their present outputs, a KV cache written in place (docs/generate.md).
+    `in_memory`: the program runs from memory, not from a binary written now: weights mapped from the model's
+    external data file are used as they are stored (docs/cpu.md)."""
     if prefer not in PREFER:
         raise CtxrtError(f"prefer must be one of {PREFER}, got {prefer!r}")
     shared = sorted(kv_shared)
-    return {"prefer": prefer, **({"kv_shared": shared} if shared else {})}
+    return {"prefer": prefer, **({"kv_shared": shared} if shared else {}), **({"in_memory": True} if in_memory else {})}
 
 
 def compile_ir(graph: IRGraph, backend: Backend, options: Mapping[str, Any] | None = None,
@@ -102,7 +106,7 @@ def compile(model: str | os.PathLike | bytes | Any, shapes: Mapping[str, Iterabl
 
     be = get_backend(backend)
     graphs, weights = compile_graphs([(model, shapes, "main", values)], be, io_mem_type,
-                                     options=compile_options(prefer), dims=dims, **tuning)
+                                     options=compile_options(prefer, in_memory=True), dims=dims, **tuning)
     ctx = compile_to_context(graphs, weights, be, defer_graph_init, num_threads)
     del graphs, weights
     heap.trim()  # what the compile freed: not kept at its peak (runtime/heap.py)

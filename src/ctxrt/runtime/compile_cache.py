@@ -45,7 +45,9 @@ class VariantCompiler:
         self.store = WeightStore(backend, None if self.folder is None else self.folder / "weights")
         self._digests: dict[Path, tuple[Stamp, str]] = {}  # file -> (its stamp when hashed, SHA-256 of its bytes)
         self._external: tuple[Stamp, list[Path]] | None = None  # the model's external-data files, by its stamp
-        self.options = compile_options()  # what every compile of this model sees (a session may set kv_shared)
+        # what every compile of this model sees (a session may set kv_shared); with a cache folder the programs are
+        # binaries, whose weights are stored in the layout their kernels read
+        self.options = compile_options(in_memory=self.folder is None)
 
     def compile(self, shapes: Mapping[str, Any] | None, feeds: Mapping[str, Any] | None,
                 dims: Mapping[str, tuple[int, int]] | None = None, prior: Any = None) -> Context:

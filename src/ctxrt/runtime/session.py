@@ -374,7 +374,8 @@ class InferenceSession:
             raise CtxrtError("a context binary's presents keep the shapes it was compiled with")
         if not names <= self._in_decl.keys():
             raise ShapeError(f"kv_shared: no inputs {sorted(names - self._in_decl.keys())}")
-        self._compiler.options = compile_options(self._compiler.options.get("prefer", "speed"), names)
+        old = self._compiler.options
+        self._compiler.options = compile_options(old.get("prefer", "speed"), names, bool(old.get("in_memory")))
 
     # -- onnxruntime's API ---------------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:

@@ -10,9 +10,10 @@ from ctxrt.ir.passes.fuse_silu import FuseSilu
 from ctxrt.ir.passes.transpose_weights import TransposeMatMulWeights
 
 
-def default_passes() -> list[Pass]:
+def default_passes(in_memory: bool = False) -> list[Pass]:
+    """`in_memory`: the program runs from memory, not a binary (weights mapped from a model's file stay there)."""
     return [EliminateIdentity(), FoldBatchNormIntoConv(), FoldChannelAffine(), FuseActivation(), FuseGelu(),
-            FuseSilu(), EliminateDead(), TransposeMatMulWeights()]
+            FuseSilu(), EliminateDead(), TransposeMatMulWeights(keep_mapped=in_memory)]
 
 
 __all__ = ["Pass", "PassResult", "run_passes", "default_passes", "EliminateDead", "EliminateIdentity",
