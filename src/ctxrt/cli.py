@@ -366,11 +366,12 @@ def _compile_generate(args: argparse.Namespace, tuning: dict[str, Any]) -> int:
     with naming(args.models[0]):
         session = InferenceSession(files.model, backend)  # reads the declared IO only: nothing compiles
         try:
-            spec = describe(files, session.get_inputs(), session.get_outputs(), args.context)
+            inputs = session.get_inputs()
+            spec = describe(files, inputs, session.get_outputs(), args.context)
         finally:
             session.close()
-        ranges, _ = generation_ranges(spec, {i.name: i.shape for i in session.get_inputs()},
-                                      args.prompt_window or PROMPT_WINDOW, args.batch or 1)
+        ranges, _ = generation_ranges(spec, {i.name: i.shape for i in inputs}, args.prompt_window or PROMPT_WINDOW,
+                                      args.batch or 1)
         if not ranges:
             raise UsageError(f"{args.models[0]}: no past input whose sequence axis is a symbolic dim to range")
         shared = [s.past for s in spec.kv] if spec.share_buffer else []

@@ -169,6 +169,7 @@ def upper_bound(node: onnx.NodeProto, shape: Callable[[str], Any], const: Mappin
                 shared_kv: frozenset[str] = frozenset()) -> Bound | None:
     """UPPER_BOUNDS' rule for the node; GroupQueryAttention's also told which past inputs share their buffer with
     the present outputs (frontend.onnx.to_ir's `shared_kv`)."""
-    if node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft":
+    key = op_key(node)
+    if key == extensions.GQA:
         return extensions.gqa_bounds(node, shape, const, shared_kv)
-    return UPPER_BOUNDS[op_key(node)](node, shape, const)
+    return UPPER_BOUNDS[key](node, shape, const)

@@ -102,8 +102,7 @@ class Generator:
         if self._batch_dim is not None and self.session.stats["shape_variants_compiled"] == 0:
             ranges = self.session.dim_ranges
             lo, hi = ranges.get(self._batch_dim, (1, 1))
-            hi = max(hi, batch, 4 if batch > 1 else 1)
-            self.session.dim_ranges = {**ranges, self._batch_dim: (min(lo, batch), hi)}
+            self.session.dim_ranges = {**ranges, self._batch_dim: (min(lo, batch), max(hi, _batch_max(batch)))}
 
     @property
     def batching(self) -> str:
@@ -381,8 +380,13 @@ def generation_ranges(spec: DecoderSpec, shapes: Mapping[str, Sequence[int | str
                 ranges[d] = (fixed, fixed)
     batch_dim = ids[0] if ids and isinstance(ids[0], str) and ids[0].isidentifier() else None
     if batch_dim is not None and batch is not None:
-        ranges[batch_dim] = (1, max(batch, 4 if batch > 1 else 1))
+        ranges[batch_dim] = (1, _batch_max(batch))
     return ranges, batch_dim
+
+
+def _batch_max(batch: int) -> int:
+    """The batch range's upper bound for batches of up to `batch` prompts (generation_ranges)."""
+    return max(batch, 4 if batch > 1 else 1)
 
 
 def _pad(prompts: list[list[int]], spec: DecoderSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
