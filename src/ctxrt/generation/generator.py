@@ -20,7 +20,7 @@ import numpy as np
 
 from ctxrt.errors import CtxrtWarning, GenerationError
 from ctxrt.generation.sampling import Sampling, choose
-from ctxrt.generation.spec import DecoderSpec, describe, locate
+from ctxrt.generation.spec import DecoderSpec, describe, locate, mask_only_counts
 from ctxrt.runtime.session import InferenceSession, IOBinding
 from ctxrt.runtime.tensor import Tensor
 
@@ -83,6 +83,9 @@ class Generator:
                 self.session.kv_shared = [s.past for s in self.spec.kv]
             elif not _presents_are_pasts(self.spec, self.session):
                 self.spec = replace(self.spec, share_buffer=False)
+        # tokens fed a mask of the context's length: every token step runs at the same shapes (spec.mask_only_counts)
+        self._static_mask = self.spec.share_buffer and self.spec.attention_mask is not None and \
+            self.spec.position_ids is None and mask_only_counts(self.files, self.spec.attention_mask)
         self._range_the_past()
         self._outputs = [o.name for o in self.session.get_outputs()]
         self._logits_at = self._outputs.index(self.spec.logits)
@@ -275,7 +278,11 @@ class Generation:
             ids = np.where(running, new, spec.pad_id)[:, None]  # a prompt that stopped is fed padding
             mask = np.concatenate([mask, one], axis=1)
             past = dict(zip((s.past for s in spec.kv), self._gen._presents(binding), strict=True))
-            previous, binding = binding, self._gen._run({**self._inputs(ids, mask), **past})
+            fed = mask
+            if self._gen._static_mask:  # zeros after the tokens so far: the same shapes at every token
+                fed = np.zeros((len(mask), self._gen.spec.context_length), mask.dtype)
+                fed[:, :mask.shape[1]] = mask
+            previous, binding = binding, self._gen._run({**self._inputs(ids, fed), **past})
             del previous  # its tensors go back to the session's cache only now: they were this run's pasts
             new = self._choose(binding, first_row)
             self._times["decode"] += time.perf_counter() - tic

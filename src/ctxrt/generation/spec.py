@@ -311,3 +311,52 @@ def _int_types(ins: Mapping[str, Any], names: Sequence[str | None]) -> dict[str,
             types[n] = dt
     return types
 
+
+
+# ops through which an attention mask may reach GroupQueryAttention's seqlens_k / total_sequence_length (what the
+# model builder writes: ReduceSum - 1 and Shape[1], cast to int32)
+_MASK_ARITHMETIC = {"Cast", "ReduceSum", "Sub", "Add", "Shape", "Gather", "Squeeze", "Unsqueeze", "Reshape",
+                    "Identity"}
+
+
+def mask_only_counts(files: ModelFiles, mask: str) -> bool:
+    """Whether the model's attention mask only decides GroupQueryAttention's seqlens_k and total_sequence_length
+    (inputs 5 and 6), as onnxruntime-genai's builder writes it: then a token step may be fed the mask padded with
+    zeros to the context length (the row sums, the positions, are the same; total_sequence_length is the shared
+    buffer's length, as for a captured graph), and every token runs at the same shapes. Read from the ONNX model
+    beside the file run (a .ctx compiled from a folder has it there); False where there is none."""
+    onnx_file = files.model if files.model.suffix == ".onnx" else None
+    if onnx_file is None and files.genai_config is not None:
+        named = files.model.parent / _get(files.genai_config, "model.decoder.filename", str)
+        onnx_file = named if named.suffix == ".onnx" and named.is_file() else None
+    if onnx_file is None:
+        return False
+    import onnx
+
+    try:
+        graph = onnx.load(str(onnx_file), load_external_data=False).graph
+    except Exception:  # noqa: BLE001 -- an unreadable model: the mask grows as the past does
+        return False
+    users: dict[str, list[tuple[Any, int]]] = {}
+    for node in graph.node:
+        if any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute):
+            return False  # a subgraph could read the mask by name
+        for i, name in enumerate(node.input):
+            users.setdefault(name, []).append((node, i))
+    outputs = {o.name for o in graph.output}
+    todo, seen, reached = [mask], {mask}, False
+    while todo:
+        name = todo.pop()
+        if name in outputs:
+            return False
+        for node, i in users.get(name, []):
+            if node.op_type == "GroupQueryAttention" and node.domain == "com.microsoft" and i in (5, 6):
+                reached = True
+            elif node.op_type in _MASK_ARITHMETIC and node.domain in ("", "ai.onnx"):
+                for out in node.output:
+                    if out and out not in seen:
+                        seen.add(out)
+                        todo.append(out)
+            else:
+                return False
+    return reached

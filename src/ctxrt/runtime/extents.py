@@ -57,11 +57,15 @@ class Made:
         self.blas = False  # a GEMM run by NumPy's BLAS at these shapes (small_rows' GEMV)
 
 
+RECORDINGS = 2  # launch lists kept per set of dims, by binding
+
+
 class AtDims:
     """A range program at one set of dim values: its IO (shapes at these dims), its changed steps, the thread cap,
     and the launch list recorded for one IO binding."""
 
-    __slots__ = ("dims", "inputs", "outputs", "out_info", "steps", "cap", "blas", "bound", "internal", "launches")
+    __slots__ = ("dims", "inputs", "outputs", "out_info", "steps", "cap", "blas", "bound", "internal", "launches",
+                 "recordings")
 
     def __init__(self, dims: tuple[int, ...], inputs: list[TensorInfo], outputs: list[TensorInfo],
                  steps: dict[int, Made], cap: int | None, blas: bool = False) -> None:
@@ -71,6 +75,9 @@ class AtDims:
         self.bound: tuple[MemHandle | None, ...] | None = None
         self.internal: dict[str, Any] = {}
         self.launches: list[Any] = []
+        # the latest RECORDINGS launch lists by their binding: a generation loop binds two sets of outputs in turn
+        # (a step's logits are read while the next step's are written)
+        self.recordings: OrderedDict[tuple[MemHandle | None, ...], list[Any]] = OrderedDict()
 
 
 class ExtentRunner:
@@ -356,8 +363,16 @@ class ExtentRunner:
         with ctx.lock:
             if not same_binding(st.bound, st.inputs, st.outputs, inputs, outputs):
                 bound = binding(st.inputs, st.outputs, inputs, outputs)
-                g._check_overlap(bound)
-                self._record(st, bound)
+                hit = st.recordings.get(bound)
+                if hit is not None and all(h is None or h.registered for h in bound):
+                    st.launches, st.bound = hit, bound
+                    st.recordings.move_to_end(bound)
+                else:
+                    g._check_overlap(bound)
+                    self._record(st, bound)
+                    st.recordings[bound] = st.launches
+                    while len(st.recordings) > RECORDINGS:
+                        st.recordings.popitem(last=False)
             run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, st.launches, st.cap, st.blas)
             if not self.extents:
                 return _NO_SHAPES

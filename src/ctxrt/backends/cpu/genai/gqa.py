@@ -17,19 +17,25 @@ past_present_share_buffer), only the new rows are written: the KV cache is updat
 (default 1/sqrt(H)), soft-capped (softcap * tanh(x / softcap)), limited to the last local_window_size positions,
 and softmaxed with exp(head_sink) (or 1, smooth_softmax) added
 to the denominator. Each block of kv heads is one batched GEMM per product; scratch holds one block's scores.
+Steps of up to NATIVE_TOKENS new tokens (a generation's) run the native kernel instead (csrc/gqa.c, where it was
+built): rotation, the cache update and every head's attention in one call, heads shared among OpenMP's threads.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 from typing import Any
 
 import numpy as np
 
+from ctxrt.backends.cpu import native, threads
 from ctxrt.backends.cpu.genai.rotary import rotate
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
 from ctxrt.errors import ShapeError, UnsupportedOpError
 
+NATIVE_TOKENS = 16  # new tokens up to which the native kernel runs (a prompt's batched GEMMs are faster in NumPy)
+_WORK_THREADS = 8  # the native kernel's work is sized for at least this many threads
 _SCORES_BYTES = 1 << 25  # kv heads are taken in blocks whose scores fit this many bytes
 _F32 = np.dtype(np.float32)
 _UNSUPPORTED_INPUTS = {9: "position_ids", 10: "attention_bias", 12: "k_scale", 13: "v_scale", 14: "q_norm_weight",
@@ -98,12 +104,44 @@ class GroupQueryAttention(Kernel):
         self.scratch = (self.n * self.s * self.h * 4, rows * self.rows * 4, self.s * self.rows, self.s * self.rows,
                         rows * 4, rows * 4, rows * self.h * 4, self.n * self.s * max(self.half, 1) * 4,
                         2 * self.s * 8)
+        # the native kernel's work (a row of scores and a query per thread) is in every shape's scratch, so that
+        # a range program's token steps fit the scratch planned at its upper bound (a prompt window)
+        lib = native.library()
+        self.lib = lib if self.s <= NATIVE_TOKENS else None
+        self.threads = max(_WORK_THREADS, threads.usable_cores())
+        self.scratch += (int(lib.ctxrt_gqa_work_floats(self.rows, self.h, self.threads)) * 4 if lib else 0,)
         self.columns = np.arange(self.rows, dtype=np.int64)
         self.steps = np.arange(self.s, dtype=np.int64)
         self.zero_sinks = np.zeros(self.n, _F32)
 
+    def starts(self, seqlens: np.ndarray, total: np.ndarray) -> tuple[int, list[tuple[int, int]]]:
+        """The present's real length, and each sequence's (first new position, columns) at this step's
+        seqlens_k and total_sequence_length; a ShapeError where they do not fit the step."""
+        s_, b_, half = self.s, self.b, self.half
+        total_len = int(total[0])
+        length = max(total_len, self.past)
+        first = s_ == total_len
+        if length > self.rows or (not first and s_ > 1 and b_ > 1):
+            raise ShapeError(f"GroupQueryAttention node {self.name!r}: total_sequence_length {total_len} with "
+                             f"{s_} new tokens, past length {self.past} and batch {b_}")
+        at = []
+        for b in range(b_):
+            total_b = int(seqlens[b]) + 1
+            start = 0 if first else total_b - s_
+            if not (0 <= start <= self.past and 0 < total_b <= start + s_ <= length) or (
+                    half and start + s_ > self.positions):
+                raise ShapeError(f"GroupQueryAttention node {self.name!r}: seqlens_k[{b}] = {total_b - 1} with "
+                                 f"{s_} new tokens, total_sequence_length {total_len} and past length "
+                                 f"{self.past}" + (f" ({self.positions} rotary positions)" if half else ""))
+            at.append((start, total_b))
+        return length, at
+
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         ins = list(ins) + [None] * (12 - len(ins))
+        if self.lib is not None:
+            launch = self._native(ins, outs, scratch)
+            if launch is not None:
+                return launch
         b_, s_, n, kv, h, g = self.b, self.s, self.n, self.kv, self.h, self.group
         qkv = ins[0].reshape(b_, s_, self.heads, h)
         q_src = qkv[:, :, :n]
@@ -126,11 +164,9 @@ class GroupQueryAttention(Kernel):
 
         def fill(present: np.ndarray, past: np.ndarray | None, new: np.ndarray, b: int, start: int, rotary: bool
                  ) -> None:
-            """Present rows of sequence b: past [0, start), new tokens [start, start + S), zeros after; where past
-            and present are one buffer (onnxruntime-genai's shared buffer, bound to both), the new rows only."""
+            """Present rows of sequence b: past [0, start), new tokens [start, start + S), zeros after."""
             dst = present[b]
-            if start and not shared:
-                np.copyto(dst[:, :start], past[b, :, :start])
+            _keep_past(present, past, b, start, s_, shared)
             rows = dst[:, start:start + s_]
             if rotary:
                 tmp = tmp_buf[:kv * s_ * half].reshape(kv, s_, half)
@@ -138,8 +174,6 @@ class GroupQueryAttention(Kernel):
                        sin[None, start:start + s_, :half], tmp, half, interleaved)
             else:
                 np.copyto(rows, new[b].transpose(1, 0, 2))
-            if not shared:
-                dst[:, start + s_:].fill(0)
 
         def attend(b: int, start: int, total_b: int) -> None:
             q = q_src[b].transpose(1, 0, 2)
@@ -196,25 +230,68 @@ class GroupQueryAttention(Kernel):
                 np.copyto(out4[b, :, g0 * g:(g0 + m) * g], o.reshape(m * g, s_, h).transpose(1, 0, 2))
 
         def run() -> None:
-            total_len = int(total[0])
-            length = max(total_len, self.past)
-            first = s_ == total_len
-            if length > self.rows or (not first and s_ > 1 and b_ > 1):
-                raise ShapeError(f"GroupQueryAttention node {self.name!r}: total_sequence_length {total_len} with "
-                                 f"{s_} new tokens, past length {self.past} and batch {b_}")
-            for b in range(b_):
-                total_b = int(seqlens[b]) + 1
-                start = 0 if first else total_b - s_
-                if not (0 <= start <= self.past and 0 < total_b <= start + s_ <= length) or (
-                        half and start + s_ > self.positions):
-                    raise ShapeError(f"GroupQueryAttention node {self.name!r}: seqlens_k[{b}] = {total_b - 1} with "
-                                     f"{s_} new tokens, total_sequence_length {total_len} and past length "
-                                     f"{self.past}" + (f" ({self.positions} rotary positions)" if half else ""))
+            length, at = self.starts(seqlens, total)
+            for b, (start, total_b) in enumerate(at):
                 fill(present_k, past_k, k_src, b, start, bool(half))
                 fill(present_v, past_v, v_src, b, start, False)
                 attend(b, start, total_b)
             extent[...] = length
         return run
+
+    def _native(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch | None:
+        """The launch running csrc/gqa.c's kernel (None where a tensor is not contiguous): its arguments one
+        struct, made here; per sequence only the positions and pointers change."""
+        n, kv, h = self.n, self.kv, self.h
+        arrays = [ins[0], *outs[:3]] + [t for t in ins[1:3] + ins[7:9] + ins[11:12] if t is not None]
+        if not all(t.flags.c_contiguous for t in arrays):
+            return None
+        f = 4  # bytes of a float32
+        q0 = ins[0].ctypes.data
+        if self.packed:
+            q_stride = kv_stride = self.heads * h
+            k0, v0 = q0 + n * h * f, q0 + (n + kv) * h * f
+        else:
+            q_stride, kv_stride = n * h, kv * h
+            k0, v0 = ins[1].ctypes.data, ins[2].ctypes.data
+        q_step, kv_step = self.s * q_stride * f, self.s * kv_stride * f
+        out, present_k, present_v = outs[0], outs[1], outs[2]
+        cache_step = kv * self.rows * h * f
+        args = native.GqaArgs(s=self.s, n=n, kv=kv, h=h, rows=self.rows, window=self.window, half=self.half,
+                              interleaved=int(self.interleaved), q_stride=q_stride, kv_stride=kv_stride,
+                              cos=native.address(ins[7]) if self.half else None,
+                              sin=native.address(ins[8]) if self.half else None,
+                              sinks=native.address(ins[11]) if self.sink else None, sink=int(self.sink),
+                              out_stride=n * h, scale=self.scale, softcap=self.softcap,
+                              work=scratch[-1].ctypes.data)
+        ref, fn, now, most = ctypes.byref(args), self.lib.ctxrt_gqa, threads.openmp_now, self.threads
+        pk, pv, o0, o_step = present_k.ctypes.data, present_v.ctypes.data, out.ctypes.data, self.s * n * h * f
+
+        seqlens, total, extent, s_ = ins[5].reshape(-1), ins[6].reshape(-1), outs[3], self.s
+        past_k, past_v = ins[3], ins[4]
+        shared = _same_memory(past_k, present_k) and _same_memory(past_v, present_v)
+
+        def run(_keep: Any = arrays) -> None:
+            length, at = self.starts(seqlens, total)
+            args.threads = min(now() or 1, most)
+            for b, (start, total_b) in enumerate(at):
+                if not shared:
+                    _keep_past(present_k, past_k, b, start, s_, shared)
+                    _keep_past(present_v, past_v, b, start, s_, shared)
+                args.start, args.total = start, total_b
+                args.q, args.k_new, args.v_new = q0 + b * q_step, k0 + b * kv_step, v0 + b * kv_step
+                args.present_k, args.present_v, args.out = pk + b * cache_step, pv + b * cache_step, o0 + b * o_step
+                fn(ref)
+            extent[...] = length
+        return run
+
+
+def _keep_past(present: np.ndarray, past: np.ndarray | None, b: int, start: int, s_: int, shared: bool) -> None:
+    """Present rows of sequence b but the s_ new ones: past [0, start), zeros after (nothing to do where past and
+    present are one buffer: onnxruntime-genai's shared buffer, bound to both)."""
+    if not shared:
+        if start:
+            np.copyto(present[b, :, :start], past[b, :, :start])
+        present[b, :, start + s_:].fill(0)
 
 
 def _same_memory(past: np.ndarray | None, present: np.ndarray) -> bool:

@@ -1,0 +1,118 @@
+/* ctxrt's native kernels: MatMulNBits (com.microsoft) with 4-bit weights, for a few rows of A (a token's GEMVs).
+
+   Y[m, n] = sum_k A[m, k] * W[n, k] (+ bias[n]), W quantized in blocks of `block` values along K:
+   W[n, k] = (q - zero_point) * scale, q the 4-bit value j = k % block of block b = k / block, stored as the
+   low (j even) or high (j odd) half of byte j / 2 of B[n, b, :] -- exactly as stored in the model, never
+   unpacked to a float copy. Zero points: packed 4-bit [n, ceil(kb / 2)], floats [n, kb], or 8 when absent.
+
+   Two ways to compute, as onnxruntime's CPU provider does:
+   - float32 (accuracy_level 0-3): A's values times the dequantized weights, summed in float32;
+   - int8 (accuracy_level 4): each block of A's row quantized to int8 (scale = max|a| / 127, round half to
+     even), dot products of int8 A and the 4-bit q in int32, scaled per block in float32.
+
+   A's row is first copied into a work buffer, zero-padded to whole blocks and reordered within each group of
+   32 values (16 bytes of B) so that the group's even values come first, then its odd ones: the low and high
+   halves of 16 bytes of B then line up with 16 consecutive values of A each. Columns are shared among OpenMP
+   threads. Called through ctypes with one struct (src/ctxrt/backends/cpu/native.py); built by setup.py as the
+   optional extension ctxrt._native (where it is not built, ctxrt's NumPy kernel runs). */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define CTXRT_X86 1
+#endif
+
+#include "nbits.h"
+
+static inline int64_t blocks_of(int64_t k, int64_t block) { return (k + block - 1) / block; }
+
+/* bytes of work for m rows: per row kb * block floats (or int8 values) and 2 * kb 4-byte sums/scales */
+int64_t ctxrt_nbits4_work_bytes(int64_t m, int64_t k, int64_t block) {
+    int64_t kb = blocks_of(k, block);
+    return m * (kb * block * 4 + kb * 8) + 64;
+}
+
+static inline int64_t group_of(int64_t block) { return block % 32 == 0 ? 32 : 16; }
+
+static inline float zero_point(const nbits_args *p, int64_t col, int64_t blk, int64_t kb) {
+    if (p->zpf) return p->zpf[col * kb + blk];
+    if (p->zp) {
+        uint8_t byte = p->zp[col * ((kb + 1) / 2) + blk / 2];
+        return (float)((blk % 2) ? byte >> 4 : byte & 15);
+    }
+    return 8.0f;
+}
+
+/* Per row r: float32 mode: af[kb * block] (reordered A), asum[kb]; int8 mode: aq[kb * block] int8, ascale[kb],
+   qsum[kb]. */
+typedef struct {
+    float *af, *asum, *ascale;
+    int8_t *aq;
+    float *qsum;  /* int8 mode: the sum of each block's int8 values (exact in float32) */
+} row_work;
+
+static inline row_work row_of(const nbits_args *p, int64_t r) {
+    int64_t kb = blocks_of(p->k, p->block), len = kb * p->block;
+    char *base = (char *)p->work + r * (len * 4 + kb * 8);
+    row_work w;
+    w.af = (float *)base;
+    w.aq = (int8_t *)base;
+    w.asum = (float *)(base + len * 4);
+    w.ascale = w.asum;
+    w.qsum = (float *)(base + len * 4 + kb * 4);
+    return w;
+}
+
+#define COLUMNS_A_TASK 16
+
+#define NAME(x) x##_c
+#include "nbits_kernel.h"
+#undef NAME
+
+#ifdef CTXRT_X86
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#define NBITS_AVX2 1
+#define NAME(x) x##_avx2
+#include "nbits_kernel.h"
+#undef NAME
+#undef NBITS_AVX2
+#pragma GCC pop_options
+
+static int has_avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+#endif
+
+/* Y = A W^T (+ bias) for the rows and columns of *p; returns 0 */
+int ctxrt_nbits4_matmul(const nbits_args *p) {
+#ifdef CTXRT_X86
+    if (has_avx2()) {
+        matmul_avx2(p);
+        return 0;
+    }
+#endif
+    matmul_c(p);
+    return 0;
+}
+
+/* which code runs for these arguments: "avx2" or "c" (inspect --kernels) */
+const char *ctxrt_nbits4_isa(const nbits_args *p) {
+#ifdef CTXRT_X86
+    if (has_avx2() && p->block % 32 == 0) return "avx2";
+#endif
+    (void)p;
+    return "c";
+}
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT, "_native",
+    "ctxrt's native kernels, called through ctypes (ctxrt.backends.cpu.native)", -1, NULL, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&native_module); }

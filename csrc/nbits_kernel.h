@@ -1,0 +1,208 @@
+/* The kernel of csrc/nbits.c, included there once per instruction set: NAME(x) names this copy's functions.
+   With NBITS_AVX2 defined the copy is compiled for AVX2 and FMA (#pragma GCC target around the #include) and
+   its dot products use them for blocks of 32 values or more; the other copy is portable C. Everything a call
+   runs is in one copy: no code of another instruction set runs between its AVX2 instructions. */
+
+static void NAME(prepare_row)(const nbits_args *p, int64_t r) {
+    int64_t k = p->k, block = p->block, kb = blocks_of(k, block), g = group_of(block), h = g / 2;
+    const float *a = p->a + r * k;
+    row_work w = row_of(p, r);
+    float pad[32];
+    for (int64_t b = 0; b < kb; b++) {
+        int64_t k0 = b * block, valid = k - k0 < block ? k - k0 : block;
+        if (!p->int8) {
+            float s = 0.0f;
+            for (int64_t j0 = 0; j0 < block; j0 += g) {
+                const float *src = a + k0 + j0;
+                if (valid - j0 < g) {  /* past K: zeros */
+                    for (int64_t i = 0; i < g; i++) pad[i] = i < valid - j0 ? src[i] : 0.0f;
+                    src = pad;
+                }
+                float *dst = w.af + k0 + j0;
+                for (int64_t i = 0; i < h; i++) {
+                    dst[i] = src[2 * i];
+                    dst[h + i] = src[2 * i + 1];
+                    s += src[2 * i] + src[2 * i + 1];
+                }
+            }
+            w.asum[b] = s;
+        } else {
+            float amax = 0.0f;
+            for (int64_t j = 0; j < valid; j++) {
+                float v = fabsf(a[k0 + j]);
+                amax = v > amax ? v : amax;
+            }
+            float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+            int32_t s = 0;
+            for (int64_t j0 = 0; j0 < block; j0 += g) {
+                const float *src = a + k0 + j0;
+                if (valid - j0 < g) {
+                    for (int64_t i = 0; i < g; i++) pad[i] = i < valid - j0 ? src[i] : 0.0f;
+                    src = pad;
+                }
+                int8_t *dst = w.aq + k0 + j0;
+                for (int64_t i = 0; i < g; i++) {
+                    /* round half to even (the default rounding mode); |a * inv| <= 127 */
+                    int32_t q = (int32_t)nearbyintf(src[i] * inv);
+                    dst[i % 2 ? h + i / 2 : i / 2] = (int8_t)q;
+                    s += q;
+                }
+            }
+            w.ascale[b] = amax / 127.0f;
+            w.qsum[b] = (float)s;
+        }
+    }
+}
+
+/* blocks b0 .. b1 - 1 of one output value, in plain C */
+static float NAME(dot_blocks)(const nbits_args *p, const row_work *w, int64_t col, int64_t b0, int64_t b1) {
+    int64_t block = p->block, kb = blocks_of(p->k, block), g = group_of(block), half = block / 2;
+    const uint8_t *bq = p->b + col * kb * half;
+    const float *sc = p->scales + col * kb;
+    float acc = 0.0f;
+    for (int64_t b = b0; b < b1; b++) {
+        const uint8_t *src = bq + b * half;
+        float z = zero_point(p, col, b, kb);
+        if (!p->int8) {
+            const float *av = w->af + b * block;
+            float s = 0.0f;
+            for (int64_t j0 = 0; j0 < block; j0 += g) {
+                const uint8_t *bytes = src + j0 / 2;
+                for (int64_t i = 0; i < g / 2; i++) {
+                    s += (float)(bytes[i] & 15) * av[j0 + i] + (float)(bytes[i] >> 4) * av[j0 + g / 2 + i];
+                }
+            }
+            acc += sc[b] * (s - z * w->asum[b]);
+        } else {
+            const int8_t *av = w->aq + b * block;
+            int32_t s = 0;
+            for (int64_t j0 = 0; j0 < block; j0 += g) {
+                const uint8_t *bytes = src + j0 / 2;
+                for (int64_t i = 0; i < g / 2; i++) {
+                    s += (int32_t)(bytes[i] & 15) * av[j0 + i] + (int32_t)(bytes[i] >> 4) * av[j0 + g / 2 + i];
+                }
+            }
+            acc += (w->ascale[b] * sc[b]) * ((float)s - z * w->qsum[b]);
+        }
+    }
+    return acc;
+}
+
+#ifdef NBITS_AVX2
+static inline float NAME(hsum8)(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 32 4-bit values from 16 bytes: the low halves in the low 128 bits, the high halves in the high 128 bits */
+static inline __m256i NAME(nibbles32)(const uint8_t *src) {
+    __m128i bytes = _mm_loadu_si128((const __m128i *)src);
+    __m256i both = _mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes);
+    return _mm256_and_si256(both, _mm256_set1_epi8(15));
+}
+
+/* [sum(v[0]), ..., sum(v[7])]: the 8 lanes of each of 8 vectors added up */
+static inline __m256i NAME(hsum8x8_epi32)(const __m256i *v) {
+    __m256i t0 = _mm256_hadd_epi32(v[0], v[1]), t1 = _mm256_hadd_epi32(v[2], v[3]);
+    __m256i t2 = _mm256_hadd_epi32(v[4], v[5]), t3 = _mm256_hadd_epi32(v[6], v[7]);
+    __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+static inline __m256 NAME(hsum8x8_ps)(const __m256 *v) {
+    __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+    __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* the zero points of blocks b .. b + 7 of a column */
+static inline __m256 NAME(zero_points8)(const nbits_args *p, int64_t col, int64_t b, int64_t kb) {
+    if (p->zpf) return _mm256_loadu_ps(p->zpf + col * kb + b);
+    if (!p->zp) return _mm256_set1_ps(8.0f);
+    float z[8];
+    for (int i = 0; i < 8; i++) z[i] = zero_point(p, col, b + i, kb);
+    return _mm256_loadu_ps(z);
+}
+
+/* the float32 sum of 32 values of A (reordered) times 32 4-bit values (16 bytes of B), added to t */
+static inline __m256 NAME(fma32)(const uint8_t *src, const float *av, __m256 t) {
+    __m128i bytes = _mm_loadu_si128((const __m128i *)src), low4 = _mm_set1_epi8(15);
+    __m128i lo = _mm_and_si128(bytes, low4), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);
+    t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), _mm256_loadu_ps(av), t);
+    t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), _mm256_loadu_ps(av + 8), t);
+    t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), _mm256_loadu_ps(av + 16), t);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), _mm256_loadu_ps(av + 24),
+                           t);
+}
+
+/* the int32 sum of 32 int8 values of A (reordered) times 32 4-bit values (16 bytes of B), added to t */
+static inline __m256i NAME(dot32)(const uint8_t *src, const int8_t *av, __m256i t) {
+    __m256i prod = _mm256_maddubs_epi16(NAME(nibbles32)(src), _mm256_loadu_si256((const __m256i *)av));
+    return _mm256_add_epi32(t, _mm256_madd_epi16(prod, _mm256_set1_epi16(1)));
+}
+
+/* one output value: eight blocks at a time, each block's sum in its own vector, then the eight sums offset by
+   their zero points and scaled together; the last kb % 8 blocks in plain C */
+static float NAME(dot)(const nbits_args *p, const row_work *w, int64_t col) {
+    int64_t block = p->block, kb = blocks_of(p->k, block), half = block / 2, b = 0;
+    if (block % 32) return NAME(dot_blocks)(p, w, col, 0, kb);
+    const uint8_t *bq = p->b + col * kb * half;
+    const float *sc = p->scales + col * kb;
+    __m256 acc = _mm256_setzero_ps();
+    if (!p->int8) {
+        for (; b + 8 <= kb; b += 8) {
+            __m256 s[8];
+            for (int i = 0; i < 8; i++) {
+                const uint8_t *src = bq + (b + i) * half;
+                const float *av = w->af + (b + i) * block;
+                s[i] = NAME(fma32)(src, av, _mm256_setzero_ps());
+                for (int64_t j0 = 32; j0 < block; j0 += 32) s[i] = NAME(fma32)(src + j0 / 2, av + j0, s[i]);
+            }
+            __m256 d = _mm256_fnmadd_ps(NAME(zero_points8)(p, col, b, kb), _mm256_loadu_ps(w->asum + b),
+                                        NAME(hsum8x8_ps)(s));
+            acc = _mm256_fmadd_ps(d, _mm256_loadu_ps(sc + b), acc);
+        }
+    } else {
+        for (; b + 8 <= kb; b += 8) {
+            __m256i s[8];
+            for (int i = 0; i < 8; i++) {
+                const uint8_t *src = bq + (b + i) * half;
+                const int8_t *av = w->aq + (b + i) * block;
+                s[i] = NAME(dot32)(src, av, _mm256_setzero_si256());
+                for (int64_t j0 = 32; j0 < block; j0 += 32) s[i] = NAME(dot32)(src + j0 / 2, av + j0, s[i]);
+            }
+            __m256 d = _mm256_cvtepi32_ps(NAME(hsum8x8_epi32)(s));
+            d = _mm256_fnmadd_ps(NAME(zero_points8)(p, col, b, kb), _mm256_loadu_ps(w->qsum + b), d);
+            acc = _mm256_fmadd_ps(d, _mm256_mul_ps(_mm256_loadu_ps(w->ascale + b), _mm256_loadu_ps(sc + b)), acc);
+        }
+    }
+    return NAME(hsum8)(acc) + NAME(dot_blocks)(p, w, col, b, kb);
+}
+#else
+static float NAME(dot)(const nbits_args *p, const row_work *w, int64_t col) {
+    return NAME(dot_blocks)(p, w, col, 0, blocks_of(p->k, p->block));
+}
+#endif
+
+/* Y = A W^T (+ bias) for the rows and columns of *p */
+static void NAME(matmul)(const nbits_args *p) {
+    for (int64_t r = 0; r < p->m; r++) NAME(prepare_row)(p, r);
+    int64_t tasks = (p->n + COLUMNS_A_TASK - 1) / COLUMNS_A_TASK;
+    int threads = 1;
+#ifdef _OPENMP
+    threads = p->threads > 0 ? (int)p->threads : omp_get_max_threads();
+    if (threads > tasks) threads = (int)tasks;
+#endif
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t t = 0; t < tasks; t++) {
+        int64_t c0 = t * COLUMNS_A_TASK, c1 = c0 + COLUMNS_A_TASK < p->n ? c0 + COLUMNS_A_TASK : p->n;
+        for (int64_t r = 0; r < p->m; r++) {
+            row_work w = row_of(p, r);
+            float *yr = p->y + r * p->n;
+            for (int64_t c = c0; c < c1; c++) yr[c] = NAME(dot)(p, &w, c) + (p->bias ? p->bias[c] : 0.0f);
+        }
+    }
+}

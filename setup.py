@@ -1,0 +1,13 @@
+"""The optional native kernels (csrc/, the extension ctxrt._native): built where a C compiler is there; where
+it is not, or the build fails, ctxrt installs without them and runs its NumPy kernels instead. Everything
+else about the package is in pyproject.toml."""
+
+import sys
+
+from setuptools import Extension, setup
+
+openmp = [] if sys.platform == "darwin" else ["-fopenmp"]  # Apple's clang has no OpenMP of its own
+native = Extension("ctxrt._native", ["csrc/nbits.c", "csrc/gqa.c"],
+                   depends=["csrc/nbits.h", "csrc/nbits_kernel.h", "csrc/gqa.h", "csrc/gqa_kernel.h"],
+                   extra_compile_args=["-O3", "-std=c11", *openmp], extra_link_args=openmp, optional=True)
+setup(ext_modules=[native])

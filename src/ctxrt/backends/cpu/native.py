@@ -1,0 +1,75 @@
+"""ctxrt's native kernels (csrc/, built by setup.py as the optional extension `ctxrt._native`), called through
+ctypes with one argument struct made at bind time: a call costs ~1 us and allocates nothing.
+
+Where the extension was not built (no C compiler at install, another platform), `library()` is None and the
+kernels that would call it run NumPy's code instead; `inspect --kernels` names which (docs/cpu.md).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+from typing import Any
+
+import numpy as np
+
+_STATE: dict[str, Any] = {}
+# CTXRT_NATIVE=0 turns the native kernels off (NumPy's run instead): to compare them, or to rule them out
+_ENV = "CTXRT_NATIVE"
+
+
+class NBitsArgs(ctypes.Structure):
+    """csrc/nbits.c's nbits_args."""
+
+    _fields_ = [("m", ctypes.c_int64), ("k", ctypes.c_int64), ("n", ctypes.c_int64), ("block", ctypes.c_int64),
+                ("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("zp", ctypes.c_void_p),
+                ("zpf", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("y", ctypes.c_void_p), ("work", ctypes.c_void_p),
+                ("int8", ctypes.c_int64), ("threads", ctypes.c_int64)]
+
+
+class GqaArgs(ctypes.Structure):
+    """csrc/gqa.h's gqa_args."""
+
+    _fields_ = [*((f, ctypes.c_int64) for f in ("s", "n", "kv", "h", "rows", "start", "total", "window", "half",
+                                                "interleaved")),
+                ("q", ctypes.c_void_p), ("q_stride", ctypes.c_int64), ("k_new", ctypes.c_void_p),
+                ("v_new", ctypes.c_void_p), ("kv_stride", ctypes.c_int64), ("cos", ctypes.c_void_p),
+                ("sin", ctypes.c_void_p), ("sinks", ctypes.c_void_p), ("sink", ctypes.c_int64),
+                ("present_k", ctypes.c_void_p), ("present_v", ctypes.c_void_p), ("out", ctypes.c_void_p),
+                ("out_stride", ctypes.c_int64), ("scale", ctypes.c_float), ("softcap", ctypes.c_float),
+                ("work", ctypes.c_void_p), ("threads", ctypes.c_int64)]
+
+
+def library() -> ctypes.CDLL | None:
+    """The native library, loaded once; None where it was not built or CTXRT_NATIVE=0."""
+    if "lib" not in _STATE:
+        _STATE["lib"] = None if os.environ.get(_ENV, "1") == "0" else _load()
+    return _STATE["lib"]
+
+
+def _load() -> ctypes.CDLL | None:
+    try:
+        path = importlib.import_module("ctxrt._native").__file__
+        lib = ctypes.CDLL(path)
+    except (ImportError, OSError, TypeError):
+        return None
+    lib.ctxrt_nbits4_work_bytes.argtypes = [ctypes.c_int64] * 3
+    lib.ctxrt_nbits4_work_bytes.restype = ctypes.c_int64
+    lib.ctxrt_nbits4_matmul.argtypes = [ctypes.c_void_p]
+    lib.ctxrt_nbits4_matmul.restype = ctypes.c_int
+    lib.ctxrt_nbits4_isa.argtypes = [ctypes.c_void_p]
+    lib.ctxrt_nbits4_isa.restype = ctypes.c_char_p
+    lib.ctxrt_gqa_work_floats.argtypes = [ctypes.c_int64] * 3
+    lib.ctxrt_gqa_work_floats.restype = ctypes.c_int64
+    lib.ctxrt_gqa.argtypes = [ctypes.c_void_p]
+    lib.ctxrt_gqa.restype = ctypes.c_int
+    from ctxrt.backends.cpu import threads
+
+    threads.refresh()  # libgomp may have come with it: its pool is held to a run's thread count too
+    return lib
+
+
+def address(a: np.ndarray | None) -> int | None:
+    """The address of an array's first element (None for None), for a struct's pointer field."""
+    return None if a is None else a.ctypes.data
