@@ -6,8 +6,15 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   "${PYTHON:-python3}" -m venv .venv
 fi
+# A C compiler for the native kernels (setup.py builds them into ctxrt._native; without one ctxrt installs all
+# the same and runs NumPy's kernels in their place)
+if ! command -v cc >/dev/null && command -v apt-get >/dev/null; then
+  sudo=$([ "$(id -u)" = 0 ] || echo sudo)
+  { $sudo apt-get update -q && $sudo apt-get install -y -q gcc; } || true
+fi
 stamp=.venv/.ctxrt-setup
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+# setup.py and csrc/ too: the native kernels (ctxrt._native) are built by the install
+want=$(cat pyproject.toml setup.py scripts/setup.sh csrc/* | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setting up .venv (first run takes a few minutes)..." >&2
   .venv/bin/python -m pip install -q --upgrade pip

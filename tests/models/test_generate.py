@@ -10,9 +10,11 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from cli_helpers import assert_one_line_error, cli
 from gen_models import LLAMA_CONTEXT, builder_llama, genai_greedy, gpt2_export, ort_greedy
+from onnx import TensorProto, helper
 
 import ctxrt
 from ctxrt.generation.sampling import Sampling, choose
@@ -86,7 +88,28 @@ def test_builder_llama_greedy_equals_onnxruntime_genai(precision: str) -> None:
         # one launch list for every past length, GroupQueryAttention's presents cut to their real length
         ranged = [v.ranged for v in gen.session._variants.values() if v.ranged is not None]
         assert ranged and all(g._extent is not None for g in ranged)
+        # the tokens fed the mask padded to the context: one set of shapes for the prompt, one for every token,
+        # and a launch list recorded for the prompt and for each of the two output bindings tokens alternate
+        assert gen._static_mask
+        stats = gen.session.stats
+        assert (stats["range_specializations"], stats["recordings"]) == (2, 3)
     assert got.tokens == want
+
+
+def test_the_mask_is_padded_only_where_it_only_counts(llama: Path, tmp_path: Path) -> None:
+    """A builder model's attention mask reaches nothing but GroupQueryAttention's seqlens_k and
+    total_sequence_length: its tokens may be fed the mask padded to the context. Where it also reaches anything
+    else (here a graph output), or no ONNX model is there to read (a .ctx alone), the mask grows with the past."""
+    from ctxrt.generation.spec import ModelFiles, mask_only_counts
+
+    model = onnx.load(str(llama / "model.onnx"), load_external_data=False)
+    assert mask_only_counts(ModelFiles(llama / "model.onnx", None, None), "attention_mask")
+    model.graph.node.append(helper.make_node("Cast", ["attention_mask"], ["mask_out"], to=TensorProto.FLOAT))
+    model.graph.output.append(helper.make_tensor_value_info("mask_out", TensorProto.FLOAT, None))
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    assert not mask_only_counts(ModelFiles(tmp_path / "model.onnx", None, None), "attention_mask")
+    (tmp_path / "model.ctx").write_bytes(b"")
+    assert not mask_only_counts(ModelFiles(tmp_path / "model.ctx", None, None), "attention_mask")
 
 
 def _chunked(model: Path, prompts: list[list[int]], want: list[list[int]]) -> None:

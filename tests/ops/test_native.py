@@ -1,0 +1,125 @@
+"""ctxrt's native kernels (csrc/, the extension ctxrt._native) against onnxruntime and against the NumPy kernels
+they stand in for: MatMulNBits with 4-bit weights at a token's rows (float32, and int8 activations at
+accuracy_level 4, as onnxruntime computes them), GroupQueryAttention's token steps (tests/ops/test_genai_ops.py
+runs every attribute through it; here the NumPy path it replaces runs the same cases)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+
+import harness
+import numpy as np
+import pytest
+from onnx import helper
+from quant_helpers import MS, ort_outputs, qmodel
+from test_genai_ops import ATTRS, STEPS, compare, gqa
+
+import ctxrt
+from ctxrt.backends.cpu import native
+
+BUILT = native.library() is not None
+needs_native = pytest.mark.skipif(not BUILT, reason="the native extension is not built here")
+
+
+def test_the_extension_is_built_where_a_compiler_is() -> None:
+    """setup.py builds it on install wherever a C compiler is (scripts/setup.sh installs one with apt): a CI run
+    without it would test only the NumPy fallbacks."""
+    if os.environ.get("CTXRT_NATIVE") == "0":
+        pytest.skip("CTXRT_NATIVE=0 turns the native kernels off")
+    if platform.system() == "Linux" and shutil.which("cc"):
+        assert BUILT
+
+
+def _nbits_model(k: int, n: int, block: int, rows: int, zero_points: str, bias: bool, accuracy: int):
+    kb = -(-k // block)
+    inits = {"b": harness.RNG.integers(0, 256, (n, kb, block // 2)).astype(np.uint8),
+             "s": harness.rand(n, kb, low=0.001, high=0.05)}
+    names = ["a", "b", "s"]
+    if zero_points == "packed":
+        inits["z"] = harness.RNG.integers(0, 256, (n, -(-kb // 2))).astype(np.uint8)
+    elif zero_points == "float":
+        inits["z"] = harness.rand(n, kb, low=0.0, high=15.0)
+    names.append("z" if zero_points != "none" else "")
+    if bias:
+        inits["bias"] = harness.rand(n)
+        names += ["", "bias"]
+    while not names[-1]:
+        names.pop()
+    a = harness.rand(rows, k, low=-3, high=3)
+    node = helper.make_node("MatMulNBits", names, ["y"], domain=MS, K=k, N=n, bits=4, block_size=block,
+                            accuracy_level=accuracy)
+    return qmodel(node, {"a": a}, inits), a
+
+
+def _algorithm(model, a) -> str:
+    with ctxrt.compile(model, backend=harness.BACKEND) as ctx:
+        g = ctx.graph()
+        return next(k.algorithm for s, k in zip(g.compiled.steps, g._kernels, strict=True) if s.op == "MatMulNBits")
+
+
+# K, N, block: K a multiple of 8 blocks, not one (a tail of blocks in plain C), K past the last block's end
+SIZES = {"K 768 block 32": (768, 48, 32), "K 100 block 32": (100, 37, 32), "K 200 block 16": (200, 20, 16),
+         "K 640 block 64": (640, 24, 64), "K 1000 block 128": (1000, 9, 128)}
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("zero_points", ["none", "packed", "float"])
+@pytest.mark.parametrize("accuracy", [0, 4])
+@pytest.mark.parametrize("size", SIZES)
+def test_matmul_nbits_native_equals_onnxruntime(size: str, accuracy: int, zero_points: str, rows: int) -> None:
+    """Within float32 rounding of onnxruntime in both of its ways to compute: int8 activations where it uses them
+    (accuracy_level 4 without float zero points), float32 elsewhere."""
+    k, n, block = SIZES[size]
+    model, a = _nbits_model(k, n, block, rows, zero_points, bias=zero_points == "packed", accuracy=accuracy)
+    int8 = accuracy == 4 and zero_points != "float"
+    assert _algorithm(model, a) == ("native_4bit_int8" if int8 else "native_4bit_f32")
+    got = harness.run_ctxrt(model, {"a": a})[0]
+    want = ort_outputs(model, {"a": a}, [np.float32])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+@needs_native
+def test_matmul_nbits_native_and_numpy_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32 compute: the native kernel and the NumPy tiles (the fallback where it is not built) agree; more
+    rows than NATIVE_ROWS (a prompt) run the tiles."""
+    from ctxrt.backends.cpu.quant import nbits
+
+    model, a = _nbits_model(300, 40, 32, 2, "packed", bias=True, accuracy=0)
+    got = harness.run_ctxrt(model, {"a": a})[0]
+    monkeypatch.setitem(native._STATE, "lib", None)
+    assert _algorithm(model, a) == "dequantize_tiles_4bit"
+    np.testing.assert_allclose(got, harness.run_ctxrt(model, {"a": a})[0], rtol=1e-5, atol=1e-4)
+    monkeypatch.undo()
+    model, a = _nbits_model(300, 40, 32, nbits.NATIVE_ROWS + 1, "none", bias=False, accuracy=4)
+    assert _algorithm(model, a) == "dequantize_tiles_4bit"
+
+
+@pytest.mark.parametrize("step", [s for s in STEPS if STEPS[s][1] > 0])
+@pytest.mark.parametrize("variant", ["plain", *ATTRS])
+def test_gqa_numpy_path_equals_onnxruntime(monkeypatch: pytest.MonkeyPatch, step: str, variant: str) -> None:
+    """The NumPy GroupQueryAttention (prompts of more than NATIVE_TOKENS tokens, and where the extension is not
+    built) on the steps the native kernel takes elsewhere."""
+    monkeypatch.setitem(native._STATE, "lib", None)
+    attrs = ATTRS.get(variant, {})
+    compare(*gqa(step, packed=variant != "rotary-interleaved", **attrs), padding="padded" in step)
+
+
+@needs_native
+def test_gqa_token_steps_run_the_native_kernel() -> None:
+    from ctxrt.backends.cpu.genai.gqa import NATIVE_TOKENS, GroupQueryAttention
+    from ctxrt.backends.kernel import NodeSpec, TensorSpec
+
+    node, feeds = gqa("token-shared-buffer", do_rotary=1)
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    spec = lambda s: NodeSpec("com.microsoft.GroupQueryAttention", "gqa", attrs,  # noqa: E731
+                              [TensorSpec((2, s, 128), np.dtype(np.float32)), None, None,
+                               *(TensorSpec(feeds[x].shape, feeds[x].dtype) for x in ("pk", "pv", "seqlens", "total",
+                                                                                      "cos", "sin"))],
+                              [TensorSpec((2, s, 64), np.dtype(np.float32)),
+                               *(TensorSpec(feeds[x].shape, np.dtype(np.float32)) for x in ("pk", "pv")),
+                               TensorSpec((), np.dtype(np.int64))], 17)
+    assert GroupQueryAttention(spec(1)).lib is not None
+    assert GroupQueryAttention(spec(NATIVE_TOKENS + 1)).lib is None
