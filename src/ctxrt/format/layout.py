@@ -173,7 +173,11 @@ def parse_table(header_bytes: bytes, table: bytes, header: Header) -> dict[int, 
 
 
 def check_crc(section: Section, data: bytes | memoryview) -> None:
-    got = crc32(data)
+    check_crc_value(section, crc32(data))
+
+
+def check_crc_value(section: Section, got: int) -> None:
+    """The section's stored checksum against one computed over its bytes (FormatError where they differ)."""
     if got != section.crc:
         raise FormatError(f"{section.label}: checksum mismatch (stored {section.crc:#010x}, computed "
                           f"{got:#010x}): the section is corrupt")

@@ -20,6 +20,8 @@ from ctxrt.format import codec, layout, schema
 from ctxrt.format import weights as wts
 from ctxrt.format.weights import ExternalWeight
 
+_CHECK_CHUNK = 16 << 20  # bytes of the weights section checked, then handed back, at a time
+
 Source = str | os.PathLike[str] | bytes | bytearray | memoryview
 
 
@@ -126,9 +128,14 @@ class ContextFile:
         """The raw weights section (read-only) and its offset in the file, for copying into a buffer."""
         raw = self._section(layout.WEIGHTS)
         if self._verify_weights:
-            layout.check_crc(self.sections[layout.WEIGHTS], raw)
-            self._verify_weights = False  # once per ContextFile: it reads every weight byte
-            self._release(self.sections[layout.WEIGHTS].offset, raw.nbytes)
+            # once per ContextFile (it reads every weight byte), in chunks each handed back once read: the
+            # check never holds the whole section resident
+            section, crc = self.sections[layout.WEIGHTS], 0
+            for start in range(0, raw.nbytes, _CHECK_CHUNK):
+                crc = layout.crc32(raw[start:start + _CHECK_CHUNK], crc)
+                self._release(section.offset + start, min(_CHECK_CHUNK, raw.nbytes - start))
+            layout.check_crc_value(section, crc)
+            self._verify_weights = False
         return raw, self.sections[layout.WEIGHTS].offset
 
     def _release(self, offset: int, nbytes: int) -> None:
