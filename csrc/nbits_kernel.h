@@ -138,48 +138,78 @@ static inline __m256 NAME(fma32)(const uint8_t *src, const float *av, __m256 t) 
                            t);
 }
 
-/* the int32 sum of 32 int8 values of A (reordered) times 32 4-bit values (16 bytes of B), added to t */
-static inline __m256i NAME(dot32)(const uint8_t *src, const int8_t *av, __m256i t) {
-    __m256i prod = _mm256_maddubs_epi16(NAME(nibbles32)(src), _mm256_loadu_si256((const __m256i *)av));
-    return _mm256_add_epi32(t, _mm256_madd_epi16(prod, _mm256_set1_epi16(1)));
+/* eight blocks' int32 sums of `sub` 32-value steps each (sub a constant where inlined), as one vector */
+static inline __m256i NAME(sums8_i8)(const uint8_t *bq, const int8_t *av, const int sub) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i s[8];
+    for (int i = 0; i < 8; i++) {
+        s[i] = _mm256_setzero_si256();
+        for (int j = 0; j < sub; j++) {
+            const int at = i * sub + j;
+            __m256i prod = _mm256_maddubs_epi16(NAME(nibbles32)(bq + 16 * at),
+                                                _mm256_loadu_si256((const __m256i *)(av + 32 * at)));
+            s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(prod, ones));
+        }
+    }
+    return NAME(hsum8x8_epi32)(s);
+}
+
+/* one output value, int8 A, blocks of 32 * sub values: eight blocks a step, fully unrolled */
+static inline float NAME(dot_i8_unrolled)(const nbits_args *p, const row_work *w, int64_t col, const int sub) {
+    int64_t kb = blocks_of(p->k, p->block), b = 0;
+    const uint8_t *bq = p->b + col * kb * 16 * sub;
+    const int8_t *av = w->aq;
+    const float *sc = p->scales + col * kb;
+    __m256 acc = _mm256_setzero_ps();
+    for (; b + 8 <= kb; b += 8, bq += 128 * sub, av += 256 * sub) {
+        __m256 d = _mm256_cvtepi32_ps(NAME(sums8_i8)(bq, av, sub));
+        d = _mm256_fnmadd_ps(NAME(zero_points8)(p, col, b, kb), _mm256_loadu_ps(w->qsum + b), d);
+        acc = _mm256_fmadd_ps(d, _mm256_mul_ps(_mm256_loadu_ps(w->ascale + b), _mm256_loadu_ps(sc + b)), acc);
+    }
+    return NAME(hsum8)(acc) + NAME(dot_blocks)(p, w, col, b, kb);
+}
+
+/* eight blocks' float32 sums of `sub` 32-value steps each (sub a constant where inlined), as one vector */
+static inline __m256 NAME(sums8_f32)(const uint8_t *bq, const float *av, const int sub) {
+    __m256 s[8];
+    for (int i = 0; i < 8; i++) {
+        s[i] = _mm256_setzero_ps();
+        for (int j = 0; j < sub; j++) s[i] = NAME(fma32)(bq + 16 * (i * sub + j), av + 32 * (i * sub + j), s[i]);
+    }
+    return NAME(hsum8x8_ps)(s);
+}
+
+/* one output value, float32 A, blocks of 32 * sub values: eight blocks a step */
+static inline float NAME(dot_f32_unrolled)(const nbits_args *p, const row_work *w, int64_t col, const int sub) {
+    int64_t kb = blocks_of(p->k, p->block), b = 0;
+    const uint8_t *bq = p->b + col * kb * 16 * sub;
+    const float *av = w->af;
+    const float *sc = p->scales + col * kb;
+    __m256 acc = _mm256_setzero_ps();
+    for (; b + 8 <= kb; b += 8, bq += 128 * sub, av += 256 * sub) {
+        __m256 d = _mm256_fnmadd_ps(NAME(zero_points8)(p, col, b, kb), _mm256_loadu_ps(w->asum + b),
+                                    NAME(sums8_f32)(bq, av, sub));
+        acc = _mm256_fmadd_ps(d, _mm256_loadu_ps(sc + b), acc);
+    }
+    return NAME(hsum8)(acc) + NAME(dot_blocks)(p, w, col, b, kb);
 }
 
 /* one output value: eight blocks at a time, each block's sum in its own vector, then the eight sums offset by
-   their zero points and scaled together; the last kb % 8 blocks in plain C */
+   their zero points and scaled together; the last kb % 8 blocks in plain C. Blocks of 32, 64 and 128 values
+   get loops unrolled for their size. */
 static float NAME(dot)(const nbits_args *p, const row_work *w, int64_t col) {
-    int64_t block = p->block, kb = blocks_of(p->k, block), half = block / 2, b = 0;
-    if (block % 32) return NAME(dot_blocks)(p, w, col, 0, kb);
-    const uint8_t *bq = p->b + col * kb * half;
-    const float *sc = p->scales + col * kb;
-    __m256 acc = _mm256_setzero_ps();
-    if (!p->int8) {
-        for (; b + 8 <= kb; b += 8) {
-            __m256 s[8];
-            for (int i = 0; i < 8; i++) {
-                const uint8_t *src = bq + (b + i) * half;
-                const float *av = w->af + (b + i) * block;
-                s[i] = NAME(fma32)(src, av, _mm256_setzero_ps());
-                for (int64_t j0 = 32; j0 < block; j0 += 32) s[i] = NAME(fma32)(src + j0 / 2, av + j0, s[i]);
-            }
-            __m256 d = _mm256_fnmadd_ps(NAME(zero_points8)(p, col, b, kb), _mm256_loadu_ps(w->asum + b),
-                                        NAME(hsum8x8_ps)(s));
-            acc = _mm256_fmadd_ps(d, _mm256_loadu_ps(sc + b), acc);
-        }
-    } else {
-        for (; b + 8 <= kb; b += 8) {
-            __m256i s[8];
-            for (int i = 0; i < 8; i++) {
-                const uint8_t *src = bq + (b + i) * half;
-                const int8_t *av = w->aq + (b + i) * block;
-                s[i] = NAME(dot32)(src, av, _mm256_setzero_si256());
-                for (int64_t j0 = 32; j0 < block; j0 += 32) s[i] = NAME(dot32)(src + j0 / 2, av + j0, s[i]);
-            }
-            __m256 d = _mm256_cvtepi32_ps(NAME(hsum8x8_epi32)(s));
-            d = _mm256_fnmadd_ps(NAME(zero_points8)(p, col, b, kb), _mm256_loadu_ps(w->qsum + b), d);
-            acc = _mm256_fmadd_ps(d, _mm256_mul_ps(_mm256_loadu_ps(w->ascale + b), _mm256_loadu_ps(sc + b)), acc);
-        }
+    const int64_t block = p->block;
+    if (block % 32) return NAME(dot_blocks)(p, w, col, 0, blocks_of(p->k, block));
+    if (p->int8) {
+        if (block == 32) return NAME(dot_i8_unrolled)(p, w, col, 1);
+        if (block == 64) return NAME(dot_i8_unrolled)(p, w, col, 2);
+        if (block == 128) return NAME(dot_i8_unrolled)(p, w, col, 4);
+        return NAME(dot_i8_unrolled)(p, w, col, (int)(block / 32));
     }
-    return NAME(hsum8)(acc) + NAME(dot_blocks)(p, w, col, b, kb);
+    if (block == 32) return NAME(dot_f32_unrolled)(p, w, col, 1);
+    if (block == 64) return NAME(dot_f32_unrolled)(p, w, col, 2);
+    if (block == 128) return NAME(dot_f32_unrolled)(p, w, col, 4);
+    return NAME(dot_f32_unrolled)(p, w, col, (int)(block / 32));
 }
 #else
 static float NAME(dot)(const nbits_args *p, const row_work *w, int64_t col) {
