@@ -1,7 +1,8 @@
 """ctxrt's native kernels (csrc/, the extension ctxrt._native) against onnxruntime and against the NumPy kernels
 they stand in for: MatMulNBits with 4-bit weights at a token's rows (float32, and int8 activations at
-accuracy_level 4, as onnxruntime computes them), GroupQueryAttention's token steps (tests/ops/test_genai_ops.py
-runs every attribute through it; here the NumPy path it replaces runs the same cases)."""
+accuracy_level 4, as onnxruntime computes them), GroupQueryAttention's token steps and RMS normalizations
+(tests/ops/test_genai_ops.py runs every attribute through them; here the NumPy paths they replace run the same
+cases)."""
 
 from __future__ import annotations
 
@@ -123,3 +124,27 @@ def test_gqa_token_steps_run_the_native_kernel() -> None:
                                TensorSpec((), np.dtype(np.int64))], 17)
     assert GroupQueryAttention(spec(1)).lib is not None
     assert GroupQueryAttention(spec(NATIVE_TOKENS + 1)).lib is None
+
+
+@pytest.mark.parametrize("skip_shape", [(2, 3, 16), (1, 1, 16)])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("outputs", [["y"], ["y", "", "", "sum"]])
+def test_rms_norm_native_and_numpy_agree(monkeypatch: pytest.MonkeyPatch, skip_shape: tuple[int, ...], bias: bool,
+                                         outputs: list[str]) -> None:
+    """SkipSimplifiedLayerNormalization (a skip of every row, or one row for all) and SimplifiedLayerNormalization:
+    the native rows (csrc/norms.c) and NumPy's code agree (test_genai_ops.py compares both with onnxruntime)."""
+    from test_genai_ops import ctxrt_run, ms_model
+
+    feeds = {"x": harness.rand(2, 3, 16), "skip": harness.rand(*skip_shape)}
+    inits = {"gamma": harness.rand(16), "bias": harness.rand(16)}
+    node = helper.make_node("SkipSimplifiedLayerNormalization", ["x", "skip", "gamma"] + (["bias"] if bias else []),
+                            outputs, domain=MS, epsilon=1e-5)
+    plain = helper.make_node("SimplifiedLayerNormalization", ["x", "gamma"], ["y"], axis=-1, epsilon=1e-5)
+    models = [ms_model(node, feeds, inits), ms_model(plain, {"x": feeds["x"]}, {"gamma": inits["gamma"]})]
+    fed = [feeds, {"x": feeds["x"]}]
+    got = [ctxrt_run(m, f) for m, f in zip(models, fed, strict=True)]
+    monkeypatch.setitem(native._STATE, "lib", None)
+    want = [ctxrt_run(m, f) for m, f in zip(models, fed, strict=True)]
+    for g, w in zip(got, want, strict=True):
+        for a, b in zip(g, w, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -41,6 +41,14 @@ class GqaArgs(ctypes.Structure):
                 ("work", ctypes.c_void_p), ("threads", ctypes.c_int64)]
 
 
+class RmsArgs(ctypes.Structure):
+    """csrc/norms.c's rms_args."""
+
+    _fields_ = [("rows", ctypes.c_int64), ("n", ctypes.c_int64), ("x", ctypes.c_void_p), ("skip", ctypes.c_void_p),
+                ("skip_stride", ctypes.c_int64), ("bias", ctypes.c_void_p), ("gamma", ctypes.c_void_p),
+                ("sum", ctypes.c_void_p), ("y", ctypes.c_void_p), ("eps", ctypes.c_float)]
+
+
 def library() -> ctypes.CDLL | None:
     """The native library, loaded once; None where it was not built or CTXRT_NATIVE=0."""
     if "lib" not in _STATE:
@@ -64,6 +72,8 @@ def _load() -> ctypes.CDLL | None:
     lib.ctxrt_gqa_work_floats.restype = ctypes.c_int64
     lib.ctxrt_gqa.argtypes = [ctypes.c_void_p]
     lib.ctxrt_gqa.restype = ctypes.c_int
+    lib.ctxrt_rms_rows.argtypes = [ctypes.c_void_p]
+    lib.ctxrt_rms_rows.restype = ctypes.c_int
     from ctxrt.backends.cpu import threads
 
     threads.refresh()  # libgomp may have come with it: its pool is held to a run's thread count too

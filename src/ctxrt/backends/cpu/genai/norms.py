@@ -4,15 +4,19 @@ domain), RMSNormalization-23, com.microsoft SkipSimplifiedLayerNormalization and
 Rows of the trailing axes are normalized like LayerNormalization's (backends/cpu/norm.py: row statistics are
 GEMVs against a column of 1/n), in float32 at least (float16 tensors go through float32 scratch). The Skip ops
 first add input + skip (+ bias), which is also their optional last output (the residual stream the next layer
-reads); their mean output is zero for the RMS variant, as onnxruntime leaves it.
+reads); their mean output is zero for the RMS variant, as onnxruntime leaves it. float32 RMS rows without the
+mean/inv_std_var outputs run the native kernel where it was built (csrc/norms.c: one pass a row, one call).
 """
 
 from __future__ import annotations
 
+import ctypes
+import math
 from typing import Any
 
 import numpy as np
 
+from ctxrt.backends.cpu import native
 from ctxrt.backends.cpu.elementwise import BoundKernel
 from ctxrt.backends.cpu.norm import _fail, _Rows
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
@@ -53,8 +57,14 @@ def simplified_norm(spec: NodeSpec) -> Kernel:
     flat = int(np.prod(scale_shape)) == n and len(scale_shape) <= rank - axis
     slots = output_slots(spec.attrs, len(spec.outputs), 2)
     item = cdt.itemsize
+    fast = flat and slots[1] is None and _native_rms(spec)
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        if fast:
+            launch = _rms_launch(rows, n, float(spec.attr("epsilon", 1e-5)), ins[0], None, 0, None, ins[1], None,
+                                 outs[0])
+            if launch is not None:
+                return launch
         x, y = _buffer(ins[0], (rows, n), cdt, scratch, 2), _buffer(outs[0], (rows, n), cdt, scratch, 3)
         load = ins[0].dtype != cdt
         run_stats, _, inv = stats.bind(x, y, scratch[:2])
@@ -102,8 +112,16 @@ def skip_norm(spec: NodeSpec) -> Kernel:
     slots = output_slots(spec.attrs, len(spec.outputs), 4)
     k0 = len(stats.scratch)
     item = cdt.itemsize
+    skip_shape = tuple(spec.inputs[1].shape)
+    skip_stride = n if math.prod(skip_shape) == rows * n else 0 if math.prod(skip_shape) == n else None
+    fast = simplified and skip_stride is not None and slots[1] is None and slots[2] is None and _native_rms(spec)
 
     def make(ins_: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        if fast:
+            launch = _rms_launch(rows, n, eps, ins_[0], ins_[1], skip_stride, ins_[bias_i] if has_bias else None,
+                                 ins_[2], outs[slots[3]] if slots[3] is not None else None, outs[0])
+            if launch is not None:
+                return launch
         x, skip = ins_[0], ins_[1]
         total = outs[slots[3]] if slots[3] is not None else None
         # the sum, in the compute type: the sum output itself when it has that type, else scratch
@@ -132,6 +150,28 @@ def skip_norm(spec: NodeSpec) -> Kernel:
                 np.copyto(dst, src, casting="same_kind")
         return run
     return BoundKernel(make, (*stats.scratch, rows * n * item, rows * n * item))
+
+
+def _native_rms(spec: NodeSpec) -> bool:
+    """Whether the native RMS kernel can run this node: built, every tensor float32."""
+    return native.library() is not None and all(
+        np.dtype(t.dtype) == np.float32 for t in [*spec.inputs, *spec.outputs] if t is not None)
+
+
+def _rms_launch(rows: int, n: int, eps: float, x: np.ndarray, skip: np.ndarray | None, skip_stride: int,
+                bias: np.ndarray | None, gamma: np.ndarray, total: np.ndarray | None, y: np.ndarray) -> Launch | None:
+    """csrc/norms.c's kernel over these tensors; None where one is not contiguous (NumPy's code runs then)."""
+    arrays = [a for a in (x, skip, bias, gamma, total, y) if a is not None]
+    if not all(a.flags.c_contiguous for a in arrays):
+        return None
+    args = native.RmsArgs(rows=rows, n=n, x=x.ctypes.data, skip=native.address(skip), skip_stride=skip_stride,
+                          bias=native.address(bias), gamma=gamma.ctypes.data, sum=native.address(total),
+                          y=y.ctypes.data, eps=eps)
+    ref, fn = ctypes.byref(args), native.library().ctxrt_rms_rows
+
+    def run(_keep: Any = arrays) -> None:
+        fn(ref)
+    return run
 
 
 KERNELS = {
