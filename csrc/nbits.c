@@ -34,9 +34,23 @@
 static inline int64_t blocks_of(int64_t k, int64_t block) { return (k + block - 1) / block; }
 
 /* bytes of work for m rows: per row kb * block floats (or int8 values) and 2 * kb 4-byte sums/scales */
-int64_t ctxrt_nbits4_work_bytes(int64_t m, int64_t k, int64_t block) {
+/* bytes of the rows' work: per row kb * block floats (or int8 values) and 2 * kb 4-byte sums / scales */
+static int64_t rows_bytes(int64_t m, int64_t k, int64_t block, int64_t int8) {
     int64_t kb = blocks_of(k, block);
-    return m * (kb * block * 4 + kb * 8) + 64;
+    return m * (kb * block * (int8 ? 1 : 4) + kb * 8);
+}
+
+/* bytes of work for m rows and up to `threads` threads (each unpacks a column for a prompt's rows) */
+int64_t ctxrt_nbits4_work_bytes(int64_t m, int64_t k, int64_t block, int64_t int8, int64_t threads) {
+    return rows_bytes(m, k, block, int8) + threads * blocks_of(k, block) * block + 64;
+}
+
+static inline int omp_thread(void) {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
 }
 
 static inline int64_t group_of(int64_t block) { return block % 32 == 0 ? 32 : 16; }
@@ -59,14 +73,14 @@ typedef struct {
 } row_work;
 
 static inline row_work row_of(const nbits_args *p, int64_t r) {
-    int64_t kb = blocks_of(p->k, p->block), len = kb * p->block;
-    char *base = (char *)p->work + r * (len * 4 + kb * 8);
+    int64_t kb = blocks_of(p->k, p->block), len = kb * p->block * (p->int8 ? 1 : 4);
+    char *base = (char *)p->work + r * (len + kb * 8);
     row_work w;
     w.af = (float *)base;
     w.aq = (int8_t *)base;
-    w.asum = (float *)(base + len * 4);
+    w.asum = (float *)(base + len);
     w.ascale = w.asum;
-    w.qsum = (float *)(base + len * 4 + kb * 4);
+    w.qsum = (float *)(base + len + kb * 4);
     return w;
 }
 

@@ -12,13 +12,16 @@ import shutil
 
 import harness
 import numpy as np
+import onnx
 import pytest
 from onnx import helper
 from quant_helpers import MS, ort_outputs, qmodel
 from test_genai_ops import ATTRS, STEPS, compare, gqa
 
 import ctxrt
+from ctxrt.backends import get_backend
 from ctxrt.backends.cpu import native
+from ctxrt.compiler import compile_graphs, save_context
 
 BUILT = native.library() is not None
 needs_native = pytest.mark.skipif(not BUILT, reason="the native extension is not built here")
@@ -85,7 +88,7 @@ def test_matmul_nbits_native_equals_onnxruntime(size: str, accuracy: int, zero_p
 @needs_native
 def test_matmul_nbits_native_and_numpy_agree(monkeypatch: pytest.MonkeyPatch) -> None:
     """float32 compute: the native kernel and the NumPy tiles (the fallback where it is not built) agree; more
-    rows than NATIVE_ROWS (a prompt) run the tiles."""
+    rows than NATIVE_ROWS (a prompt) run the tiles in float32 and the native kernel in int8, as onnxruntime."""
     from ctxrt.backends.cpu.quant import nbits
 
     model, a = _nbits_model(300, 40, 32, 2, "packed", bias=True, accuracy=0)
@@ -94,8 +97,40 @@ def test_matmul_nbits_native_and_numpy_agree(monkeypatch: pytest.MonkeyPatch) ->
     assert _algorithm(model, a) == "dequantize_tiles_4bit"
     np.testing.assert_allclose(got, harness.run_ctxrt(model, {"a": a})[0], rtol=1e-5, atol=1e-4)
     monkeypatch.undo()
-    model, a = _nbits_model(300, 40, 32, nbits.NATIVE_ROWS + 1, "none", bias=False, accuracy=4)
-    assert _algorithm(model, a) == "dequantize_tiles_4bit"
+    rows = nbits.NATIVE_ROWS + 1
+    assert _algorithm(*_nbits_model(300, 40, 32, rows, "none", bias=False, accuracy=0)) == "dequantize_tiles_4bit"
+    model, a = _nbits_model(300, 40, 32, rows, "none", bias=False, accuracy=4)
+    assert _algorithm(model, a) == "native_4bit_int8"
+
+
+@needs_native
+@pytest.mark.parametrize("compiled_with", ["native", "numpy"])
+def test_binaries_load_with_and_without_the_extension(monkeypatch: pytest.MonkeyPatch, tmp_path,
+                                                      compiled_with: str) -> None:
+    """A binary's scratch plan fits both kernels of MatMulNBits and GroupQueryAttention (their work buffers are
+    sized for native.MAX_THREADS threads, whichever runs): compiled where the extension is built, it loads
+    where it is not, and the other way round, with the same outputs."""
+    model, a = _nbits_model(256, 24, 32, 1, "none", bias=False, accuracy=4)
+    node, feeds = gqa("token-shared-buffer", do_rotary=1)
+    from test_genai_ops import ms_model
+
+    attention = ms_model(node, feeds)
+    if compiled_with == "numpy":
+        monkeypatch.setitem(native._STATE, "lib", None)
+    backend, paths = get_backend("cpu"), []
+    for i, (m, f) in enumerate(((model, {"a": a}), (attention, feeds))):
+        onnx.save(m, tmp_path / f"{i}.onnx")
+        graphs, weights = compile_graphs([(str(tmp_path / f"{i}.onnx"), {k: v.shape for k, v in f.items()}, "main")],
+                                         backend)
+        paths.append(save_context(tmp_path / f"{i}.ctx", graphs, weights, backend, [str(tmp_path / f"{i}.onnx")]))
+    monkeypatch.setitem(native._STATE, "lib", None if compiled_with == "native" else native._load())
+    outs = []
+    for path, f in zip(paths, ({"a": a}, feeds), strict=True):
+        with ctxrt.context_from_binary(path) as ctx:
+            outs.append(ctx.graph().run(f))
+    want = ort_outputs(model, {"a": a}, [np.float32])[0]  # int8 activations: the NumPy tiles are float32
+    np.testing.assert_allclose(outs[0]["y"], want, rtol=0, atol=0.02 * float(np.abs(want).max()))
+    assert outs[1]["out"].shape == (2, 1, 64)
 
 
 @pytest.mark.parametrize("step", [s for s in STEPS if STEPS[s][1] > 0])

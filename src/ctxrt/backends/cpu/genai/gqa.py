@@ -35,7 +35,6 @@ from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
 from ctxrt.errors import ShapeError, UnsupportedOpError
 
 NATIVE_TOKENS = 16  # new tokens up to which the native kernel runs (a prompt's batched GEMMs are faster in NumPy)
-_WORK_THREADS = 8  # the native kernel's work is sized for at least this many threads
 _SCORES_BYTES = 1 << 25  # kv heads are taken in blocks whose scores fit this many bytes
 _F32 = np.dtype(np.float32)
 _UNSUPPORTED_INPUTS = {9: "position_ids", 10: "attention_bias", 12: "k_scale", 13: "v_scale", 14: "q_norm_weight",
@@ -104,12 +103,11 @@ class GroupQueryAttention(Kernel):
         self.scratch = (self.n * self.s * self.h * 4, rows * self.rows * 4, self.s * self.rows, self.s * self.rows,
                         rows * 4, rows * 4, rows * self.h * 4, self.n * self.s * max(self.half, 1) * 4,
                         2 * self.s * 8)
-        # the native kernel's work (a row of scores and a query per thread) is in every shape's scratch, so that
-        # a range program's token steps fit the scratch planned at its upper bound (a prompt window)
-        lib = native.library()
-        self.lib = lib if self.s <= NATIVE_TOKENS else None
-        self.threads = max(_WORK_THREADS, threads.usable_cores())
-        self.scratch += (int(lib.ctxrt_gqa_work_floats(self.rows, self.h, self.threads)) * 4 if lib else 0,)
+        # the native kernel's work (a row of scores and a query per thread) is in every shape's scratch, whether
+        # the extension is built or not: a range program's token steps fit the scratch planned at its upper
+        # bound (a prompt window), and a binary compiled without it loads where it is built
+        self.lib = native.library() if self.s <= NATIVE_TOKENS else None
+        self.scratch += (native.gqa_work_bytes(self.rows, self.h),)
         self.columns = np.arange(self.rows, dtype=np.int64)
         self.steps = np.arange(self.s, dtype=np.int64)
         self.zero_sinks = np.zeros(self.n, _F32)
@@ -242,7 +240,8 @@ class GroupQueryAttention(Kernel):
         """The launch running csrc/gqa.c's kernel (None where a tensor is not contiguous): its arguments one
         struct, made here; per sequence only the positions and pointers change."""
         n, kv, h = self.n, self.kv, self.h
-        arrays = [ins[0], *outs[:3]] + [t for t in ins[1:3] + ins[7:9] + ins[11:12] if t is not None]
+        # every array the struct points to, kept alive by the launch (scratch too: a caller's may be its own)
+        arrays = [ins[0], *outs[:3], scratch[-1]] + [t for t in ins[1:3] + ins[7:9] + ins[11:12] if t is not None]
         if not all(t.flags.c_contiguous for t in arrays):
             return None
         f = 4  # bytes of a float32
@@ -263,7 +262,7 @@ class GroupQueryAttention(Kernel):
                               sinks=native.address(ins[11]) if self.sink else None, sink=int(self.sink),
                               out_stride=n * h, scale=self.scale, softcap=self.softcap,
                               work=scratch[-1].ctypes.data)
-        ref, fn, now, most = ctypes.byref(args), self.lib.ctxrt_gqa, threads.openmp_now, self.threads
+        ref, fn, now = ctypes.byref(args), self.lib.ctxrt_gqa, threads.openmp_now
         pk, pv, o0, o_step = present_k.ctypes.data, present_v.ctypes.data, out.ctypes.data, self.s * n * h * f
 
         seqlens, total, extent, s_ = ins[5].reshape(-1), ins[6].reshape(-1), outs[3], self.s
@@ -272,7 +271,7 @@ class GroupQueryAttention(Kernel):
 
         def run(_keep: Any = arrays) -> None:
             length, at = self.starts(seqlens, total)
-            args.threads = min(now() or 1, most)
+            args.threads = min(now() or 1, native.MAX_THREADS)
             for b, (start, total_b) in enumerate(at):
                 if not shared:
                     _keep_past(present_k, past_k, b, start, s_, shared)

@@ -6,9 +6,10 @@ at a time into float32 scratch ((q - zero_point) * scale per block; K need not f
 it there: no float copy of the whole weight matrix exists, at load or at run time. Zero points are packed uint8
 [N, ceil(k_blocks bits / 8)], or unpacked floats [N, k_blocks] (A's type), or absent (2^(bits-1)).
 
-4-bit weights with float32 A at up to NATIVE_ROWS rows (a token's GEMVs) run the native kernel instead
-(csrc/nbits.c, where it was built): it reads the 4-bit bytes directly, in float32, or with A quantized to int8
-per block when `accuracy_level` is 4 (as onnxruntime's CPU provider computes it).
+4-bit weights with float32 A run the native kernel instead (csrc/nbits.c, where it was built): it reads the 4-bit
+bytes directly, with A quantized to int8 per block when `accuracy_level` is 4 (as onnxruntime's CPU provider
+computes it, at any number of rows), else in float32 (up to NATIVE_ROWS rows, a token's GEMVs; more rows run the
+tiles and BLAS's GEMM, as onnxruntime dequantizes for SGEMM).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ctxrt.backends.cpu.quant.common import F32, Bound, dtype_of, fail, given, s
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
 
 _TILE_BYTES = 1 << 20  # float32 bytes of one dequantized tile of W
-NATIVE_ROWS = 8  # rows of A up to which the native kernel runs (more: dequantized tiles and BLAS's GEMM)
+NATIVE_ROWS = 8  # rows of float32 A up to which the native kernel runs (more: dequantized tiles and BLAS's GEMM)
 
 
 def _unpack(src: np.ndarray, bits: int, out: np.ndarray, u8: np.ndarray) -> None:
@@ -62,9 +63,9 @@ def matmul_nbits(spec: NodeSpec) -> Kernel:
     a_shape = tuple(spec.inputs[0].shape)
     m = size(a_shape[:-1])
     lib = native.library()
-    if bits == 4 and at == F32 and 0 < m <= NATIVE_ROWS and lib is not None \
-            and (zp_mode != "float" or dtype_of(spec, 3) == F32) and dtype_of(spec, 2) == F32:
-        return _native4(spec, lib, m, k, n, block, zp_mode, int8_compute(spec, zp_mode))
+    int8 = int8_compute(spec, zp_mode)
+    use_native = bits == 4 and at == F32 and m > 0 and (m <= NATIVE_ROWS or int8 and block % 32 == 0) and \
+        lib is not None and (zp_mode != "float" or dtype_of(spec, 3) == F32) and dtype_of(spec, 2) == F32
     tile = max(1, min(n, _TILE_BYTES // (4 * kb * block)))
     tiles = [(n0, min(n, n0 + tile)) for n0 in range(0, n, tile)]
     has_bias = given(spec, 5)
@@ -72,6 +73,10 @@ def matmul_nbits(spec: NodeSpec) -> Kernel:
     zbytes = -(-kb * bits // 8)
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        if use_native:
+            launch = _native4(spec, lib, m, k, n, block, zp_mode, int8, ins, outs, scratch[-1])
+            if launch is not None:
+                return launch
         a = ins[0].reshape(m, k)
         y = outs[0].reshape(m, n)
         b = ins[1].reshape(n, kb, blob)
@@ -117,9 +122,13 @@ def matmul_nbits(spec: NodeSpec) -> Kernel:
                 np.copyto(y, y32, casting="unsafe")
         return run
 
+    # the tiles' scratch, then the native kernel's work: both whichever runs, so that a binary compiled where the
+    # extension is built loads where it is not, and the other way round
     scratch = (tile * kb * block * 4, tile * kb * blob, tile * kb * 4, tile * zbytes, tile * zbytes * (8 // bits) * 4,
-               m * tile * 4, m * k * 4 if convert else 0, m * n * 4 if convert else 0)
-    return Bound(make, scratch, f"dequantize_tiles_{bits}bit")
+               m * tile * 4, m * k * 4 if convert else 0, m * n * 4 if convert else 0,
+               native.nbits4_work_bytes(m, k, block, int8) if bits == 4 else 0)
+    name = f"native_4bit_{'int8' if int8 else 'f32'}" if use_native else f"dequantize_tiles_{bits}bit"
+    return Bound(make, scratch, name)
 
 
 def int8_compute(spec: NodeSpec, zp_mode: str) -> bool:
@@ -128,34 +137,28 @@ def int8_compute(spec: NodeSpec, zp_mode: str) -> bool:
     return int(spec.attr("accuracy_level", 0)) == 4 and zp_mode != "float"
 
 
-def _native4(spec: NodeSpec, lib: Any, m: int, k: int, n: int, block: int, zp_mode: str, int8: bool) -> Kernel:
-    """4-bit weights, float32 A of m rows: csrc/nbits.c's kernel, its arguments one struct made at bind time."""
-    work = int(lib.ctxrt_nbits4_work_bytes(m, k, block))
-    has_bias = given(spec, 5)
+def _native4(spec: NodeSpec, lib: Any, m: int, k: int, n: int, block: int, zp_mode: str, int8: bool,
+             ins: list[Any], outs: list[Any], work: np.ndarray) -> Launch | None:
+    """4-bit weights, float32 A of m rows: the launch of csrc/nbits.c's kernel, its arguments one struct made here
+    (None where a tensor is not contiguous: the tiles run then)."""
+    views = [ins[0], ins[1], ins[2], outs[0], work] + [ins[i] for i in (3, 5) if i < len(ins) and ins[i] is not None]
+    if not all(v.flags.c_contiguous for v in views):
+        return None
+    args = native.NBitsArgs(m=m, k=k, n=n, block=block, a=ins[0].ctypes.data, b=ins[1].ctypes.data,
+                            scales=ins[2].ctypes.data, y=outs[0].ctypes.data, work=work.ctypes.data,
+                            int8=int(int8), threads=1)
+    if zp_mode == "packed":
+        args.zp = ins[3].ctypes.data
+    elif zp_mode == "float":
+        args.zpf = ins[3].ctypes.data
+    if given(spec, 5):
+        args.bias = ins[5].ctypes.data
+    ref, call, now = ctypes.byref(args), lib.ctxrt_nbits4_matmul, threads.openmp_now
 
-    def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
-        views = [ins[0], ins[1], ins[2], outs[0]] + [ins[i] for i in (3, 5) if i < len(ins) and ins[i] is not None]
-        if not all(v.flags.c_contiguous for v in views):
-            raise fail(spec, "the native kernel needs contiguous tensors")  # arena tensors and weights are
-        args = native.NBitsArgs(m=m, k=k, n=n, block=block, a=ins[0].ctypes.data, b=ins[1].ctypes.data,
-                                scales=ins[2].ctypes.data, y=outs[0].ctypes.data, work=scratch[0].ctypes.data,
-                                int8=int(int8), threads=1)
-        if zp_mode == "packed":
-            args.zp = ins[3].ctypes.data
-        elif zp_mode == "float":
-            args.zpf = ins[3].ctypes.data
-        if has_bias:
-            args.bias = ins[5].ctypes.data
-        ref, call, now = ctypes.byref(args), lib.ctxrt_nbits4_matmul, threads.openmp_now
-        keep = (ins, outs, scratch)  # the arrays whose memory the struct points to
-
-        def run(_keep: Any = keep) -> None:
-            args.threads = now() or 1
-            call(ref)
-        return run
-
-    isa = "int8" if int8 else "f32"
-    return Bound(make, (work,), f"native_4bit_{isa}")
+    def run(_keep: Any = views) -> None:  # _keep: the arrays whose memory the struct points to
+        args.threads = min(now() or 1, native.MAX_THREADS)
+        call(ref)
+    return run
 
 
 KERNELS = {"MatMulNBits": matmul_nbits}
