@@ -34,23 +34,10 @@
 static inline int64_t blocks_of(int64_t k, int64_t block) { return (k + block - 1) / block; }
 
 /* bytes of work for m rows: per row kb * block floats (or int8 values) and 2 * kb 4-byte sums/scales */
-/* bytes of the rows' work: per row kb * block floats (or int8 values) and 2 * kb 4-byte sums / scales */
-static int64_t rows_bytes(int64_t m, int64_t k, int64_t block, int64_t int8) {
+/* bytes of work for m rows: per row kb * block floats (or int8 values) and 2 * kb 4-byte sums / scales */
+int64_t ctxrt_nbits4_work_bytes(int64_t m, int64_t k, int64_t block, int64_t int8) {
     int64_t kb = blocks_of(k, block);
-    return m * (kb * block * (int8 ? 1 : 4) + kb * 8);
-}
-
-/* bytes of work for m rows and up to `threads` threads (each unpacks a column for a prompt's rows) */
-int64_t ctxrt_nbits4_work_bytes(int64_t m, int64_t k, int64_t block, int64_t int8, int64_t threads) {
-    return rows_bytes(m, k, block, int8) + threads * blocks_of(k, block) * block + 64;
-}
-
-static inline int omp_thread(void) {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
+    return m * (kb * block * (int8 ? 1 : 4) + kb * 8) + 64;
 }
 
 static inline int64_t group_of(int64_t block) { return block % 32 == 0 ? 32 : 16; }

@@ -154,42 +154,6 @@ static inline __m256i NAME(sums8_i8)(const uint8_t *bq, const int8_t *av, const 
     return NAME(hsum8x8_epi32)(s);
 }
 
-/* as sums8_i8, the 4-bit values already unpacked to bytes (wb: 32 a step, in the reordered order) */
-static inline __m256i NAME(sums8_i8_unpacked)(const uint8_t *wb, const int8_t *av, const int sub) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i s[8];
-    for (int i = 0; i < 8; i++) {
-        s[i] = _mm256_setzero_si256();
-        for (int j = 0; j < sub; j++) {
-            const int at = i * sub + j;
-            __m256i prod = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(wb + 32 * at)),
-                                                _mm256_loadu_si256((const __m256i *)(av + 32 * at)));
-            s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(prod, ones));
-        }
-    }
-    return NAME(hsum8x8_epi32)(s);
-}
-
-/* one output value of each of the m rows, int8 A, the column's 4-bit values unpacked once into wb (kb * block
-   bytes) and read from there by every row (a prompt's rows) */
-static inline void NAME(column_i8_rows)(const nbits_args *p, int64_t col, uint8_t *wb, const int sub) {
-    int64_t kb = blocks_of(p->k, p->block), groups = kb * sub;
-    const uint8_t *bq = p->b + col * kb * 16 * sub;
-    for (int64_t g = 0; g < groups; g++) _mm256_storeu_si256((__m256i *)(wb + 32 * g), NAME(nibbles32)(bq + 16 * g));
-    const float *sc = p->scales + col * kb;
-    for (int64_t r = 0; r < p->m; r++) {
-        row_work w = row_of(p, r);
-        __m256 acc = _mm256_setzero_ps();
-        int64_t b = 0;
-        for (; b + 8 <= kb; b += 8) {
-            __m256 d = _mm256_cvtepi32_ps(NAME(sums8_i8_unpacked)(wb + 32 * sub * b, w.aq + 32 * sub * b, sub));
-            d = _mm256_fnmadd_ps(NAME(zero_points8)(p, col, b, kb), _mm256_loadu_ps(w.qsum + b), d);
-            acc = _mm256_fmadd_ps(d, _mm256_mul_ps(_mm256_loadu_ps(w.ascale + b), _mm256_loadu_ps(sc + b)), acc);
-        }
-        p->y[r * p->n + col] = NAME(hsum8)(acc) + NAME(dot_blocks)(p, &w, col, b, kb) + (p->bias ? p->bias[col] : 0.0f);
-    }
-}
-
 /* one output value, int8 A, blocks of 32 * sub values: eight blocks a step, fully unrolled */
 static inline float NAME(dot_i8_unrolled)(const nbits_args *p, const row_work *w, int64_t col, const int sub) {
     int64_t kb = blocks_of(p->k, p->block), b = 0;
@@ -257,11 +221,6 @@ static float NAME(dot)(const nbits_args *p, const row_work *w, int64_t col) {
 static void NAME(matmul)(const nbits_args *p) {
     for (int64_t r = 0; r < p->m; r++) NAME(prepare_row)(p, r);
     int64_t tasks = (p->n + COLUMNS_A_TASK - 1) / COLUMNS_A_TASK;
-    /* after the rows' work: per thread, one column's values unpacked (kb * block bytes) */
-    const int64_t unpacked = rows_bytes(p->m, p->k, p->block, p->int8);
-    const int64_t unpacked_bytes = blocks_of(p->k, p->block) * p->block;
-    (void)unpacked;
-    (void)unpacked_bytes;
     int threads = 1;
 #ifdef _OPENMP
     threads = p->threads > 0 ? (int)p->threads : omp_get_max_threads();
@@ -270,19 +229,6 @@ static void NAME(matmul)(const nbits_args *p) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t t = 0; t < tasks; t++) {
         int64_t c0 = t * COLUMNS_A_TASK, c1 = c0 + COLUMNS_A_TASK < p->n ? c0 + COLUMNS_A_TASK : p->n;
-#ifdef NBITS_AVX2
-        if (p->int8 && p->m > 1 && p->block % 32 == 0) {  /* a prompt: each column unpacked once for its rows */
-            const int sub = (int)(p->block / 32);
-            uint8_t *wb = (uint8_t *)p->work + unpacked + (int64_t)omp_thread() * unpacked_bytes;
-            for (int64_t c = c0; c < c1; c++) {
-                if (sub == 1) NAME(column_i8_rows)(p, c, wb, 1);
-                else if (sub == 2) NAME(column_i8_rows)(p, c, wb, 2);
-                else if (sub == 4) NAME(column_i8_rows)(p, c, wb, 4);
-                else NAME(column_i8_rows)(p, c, wb, sub);
-            }
-            continue;
-        }
-#endif
         for (int64_t r = 0; r < p->m; r++) {
             row_work w = row_of(p, r);
             float *yr = p->y + r * p->n;

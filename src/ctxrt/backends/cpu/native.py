@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 _STATE: dict[str, Any] = {}
-# The most threads a native kernel's launch uses; their work buffers are sized for this many whatever the
-# machine, so that a program's scratch plan is the same where the extension is built and where it is not, on 2
-# cores and on 64 (a binary compiled on one machine loads on another).
+# The most threads a native kernel's launch uses; work buffers per thread are sized for this many whatever the
+# machine, so that a program's scratch plan is the same on 2 cores and on 64 (a binary compiled on one machine
+# loads on another).
 MAX_THREADS = 16
 # CTXRT_NATIVE=0 turns the native kernels off (NumPy's run instead): to compare them, or to rule them out
 _ENV = "CTXRT_NATIVE"
@@ -66,7 +66,7 @@ def _load() -> ctypes.CDLL | None:
         lib = ctypes.CDLL(path)
     except (ImportError, OSError, TypeError):
         return None
-    lib.ctxrt_nbits4_work_bytes.argtypes = [ctypes.c_int64] * 5
+    lib.ctxrt_nbits4_work_bytes.argtypes = [ctypes.c_int64] * 4
     lib.ctxrt_nbits4_work_bytes.restype = ctypes.c_int64
     lib.ctxrt_nbits4_matmul.argtypes = [ctypes.c_void_p]
     lib.ctxrt_nbits4_matmul.restype = ctypes.c_int
@@ -85,9 +85,9 @@ def _load() -> ctypes.CDLL | None:
 
 
 def nbits4_work_bytes(m: int, k: int, block: int, int8: bool) -> int:
-    """Bytes of csrc/nbits.c's work for m rows (its ctxrt_nbits4_work_bytes at MAX_THREADS threads)."""
+    """Bytes of csrc/nbits.c's work for m rows (its ctxrt_nbits4_work_bytes)."""
     kb = -(-k // block)
-    return m * (kb * block * (1 if int8 else 4) + kb * 8) + MAX_THREADS * kb * block + 64
+    return m * (kb * block * (1 if int8 else 4) + kb * 8) + 64
 
 
 def gqa_work_bytes(rows: int, h: int) -> int:

@@ -6,10 +6,11 @@ at a time into float32 scratch ((q - zero_point) * scale per block; K need not f
 it there: no float copy of the whole weight matrix exists, at load or at run time. Zero points are packed uint8
 [N, ceil(k_blocks bits / 8)], or unpacked floats [N, k_blocks] (A's type), or absent (2^(bits-1)).
 
-4-bit weights with float32 A run the native kernel instead (csrc/nbits.c, where it was built): it reads the 4-bit
-bytes directly, with A quantized to int8 per block when `accuracy_level` is 4 (as onnxruntime's CPU provider
-computes it, at any number of rows), else in float32 (up to NATIVE_ROWS rows, a token's GEMVs; more rows run the
-tiles and BLAS's GEMM, as onnxruntime dequantizes for SGEMM).
+At `accuracy_level` 4 onnxruntime's CPU provider quantizes A to int8 per block for 4-bit weights; the tiles do
+the same to A first (rounded to int8 and back, `_int8_rows`), so their sums are its int8 dot products in float32.
+4-bit weights with float32 A at up to NATIVE_ROWS rows (a token's GEMVs) run the native kernel instead
+(csrc/nbits.c, where it was built): it reads the 4-bit bytes directly, in int32 dot products of int8 A at
+accuracy_level 4, else in float32.
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ def matmul_nbits(spec: NodeSpec) -> Kernel:
     m = size(a_shape[:-1])
     lib = native.library()
     int8 = int8_compute(spec, zp_mode)
-    use_native = bits == 4 and at == F32 and m > 0 and (m <= NATIVE_ROWS or int8 and block % 32 == 0) and \
-        lib is not None and (zp_mode != "float" or dtype_of(spec, 3) == F32) and dtype_of(spec, 2) == F32
+    use_native = bits == 4 and at == F32 and 0 < m <= NATIVE_ROWS and lib is not None and \
+        (zp_mode != "float" or dtype_of(spec, 3) == F32) and dtype_of(spec, 2) == F32
+    fake = int8 and bits == 4  # the tiles' A rounded to int8 per block first (onnxruntime's values, in float32)
     tile = max(1, min(n, _TILE_BYTES // (4 * kb * block)))
     tiles = [(n0, min(n, n0 + tile)) for n0 in range(0, n, tile)]
     has_bias = given(spec, 5)
@@ -87,7 +89,8 @@ def matmul_nbits(spec: NodeSpec) -> Kernel:
         zu8 = scratch_view(scratch[3], (tile, zbytes), np.uint8)
         zun = scratch_view(scratch[4], (tile, zbytes * (8 // bits)), F32)
         c = scratch_view(scratch[5], (m, tile), F32)
-        a32 = scratch_view(scratch[6], (m, k), F32) if convert else a
+        a32 = scratch_view(scratch[6], (m, k), F32) if convert or fake else a
+        amax, inv = (scratch_view(scratch[j], (m, kb, 1), F32) if fake else None for j in (8, 9))
         y32 = scratch_view(scratch[7], (m, n), F32) if convert else y
         zp = ins[3].reshape(n, -1) if zp_mode != "default" else None
         bias = ins[5].reshape(1, n) if has_bias else None
@@ -102,6 +105,8 @@ def matmul_nbits(spec: NodeSpec) -> Kernel:
         def run() -> None:
             if convert:
                 np.copyto(a32, a, casting="unsafe")
+            if fake:
+                _int8_rows(a32 if convert else a, a32, amax, inv, block)
             for bt, st, zt, wt, ut, zft, zut, zunt, wmat, ct, yt, bt_bias in plan:
                 _unpack(bt, bits, wt, ut)
                 if zp_mode == "default":
@@ -125,10 +130,37 @@ def matmul_nbits(spec: NodeSpec) -> Kernel:
     # the tiles' scratch, then the native kernel's work: both whichever runs, so that a binary compiled where the
     # extension is built loads where it is not, and the other way round
     scratch = (tile * kb * block * 4, tile * kb * blob, tile * kb * 4, tile * zbytes, tile * zbytes * (8 // bits) * 4,
-               m * tile * 4, m * k * 4 if convert else 0, m * n * 4 if convert else 0,
+               m * tile * 4, m * k * 4 if convert or fake else 0, m * n * 4 if convert else 0,
+               m * kb * 4 if fake else 0, m * kb * 4 if fake else 0,
                native.nbits4_work_bytes(m, k, block, int8) if bits == 4 else 0)
     name = f"native_4bit_{'int8' if int8 else 'f32'}" if use_native else f"dequantize_tiles_{bits}bit"
     return Bound(make, scratch, name)
+
+
+_SMALLEST_MAX = np.float32(np.finfo(np.float32).tiny * 128)  # 127 / this stays finite
+
+
+def _int8_rows(a: np.ndarray, out: np.ndarray, amax: np.ndarray, inv: np.ndarray, block: int) -> None:
+    """out = A with each block of `block` values of a row rounded to int8 and back, as onnxruntime quantizes A at
+    accuracy_level 4: q = round_half_even(a * 127 / max|a|), value q * max|a| / 127 (all in float32; a block of
+    zeros stays zeros). The products with the dequantized weights then sum what its int8 dot products do, in
+    float32 (the prompt's rows: BLAS's GEMM stays; the native kernel does the same in int32 at a token's rows)."""
+    m, k = a.shape
+    full = k // block
+    parts = [(a[:, :full * block].reshape(m, full, block), out[:, :full * block].reshape(m, full, block),
+              amax[:, :full], inv[:, :full])]
+    if full * block < k:
+        parts.append((a[:, full * block:].reshape(m, 1, k - full * block),
+                      out[:, full * block:].reshape(m, 1, k - full * block), amax[:, full:], inv[:, full:]))
+    for x, o, mx, iv in parts:
+        np.abs(x, out=o)
+        np.max(o, axis=2, keepdims=True, out=mx)
+        np.maximum(mx, _SMALLEST_MAX, out=iv)
+        np.divide(np.float32(127), iv, out=iv)
+        np.multiply(x, iv, out=o)
+        np.rint(o, out=o)
+        np.divide(mx, np.float32(127), out=mx)
+        np.multiply(o, mx, out=o)
 
 
 def int8_compute(spec: NodeSpec, zp_mode: str) -> bool:
