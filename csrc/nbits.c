@@ -102,6 +102,18 @@ int ctxrt_nbits4_matmul(const nbits_args *p) {
     return 0;
 }
 
+/* the dequantized 4-bit values of columns n0 .. n1 - 1 into out ([n1 - n0, kb * block] floats); returns 0 */
+int ctxrt_nbits4_dequantize(const nbits_args *p, int64_t n0, int64_t n1, float *out) {
+#ifdef CTXRT_X86
+    if (has_avx2()) {
+        dequantize_avx2(p, n0, n1, out);
+        return 0;
+    }
+#endif
+    dequantize_c(p, n0, n1, out);
+    return 0;
+}
+
 /* which code runs for these arguments: "avx2" or "c" (inspect --kernels) */
 const char *ctxrt_nbits4_isa(const nbits_args *p) {
 #ifdef CTXRT_X86

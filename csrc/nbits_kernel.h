@@ -217,6 +217,44 @@ static float NAME(dot)(const nbits_args *p, const row_work *w, int64_t col) {
 }
 #endif
 
+/* out[c - n0, :] = the dequantized values (q - zero_point) * scale of columns n0 .. n1 - 1, kb * block floats a
+   column (values past K from the last block's padding), for a prompt's GEMM */
+static void NAME(dequantize)(const nbits_args *p, int64_t n0, int64_t n1, float *out) {
+    int64_t block = p->block, kb = blocks_of(p->k, block), half = block / 2, len = kb * block;
+    int threads = p->threads > 0 ? (int)p->threads : 1;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n1 - n0 > 64)
+    for (int64_t c = n0; c < n1; c++) {
+        const uint8_t *bq = p->b + c * kb * half;
+        const float *sc = p->scales + c * kb;
+        float *o = out + (c - n0) * len;
+        for (int64_t b = 0; b < kb; b++, bq += half, o += block) {
+            const float z = zero_point(p, c, b, kb), s = sc[b];
+#ifdef NBITS_AVX2
+            if (block % 32 == 0) {
+                const __m256 zv = _mm256_set1_ps(z), sv = _mm256_set1_ps(s);
+                const __m128i low4 = _mm_set1_epi8(15);
+                for (int64_t j = 0; j < half; j += 16) {
+                    __m128i bytes = _mm_loadu_si128((const __m128i *)(bq + j));
+                    __m128i lo = _mm_and_si128(bytes, low4), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);
+                    __m128i v[2] = {_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)};
+                    for (int h = 0; h < 2; h++) {
+                        __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v[h]));
+                        __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v[h], 8)));
+                        _mm256_storeu_ps(o + 2 * j + 16 * h, _mm256_mul_ps(_mm256_sub_ps(f0, zv), sv));
+                        _mm256_storeu_ps(o + 2 * j + 16 * h + 8, _mm256_mul_ps(_mm256_sub_ps(f1, zv), sv));
+                    }
+                }
+                continue;
+            }
+#endif
+            for (int64_t j = 0; j < half; j++) {
+                o[2 * j] = ((float)(bq[j] & 15) - z) * s;
+                o[2 * j + 1] = ((float)(bq[j] >> 4) - z) * s;
+            }
+        }
+    }
+}
+
 /* Y = A W^T (+ bias) for the rows and columns of *p */
 static void NAME(matmul)(const nbits_args *p) {
     for (int64_t r = 0; r < p->m; r++) NAME(prepare_row)(p, r);

@@ -175,3 +175,17 @@ def test_rms_norm_native_and_numpy_agree(monkeypatch: pytest.MonkeyPatch, skip_s
     for g, w in zip(got, want, strict=True):
         for a, b in zip(g, w, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_prompt_of_dequantized_tiles_gives_blas_the_threads() -> None:
+    """The tiles' GEMMs are BLAS calls (Kernel.blas): a program whose large kernels all are runs BLAS on the idle
+    cores even beside oneDNN kernels (runtime/work.py, blas_run); a token's native GEMVs are OpenMP's."""
+    from ctxrt.backends.cpu.quant import nbits
+
+    model, a = _nbits_model(768, 2048, 32, 128, "none", bias=False, accuracy=4)
+    with ctxrt.compile(model, backend="cpu") as ctx:
+        assert ctx.graph()._blas
+    model, a = _nbits_model(768, 2048, 32, 1, "none", bias=False, accuracy=4)
+    with ctxrt.compile(model, backend="cpu") as ctx:
+        assert ctx.graph()._blas == (not BUILT)
+    assert nbits.NATIVE_ROWS < 128

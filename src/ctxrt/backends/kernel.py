@@ -72,6 +72,9 @@ class Kernel:
     # the context's memory as kernel-private; None: found by `built_constants_bytes`.
     private_bytes: int | None = None
     programs: tuple[Any, ...] = ()
+    # Its launches' work is BLAS calls (NumPy's matmul): a run whose large kernels all are gives BLAS the
+    # threads, not only OpenMP (runtime/work.py, `blas_run`).
+    blas: bool = False
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         raise NotImplementedError

@@ -177,7 +177,8 @@ class ExtentRunner:
         cap = None if largest is None or largest >= SMALL_WORK else 1
         # a decoder's token: its GEMMs are GEMVs on NumPy (small_rows), memory-bound, faster on every idle core
         # (768 x 2048: 157 us on one thread, 81 on two); OpenBLAS's threads then spin ~0.1 s, so only when no
-        # large oneDNN kernel runs beside them (a prompt's GEMMs keep BLAS at one thread)
+        # large oneDNN kernel runs beside them (a prompt's oneDNN GEMMs keep BLAS at one thread; an int4 prompt's
+        # dequantized tiles are BLAS GEMMs, Kernel.blas)
         gemv = max((m.work or 0 for m in steps.values() if m.blas), default=0)
         blas = cap is None and gemv >= SMALL_WORK and self.static_work is not None and all(
             m.blas or m.work is not None and m.work < SMALL_WORK for m in steps.values()) and \
@@ -252,6 +253,7 @@ class ExtentRunner:
                     self.by_shape[shapes] = made.kernel
                     if len(self.by_shape) > PER_STEP * 4:
                         self.by_shape.pop(next(iter(self.by_shape)))
+            made.blas = bool(made.kernel.blas)
             planned = [ref.nbytes for ref in step.scratch]
             sizes = [int(n) for n in made.kernel.scratch]
             if len(sizes) == len(planned) and all(n <= p for n, p in zip(sizes, planned, strict=True)):

@@ -19,7 +19,7 @@ from ctxrt.errors import FormatError, LifecycleError, RegistrationError, ShapeEr
 from ctxrt.runtime.extents import AtDims, ExtentRunner, binding, run_recorded, same_binding
 from ctxrt.runtime.memhandle import MemHandle
 from ctxrt.runtime.partition import HostSteps
-from ctxrt.runtime.work import SMALL_WORK, step_work, thread_cap
+from ctxrt.runtime.work import SMALL_WORK, blas_run, step_work, thread_cap
 
 if TYPE_CHECKING:
     from ctxrt.runtime.context import Context
@@ -147,6 +147,7 @@ class Graph:
                                   "compiled by another version of ctxrt's kernels, or on a CPU with another core "
                                   "count (oneDNN sizes some scratchpads by it); compile it again")
             self._kernels.append(kernel)
+        self._blas = blas_run(self.compiled.steps, self._kernels)  # its runs give BLAS the threads
 
     def _private_scratch(self, step: Step, sizes: tuple[int, ...]) -> Step:
         """The step with scratch buffers of its own (kernel-private bytes): where a range program's kernel at this
@@ -412,7 +413,7 @@ class Graph:
             if not same_binding(self._bound, self.inputs, self.outputs, inputs, outputs):  # pinned: replay
                 self._record(binding(self.inputs, self.outputs, inputs, outputs))  # re-record the IO launches
             run_recorded(ctx, inputs, outputs, self.inputs, self.outputs, self._internal, self._launches,
-                         self.thread_cap)
+                         self.thread_cap, self._blas)
             if not self._extents:
                 return _NO_SHAPES
             shapes = {}

@@ -48,3 +48,11 @@ def thread_cap(steps: Iterable[Step]) -> int | None:
             return None
         largest = max(largest, work)
     return 1 if largest < SMALL_WORK else None
+
+
+def blas_run(steps: Iterable[Step], kernels: Iterable[object]) -> bool:
+    """Whether every large kernel of a program (SMALL_WORK or more) does its work in BLAS calls (`Kernel.blas`),
+    and one does: its runs give BLAS the threads (a program with oneDNN kernels otherwise keeps BLAS at one)."""
+    large = [getattr(k, "blas", False) for s, k in zip(steps, kernels, strict=True)
+             if (step_work(s) or 0) >= SMALL_WORK]
+    return bool(large) and all(large)

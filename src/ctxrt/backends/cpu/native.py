@@ -70,6 +70,8 @@ def _load() -> ctypes.CDLL | None:
     lib.ctxrt_nbits4_work_bytes.restype = ctypes.c_int64
     lib.ctxrt_nbits4_matmul.argtypes = [ctypes.c_void_p]
     lib.ctxrt_nbits4_matmul.restype = ctypes.c_int
+    lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    lib.ctxrt_nbits4_dequantize.restype = ctypes.c_int
     lib.ctxrt_nbits4_isa.argtypes = [ctypes.c_void_p]
     lib.ctxrt_nbits4_isa.restype = ctypes.c_char_p
     lib.ctxrt_gqa_work_floats.argtypes = [ctypes.c_int64] * 3
