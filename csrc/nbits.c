@@ -114,7 +114,15 @@ int ctxrt_nbits4_dequantize(const nbits_args *p, int64_t n0, int64_t n1, float *
     return 0;
 }
 
-/* which code runs for these arguments: "avx2" or "c" (inspect --kernels) */
+/* the instruction set the kernels run on this CPU: "avx2" or "c" (ctxrt devices) */
+const char *ctxrt_isa(void) {
+#ifdef CTXRT_X86
+    if (has_avx2()) return "avx2";
+#endif
+    return "c";
+}
+
+/* which code runs for these arguments: "avx2" or "c" */
 const char *ctxrt_nbits4_isa(const nbits_args *p) {
 #ifdef CTXRT_X86
     if (has_avx2() && p->block % 32 == 0) return "avx2";

@@ -189,3 +189,13 @@ def test_a_prompt_of_dequantized_tiles_gives_blas_the_threads() -> None:
     with ctxrt.compile(model, backend="cpu") as ctx:
         assert ctx.graph()._blas == (not BUILT)
     assert nbits.NATIVE_ROWS < 128
+
+
+def test_devices_says_whether_the_native_kernels_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ctxrt.backends.cpu.backend import CpuBackend
+
+    provider = CpuBackend.describe()["provider"]
+    assert ("native kernels avx2" in provider or "native kernels c" in provider) if BUILT else \
+        "native kernels off or not built" in provider
+    monkeypatch.setitem(native._STATE, "lib", None)
+    assert "native kernels off or not built" in CpuBackend.describe()["provider"]

@@ -206,13 +206,18 @@ class CpuBackend:
 
     @staticmethod
     def describe() -> dict[str, Any]:
-        """This backend as `ctxrt devices` lists it; `provider` says whose kernels run its convs, pools and GEMMs."""
+        """This backend as `ctxrt devices` lists it; `provider` says whose kernels run its convs, pools and GEMMs,
+        and whether ctxrt's native kernels (4-bit GEMVs, attention and RMS norms of text generation) are built."""
+        from ctxrt.backends.cpu import native
         from ctxrt.backends.cpu.onednn import api
 
+        lib = native.library()
+        extra = f"; native kernels {lib.ctxrt_isa().decode()}" if lib is not None else \
+            "; native kernels off or not built (NumPy's run in their place)"
         return {"backend": "cpu", "index": None, "name": platform.processor() or platform.machine(),
                 "vendor": "", "driver": f"numpy {np.__version__}", "compute_units": os.cpu_count() or 1,
                 "global_memory": _physical_memory(), "unified_memory": True,
-                "provider": api.describe() or "numpy (oneDNN is not installed: pip install onednn-cpu-gomp)"}
+                "provider": (api.describe() or "numpy (oneDNN is not installed: pip install onednn-cpu-gomp)") + extra}
 
 
 def _physical_memory() -> int:

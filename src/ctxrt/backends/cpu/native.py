@@ -74,6 +74,7 @@ def _load() -> ctypes.CDLL | None:
     lib.ctxrt_nbits4_dequantize.restype = ctypes.c_int
     lib.ctxrt_nbits4_isa.argtypes = [ctypes.c_void_p]
     lib.ctxrt_nbits4_isa.restype = ctypes.c_char_p
+    lib.ctxrt_isa.argtypes, lib.ctxrt_isa.restype = [], ctypes.c_char_p
     lib.ctxrt_gqa_work_floats.argtypes = [ctypes.c_int64] * 3
     lib.ctxrt_gqa_work_floats.restype = ctypes.c_int64
     lib.ctxrt_gqa.argtypes = [ctypes.c_void_p]
