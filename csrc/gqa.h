@@ -1,4 +1,4 @@
-/* The argument struct of csrc/gqa.c's kernel (mirrored by ctxrt.backends.cpu.native.GqaArgs). */
+/* The argument struct of csrc/genai.c's kernel (mirrored by ctxrt.backends.cpu.native.GqaArgs). */
 #ifndef CTXRT_GQA_H
 #define CTXRT_GQA_H
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* The kernel of csrc/gqa.c, included there once per instruction set (NAME(x): this copy's names; the AVX2 copy
+/* The kernel of csrc/genai.c, included there once per instruction set (NAME(x): this copy's names; the AVX2 copy
    is compiled under #pragma GCC target, its loops vectorized by `omp simd`). */
 
 static void NAME(rotate)(const float *x, float *y, const float *c, const float *s, int64_t half, int64_t h,

@@ -1,4 +1,4 @@
-/* The kernel of csrc/norms.c, included there once per instruction set (NAME(x): this copy's names). */
+/* The kernel of csrc/genai.c, included there once per instruction set (NAME(x): this copy's names). */
 
 static void NAME(rms_rows)(const rms_args *p) {
     const int64_t n = p->n;

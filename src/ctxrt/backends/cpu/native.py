@@ -46,7 +46,7 @@ class GqaArgs(ctypes.Structure):
 
 
 class RmsArgs(ctypes.Structure):
-    """csrc/norms.c's rms_args."""
+    """csrc/norms.h's rms_args."""
 
     _fields_ = [("rows", ctypes.c_int64), ("n", ctypes.c_int64), ("x", ctypes.c_void_p), ("skip", ctypes.c_void_p),
                 ("skip_stride", ctypes.c_int64), ("bias", ctypes.c_void_p), ("gamma", ctypes.c_void_p),
@@ -94,7 +94,7 @@ def nbits4_work_bytes(m: int, k: int, block: int, int8: bool) -> int:
 
 
 def gqa_work_bytes(rows: int, h: int) -> int:
-    """Bytes of csrc/gqa.c's work (its ctxrt_gqa_work_floats at MAX_THREADS threads)."""
+    """Bytes of csrc/genai.c's work (its ctxrt_gqa_work_floats at MAX_THREADS threads)."""
     return MAX_THREADS * (rows + h) * 4
 
 

@@ -17,7 +17,7 @@ past_present_share_buffer), only the new rows are written: the KV cache is updat
 (default 1/sqrt(H)), soft-capped (softcap * tanh(x / softcap)), limited to the last local_window_size positions,
 and softmaxed with exp(head_sink) (or 1, smooth_softmax) added
 to the denominator. Each block of kv heads is one batched GEMM per product; scratch holds one block's scores.
-Steps of up to NATIVE_TOKENS new tokens (a generation's) run the native kernel instead (csrc/gqa.c, where it was
+Steps of up to NATIVE_TOKENS new tokens (a generation's) run the native kernel instead (csrc/genai.c, where it was
 built): rotation, the cache update and every head's attention in one call, heads shared among OpenMP's threads.
 """
 
@@ -237,7 +237,7 @@ class GroupQueryAttention(Kernel):
         return run
 
     def _native(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch | None:
-        """The launch running csrc/gqa.c's kernel (None where a tensor is not contiguous): its arguments one
+        """The launch running csrc/genai.c's kernel (None where a tensor is not contiguous): its arguments one
         struct, made here; per sequence only the positions and pointers change."""
         n, kv, h = self.n, self.kv, self.h
         # every array the struct points to, kept alive by the launch (scratch too: a caller's may be its own)

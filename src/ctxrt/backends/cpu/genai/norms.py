@@ -5,7 +5,7 @@ Rows of the trailing axes are normalized like LayerNormalization's (backends/cpu
 GEMVs against a column of 1/n), in float32 at least (float16 tensors go through float32 scratch). The Skip ops
 first add input + skip (+ bias), which is also their optional last output (the residual stream the next layer
 reads); their mean output is zero for the RMS variant, as onnxruntime leaves it. float32 RMS rows without the
-mean/inv_std_var outputs run the native kernel where it was built (csrc/norms.c: one pass a row, one call).
+mean/inv_std_var outputs run the native kernel where it was built (csrc/genai.c: one pass a row, one call).
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def _native_rms(spec: NodeSpec) -> bool:
 
 def _rms_launch(rows: int, n: int, eps: float, x: np.ndarray, skip: np.ndarray | None, skip_stride: int,
                 bias: np.ndarray | None, gamma: np.ndarray, total: np.ndarray | None, y: np.ndarray) -> Launch | None:
-    """csrc/norms.c's kernel over these tensors; None where one is not contiguous (NumPy's code runs then)."""
+    """csrc/genai.c's kernel over these tensors; None where one is not contiguous (NumPy's code runs then)."""
     arrays = [a for a in (x, skip, bias, gamma, total, y) if a is not None]
     if not all(a.flags.c_contiguous for a in arrays):
         return None

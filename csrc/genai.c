@@ -1,0 +1,58 @@
+/* The decoder kernels of onnxruntime-genai's models, for a generation's steps; called through ctypes
+   (src/ctxrt/backends/cpu/native.py), each `*_kernel.h` compiled twice: for AVX2+FMA and in portable C.
+
+   - com.microsoft GroupQueryAttention for a few new tokens of one sequence (gqa_kernel.h), as onnxruntime's CPU
+     kernel computes it: the new keys (rotated) and values written into the present buffers at the sequence's
+     position (in place when past and present are one buffer), then each head's query row (rotated) attends to
+     the columns it sees (causal, local window), scaled, soft-capped, softmaxed with an optional head sink. Heads
+     and rows are shared among OpenMP threads. The caller (backends/cpu/genai/gqa.py) checks the lengths and
+     copies a separate past's rows.
+   - RMS normalization of rows (norms_kernel.h: SimplifiedLayerNormalization, RMSNormalization, com.microsoft
+     SkipSimplifiedLayerNormalization), float32: s = x (+ skip) (+ bias), stored as the sum output where asked,
+     y = s / sqrt(mean(s^2) + epsilon) * gamma, one pass a row (backends/cpu/genai/norms.py). */
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "gqa.h"
+#include "norms.h"
+
+/* floats of work for `threads` threads: each a row of scores and a rotated query */
+int64_t ctxrt_gqa_work_floats(int64_t rows, int64_t h, int64_t threads) { return threads * (rows + h); }
+
+#define NAME(x) x##_c
+#include "gqa_kernel.h"
+#include "norms_kernel.h"
+#undef NAME
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#define NAME(x) x##_avx2
+#include "gqa_kernel.h"
+#include "norms_kernel.h"
+#undef NAME
+#pragma GCC pop_options
+
+static int avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+#else
+static int avx2(void) { return 0; }
+#define gqa_avx2 gqa_c
+#define rms_rows_avx2 rms_rows_c
+#endif
+
+int ctxrt_gqa(const gqa_args *p) {
+    if (avx2()) gqa_avx2(p);
+    else gqa_c(p);
+    return 0;
+}
+
+int ctxrt_rms_rows(const rms_args *p) {
+    if (avx2()) rms_rows_avx2(p);
+    else rms_rows_c(p);
+    return 0;
+}
