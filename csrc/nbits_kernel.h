@@ -3,6 +3,46 @@
    its dot products use them for blocks of 32 values or more; the other copy is portable C. Everything a call
    runs is in one copy: no code of another instruction set runs between its AVX2 instructions. */
 
+#ifdef NBITS_AVX2
+/* 8 floats: the evens of x and y, then ... (x0 x2 x4 x6 y0 y2 y4 y6), or their odds */
+#define NBITS_EVENS(x, y) _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x, y, 0x88)), 0xD8))
+#define NBITS_ODDS(x, y) _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x, y, 0xDD)), 0xD8))
+
+/* one whole block of A quantized to int8 as prepare_row does (scale max|a| / 127, round half to even: the
+   default rounding of cvtps), 32 values at a time reordered evens first, then odds */
+static inline void NAME(quantize_block)(const float *src, int64_t block, int8_t *dst, float *scale, float *qsum) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_setzero_ps();
+    for (int64_t j = 0; j < block; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(src + j)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const __m256 iv = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256i total = _mm256_setzero_si256();
+    for (int64_t j0 = 0; j0 < block; j0 += 32) {
+        const float *x = src + j0;
+        __m256 x0 = _mm256_loadu_ps(x), x1 = _mm256_loadu_ps(x + 8), x2 = _mm256_loadu_ps(x + 16),
+               x3 = _mm256_loadu_ps(x + 24);
+        __m256i e0 = _mm256_cvtps_epi32(_mm256_mul_ps(NBITS_EVENS(x0, x1), iv));
+        __m256i e1 = _mm256_cvtps_epi32(_mm256_mul_ps(NBITS_EVENS(x2, x3), iv));
+        __m256i o0 = _mm256_cvtps_epi32(_mm256_mul_ps(NBITS_ODDS(x0, x1), iv));
+        __m256i o1 = _mm256_cvtps_epi32(_mm256_mul_ps(NBITS_ODDS(x2, x3), iv));
+        total = _mm256_add_epi32(total, _mm256_add_epi32(_mm256_add_epi32(e0, e1), _mm256_add_epi32(o0, o1)));
+        __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(e0, e1), _mm256_packs_epi32(o0, o1));
+        _mm256_storeu_si256((__m256i *)(dst + j0), _mm256_permutevar8x32_epi32(bytes, order));
+    }
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    *scale = amax / 127.0f;
+    *qsum = (float)_mm_cvtsi128_si32(t);
+}
+#undef NBITS_EVENS
+#undef NBITS_ODDS
+#endif
+
 static void NAME(prepare_row)(const nbits_args *p, int64_t r) {
     int64_t k = p->k, block = p->block, kb = blocks_of(k, block), g = group_of(block), h = g / 2;
     const float *a = p->a + r * k;
@@ -27,6 +67,12 @@ static void NAME(prepare_row)(const nbits_args *p, int64_t r) {
             }
             w.asum[b] = s;
         } else {
+#ifdef NBITS_AVX2
+            if (g == 32 && valid == block) {
+                NAME(quantize_block)(a + k0, block, w.aq + k0, &w.ascale[b], &w.qsum[b]);
+                continue;
+            }
+#endif
             float amax = 0.0f;
             for (int64_t j = 0; j < valid; j++) {
                 float v = fabsf(a[k0 + j]);
