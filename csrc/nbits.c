@@ -13,8 +13,10 @@
    A's row is first copied into a work buffer, zero-padded to whole blocks and reordered within each group of
    32 values (16 bytes of B) so that the group's even values come first, then its odd ones: the low and high
    halves of 16 bytes of B then line up with 16 consecutive values of A each. Columns are shared among OpenMP
-   threads. Called through ctypes with one struct (src/ctxrt/backends/cpu/native.py); built by setup.py as the
-   optional extension ctxrt._native (where it is not built, ctxrt's NumPy kernel runs). */
+   threads. A prompt's rows (more than a few) run BLAS's GEMM on tiles of dequantized weights instead, which
+   ctxrt_nbits4_dequantize writes in one pass. Called through ctypes with one struct
+   (src/ctxrt/backends/cpu/native.py); built by setup.py as the optional extension ctxrt._native (where it is not
+   built, ctxrt's NumPy kernels run). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -119,15 +121,6 @@ const char *ctxrt_isa(void) {
 #ifdef CTXRT_X86
     if (has_avx2()) return "avx2";
 #endif
-    return "c";
-}
-
-/* which code runs for these arguments: "avx2" or "c" */
-const char *ctxrt_nbits4_isa(const nbits_args *p) {
-#ifdef CTXRT_X86
-    if (has_avx2() && p->block % 32 == 0) return "avx2";
-#endif
-    (void)p;
     return "c";
 }
 

@@ -75,8 +75,6 @@ def _load() -> ctypes.CDLL | None:
     lib.ctxrt_nbits4_matmul.restype = ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     lib.ctxrt_nbits4_dequantize.restype = ctypes.c_int
-    lib.ctxrt_nbits4_isa.argtypes = [ctypes.c_void_p]
-    lib.ctxrt_nbits4_isa.restype = ctypes.c_char_p
     lib.ctxrt_isa.argtypes, lib.ctxrt_isa.restype = [], ctypes.c_char_p
     lib.ctxrt_gqa_work_floats.argtypes = [ctypes.c_int64] * 3
     lib.ctxrt_gqa_work_floats.restype = ctypes.c_int64

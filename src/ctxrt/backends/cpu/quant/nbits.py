@@ -183,7 +183,10 @@ def int8_compute(spec: NodeSpec, zp_mode: str) -> bool:
 
 
 def _native_tiles(lib: Any, k: int, block: int, ins: list[Any], zp_mode: str) -> Any:
-    """dequantize(n0, n1, out): csrc/nbits.c's one-pass dequantization of columns n0 .. n1 - 1 into a tile."""
+    """dequantize(n0, n1, out): csrc/nbits.c's one-pass dequantization of columns n0 .. n1 - 1 into a tile (None
+    where B, its scales or zero points are not contiguous: NumPy's unpacking runs then)."""
+    if not all(t.flags.c_contiguous for t in ins[1:3] + ([ins[3]] if zp_mode != "default" else [])):
+        return None
     args = native.NBitsArgs(k=k, block=block, b=ins[1].ctypes.data, scales=ins[2].ctypes.data, threads=1)
     if zp_mode == "packed":
         args.zp = ins[3].ctypes.data
