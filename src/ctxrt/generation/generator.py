@@ -196,6 +196,14 @@ class Generator:
             self.session.run_with_iobinding(binding)
         return binding
 
+    def _rerun(self, binding: IOBinding, feeds: dict[str, np.ndarray]) -> None:
+        """Run `binding` again with these inputs bound anew (the rest as they were)."""
+        for name, value in feeds.items():
+            binding.bind_input(name, value)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "InferenceSession compiled", CtxrtWarning)
+            self.session.run_with_iobinding(binding)
+
     def _logits(self, binding: IOBinding) -> Tensor:
         return binding.get_outputs()[self._logits_at]  # in the order bound: every output, as _run binds them
 
@@ -277,13 +285,15 @@ class Generation:
             running[alive] = True
             ids = np.where(running, new, spec.pad_id)[:, None]  # a prompt that stopped is fed padding
             mask = np.concatenate([mask, one], axis=1)
-            past = dict(zip((s.past for s in spec.kv), self._gen._presents(binding), strict=True))
-            fed = mask
             if self._gen._static_mask:  # zeros after the tokens so far: the same shapes at every token
                 fed = np.zeros((len(mask), self._gen.spec.context_length), mask.dtype)
                 fed[:, :mask.shape[1]] = mask
-            previous, binding = binding, self._gen._run({**self._inputs(ids, fed), **past})
-            del previous  # its tensors go back to the session's cache only now: they were this run's pasts
+                # the same binding: its pasts and presents are the shared KV buffers; only ids and mask change
+                self._gen._rerun(binding, self._inputs(ids, fed))
+            else:
+                past = dict(zip((s.past for s in spec.kv), self._gen._presents(binding), strict=True))
+                previous, binding = binding, self._gen._run({**self._inputs(ids, mask), **past})
+                del previous  # its tensors go back to the session's cache only now: they were this run's pasts
             new = self._choose(binding, first_row)
             self._times["decode"] += time.perf_counter() - tic
             self._decoded += len(alive)
