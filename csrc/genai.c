@@ -21,9 +21,6 @@
 #include "gqa.h"
 #include "norms.h"
 
-/* floats of work for `threads` threads: each a row of scores and a rotated query */
-int64_t ctxrt_gqa_work_floats(int64_t rows, int64_t h, int64_t threads) { return threads * (rows + h); }
-
 #define NAME(x) x##_c
 #include "gqa_kernel.h"
 #include "norms_kernel.h"

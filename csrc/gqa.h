@@ -19,7 +19,7 @@ typedef struct {
     float *out;                  /* [s, n, h] of this sequence, row stride out_stride */
     int64_t out_stride;
     float scale, softcap;
-    float *work;                 /* ctxrt_gqa_work_floats(rows, h, threads) floats */
+    float *work;                 /* per thread a row of scores and a rotated query: rows + h floats */
     int64_t threads;
 } gqa_args;
 

@@ -35,13 +35,6 @@
 
 static inline int64_t blocks_of(int64_t k, int64_t block) { return (k + block - 1) / block; }
 
-/* bytes of work for m rows: per row kb * block floats (or int8 values) and 2 * kb 4-byte sums/scales */
-/* bytes of work for m rows: per row kb * block floats (or int8 values) and 2 * kb 4-byte sums / scales */
-int64_t ctxrt_nbits4_work_bytes(int64_t m, int64_t k, int64_t block, int64_t int8) {
-    int64_t kb = blocks_of(k, block);
-    return m * (kb * block * (int8 ? 1 : 4) + kb * 8) + 64;
-}
-
 static inline int64_t group_of(int64_t block) { return block % 32 == 0 ? 32 : 16; }
 
 static inline float zero_point(const nbits_args *p, int64_t col, int64_t blk, int64_t kb) {

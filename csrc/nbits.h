@@ -12,7 +12,7 @@ typedef struct {
     const float *zpf;        /* float zero points [n, kb], or NULL */
     const float *bias;       /* [n], or NULL */
     float *y;                /* [m, n] */
-    void *work;              /* ctxrt_nbits4_work_bytes(m, k, block, int8) bytes */
+    void *work;              /* native.nbits4_work_bytes(m, k, block, int8) bytes (row_of's layout) */
     int64_t int8;            /* 1: int8 A (accuracy_level 4); 0: float32 */
     int64_t threads;         /* OpenMP threads; 0: OpenMP's current limit */
 } nbits_args;

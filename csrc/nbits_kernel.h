@@ -267,9 +267,7 @@ static float NAME(dot)(const nbits_args *p, const row_work *w, int64_t col) {
    column (values past K from the last block's padding), for a prompt's GEMM */
 static void NAME(dequantize)(const nbits_args *p, int64_t n0, int64_t n1, float *out) {
     int64_t block = p->block, kb = blocks_of(p->k, block), half = block / 2, len = kb * block;
-    int threads = p->threads > 0 ? (int)p->threads : 1;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n1 - n0 > 64)
-    for (int64_t c = n0; c < n1; c++) {
+    for (int64_t c = n0; c < n1; c++) {  /* one thread: BLAS's run the GEMM between two tiles */
         const uint8_t *bq = p->b + c * kb * half;
         const float *sc = p->scales + c * kb;
         float *o = out + (c - n0) * len;

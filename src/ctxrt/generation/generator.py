@@ -275,6 +275,10 @@ class Generation:
             self._times["first"] = time.perf_counter() - start
         running, first_row = np.ones(len(rows), bool), np.zeros(len(rows), np.int64)
         one = np.ones((len(rows), 1), np.int64)
+        fed, width = None, mask.shape[1]
+        if self._gen._static_mask:  # zeros after the tokens so far: the same shapes at every token
+            fed = np.zeros((len(rows), spec.context_length), spec.dtypes[spec.attention_mask])
+            fed[:, :width] = mask
         while True:
             yield self._emit(rows, alive, new, budget)
             alive = [b for b in alive if not self.finish_reasons[rows[b]]]
@@ -284,13 +288,13 @@ class Generation:
             running[:] = False
             running[alive] = True
             ids = np.where(running, new, spec.pad_id)[:, None]  # a prompt that stopped is fed padding
-            mask = np.concatenate([mask, one], axis=1)
-            if self._gen._static_mask:  # zeros after the tokens so far: the same shapes at every token
-                fed = np.zeros((len(mask), self._gen.spec.context_length), mask.dtype)
-                fed[:, :mask.shape[1]] = mask
+            if fed is not None:
+                fed[:, width] = 1
+                width += 1
                 # the same binding: its pasts and presents are the shared KV buffers; only ids and mask change
                 self._gen._rerun(binding, self._inputs(ids, fed))
             else:
+                mask = np.concatenate([mask, one], axis=1)
                 past = dict(zip((s.past for s in spec.kv), self._gen._presents(binding), strict=True))
                 previous, binding = binding, self._gen._run({**self._inputs(ids, mask), **past})
                 del previous  # its tensors go back to the session's cache only now: they were this run's pasts
@@ -328,7 +332,7 @@ class Generation:
         spec = self._gen.spec
         feeds = {spec.input_ids: ids.astype(spec.dtypes[spec.input_ids])}
         if spec.attention_mask:
-            feeds[spec.attention_mask] = mask.astype(spec.dtypes[spec.attention_mask])
+            feeds[spec.attention_mask] = mask.astype(spec.dtypes[spec.attention_mask], copy=False)
         if spec.position_ids:  # the real tokens before each one (padding on the left: 1, as transformers has it)
             count = np.cumsum(mask, axis=1)[:, -ids.shape[1]:] - 1
             feeds[spec.position_ids] = np.where(mask[:, -ids.shape[1]:] == 0, 1, count).astype(

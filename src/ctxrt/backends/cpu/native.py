@@ -69,15 +69,11 @@ def _load() -> ctypes.CDLL | None:
         lib = ctypes.CDLL(path)
     except (ImportError, OSError, TypeError):
         return None
-    lib.ctxrt_nbits4_work_bytes.argtypes = [ctypes.c_int64] * 4
-    lib.ctxrt_nbits4_work_bytes.restype = ctypes.c_int64
     lib.ctxrt_nbits4_matmul.argtypes = [ctypes.c_void_p]
     lib.ctxrt_nbits4_matmul.restype = ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     lib.ctxrt_nbits4_dequantize.restype = ctypes.c_int
     lib.ctxrt_isa.argtypes, lib.ctxrt_isa.restype = [], ctypes.c_char_p
-    lib.ctxrt_gqa_work_floats.argtypes = [ctypes.c_int64] * 3
-    lib.ctxrt_gqa_work_floats.restype = ctypes.c_int64
     lib.ctxrt_gqa.argtypes = [ctypes.c_void_p]
     lib.ctxrt_gqa.restype = ctypes.c_int
     lib.ctxrt_rms_rows.argtypes = [ctypes.c_void_p]
@@ -87,13 +83,16 @@ def _load() -> ctypes.CDLL | None:
 
 
 def nbits4_work_bytes(m: int, k: int, block: int, int8: bool) -> int:
-    """Bytes of csrc/nbits.c's work for m rows (its ctxrt_nbits4_work_bytes)."""
+    """Bytes of csrc/nbits.c's work for m rows (its row_of's layout: per row kb * block floats, or int8 values,
+    then 2 * kb four-byte sums and scales). Computed here, not by the library: a program's scratch plan is the same
+    where the extension is not built."""
     kb = -(-k // block)
     return m * (kb * block * (1 if int8 else 4) + kb * 8) + 64
 
 
 def gqa_work_bytes(rows: int, h: int) -> int:
-    """Bytes of csrc/genai.c's work (its ctxrt_gqa_work_floats at MAX_THREADS threads)."""
+    """Bytes of csrc/genai.c's GroupQueryAttention work: per thread (MAX_THREADS) a row of scores and a rotated
+    query."""
     return MAX_THREADS * (rows + h) * 4
 
 

@@ -187,13 +187,13 @@ def _native_tiles(lib: Any, k: int, block: int, ins: list[Any], zp_mode: str) ->
     where B, its scales or zero points are not contiguous: NumPy's unpacking runs then)."""
     if not all(t.flags.c_contiguous for t in ins[1:3] + ([ins[3]] if zp_mode != "default" else [])):
         return None
-    args = native.NBitsArgs(k=k, block=block, b=ins[1].ctypes.data, scales=ins[2].ctypes.data, threads=1)
+    args = native.NBitsArgs(k=k, block=block, b=ins[1].ctypes.data, scales=ins[2].ctypes.data)
     if zp_mode == "packed":
         args.zp = ins[3].ctypes.data
     elif zp_mode == "float":
         args.zpf = ins[3].ctypes.data
-    # one thread: BLAS's threads run the GEMM between two tiles, and OpenMP's beside them would wait on them
-    # (measured, the 768 x 32000 lm_head at 128 rows on 2 cores: 10 ms of dequantization on one thread, 420 on two)
+    # on one thread (the kernel's): BLAS's threads run the GEMM between two tiles, and OpenMP's beside them would
+    # wait on them (measured, the 768 x 32000 lm_head at 128 rows on 2 cores: 10 ms dequantizing on one, 420 on two)
     ref, fn = ctypes.byref(args), lib.ctxrt_nbits4_dequantize
     keep = (ins[1], ins[2], ins[3] if zp_mode != "default" else None)
 
