@@ -307,3 +307,15 @@ def test_cli_generate_bad_models(gpt2: Path, tmp_path: Path, capsys: pytest.Capt
                           "has the fixed shape [1, 2, 1, 16]: its KV cache cannot grow")
     (tmp_path / "genai_config.json").write_text("{not json")
     assert_one_line_error(*cli(capsys, "generate", tmp_path, "--prompt-ids", "1"), "cannot read it as JSON")
+
+
+def test_a_batch_row_that_fills_the_context_stops_while_the_others_go_on(llama: Path) -> None:
+    """A right-padded batch whose long prompt reaches the context while a short one still generates: the long one
+    stops ('context'), the short one goes on with its own positions and gives the tokens it gives alone (the
+    shared mask's width never passes the context; it did, and the step failed)."""
+    long, short = list(range(3, 3 + LLAMA_CONTEXT - 4)), [5, 6]
+    with ctxrt.Generator(llama) as gen:
+        got = gen.generate([long, short], 20, use_eos=False)
+        alone = gen.generate([short], 20, use_eos=False)
+    assert got.finish_reasons == ["context", "length"]
+    assert len(got.tokens[0]) == 4 and got.tokens[1] == alone.tokens[0]

@@ -275,10 +275,11 @@ class Generation:
             self._times["first"] = time.perf_counter() - start
         running, first_row = np.ones(len(rows), bool), np.zeros(len(rows), np.int64)
         one = np.ones((len(rows), 1), np.int64)
-        fed, width = None, mask.shape[1]
+        fed, counts = None, None
         if self._gen._static_mask:  # zeros after the tokens so far: the same shapes at every token
             fed = np.zeros((len(rows), spec.context_length), spec.dtypes[spec.attention_mask])
-            fed[:, :width] = mask
+            fed[:, :mask.shape[1]] = mask
+            counts = mask.sum(axis=1)  # each row's tokens: its next one is marked at that column
         while True:
             yield self._emit(rows, alive, new, budget)
             alive = [b for b in alive if not self.finish_reasons[rows[b]]]
@@ -288,9 +289,9 @@ class Generation:
             running[:] = False
             running[alive] = True
             ids = np.where(running, new, spec.pad_id)[:, None]  # a prompt that stopped is fed padding
-            if fed is not None:
-                fed[:, width] = 1
-                width += 1
+            if fed is not None:  # only the rows still generating advance: a row that filled the context stops
+                fed[alive, counts[alive]] = 1
+                counts[alive] += 1
                 # the same binding: its pasts and presents are the shared KV buffers; only ids and mask change
                 self._gen._rerun(binding, self._inputs(ids, fed))
             else:
