@@ -75,8 +75,8 @@ class AtDims:
         self.bound: tuple[MemHandle | None, ...] | None = None
         self.internal: dict[str, Any] = {}
         self.launches: list[Any] = []
-        # the latest RECORDINGS launch lists by their binding: a generation loop binds two sets of outputs in turn
-        # (a step's logits are read while the next step's are written)
+        # the latest RECORDINGS launch lists by their binding: a loop that binds two sets of outputs in turn (a
+        # torch export's generation: a step's presents are the next step's pasts) records each once
         self.recordings: OrderedDict[tuple[MemHandle | None, ...], list[Any]] = OrderedDict()
 
 
