@@ -18,6 +18,7 @@ import numpy as np
 
 from ctxrt import dtypes
 from ctxrt.backends import select_kernel
+from ctxrt.backends.cpu import native
 from ctxrt.backends.cpu.extents import _nothing, small_rows
 from ctxrt.backends.kernel import NodeSpec, TensorSpec
 from ctxrt.compiler.program import ARENA, CONST, Step, TensorInfo
@@ -232,7 +233,7 @@ class ExtentRunner:
         made.make = self.makers[k]
         if made.make is None:
             made.make = small_rows(step)
-            made.blas = made.make is not None
+            made.blas = made.make is not None and native.library() is None  # NumPy's GEMV (else the native one)
         if made.make is None:
             weights = ctx.host_weights
             spec = NodeSpec(step.op, step.name, step.attrs,

@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from ctxrt.backends.cpu import gemv, native
 from ctxrt.backends.kernel import Launch
+from ctxrt.errors import CtxrtError
 
 Make = Callable[[Any, list[Any], list[Any]], Launch]
 
@@ -86,9 +88,10 @@ GEMV_ROWS = 8  # rows under which a GEMM is a GEMV that NumPy streams faster tha
 
 def small_rows(step: Any) -> Make | None:
     """For a oneDNN GEMM step (MatMul, Gemm) whose weights are stored plain, (K, N) or (N, K), at fewer than
-    GEMV_ROWS rows: NumPy's GEMV with the same epilogue (bias, residual, then Relu), reading the same stored
-    weights. A decoder's projections at one token: 25% faster than the primitive (8 GEMVs of 1 MiB in a row, one
-    thread)."""
+    GEMV_ROWS rows: the native GEMV with the same epilogue (bias, residual, then Relu; gemv.py), or NumPy's where
+    the extension is not built, reading the same stored weights. A decoder's projections at one token: NumPy's
+    GEMV was 25% faster than the primitive (8 GEMVs of 1 MiB in a row, one thread); the native one takes the idle
+    cores."""
     a = step.attrs
     if step.op not in ("MatMul", "Gemm") or a.get("kernel") != "onednn" or a.get("weights_tag") not in ("ab", "ba"):
         return None
@@ -97,8 +100,13 @@ def small_rows(step: Any) -> Make | None:
     k, n = (int(d) for d in a["weight_shape"])
     rows = int(np.prod(step.inputs[0].shape[:-1]))
     act = a.get("activation")
-    if rows >= GEMV_ROWS or step.inputs[0].shape[-1] != k or act not in (None, "Relu"):
-        return None  # a GELU costs NumPy 9 passes: oneDNN's fused one is faster (1 x 256 by 256 x 1024: 26 vs 38 us)
+    if act == "Gelu" and a.get("approximate", "none") == "tanh":
+        act = "Gelu_tanh"
+    if rows >= GEMV_ROWS or step.inputs[0].shape[-1] != k or act not in gemv.ACTIVATIONS:
+        return None
+    numpy_act = act in (None, "Relu")  # a GELU costs NumPy 9 passes: without the native GEMV, oneDNN's fused one
+    if not numpy_act and native.library() is None:  # is faster (1 x 256 by 256 x 1024: 26 vs 38 us)
+        return None
     has_bias = (step.op == "Gemm" or a.get("bias")) and len(step.inputs) > 2 and step.inputs[2] is not None
     residual = bool(a.get("residual")) and len(step.inputs) > 3 and step.inputs[3] is not None
 
@@ -107,6 +115,13 @@ def small_rows(step: Any) -> Make | None:
         x, y = ins[0].reshape(rows, k), outs[0].reshape(rows, n)
         adds = ([ins[2].reshape(n)] if has_bias else []) + ([ins[3].reshape(rows, n)] if residual else [])
         relu = act == "Relu"
+        fast = gemv.launch(x, ins[1].reshape(k, n) if a["weights_tag"] == "ab" else ins[1].reshape(n, k),
+                           a["weights_tag"] == "ba", y, adds[0] if has_bias else None,
+                           adds[-1] if residual else None, act)
+        if fast is not None:
+            return fast
+        if not numpy_act:
+            raise CtxrtError(f"{step.op} {step.name!r}: the native GEMV did not take its arrays")
 
         def run() -> None:
             np.matmul(x, w, out=y)

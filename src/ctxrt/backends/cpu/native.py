@@ -53,6 +53,15 @@ class RmsArgs(ctypes.Structure):
                 ("sum", ctypes.c_void_p), ("y", ctypes.c_void_p), ("eps", ctypes.c_float)]
 
 
+class GemvArgs(ctypes.Structure):
+    """csrc/gemv.h's gemv_args."""
+
+    _fields_ = [("m", ctypes.c_int64), ("k", ctypes.c_int64), ("n", ctypes.c_int64), ("a", ctypes.c_void_p),
+                ("lda", ctypes.c_int64), ("w", ctypes.c_void_p), ("trans", ctypes.c_int64), ("bias", ctypes.c_void_p),
+                ("residual", ctypes.c_void_p), ("ldr", ctypes.c_int64), ("y", ctypes.c_void_p), ("ldy", ctypes.c_int64),
+                ("accumulate", ctypes.c_int64), ("act", ctypes.c_int64), ("threads", ctypes.c_int64)]
+
+
 def library() -> ctypes.CDLL | None:
     """The native library, loaded once; None where it was not built or CTXRT_NATIVE=0."""
     if "lib" not in _STATE:
@@ -78,6 +87,8 @@ def _load() -> ctypes.CDLL | None:
     lib.ctxrt_gqa.restype = ctypes.c_int
     lib.ctxrt_rms_rows.argtypes = [ctypes.c_void_p]
     lib.ctxrt_rms_rows.restype = ctypes.c_int
+    lib.ctxrt_gemv.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.ctxrt_gemv.restype = ctypes.c_int
     threads.refresh()  # libgomp may have come with it: its pool is held to a run's thread count too
     return lib
 

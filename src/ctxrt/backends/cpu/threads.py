@@ -177,13 +177,26 @@ def check_num_threads(num_threads: Any) -> int | None:
     return num_threads
 
 
-_CURRENT = threading.local()  # .n: the OpenMP thread count of the run in progress on this Python thread
+_CURRENT = threading.local()  # .n: the OpenMP thread count of the run in progress on this Python thread; .idle:
+# its thread count before OpenMP's rounding (native kernels that make no oneDNN primitive take exactly that many)
 
 
 def openmp_now() -> int:
     """The OpenMP thread count the run in progress on this thread set (0 outside a run): a oneDNN launch picks
     the primitive made for that count."""
     return getattr(_CURRENT, "n", 0)
+
+
+def idle_now() -> int:
+    """The threads a native kernel of the run in progress may use (gemv.py): the run's count (the context's
+    setting, else the cores other processes leave idle, 1 in a program of small kernels), not rounded to what
+    oneDNN's primitives were made for. 1 outside a run.
+
+    A program of small kernels keeps its GEMVs on one thread too, although alone a 1 MiB GEMV streams in ~45 us
+    on two cores against ~80 on one: a 4-layer GPT-2's tokens, GEMVs on two threads, had a median 15% lower but
+    a 99th percentile of 12 ms (one thread: 3.4 ms; onnxruntime 1.7) on a 2-vCPU VM whose second vCPU is not
+    always there when the barrier waits for it."""
+    return getattr(_CURRENT, "idle", 1)
 
 
 def openmp_count(n: int) -> int:
@@ -208,7 +221,7 @@ class ThreadScope:
         # workers spin for ~0.1 s, taking a core from oneDNN's threads for the whole next run (ResNet-50 on 2
         # cores: 78-90 ms with both pools at 2 threads, 40-46 ms with BLAS at 1).
         self.openmp_owns = False
-        self._outer = 0
+        self._outer = self._outer_idle = 0
         self.cap: int | None = None  # set by the program about to run: 1 when all its kernels are small (work.py)
         self.blas = False  # set by the program about to run: its large kernels are BLAS calls (GEMVs)
 
@@ -221,6 +234,8 @@ class ThreadScope:
         n = self.last = self.count()
         omp = openmp_count(n)  # never more than oneDNN's primitives were made for
         self._outer, _CURRENT.n = openmp_now(), omp
+        self._outer_idle = idle_now()
+        _CURRENT.idle = n
         for pool in pools():
             want = omp if pool.openmp else 1 if self.openmp_owns and not self.blas else n
             old = pool.get()
@@ -233,7 +248,7 @@ class ThreadScope:
         for pool, old in self._restore:
             pool.set(old)
         self._restore.clear()
-        _CURRENT.n = self._outer
+        _CURRENT.n, _CURRENT.idle = self._outer, self._outer_idle
 
 
 @contextlib.contextmanager

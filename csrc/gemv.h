@@ -1,0 +1,22 @@
+/* The argument struct of csrc/gemv.c (mirrored by ctxrt.backends.cpu.native.GemvArgs). */
+#ifndef CTXRT_GEMV_H
+#define CTXRT_GEMV_H
+#include <stdint.h>
+
+typedef struct {
+    int64_t m, k, n;        /* rows of A, K, N */
+    const float *a;         /* [m, k], rows lda floats apart */
+    int64_t lda;
+    const float *w;         /* trans 0: [k, n] (W as MatMul reads it); trans 1: [n, k] (W^T, rows of K) */
+    int64_t trans;
+    const float *bias;      /* [n] or NULL */
+    const float *residual;  /* [m, n], rows ldr floats apart, or NULL */
+    int64_t ldr;
+    float *y;               /* [m, n], rows ldy floats apart */
+    int64_t ldy;
+    int64_t accumulate;     /* 1: y holds the residual on entry (the residual's own buffer, updated in place) */
+    int64_t act;            /* after the bias and the residual: 0 none, 1 Relu, 2 GELU (erf), 3 GELU (tanh) */
+    int64_t threads;        /* OpenMP threads sharing the columns (1: the caller's thread only) */
+} gemv_args;
+
+#endif

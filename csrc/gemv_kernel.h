@@ -1,0 +1,157 @@
+/* The kernel of csrc/gemv.c, included there once per instruction set (NAME(x): this copy's names; GEMV_AVX2
+   defined in the AVX2+FMA copy). Each thread streams one contiguous range of W: memory-bound loops are fastest
+   when the hardware prefetcher sees one long stream. */
+
+static inline float NAME(dot)(const float *restrict a, const float *restrict w, int64_t k) {
+    int64_t i = 0;
+#ifdef GEMV_AVX2
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (; i + 32 <= k; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(w + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(w + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(w + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(w + i + 24), s3);
+    }
+    for (; i + 8 <= k; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(w + i), s0);
+    __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    float total = _mm_cvtss_f32(h);
+#else
+    float total = 0.0f;
+#endif
+    float tail = 0.0f;
+#pragma omp simd reduction(+ : tail)
+    for (int64_t j = i; j < k; j++) tail += a[j] * w[j];
+    return total + tail;
+}
+
+/* y rows = epilogue(A rows . W^T rows c0 .. c1 - 1), W^T [n, k]: each row of W^T read once, for every row of A */
+static void NAME(gemv_nk)(const gemv_args *p, int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; c++) {
+        const float *w = p->w + c * p->k;
+        for (int64_t r = 0; r < p->m; r++) {
+            float v = NAME(dot)(p->a + r * p->lda, w, p->k);
+            if (p->bias) v += p->bias[c];
+            if (p->residual) v += p->residual[r * p->ldr + c];
+            if (p->accumulate) v += p->y[r * p->ldy + c];
+            p->y[r * p->ldy + c] = p->act ? gemv_act(v, (int)p->act) : v;
+        }
+    }
+}
+
+/* out[r, c - c0] (rows ldo apart) = sum over rows i0 .. i1 - 1 of W [k, n] of A[r, i] W[i, c], for columns
+   c0 .. c1 - 1: eight rows of W at a time; into y itself (out = y + c0) with `accumulate`, added to what it holds */
+static void NAME(gemv_kn)(const gemv_args *p, int64_t i0, int64_t i1, int64_t c0, int64_t c1, float *out,
+                          int64_t ldo) {
+    const int64_t n = p->n, width = c1 - c0;
+    if (!(p->accumulate && out == p->y + c0))  /* into y holding the residual: added to it */
+        for (int64_t r = 0; r < p->m; r++)
+            for (int64_t j = 0; j < width; j++) out[r * ldo + j] = 0.0f;
+    int64_t i = i0;
+    for (; i + 8 <= i1; i += 8) {
+        const float *restrict w0 = p->w + i * n + c0, *restrict w1 = w0 + n, *restrict w2 = w1 + n,
+                    *restrict w3 = w2 + n, *restrict w4 = w3 + n, *restrict w5 = w4 + n, *restrict w6 = w5 + n,
+                    *restrict w7 = w6 + n;
+        for (int64_t r = 0; r < p->m; r++) {
+            const float *a = p->a + r * p->lda + i;
+            const float a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3], a4 = a[4], a5 = a[5], a6 = a[6], a7 = a[7];
+            float *restrict o = out + r * ldo;
+#pragma omp simd
+            for (int64_t j = 0; j < width; j++)
+                o[j] += (a0 * w0[j] + a1 * w1[j] + a2 * w2[j] + a3 * w3[j]) +
+                        (a4 * w4[j] + a5 * w5[j] + a6 * w6[j] + a7 * w7[j]);
+        }
+    }
+    for (; i + 4 <= i1; i += 4) {
+        const float *restrict w0 = p->w + i * n + c0, *restrict w1 = w0 + n, *restrict w2 = w1 + n,
+                    *restrict w3 = w2 + n;
+        for (int64_t r = 0; r < p->m; r++) {
+            const float *a = p->a + r * p->lda + i;
+            const float a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3];
+            float *restrict o = out + r * ldo;
+#pragma omp simd
+            for (int64_t j = 0; j < width; j++) o[j] += a0 * w0[j] + a1 * w1[j] + a2 * w2[j] + a3 * w3[j];
+        }
+    }
+    for (; i < i1; i++) {
+        const float *restrict w0 = p->w + i * n + c0;
+        for (int64_t r = 0; r < p->m; r++) {
+            const float a0 = p->a[r * p->lda + i];
+            float *restrict o = out + r * ldo;
+#pragma omp simd
+            for (int64_t j = 0; j < width; j++) o[j] += a0 * w0[j];
+        }
+    }
+}
+
+/* y[:, c0 .. c1 - 1] = epilogue(y + the other threads' parts ([count - 1, m, n] floats)), y holding the first */
+static void NAME(gemv_finish)(const gemv_args *p, int64_t c0, int64_t c1, const float *parts, int64_t count) {
+    const int64_t n = p->n, size = p->m * n;
+    const int act = (int)p->act;
+    for (int64_t r = 0; r < p->m; r++) {
+        float *restrict y = p->y + r * p->ldy;
+        const float *b = p->bias, *res = p->residual ? p->residual + r * p->ldr : 0;
+        for (int64_t t = 0; t + 1 < count; t++) {
+            const float *restrict q = parts + t * size + r * n;
+#pragma omp simd
+            for (int64_t j = c0; j < c1; j++) y[j] += q[j];
+        }
+        if (b || res) {
+#pragma omp simd
+            for (int64_t j = c0; j < c1; j++) y[j] += (b ? b[j] : 0.0f) + (res ? res[j] : 0.0f);
+        }
+        if (act == 1) {
+#pragma omp simd
+            for (int64_t j = c0; j < c1; j++) y[j] = y[j] > 0.0f ? y[j] : 0.0f;
+        } else if (act) {
+            for (int64_t j = c0; j < c1; j++) y[j] = gemv_act(y[j], act);
+        }
+    }
+}
+
+static void NAME(gemv)(const gemv_args *p, float *parts) {
+    int64_t threads = p->threads > 1 ? p->threads : 1;
+    const int64_t n = p->n, k = p->k;
+    if (p->trans) {  /* columns shared: each thread's rows of W^T are one contiguous range */
+        if (threads > n / 16) threads = n / 16 > 1 ? n / 16 : 1;
+        if (threads == 1) {
+            NAME(gemv_nk)(p, 0, n);
+            return;
+        }
+#pragma omp parallel num_threads((int)threads)
+        {
+            const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+            NAME(gemv_nk)(p, n * t / nt, n * (t + 1) / nt);
+        }
+        return;
+    }
+    if (threads > 1 && (n >= GEMV_SPLIT_COLUMNS || !parts)) {
+        /* wide W [k, n]: columns shared, each thread's part of a row a long contiguous run */
+        if (threads > n / 16) threads = n / 16 > 1 ? n / 16 : 1;
+#pragma omp parallel num_threads((int)threads)
+        {
+            const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+            const int64_t c0 = n * t / nt / 16 * 16, c1 = t + 1 == nt ? n : n * (t + 1) / nt / 16 * 16;
+            NAME(gemv_kn)(p, 0, k, c0, c1, p->y + c0, p->ldy);
+            NAME(gemv_finish)(p, c0, c1, 0, 1);
+        }
+        return;
+    }
+    if (threads > k / 16) threads = k / 16 > 1 ? k / 16 : 1;
+    if (threads == 1) {
+        NAME(gemv_kn)(p, 0, k, 0, n, p->y, p->ldy);
+        NAME(gemv_finish)(p, 0, n, 0, 1);
+        return;
+    }
+    /* narrow W [k, n]: rows of W shared, each thread's range of K one contiguous stream; thread 0 sums into y, the
+       others into their parts, added at the end */
+#pragma omp parallel num_threads((int)threads)
+    {
+        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+        if (t == 0) NAME(gemv_kn)(p, 0, k / nt, 0, n, p->y, p->ldy);
+        else NAME(gemv_kn)(p, k * t / nt, k * (t + 1) / nt, 0, n, parts + (t - 1) * p->m * n, n);
+    }
+    NAME(gemv_finish)(p, 0, n, parts, threads);
+}

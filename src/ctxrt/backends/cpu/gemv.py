@@ -1,0 +1,72 @@
+"""A GEMM of a few rows (a decoder's token, a classifier at batch 1) on the native GEMV (csrc/gemv.c): Y = A W
+(+ bias) (+ residual), then a fused Relu or GELU, W float32 constant stored [K, N] or [N, K], in one call.
+
+A GEMV reads each weight once: it is bound by memory, not by arithmetic, and two cores stream nearly twice the
+bytes of one. So once its weights reach `THREADED_BYTES` its launch shares the columns (or the rows of W) among
+the run's threads (`threads.idle_now`: the idle cores, 1 in a program of small kernels or under load; docs/cpu.md,
+"Threads"); a fused GELU saves oneDNN's call. Where the extension is not built, `launch` returns None and the
+caller keeps NumPy's GEMV.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+
+import numpy as np
+
+from ctxrt.backends.cpu import native, threads
+
+ROWS = 8  # rows of A under which a GEMM runs here (more: a GEMM, oneDNN's or BLAS's)
+# weights from which a launch shares its columns among the idle cores: 1 x 256 by 256 x 1024 (1 MiB) takes
+# ~80 us on one thread of a 2-core AVX2 VM and ~45 on two; at 64 KiB a fork/join costs what a second core saves
+THREADED_BYTES = 256 << 10
+
+ACTIVATIONS = {None: 0, "Relu": 1, "Gelu": 2, "Gelu_tanh": 3}  # fused after the bias and the residual (csrc/gemv.h)
+SPLIT_COLUMNS = 4096  # csrc/gemv.c's GEMV_SPLIT_COLUMNS
+F32 = np.dtype(np.float32)
+
+
+def _fits(x: np.ndarray | None, size: int) -> bool:
+    return x is None or x.dtype == F32 and x.size == size and x.flags.c_contiguous
+
+
+def launch(a: np.ndarray, w: np.ndarray, trans: bool, y: np.ndarray, bias: np.ndarray | None = None,
+           residual: np.ndarray | None = None, act: str | None = None) -> Callable[[], None] | None:
+    """The launch of y = act(a @ W (+ bias) (+ residual)), W = w ([K, N]) or w.T (`trans`: w is [N, K]), `act`
+    one of ACTIVATIONS, a and y (and the residual) C-contiguous rows; rows of a = its size / K. None where the
+    native library is not there or the arrays do not fit it (the caller then runs NumPy's GEMV)."""
+    lib = native.library()
+    if lib is None or act not in ACTIVATIONS or w.ndim != 2 or not _fits(w, w.size):
+        return None
+    n, k = w.shape if trans else w.shape[::-1]
+    m = a.size // k if k else 0
+    if not 0 < m < ROWS or n == 0 or not (_fits(a, m * k) and _fits(y, m * n) and _fits(residual, m * n)
+                                          and _fits(bias, n)):
+        return None
+    accumulate = residual is not None and residual.ctypes.data == y.ctypes.data
+    if accumulate:  # the residual updated in place: y holds it, the products are added to it
+        residual = None
+    elif residual is not None and np.shares_memory(residual, y) or np.shares_memory(a, y):
+        return None
+    args = native.GemvArgs(m=m, k=k, n=n, a=a.ctypes.data, lda=k, w=w.ctypes.data, trans=int(trans),
+                           bias=native.address(bias), residual=native.address(residual), ldr=n, y=y.ctypes.data,
+                           ldy=n, accumulate=int(accumulate), act=ACTIVATIONS[act], threads=1)
+    ref, call = ctypes.byref(args), lib.ctxrt_gemv
+    work = None
+    if w.nbytes < THREADED_BYTES:
+        def run() -> None:
+            call(ref, None)
+    else:
+        most = min(threads.usable_cores(), native.MAX_THREADS)
+        # W [k, n] narrower than the C's GEMV_SPLIT_COLUMNS: the other threads' partial sums (at most 16 KiB a row
+        # and thread); wider ones and W [n, k] share columns and need none
+        work = np.empty((most - 1) * m * n if not trans and n < SPLIT_COLUMNS and most > 1 else 0, F32)
+        ptr = work.ctypes.data if work.size else None
+        idle = threads.idle_now
+
+        def run() -> None:
+            args.threads = min(idle(), most)
+            call(ref, ptr)
+    run.arrays = (a, w, y, bias, residual, work)  # type: ignore[attr-defined]  # what the struct points into
+    return run

@@ -1,0 +1,84 @@
+"""The native GEMV (csrc/gemv.c, backends/cpu/gemv.py): a GEMM of a few rows against constant weights stored
+[K, N] or [N, K], with its epilogue (bias, residual, Relu or GELU), on one thread and shared among threads, against
+NumPy in float64; and in the programs that use it (a range program's token steps, a fixed program's GEMVs) against
+onnxruntime."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ctxrt.backends.cpu import gemv, native, threads
+
+needs_native = pytest.mark.skipif(native.library() is None, reason="the native extension is not built here")
+RNG = np.random.default_rng(7)
+
+
+def _reference(a, wkn, bias, residual, act):
+    y = a.astype(np.float64) @ wkn.astype(np.float64)
+    if bias is not None:
+        y = y + bias
+    if residual is not None:
+        y = y + residual
+    if act == "Relu":
+        y = np.maximum(y, 0)
+    elif act == "Gelu":
+        y = 0.5 * y * (1 + np.vectorize(math.erf)(y / math.sqrt(2)))
+    elif act == "Gelu_tanh":
+        y = 0.5 * y * (1 + np.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y ** 3)))
+    return y
+
+
+@needs_native
+@pytest.mark.parametrize("trans", [True, False], ids=["NK", "KN"])
+@pytest.mark.parametrize("m,k,n", [(1, 256, 1024), (3, 77, 130), (7, 1024, 96), (1, 33, 5000), (2, 5, 3),
+                                   (1, 300, 4100)])
+@pytest.mark.parametrize("nthreads", [1, 2, 3])
+def test_gemv_shapes_and_threads(trans, m, k, n, nthreads, monkeypatch) -> None:
+    monkeypatch.setattr(gemv, "THREADED_BYTES", 0)  # every size shared among the threads asked for
+    monkeypatch.setattr(threads, "usable_cores", lambda: 4)
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    wkn = RNG.standard_normal((k, n)).astype(np.float32)
+    w = np.ascontiguousarray(wkn.T) if trans else wkn
+    bias = RNG.standard_normal(n).astype(np.float32)
+    y = np.full((m, n), np.nan, np.float32)
+    run = gemv.launch(a, w, trans, y, bias)
+    monkeypatch.setattr(threads._CURRENT, "idle", nthreads, raising=False)
+    run()
+    np.testing.assert_allclose(y, _reference(a, wkn, bias, None, None), rtol=1e-4, atol=1e-4 * math.sqrt(k))
+
+
+@needs_native
+@pytest.mark.parametrize("trans", [True, False], ids=["NK", "KN"])
+@pytest.mark.parametrize("act", [None, "Relu", "Gelu", "Gelu_tanh"])
+@pytest.mark.parametrize("epilogue", ["none", "bias", "residual", "both", "in_place"])
+def test_gemv_epilogues(trans, act, epilogue, monkeypatch) -> None:
+    monkeypatch.setattr(threads._CURRENT, "idle", 2, raising=False)
+    m, k, n = 2, 512, 640  # 1.25 MiB: shared among the threads
+    a = RNG.standard_normal((m, k)).astype(np.float32) / 8
+    wkn = RNG.standard_normal((k, n)).astype(np.float32) / 8
+    w = np.ascontiguousarray(wkn.T) if trans else wkn
+    bias = RNG.standard_normal(n).astype(np.float32) if epilogue in ("bias", "both") else None
+    residual = RNG.standard_normal((m, n)).astype(np.float32) if epilogue in ("residual", "both", "in_place") else None
+    expect = _reference(a, wkn, bias, residual, act)
+    y = residual if epilogue == "in_place" else np.full((m, n), np.nan, np.float32)
+    gemv.launch(a, w, trans, y, bias, residual, act)()
+    np.testing.assert_allclose(y, expect, rtol=1e-5, atol=2e-5)
+
+
+def test_gemv_declines_what_it_cannot_read() -> None:
+    """Non-contiguous rows, a residual overlapping the output elsewhere than exactly, other dtypes, too many rows:
+    None (the caller runs NumPy's GEMV)."""
+    a = np.ones((1, 64), np.float32)
+    w = np.ones((64, 32), np.float32)
+    y = np.empty((1, 32), np.float32)
+    assert gemv.launch(a, w, False, y, act="Swish") is None
+    assert gemv.launch(np.ones((1, 128), np.float32)[:, ::2], w, False, y) is None
+    assert gemv.launch(a, w.astype(np.float64), False, y) is None
+    assert gemv.launch(np.ones((8, 64), np.float32), w, False, np.empty((8, 32), np.float32)) is None
+    both = np.zeros((1, 33), np.float32)
+    assert gemv.launch(a, w, False, both[:, 1:], residual=both[:, :32]) is None
+    if native.library() is not None:
+        assert gemv.launch(a, w, False, y) is not None
