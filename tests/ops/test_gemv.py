@@ -82,3 +82,58 @@ def test_gemv_declines_what_it_cannot_read() -> None:
     assert gemv.launch(a, w, False, both[:, 1:], residual=both[:, :32]) is None
     if native.library() is not None:
         assert gemv.launch(a, w, False, y) is not None
+
+
+def _mlp_model(gelu: str | None):
+    """x[1, seq, 256] -> MatMul 256 x 512 + bias -> Gelu (opset 20, `gelu`) -> MatMul 512 x 256 + bias + x: the
+    GEMMs fuse bias, activation and residual; at fewer than 8 rows of seq they are GEMVs."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w1 = RNG.standard_normal((256, 512)).astype(np.float32) / 16
+    w2 = RNG.standard_normal((512, 256)).astype(np.float32) / 16
+    b1 = RNG.standard_normal(512).astype(np.float32)
+    b2 = RNG.standard_normal(256).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h0"]), helper.make_node("Add", ["h0", "b1"], ["h1"])]
+    last = "h1"
+    if gelu is not None:
+        nodes.append(helper.make_node("Gelu", ["h1"], ["h2"], approximate=gelu))
+        last = "h2"
+    nodes += [helper.make_node("MatMul", [last, "w2"], ["h3"]), helper.make_node("Add", ["h3", "b2"], ["h4"]),
+              helper.make_node("Add", ["h4", "x"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "seq", 256])],
+                              [numpy_helper.from_array(v, n) for n, v in
+                               (("w1", w1), ("w2", w2), ("b1", b1), ("b2", b2))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+
+
+@needs_native
+@pytest.mark.parametrize("gelu", [None, "none", "tanh"])
+def test_range_program_token_steps_run_the_native_gemv(gelu, monkeypatch) -> None:
+    """A range program's steps at 1-7 rows launch the native GEMV (GELU fused where the graph has one) and equal
+    onnxruntime; at 12 rows oneDNN's GEMM runs."""
+    import onnxruntime as ort
+
+    import ctxrt
+
+    made = []
+    real = gemv.launch
+
+    def counting(*args, **kwargs):
+        run = real(*args, **kwargs)
+        made.append(run is not None)
+        return run
+    monkeypatch.setattr(gemv, "launch", counting)
+    model = _mlp_model(gelu).SerializeToString()
+    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    with ctxrt.InferenceSession(model, dim_ranges={"seq": (1, 16)}) as sess:
+        for seq in (1, 3, 7, 12):
+            x = RNG.standard_normal((1, seq, 256)).astype(np.float32)
+            before = len(made)
+            np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0], rtol=1e-4,
+                                       atol=1e-4)
+            if seq < gemv.ROWS:
+                assert made[before:] == [True, True], made[before:]  # both GEMMs, native
+            else:
+                assert len(made) == before
