@@ -1,26 +1,40 @@
 /* float32 GEMV with its epilogue, for a GEMM of a few rows (a decoder's token): Y = A W (+ bias) (+ residual),
    then the fused Relu or GELU, W constant and stored [K, N] or [N, K]. Memory-bound: it reads W once, so on a
-   machine with idle cores its columns are shared among OpenMP threads (the caller chooses how many; see
+   machine with idle cores it is shared among the pool's threads (csrc/pool.c; the caller chooses how many, see
    src/ctxrt/backends/cpu/gemv.py). Each kernel is compiled for AVX2+FMA and in portable C. */
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#ifdef _OPENMP
-#include <omp.h>
-#else
-static int omp_get_thread_num(void) { return 0; }
-static int omp_get_num_threads(void) { return 1; }
-#endif
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #endif
 
 #include "gemv.h"
+#include "pool.h"
 
-/* from this many columns a [k, n] W's columns are shared among threads (each one's part of a row >= 8 KiB);
-   narrower ones share rows of W, each thread summing into a part of its own */
+/* How a GEMV is shared among the pool's threads (csrc/pool.c: the caller never waits for a thread that has not
+   begun): in chunks of about GEMV_CHUNK_BYTES of W, each one contiguous range of it where it can be. W^T [n, k]:
+   ranges of its rows (columns of Y). W [k, n] of GEMV_SPLIT_COLUMNS columns or more: ranges of columns (each a
+   run of >= 64 floats a row); narrower: ranges of its rows, each chunk summing into a part of its own (at most
+   GEMV_PARTS_MAX), added at the end. */
 #define GEMV_SPLIT_COLUMNS 4096
+#define GEMV_CHUNK_BYTES (64 << 10)
+#define GEMV_CHUNKS_MAX 256
+#define GEMV_PARTS_MAX 16
+/* the parts' sum and the epilogue of a GEMV_ROWS_KN job are shared too from this many values (or columns of
+   GELU, whose erf or tanh costs ~10 ns a value) */
+#define GEMV_FINISH_SHARED 8192
+
+enum { GEMV_COLUMNS_NK, GEMV_COLUMNS_KN, GEMV_ROWS_KN, GEMV_FINISH };
+
+typedef struct {
+    const gemv_args *p;
+    int64_t chunks;
+    int64_t count;  /* GEMV_ROWS_KN's chunks, y and the parts (GEMV_FINISH reads them) */
+    float *parts;   /* GEMV_ROWS_KN: (count - 1) * m * n floats */
+    int kind;
+} gemv_job;
 
 /* the fused activation (gemv_args.act) of one value, as onnxruntime's Relu and Gelu compute it */
 static inline float gemv_act(float v, int act) {
@@ -52,10 +66,9 @@ static int avx2(void) { return 0; }
 #define gemv_avx2 gemv_c
 #endif
 
-/* Y = act(A W (+ bias) (+ residual)) for *p. `work`: (p->threads - 1) * m * n floats, the other threads'
-   partial sums where W is [k, n] and narrower than GEMV_SPLIT_COLUMNS, or NULL (then columns are shared). */
-int ctxrt_gemv(const gemv_args *p, float *work) {
-    if (avx2()) gemv_avx2(p, work);
-    else gemv_c(p, work);
+/* Y = act(A W (+ bias) (+ residual)) for *p, shared among up to p->threads threads. Returns 0. */
+int ctxrt_gemv(const gemv_args *p) {
+    if (avx2()) gemv_avx2(p);
+    else gemv_c(p);
     return 0;
 }

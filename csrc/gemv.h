@@ -16,7 +16,7 @@ typedef struct {
     int64_t ldy;
     int64_t accumulate;     /* 1: y holds the residual on entry (the residual's own buffer, updated in place) */
     int64_t act;            /* after the bias and the residual: 0 none, 1 Relu, 2 GELU (erf), 3 GELU (tanh) */
-    int64_t threads;        /* OpenMP threads sharing the columns (1: the caller's thread only) */
+    int64_t threads;        /* threads sharing the work, the caller's included (1: the caller's only) */
 } gemv_args;
 
 #endif

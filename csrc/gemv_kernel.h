@@ -111,47 +111,64 @@ static void NAME(gemv_finish)(const gemv_args *p, int64_t c0, int64_t c1, const 
     }
 }
 
-static void NAME(gemv)(const gemv_args *p, float *parts) {
-    int64_t threads = p->threads > 1 ? p->threads : 1;
+/* one chunk of a job shared among the pool's threads (gemv_job: its kind says which) */
+static void NAME(gemv_chunk)(const void *arg, int64_t c) {
+    const gemv_job *j = (const gemv_job *)arg;
+    const gemv_args *p = j->p;
+    const int64_t n = p->n, k = p->k, chunks = j->chunks;
+    if (j->kind == GEMV_COLUMNS_NK) {
+        NAME(gemv_nk)(p, n * c / chunks, n * (c + 1) / chunks);
+    } else if (j->kind == GEMV_COLUMNS_KN) {
+        const int64_t c0 = n * c / chunks / 16 * 16, c1 = c + 1 == chunks ? n : n * (c + 1) / chunks / 16 * 16;
+        NAME(gemv_kn)(p, 0, k, c0, c1, p->y + c0, p->ldy);
+        NAME(gemv_finish)(p, c0, c1, 0, 1);
+    } else if (j->kind == GEMV_FINISH) {  /* the parts of a GEMV_ROWS_KN job added, the epilogue: by columns */
+        NAME(gemv_finish)(p, n * c / chunks, n * (c + 1) / chunks, j->parts, j->count);
+    } else {  /* rows of W: the first range sums into y, the others into parts, added at the end */
+        const int64_t i0 = k * c / chunks, i1 = k * (c + 1) / chunks;
+        if (c == 0) NAME(gemv_kn)(p, i0, i1, 0, n, p->y, p->ldy);
+        else NAME(gemv_kn)(p, i0, i1, 0, n, j->parts + (c - 1) * p->m * n, n);
+    }
+}
+
+static void NAME(gemv)(const gemv_args *p) {
     const int64_t n = p->n, k = p->k;
-    if (p->trans) {  /* columns shared: each thread's rows of W^T are one contiguous range */
-        if (threads > n / 16) threads = n / 16 > 1 ? n / 16 : 1;
-        if (threads == 1) {
-            NAME(gemv_nk)(p, 0, n);
+    const int granted = p->threads > 1 ? ctxrt_pool_begin(p->threads) : 0;
+    if (granted >= 2) {
+        gemv_job j = {p, 0, 0, 0, GEMV_COLUMNS_NK};
+        int64_t chunks = k * n * 4 / GEMV_CHUNK_BYTES, most;
+        if (p->trans) {
+            most = n / 16;
+        } else if (n >= GEMV_SPLIT_COLUMNS) {
+            j.kind = GEMV_COLUMNS_KN, most = n / 64;
+        } else {
+            j.kind = GEMV_ROWS_KN, most = k / 8 < GEMV_PARTS_MAX ? k / 8 : GEMV_PARTS_MAX;
+        }
+        if (chunks > most) chunks = most;
+        if (chunks > GEMV_CHUNKS_MAX) chunks = GEMV_CHUNKS_MAX;
+        if (chunks < granted) chunks = granted <= most ? granted : most;
+        if (j.kind == GEMV_ROWS_KN && chunks > 1) {
+            j.parts = (float *)ctxrt_pool_scratch((size_t)(chunks - 1) * p->m * n * sizeof(float));
+            if (!j.parts) chunks = 1;
+        }
+        if (chunks >= 2) {
+            j.chunks = j.count = chunks;
+            ctxrt_pool_run(NAME(gemv_chunk), &j, chunks);
+            if (j.kind == GEMV_ROWS_KN && (p->act > 1 ? 8 * n : p->m * n * chunks) >= GEMV_FINISH_SHARED) {
+                j.kind = GEMV_FINISH, j.chunks = granted;  /* GELU's erf, or many parts to add: shared too */
+                ctxrt_pool_run(NAME(gemv_chunk), &j, granted);
+            } else if (j.kind == GEMV_ROWS_KN) {
+                NAME(gemv_finish)(p, 0, n, j.parts, chunks);
+            }
+            ctxrt_pool_end();
             return;
         }
-#pragma omp parallel num_threads((int)threads)
-        {
-            const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-            NAME(gemv_nk)(p, n * t / nt, n * (t + 1) / nt);
-        }
-        return;
+        ctxrt_pool_end();
     }
-    if (threads > 1 && (n >= GEMV_SPLIT_COLUMNS || !parts)) {
-        /* wide W [k, n]: columns shared, each thread's part of a row a long contiguous run */
-        if (threads > n / 16) threads = n / 16 > 1 ? n / 16 : 1;
-#pragma omp parallel num_threads((int)threads)
-        {
-            const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-            const int64_t c0 = n * t / nt / 16 * 16, c1 = t + 1 == nt ? n : n * (t + 1) / nt / 16 * 16;
-            NAME(gemv_kn)(p, 0, k, c0, c1, p->y + c0, p->ldy);
-            NAME(gemv_finish)(p, c0, c1, 0, 1);
-        }
-        return;
-    }
-    if (threads > k / 16) threads = k / 16 > 1 ? k / 16 : 1;
-    if (threads == 1) {
+    if (p->trans) {
+        NAME(gemv_nk)(p, 0, n);
+    } else {
         NAME(gemv_kn)(p, 0, k, 0, n, p->y, p->ldy);
         NAME(gemv_finish)(p, 0, n, 0, 1);
-        return;
     }
-    /* narrow W [k, n]: rows of W shared, each thread's range of K one contiguous stream; thread 0 sums into y, the
-       others into their parts, added at the end */
-#pragma omp parallel num_threads((int)threads)
-    {
-        const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-        if (t == 0) NAME(gemv_kn)(p, 0, k / nt, 0, n, p->y, p->ldy);
-        else NAME(gemv_kn)(p, k * t / nt, k * (t + 1) / nt, 0, n, parts + (t - 1) * p->m * n, n);
-    }
-    NAME(gemv_finish)(p, 0, n, parts, threads);
 }

@@ -87,7 +87,6 @@ def test_gemv_declines_what_it_cannot_read() -> None:
 def _mlp_model(gelu: str | None):
     """x[1, seq, 256] -> MatMul 256 x 512 + bias -> Gelu (opset 20, `gelu`) -> MatMul 512 x 256 + bias + x: the
     GEMMs fuse bias, activation and residual; at fewer than 8 rows of seq they are GEMVs."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     w1 = RNG.standard_normal((256, 512)).astype(np.float32) / 16
@@ -137,3 +136,44 @@ def test_range_program_token_steps_run_the_native_gemv(gelu, monkeypatch) -> Non
                 assert made[before:] == [True, True], made[before:]  # both GEMMs, native
             else:
                 assert len(made) == before
+
+
+@needs_native
+def test_pool_serves_concurrent_callers_and_forked_children(monkeypatch) -> None:
+    """ctxrt's pool runs one job at a time: GEMVs launched from several Python threads at once (a second caller
+    runs its chunks alone) and from a forked child (whose pool starts new workers) all give the right sums."""
+    import multiprocessing as mp
+    import threading
+
+    monkeypatch.setattr(gemv, "THREADED_BYTES", 0)
+    k, n = 512, 1024
+    w = RNG.standard_normal((n, k)).astype(np.float32)
+    cases = [RNG.standard_normal((1, k)).astype(np.float32) for _ in range(4)]
+    expect = [_reference(a, w.T, None, None, "Relu") for a in cases]
+    failures = []
+
+    def caller(i: int) -> None:
+        threads._CURRENT.idle = 2
+        y = np.empty((1, n), np.float32)
+        run = gemv.launch(cases[i], w, True, y, act="Relu")
+        for _ in range(200):
+            y.fill(np.nan)
+            run()
+            if not np.allclose(y, expect[i], rtol=1e-4, atol=1e-3):
+                failures.append(i)
+                return
+    workers = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert failures == []
+    caller(0)  # the pool's workers now exist in this process
+
+    def child() -> None:
+        caller(1)
+        raise SystemExit(1 if failures else 0)
+    p = mp.get_context("fork").Process(target=child)
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0 and failures == []

@@ -2,10 +2,11 @@
 (+ bias) (+ residual), then a fused Relu or GELU, W float32 constant stored [K, N] or [N, K], in one call.
 
 A GEMV reads each weight once: it is bound by memory, not by arithmetic, and two cores stream nearly twice the
-bytes of one. So once its weights reach `THREADED_BYTES` its launch shares the columns (or the rows of W) among
-the run's threads (`threads.idle_now`: the idle cores, 1 in a program of small kernels or under load; docs/cpu.md,
-"Threads"); a fused GELU saves oneDNN's call. Where the extension is not built, `launch` returns None and the
-caller keeps NumPy's GEMV.
+bytes of one. So once its weights reach `THREADED_BYTES` its launch shares them among the run's threads
+(`threads.idle_now`) on ctxrt's own pool (csrc/pool.c), where the caller never waits for a thread that has not
+begun: no barrier, so a GEMV takes the idle cores even in a program held to one thread because its kernels are
+small (docs/cpu.md, "Threads"). A fused GELU saves oneDNN's call. Where the extension is not built, `launch`
+returns None and the caller keeps NumPy's GEMV.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ ROWS = 8  # rows of A under which a GEMM runs here (more: a GEMM, oneDNN's or BL
 THREADED_BYTES = 256 << 10
 
 ACTIVATIONS = {None: 0, "Relu": 1, "Gelu": 2, "Gelu_tanh": 3}  # fused after the bias and the residual (csrc/gemv.h)
-SPLIT_COLUMNS = 4096  # csrc/gemv.c's GEMV_SPLIT_COLUMNS
 F32 = np.dtype(np.float32)
 
 
@@ -53,20 +53,14 @@ def launch(a: np.ndarray, w: np.ndarray, trans: bool, y: np.ndarray, bias: np.nd
                            bias=native.address(bias), residual=native.address(residual), ldr=n, y=y.ctypes.data,
                            ldy=n, accumulate=int(accumulate), act=ACTIVATIONS[act], threads=1)
     ref, call = ctypes.byref(args), lib.ctxrt_gemv
-    work = None
     if w.nbytes < THREADED_BYTES:
         def run() -> None:
-            call(ref, None)
+            call(ref)
     else:
-        most = min(threads.usable_cores(), native.MAX_THREADS)
-        # W [k, n] narrower than the C's GEMV_SPLIT_COLUMNS: the other threads' partial sums (at most 16 KiB a row
-        # and thread); wider ones and W [n, k] share columns and need none
-        work = np.empty((most - 1) * m * n if not trans and n < SPLIT_COLUMNS and most > 1 else 0, F32)
-        ptr = work.ctypes.data if work.size else None
-        idle = threads.idle_now
+        idle, most = threads.idle_now, native.MAX_THREADS
 
         def run() -> None:
             args.threads = min(idle(), most)
-            call(ref, ptr)
-    run.arrays = (a, w, y, bias, residual, work)  # type: ignore[attr-defined]  # what the struct points into
+            call(ref)
+    run.arrays = (a, w, y, bias, residual)  # type: ignore[attr-defined]  # what the struct points into
     return run

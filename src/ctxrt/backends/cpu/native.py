@@ -87,7 +87,7 @@ def _load() -> ctypes.CDLL | None:
     lib.ctxrt_gqa.restype = ctypes.c_int
     lib.ctxrt_rms_rows.argtypes = [ctypes.c_void_p]
     lib.ctxrt_rms_rows.restype = ctypes.c_int
-    lib.ctxrt_gemv.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.ctxrt_gemv.argtypes = [ctypes.c_void_p]
     lib.ctxrt_gemv.restype = ctypes.c_int
     threads.refresh()  # libgomp may have come with it: its pool is held to a run's thread count too
     return lib

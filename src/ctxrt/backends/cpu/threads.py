@@ -188,14 +188,11 @@ def openmp_now() -> int:
 
 
 def idle_now() -> int:
-    """The threads a native kernel of the run in progress may use (gemv.py): the run's count (the context's
-    setting, else the cores other processes leave idle, 1 in a program of small kernels), not rounded to what
-    oneDNN's primitives were made for. 1 outside a run.
-
-    A program of small kernels keeps its GEMVs on one thread too, although alone a 1 MiB GEMV streams in ~45 us
-    on two cores against ~80 on one: a 4-layer GPT-2's tokens, GEMVs on two threads, had a median 15% lower but
-    a 99th percentile of 12 ms (one thread: 3.4 ms; onnxruntime 1.7) on a 2-vCPU VM whose second vCPU is not
-    always there when the barrier waits for it."""
+    """The threads a native kernel on ctxrt's own pool may use in the run in progress (gemv.py): the run's count
+    (the context's setting, else the cores other processes leave idle), not rounded to what oneDNN's primitives
+    were made for, and not held to one in a program of small kernels: the pool has no barrier (csrc/pool.c), so
+    a GEMV streaming 1 MiB of weights takes a second idle core (~45 us instead of ~80) without the risk that
+    holds the program's other kernels to one thread. 1 outside a run."""
     return getattr(_CURRENT, "idle", 1)
 
 
@@ -235,7 +232,7 @@ class ThreadScope:
         omp = openmp_count(n)  # never more than oneDNN's primitives were made for
         self._outer, _CURRENT.n = openmp_now(), omp
         self._outer_idle = idle_now()
-        _CURRENT.idle = n
+        _CURRENT.idle = (self.num_threads or monitor().available()) if self.cap == 1 else n
         for pool in pools():
             want = omp if pool.openmp else 1 if self.openmp_owns and not self.blas else n
             old = pool.get()
