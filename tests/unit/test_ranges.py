@@ -111,6 +111,16 @@ def test_a_new_past_length_makes_no_kernel_and_no_tensor(gpt2) -> None:
         assert built[2] == built[-1] == s["range_kernels_built"]  # from the third token (seq 1) on: none made
         assert s["range_specializations"] == TOKENS and s["tensors_created"] == 0
         assert s["recordings"] == TOKENS  # one launch list per past length
+        # the attention steps are live: one launch each for every past length, its views made when it first meets
+        # one (no per-step state per set of dims); a second generation over the same lengths makes none
+        runner = next(iter(sess._variants.values())).ranged._extent
+        live = set(runner.live_raw)
+        assert {runner.g.compiled.steps[k].op for k in live} >= {"Concat", "MatMul", "Softmax"}
+        assert not any(k in live for members in runner.groups_made.values() for k, _ in members)
+        made = s["range_live_launches_made"]
+        assert 0 < made <= len(live) * TOKENS
+        assert decoders.generate(lambda f: sess.run(None, f), feeds, TOKENS) == want
+        assert sess.stats["range_live_launches_made"] == made
 
 
 def test_launches_that_take_extents_match_onnx(backend) -> None:

@@ -2,10 +2,12 @@
 
 Only the steps whose integers changed get other launches; the rest are the upper bound's. A changed step covered by
 the CPU's makers of run-time extents (`backends/cpu/extents.py`: element-wise ops, MatMul, Softmax, Concat,
-Transpose, Slice, Expand, Trilu, Range, copies) has its launch made from views at the same arena offsets, a few
-microseconds; another (a oneDNN GEMM whose rows follow the sequence) gets its kernel made once per shape, from a
-small cache per step. A decoder's token at a new past length changes only its attention steps, all covered: it
-costs no kernel, no graph and no compile. Other backends make a child graph per set of dims (runtime/graph.py).
+Transpose, Slice, Expand, Trilu, Range, copies) whose integers are extents or elements of small constants is live:
+one launch for every set of dims, which makes its views at the same arena offsets when it first meets its values
+(a few microseconds). Another changed step (a oneDNN GEMM whose rows follow the sequence) gets its kernel made once
+per shape, from a small cache per step. A decoder's token at a new past length changes only its attention steps,
+all live: it costs no kernel, no graph and no compile. Other backends make a child graph per set of dims
+(runtime/graph.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ if TYPE_CHECKING:
 
 _NO_SHAPES: Mapping[str, tuple[int, ...]] = {}
 PER_STEP = 64  # shapes of one changed step whose launches (and kernels) are kept
+# values of a live step's integers whose launches it keeps (~1 KB each: a closure and its views): a generation of
+# up to this many tokens, repeated, makes no launch the second time
+LIVE_KEPT = 128
 
 
 # op -> positions of constant inputs its CPU kernel reads only when it runs, never when it is made: a range
@@ -66,7 +71,7 @@ class AtDims:
     and the launch list recorded for one IO binding."""
 
     __slots__ = ("dims", "inputs", "outputs", "out_info", "steps", "cap", "blas", "bound", "internal", "launches",
-                 "recordings")
+                 "recordings", "vals")
 
     def __init__(self, dims: tuple[int, ...], inputs: list[TensorInfo], outputs: list[TensorInfo],
                  steps: dict[int, Made], cap: int | None, blas: bool = False) -> None:
@@ -79,6 +84,7 @@ class AtDims:
         # the latest RECORDINGS launch lists by their binding: a loop that binds two sets of outputs in turn (a
         # torch export's generation: a step's presents are the next step's pasts) records each once
         self.recordings: OrderedDict[tuple[MemHandle | None, ...], list[Any]] = OrderedDict()
+        self.vals: list[int] = []  # the integers of the program at these dims (ExtentRunner.live reads them)
 
 
 class ExtentRunner:
@@ -109,18 +115,46 @@ class ExtentRunner:
             m: OrderedDict() for m in groups}
         # steps with a launch maker whose integers are only extents: their refs' axes that follow the dims, by
         # position in the step's values (made without a new Step, _pure)
+        self.live_spec: dict[int, tuple[list[Any], list[Any]]] = {}
         self.pure: dict[int, tuple[list[Any], list[Any]]] = {}
+        # steps with a launch maker whose integers are extents and elements of small constants (a causal mask's
+        # Range limit, Expand's shape, Trilu's k): live too, those constants filled at each run
+        self.fills: dict[int, dict[int, list[tuple[int, int]]]] = {}
         entries = g.ranges.entries
         for k, idx in g.ranges._by_step.items():
-            if makers[k] is None or any(entries[i][0][0] not in ("in", "out") for i in idx):
+            kinds = {entries[i][0][0] for i in idx}
+            if makers[k] is None or not kinds <= {"in", "out", "const"}:
                 continue
             step = g.compiled.steps[k]
             axes: dict[tuple[str, int], list[tuple[int, int]]] = {}
+            fills: dict[int, list[tuple[int, int]]] = {}
             for j, i in enumerate(idx):
                 kind, _, slot, axis = entries[i][0]
-                axes.setdefault((kind, int(slot)), []).append((int(axis), j))
-            self.pure[k] = ([None if r is None else (r, axes.get(("in", n), ())) for n, r in enumerate(step.inputs)],
-                            [(r, axes.get(("out", n), ())) for n, r in enumerate(step.outputs)])
+                if kind == "const":
+                    fills.setdefault(int(slot), []).append((int(axis), j))  # (flat index, position in idx)
+                else:
+                    axes.setdefault((kind, int(slot)), []).append((int(axis), j))
+            spec = ([None if r is None else (r, axes.get(("in", n), ())) for n, r in enumerate(step.inputs)],
+                    [(r, axes.get(("out", n), ())) for n, r in enumerate(step.outputs)])
+            if fills:
+                self.fills[k] = fills
+            else:
+                self.pure[k] = spec
+            self.live_spec[k] = spec
+        # the pure steps' launches for every set of dims, their views made at each run from the dims' values (the
+        # current ones in `self.vals`): a token at a new past length makes nothing for them. Steps touching no IO
+        # tensor serve every binding; the others on the internal IO buffers only (arrays fed and returned)
+        self.vals: list[int] = []
+        self.live: dict[int, Any] = {k: self._live(k, idx, raw=False) for k, idx in g.ranges._by_step.items()
+                                     if k in self.live_spec and k not in self.io_steps}
+        self.live_raw: dict[int, Any] = {**self.live, **{k: self._live(k, idx, raw=True)
+                                                          for k, idx in g.ranges._by_step.items()
+                                                          if k in self.live_spec and k in self.io_steps}}
+        self.groups_made = {m: [(k, idx) for k, idx in members if k not in self.live_raw]
+                            for m, members in groups.items()}
+        live_work = [self.work[k] for k in self.live_raw]  # at the upper bound: bounds every shape inside
+        self.live_work: int | None = None if self.static_work is None or None in live_work else \
+            max([self.static_work, *live_work])
         # outputs of data-dependent size (GroupQueryAttention's present): (name, axis, the scalar of its real size)
         out_index = {t.name: i for i, t in enumerate(g.outputs)}
         self.extents = [(out_index[name], axis, _view(g, r)) for name, (axis, r) in g.compiled.extents.items()]
@@ -136,6 +170,77 @@ class ExtentRunner:
         from ctxrt.backends.cpu.extents import maker
 
         return cls(g, {k: maker(g.compiled.steps[k], g.compiled.opset) for k in g.ranges._by_step})
+
+    def _live(self, k: int, idx: list[int], raw: bool) -> Any:
+        """Step k's launch at any dims (a live step: its maker's, from views at the upper bound's places with the
+        shapes of the dims in `self.vals`, and its own copies of the small constants that follow them), made when
+        a run first meets its integers' values and kept for the latest LIVE_KEPT of them: no per-dims state, no
+        recording. `raw`: its IO tensors are the internal IO buffers."""
+        g = self.g
+        step = g.compiled.steps[k]
+        ins_spec, outs_spec = self.live_spec[k]
+        make = self.makers[k]
+        tmpl = _Step(step.op, step.attrs, list(step.inputs), list(step.outputs))
+        fills = self.fills.get(k, {})
+
+        def place(spec: Any, n: int = -1) -> Any:
+            if spec is None:
+                return None
+            r, axes = spec
+            if n in fills:  # a small integer constant, its elements that follow the dims set at each run
+                array = np.array(g.ctx.host_weights[r.key]).reshape(r.shape)
+                return (array, [(flat, idx[j]) for flat, j in fills[n]])
+            if r.space == ARENA:
+                buf, base = g.ctx.arena
+                array, offset = buf.array, base + r.offset
+            elif r.space == CONST:
+                return _view(g, r)  # constants keep their shape
+            elif raw:
+                buf, offset = g._io_place(r.key)
+                array = buf.array
+            else:
+                raise AssertionError(f"step {k} reads IO tensor {r.key!r}: not a live step for bound handles")
+            if not axes:
+                return np.ndarray(r.shape, r.dtype, array, offset)
+            return (array, offset, np.dtype(r.dtype), list(r.shape), [(axis, idx[j]) for axis, j in axes])
+
+        ins, outs = [place(x, n) for n, x in enumerate(ins_spec)], [place(x) for x in outs_spec]
+        runner, ndarray, nothing, stats = self, np.ndarray, _nothing, g.ctx.stats
+        made: OrderedDict[tuple[int, ...], Any] = OrderedDict()  # launches by the values of the step's integers
+
+        def views(specs: list[Any], vals: list[int]) -> list[Any]:
+            got = []
+            for spec in specs:
+                if spec.__class__ is not tuple:
+                    got.append(spec)
+                    continue
+                if len(spec) == 2:  # a constant of this launch's own, its elements set
+                    array, elements = spec
+                    array = array.copy()
+                    flat = array.reshape(-1)
+                    for j, i in elements:
+                        flat[j] = vals[i]
+                    got.append(array)
+                    continue
+                array, offset, dtype, shape, axes = spec
+                for axis, i in axes:
+                    shape[axis] = vals[i]
+                got.append(ndarray(tuple(shape), dtype, array, offset))
+            return got
+
+        def launch() -> None:
+            vals = runner.vals
+            key = tuple([vals[i] for i in idx])
+            run = made.get(key)
+            if run is None:
+                y = views(outs, vals)
+                run = nothing if any(not t.size for t in y) else make(tmpl, views(ins, vals), y)
+                made[key] = run
+                stats["range_live_launches_made"] += 1
+                if len(made) > LIVE_KEPT:
+                    made.popitem(last=False)
+            run()
+        return launch
 
     # -- dims ------------------------------------------------------------------------------------------
     def at(self, inputs: Mapping[str, Any]) -> AtDims:
@@ -168,8 +273,10 @@ class ExtentRunner:
             kind, index, axis = r.entries[i][0]
             io[kind][index][axis] = vals[i]
         steps: dict[int, Made] = {}
-        largest = self.static_work
-        for mask, members in self.groups.items():  # the steps that follow the same dims change together
+        largest = self.live_work
+        for mask, members in self.groups_made.items():  # the steps that follow the same dims change together
+            if not members:
+                continue
             made = self._group(mask, members, dims, vals)
             steps.update(made[0])
             largest = None if largest is None or made[1] is None else max(largest, made[1])
@@ -184,7 +291,9 @@ class ExtentRunner:
         blas = cap is None and gemv >= SMALL_WORK and self.static_work is not None and all(
             m.blas or m.work is not None and m.work < SMALL_WORK for m in steps.values()) and \
             self.static_work < SMALL_WORK
-        return AtDims(dims, ins, outs, steps, cap, blas)
+        st = AtDims(dims, ins, outs, steps, cap, blas)
+        st.vals = vals
+        return st
 
     def _group(self, mask: int, members: list[tuple[int, list[int]]], dims: tuple[int, ...], vals: list[int]
                ) -> tuple[dict[int, Made], int | None]:
@@ -216,7 +325,7 @@ class ExtentRunner:
             cache.popitem(last=False)
         return hit
 
-    def _make(self, k: int, changes: list[tuple[list[Any], int]]) -> Made:
+    def _make(self, k: int, changes: list[tuple[list[Any], int]], launch: bool = True) -> Made:
         """Step k at new values of its integers: its launch maker, or a kernel made for its shapes; its launch
         now when it touches no IO tensor."""
         g = self.g
@@ -265,11 +374,11 @@ class ExtentRunner:
                     made.held.append(buf)
                     made.scratch.append(be.view(buf, 0, (n,), np.uint8))
                     ctx.stats["range_private_scratch_bytes"] += n
-        if k not in self.io_steps:
+        if launch and k not in self.io_steps:
             made.launch = self._launch(made, lambda ref: _view(g, ref))
         return made
 
-    def _pure(self, k: int, key: tuple[int, ...]) -> Made:
+    def _pure(self, k: int, key: tuple[int, ...], launch: bool = True) -> Made:
         """Step k, whose integers are extents only, at these values: refs of the new shapes (the same places)
         and its maker's launch; no Step and no kernel are made (about 5 us)."""
         g = self.g
@@ -283,7 +392,7 @@ class ExtentRunner:
         made = Made(at)  # type: ignore[arg-type]
         made.work = self._work(k, at)
         made.make = self.makers[k]
-        if k not in self.io_steps:
+        if launch and k not in self.io_steps:
             made.launch = made.make(at, [None if r is None else _view(g, r) for r in ins],
                                     [_view(g, r) for r in outs])
         return made
@@ -327,10 +436,19 @@ class ExtentRunner:
         if views is st.internal:
             launches = list(self._internal_base(view))  # unchanged steps' launches: the same at any dims
         else:
-            launches = [None if k in st.steps else g._launches[k] if k not in self.io_steps else
+            makers = self.makers
+            launches = [None if k in makers else g._launches[k] if k not in self.io_steps else
                         g._kernels[k].bind([view(r) if r else None for r in step.inputs],
                                            [view(r) for r in step.outputs], [view(r) for r in step.scratch])
                         for k, step in enumerate(g.compiled.steps)]
+            for k, live in self.live.items():
+                launches[k] = live
+            by_step = g.ranges._by_step
+            for k in self.live_raw.keys() - self.live.keys():  # live steps on bound handles: made for these dims
+                vals = [st.vals[i] for i in by_step[k]]
+                made = self._pure(k, tuple(vals), launch=False) if k in self.pure else \
+                    self._make(k, [(self.g.ranges.entries[i][0], st.vals[i]) for i in by_step[k]], launch=False)
+                launches[k] = _nothing if made.step is None else self._launch(made, view)
         raw = views is st.internal
         for k, made in st.steps.items():
             if made.step is None:
@@ -350,7 +468,8 @@ class ExtentRunner:
         """The launch list on the internal IO buffers with the changed steps left None (made once)."""
         if self.internal_io is None:
             g = self.g
-            self.internal_io = [None if k in self.makers else g._launches[k] if k not in self.io_steps else
+            self.internal_io = [self.live_raw.get(k) if k in self.makers else g._launches[k]
+                                if k not in self.io_steps else
                                 g._kernels[k].bind([view(r) if r else None for r in step.inputs],
                                                    [view(r) for r in step.outputs], [view(r) for r in step.scratch])
                                 for k, step in enumerate(g.compiled.steps)]
@@ -376,6 +495,7 @@ class ExtentRunner:
                     st.recordings[bound] = st.launches
                     while len(st.recordings) > RECORDINGS:
                         st.recordings.popitem(last=False)
+            self.vals = st.vals  # what the live launches read
             run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, st.launches, st.cap, st.blas)
             if not self.extents:
                 return _NO_SHAPES
