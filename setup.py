@@ -6,9 +6,10 @@ import sys
 
 from setuptools import Extension, setup
 
-openmp = [] if sys.platform == "darwin" else ["-fopenmp"]  # Apple's clang has no OpenMP of its own
+# `omp simd` only (the loops' vectorization): the threads are ctxrt's own (csrc/pool.c), no OpenMP runtime linked
 native = Extension("ctxrt._native", ["csrc/nbits.c", "csrc/genai.c", "csrc/gemv.c", "csrc/pool.c"],
                    depends=["csrc/nbits.h", "csrc/nbits_kernel.h", "csrc/gqa.h", "csrc/gqa_kernel.h", "csrc/norms.h",
                             "csrc/norms_kernel.h", "csrc/gemv.h", "csrc/gemv_kernel.h", "csrc/pool.h"],
-                   extra_compile_args=["-O3", "-std=c11", *openmp], extra_link_args=openmp, optional=True)
+                   extra_compile_args=["-O3", "-std=c11", "-fopenmp-simd"],
+                   libraries=[] if sys.platform == "win32" else ["m"], optional=True)
 setup(ext_modules=[native])

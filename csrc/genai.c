@@ -5,7 +5,7 @@
      kernel computes it: the new keys (rotated) and values written into the present buffers at the sequence's
      position (in place when past and present are one buffer), then each head's query row (rotated) attends to
      the columns it sees (causal, local window), scaled, soft-capped, softmaxed with an optional head sink. Heads
-     and rows are shared among OpenMP threads. The caller (backends/cpu/genai/gqa.py) checks the lengths and
+     and rows are shared among the threads of ctxrt's pool (csrc/pool.c: no barrier). The caller (backends/cpu/genai/gqa.py) checks the lengths and
      copies a separate past's rows.
    - RMS normalization of rows (norms_kernel.h: SimplifiedLayerNormalization, RMSNormalization, com.microsoft
      SkipSimplifiedLayerNormalization), float32: s = x (+ skip) (+ bias), stored as the sum output where asked,
@@ -14,12 +14,18 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "gqa.h"
 #include "norms.h"
+#include "pool.h"
+
+#define GQA_CHUNKS_MAX 16  /* chunks of a GroupQueryAttention's heads: its work holds 16 threads' rows (gqa.py) */
+#define GQA_SHARED_WORK (1 << 17)  /* multiply-adds (heads x rows x positions x head size) worth a second thread */
+
+typedef struct {
+    const gqa_args *p;
+    int64_t tasks, chunks;
+} gqa_job;
 
 #define NAME(x) x##_c
 #include "gqa_kernel.h"

@@ -64,6 +64,15 @@ static void NAME(attend)(const gqa_args *p, int64_t i, int64_t r, float *scores,
     }
 }
 
+/* tasks (head, row) of chunk c, with chunk c's work (a row of scores and a rotated query) */
+static void NAME(gqa_chunk)(const void *arg, int64_t c) {
+    const gqa_job *j = (const gqa_job *)arg;
+    const gqa_args *p = j->p;
+    float *scores = p->work + c * (p->rows + p->h), *q = scores + p->rows;
+    for (int64_t task = j->tasks * c / j->chunks; task < j->tasks * (c + 1) / j->chunks; task++)
+        NAME(attend)(p, task % p->n, task / p->n, scores, q);
+}
+
 static void NAME(gqa)(const gqa_args *p) {
     int64_t h = p->h;
     for (int64_t r = 0; r < p->s; r++) {  /* the new keys (rotated) and values into the present buffers */
@@ -79,17 +88,14 @@ static void NAME(gqa)(const gqa_args *p) {
             memcpy(vd, v, (size_t)h * sizeof(float));
         }
     }
-    int64_t tasks = p->n * p->s;
-    int threads = p->threads > 0 ? (int)p->threads : 1;
-    if (threads > tasks) threads = (int)tasks;
-#pragma omp parallel num_threads(threads) if (threads > 1)
-    {
-        int t = 0;
-#ifdef _OPENMP
-        t = omp_get_thread_num();
-#endif
-        float *scores = p->work + (int64_t)t * (p->rows + h), *q = scores + p->rows;
-#pragma omp for schedule(static)
-        for (int64_t task = 0; task < tasks; task++) NAME(attend)(p, task % p->n, task / p->n, scores, q);
+    gqa_job j = {p, p->n * p->s, 1};
+    const int shared = j.tasks > 1 && j.tasks * p->total * p->h >= GQA_SHARED_WORK;
+    const int granted = p->threads > 1 && shared ? ctxrt_pool_begin(p->threads) : 0;
+    if (granted >= 2) {  /* heads shared among the pool's threads (csrc/pool.c), in at most MAX_THREADS chunks */
+        j.chunks = j.tasks < GQA_CHUNKS_MAX ? j.tasks : GQA_CHUNKS_MAX;
+        ctxrt_pool_run(NAME(gqa_chunk), &j, j.chunks);
+        ctxrt_pool_end();
+        return;
     }
+    NAME(gqa_chunk)(&j, 0);
 }

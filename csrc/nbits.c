@@ -12,9 +12,9 @@
 
    A's row is first copied into a work buffer, zero-padded to whole blocks and reordered within each group of
    32 values (16 bytes of B) so that the group's even values come first, then its odd ones: the low and high
-   halves of 16 bytes of B then line up with 16 consecutive values of A each. Columns are shared among OpenMP
-   threads. A prompt's rows (more than a few) run BLAS's GEMM on tiles of dequantized weights instead, which
-   ctxrt_nbits4_dequantize writes in one pass. Called through ctypes with one struct
+   halves of 16 bytes of B then line up with 16 consecutive values of A each. Columns are shared among the
+   threads of ctxrt's pool (csrc/pool.c: no barrier). A prompt's rows (more than a few) run BLAS's GEMM on tiles
+   of dequantized weights instead, which ctxrt_nbits4_dequantize writes in one pass. Called through ctypes with one struct
    (src/ctxrt/backends/cpu/native.py); built by setup.py as the optional extension ctxrt._native (where it is not
    built, ctxrt's NumPy kernels run). */
 
@@ -23,15 +23,13 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define CTXRT_X86 1
 #endif
 
 #include "nbits.h"
+#include "pool.h"
 
 static inline int64_t blocks_of(int64_t k, int64_t block) { return (k + block - 1) / block; }
 
@@ -66,7 +64,14 @@ static inline row_work row_of(const nbits_args *p, int64_t r) {
     return w;
 }
 
-#define COLUMNS_A_TASK 16
+/* a token's GEMV is shared among the pool's threads in chunks of about this many bytes of packed weights */
+#define NBITS_CHUNK_BYTES (64 << 10)
+#define NBITS_CHUNKS_MAX 256
+
+typedef struct {
+    const nbits_args *p;
+    int64_t chunks;
+} nbits_job;
 
 #define NAME(x) x##_c
 #include "nbits_kernel.h"

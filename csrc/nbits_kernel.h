@@ -299,22 +299,37 @@ static void NAME(dequantize)(const nbits_args *p, int64_t n0, int64_t n1, float 
     }
 }
 
-/* Y = A W^T (+ bias) for the rows and columns of *p */
+/* columns c0 .. c1 - 1 of Y = A W^T (+ bias), A's rows prepared */
+static void NAME(columns)(const nbits_args *p, int64_t c0, int64_t c1) {
+    for (int64_t r = 0; r < p->m; r++) {
+        row_work w = row_of(p, r);
+        float *yr = p->y + r * p->n;
+        for (int64_t c = c0; c < c1; c++) yr[c] = NAME(dot)(p, &w, c) + (p->bias ? p->bias[c] : 0.0f);
+    }
+}
+
+static void NAME(chunk)(const void *arg, int64_t c) {
+    const nbits_job *j = (const nbits_job *)arg;
+    NAME(columns)(j->p, j->p->n * c / j->chunks, j->p->n * (c + 1) / j->chunks);
+}
+
+/* Y = A W^T (+ bias) for the rows and columns of *p: columns shared among the pool's threads (csrc/pool.c) */
 static void NAME(matmul)(const nbits_args *p) {
     for (int64_t r = 0; r < p->m; r++) NAME(prepare_row)(p, r);
-    int64_t tasks = (p->n + COLUMNS_A_TASK - 1) / COLUMNS_A_TASK;
-    int threads = 1;
-#ifdef _OPENMP
-    threads = p->threads > 0 ? (int)p->threads : omp_get_max_threads();
-    if (threads > tasks) threads = (int)tasks;
-#endif
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t t = 0; t < tasks; t++) {
-        int64_t c0 = t * COLUMNS_A_TASK, c1 = c0 + COLUMNS_A_TASK < p->n ? c0 + COLUMNS_A_TASK : p->n;
-        for (int64_t r = 0; r < p->m; r++) {
-            row_work w = row_of(p, r);
-            float *yr = p->y + r * p->n;
-            for (int64_t c = c0; c < c1; c++) yr[c] = NAME(dot)(p, &w, c) + (p->bias ? p->bias[c] : 0.0f);
+    const int64_t bytes = p->n * (p->k / 2);  /* small weights: a chunk each is not worth a second thread */
+    const int granted = p->threads > 1 && bytes >= 2 * NBITS_CHUNK_BYTES ? ctxrt_pool_begin(p->threads) : 0;
+    if (granted >= 2) {
+        int64_t chunks = bytes / NBITS_CHUNK_BYTES, most = (p->n + 15) / 16;
+        if (chunks > NBITS_CHUNKS_MAX) chunks = NBITS_CHUNKS_MAX;
+        if (chunks > most) chunks = most;
+        if (chunks < granted) chunks = granted <= most ? granted : most;
+        if (chunks >= 2) {
+            nbits_job j = {p, chunks};
+            ctxrt_pool_run(NAME(chunk), &j, chunks);
+            ctxrt_pool_end();
+            return;
         }
+        ctxrt_pool_end();
     }
+    NAME(columns)(p, 0, p->n);
 }

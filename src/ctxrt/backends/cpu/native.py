@@ -70,9 +70,6 @@ def library() -> ctypes.CDLL | None:
 
 
 def _load() -> ctypes.CDLL | None:
-    from ctxrt.backends.cpu import threads
-
-    threads.openmp_waits()  # before libgomp may load with it: short spins, then sleep (docs/cpu.md, "Threads")
     try:
         path = importlib.import_module("ctxrt._native").__file__
         lib = ctypes.CDLL(path)
@@ -89,7 +86,6 @@ def _load() -> ctypes.CDLL | None:
     lib.ctxrt_rms_rows.restype = ctypes.c_int
     lib.ctxrt_gemv.argtypes = [ctypes.c_void_p]
     lib.ctxrt_gemv.restype = ctypes.c_int
-    threads.refresh()  # libgomp may have come with it: its pool is held to a run's thread count too
     return lib
 
 

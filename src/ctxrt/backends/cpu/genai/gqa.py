@@ -18,7 +18,8 @@ past_present_share_buffer), only the new rows are written: the KV cache is updat
 and softmaxed with exp(head_sink) (or 1, smooth_softmax) added
 to the denominator. Each block of kv heads is one batched GEMM per product; scratch holds one block's scores.
 Steps of up to NATIVE_TOKENS new tokens (a generation's) run the native kernel instead (csrc/genai.c, where it was
-built): rotation, the cache update and every head's attention in one call, heads shared among OpenMP's threads.
+built): rotation, the cache update and every head's attention in one call, heads shared among the threads of ctxrt's
+pool (csrc/pool.c).
 """
 
 from __future__ import annotations
@@ -262,7 +263,7 @@ class GroupQueryAttention(Kernel):
                               sinks=native.address(ins[11]) if self.sink else None, sink=int(self.sink),
                               out_stride=n * h, scale=self.scale, softcap=self.softcap,
                               work=scratch[-1].ctypes.data)
-        ref, fn, now = ctypes.byref(args), self.lib.ctxrt_gqa, threads.openmp_now
+        ref, fn, now = ctypes.byref(args), self.lib.ctxrt_gqa, threads.idle_now
         pk, pv, o0, o_step = present_k.ctypes.data, present_v.ctypes.data, out.ctypes.data, self.s * n * h * f
 
         seqlens, total, extent, s_ = ins[5].reshape(-1), ins[6].reshape(-1), outs[3], self.s

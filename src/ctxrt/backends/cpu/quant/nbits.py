@@ -218,7 +218,7 @@ def _native4(spec: NodeSpec, lib: Any, m: int, k: int, n: int, block: int, zp_mo
         args.zpf = ins[3].ctypes.data
     if given(spec, 5):
         args.bias = ins[5].ctypes.data
-    ref, call, now = ctypes.byref(args), lib.ctxrt_nbits4_matmul, threads.openmp_now
+    ref, call, now = ctypes.byref(args), lib.ctxrt_nbits4_matmul, threads.idle_now
 
     def run(_keep: Any = views) -> None:  # _keep: the arrays whose memory the struct points to
         args.threads = min(now() or 1, native.MAX_THREADS)
