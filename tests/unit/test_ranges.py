@@ -94,6 +94,9 @@ def test_default_ranges_widen_instead_of_compiling_per_shape() -> None:
         assert sess.stats["shape_variants_freed"] == 3  # each narrower range freed by the wider one
         # each wider one checked the narrower one's fit at its bound (two compiles) instead of fitting anew
         assert sess.stats["range_programs_widened"] == 3
+        # a token's kernels are all small at batch 1, though not at the batch range's bound: one thread
+        ctx = list(sess._variants.values())[-1].contexts[0]
+        assert ctx.threads.cap == 1
 
 
 def test_a_new_past_length_makes_no_kernel_and_no_tensor(gpt2) -> None:

@@ -152,14 +152,25 @@ class ExtentRunner:
                                                           if k in self.live_spec and k in self.io_steps}}
         self.groups_made = {m: [(k, idx) for k, idx in members if k not in self.live_raw]
                             for m, members in groups.items()}
-        live_work = [self.work[k] for k in self.live_raw]  # at the upper bound: bounds every shape inside
-        self.live_work: int | None = None if self.static_work is None or None in live_work else \
-            max([self.static_work, *live_work])
+        # the live steps' work: at the upper bound where that is small (it bounds every shape inside), else at
+        # each set of dims (`_at`: a batch range's bound must not take a one-token run off its single thread)
+        small = [self.work[k] for k in self.live_raw if self.work[k] is not None and self.work[k] < SMALL_WORK]
+        self.live_big = [k for k in self.live_raw if self.work[k] is None or self.work[k] >= SMALL_WORK]
+        self.live_work: int | None = None if self.static_work is None else max([self.static_work, *small])
         # outputs of data-dependent size (GroupQueryAttention's present): (name, axis, the scalar of its real size)
         out_index = {t.name: i for i, t in enumerate(g.outputs)}
         self.extents = [(out_index[name], axis, _view(g, r)) for name, (axis, r) in g.compiled.extents.items()]
         # launches of the steps that touch IO tensors but do not change, bound to the internal IO buffers
         self.internal_io: list[Any] | None = None
+
+    def release(self) -> None:
+        """Drop every launch and state (they hold views of the context's arena; the live launches also this
+        runner): a freed program's memory goes at once, not at the garbage collector's next cycle."""
+        self.live, self.live_raw, self.states, self.last = {}, {}, OrderedDict(), (None, None)
+        self.cache.clear()
+        self.group_cache.clear()
+        self.by_shape.clear()
+        self.internal_io, self.extents = None, []
 
     @classmethod
     def build(cls, g: Graph) -> ExtentRunner | None:
@@ -274,6 +285,15 @@ class ExtentRunner:
             io[kind][index][axis] = vals[i]
         steps: dict[int, Made] = {}
         largest = self.live_work
+        for k in self.live_big:  # live steps large at the upper bound: their work at these dims
+            if largest is None:
+                break
+            ins_spec, outs_spec = self.live_spec[k]
+            key = tuple([vals[i] for i in r._by_step[k]])
+            work = step_work(_Step(g.compiled.steps[k].op, g.compiled.steps[k].attrs,
+                                   [None if x is None else _shaped(x[0], x[1], key) for x in ins_spec],
+                                   [_shaped(x[0], x[1], key) for x in outs_spec]))
+            largest = None if work is None else max(largest, work)
         for mask, members in self.groups_made.items():  # the steps that follow the same dims change together
             if not members:
                 continue

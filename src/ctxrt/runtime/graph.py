@@ -440,6 +440,8 @@ class Graph:
         """Drop everything that reaches the context's memory (the view maker holds its weights and arena)."""
         self._launches, self._views, self._internal, self._kernels, self._bound = [], {}, {}, [], None
         self._host, self._extents = None, []
+        if self._extent is not None:
+            self._extent.release()
         self._view, self._extent, self._weights = None, None, {}
         for child in self._children.values():
             child._release()
