@@ -27,8 +27,52 @@ static inline float NAME(dot)(const float *restrict a, const float *restrict w, 
     return total + tail;
 }
 
+#ifdef GEMV_AVX2
+static inline float NAME(hsum)(__m256 s) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* four dot products of a with consecutive rows w, w + k, w + 2k, w + 3k: each load of a serves four FMAs */
+static inline void NAME(dot4)(const float *restrict a, const float *restrict w, int64_t k, float *out) {
+    const float *w1 = w + k, *w2 = w1 + k, *w3 = w2 + k;
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) {
+        const __m256 x = _mm256_loadu_ps(a + i);
+        s0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(w + i), s0);
+        s1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(w1 + i), s1);
+        s2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(w2 + i), s2);
+        s3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(w3 + i), s3);
+    }
+    out[0] = NAME(hsum)(s0), out[1] = NAME(hsum)(s1), out[2] = NAME(hsum)(s2), out[3] = NAME(hsum)(s3);
+    for (; i < k; i++) {
+        out[0] += a[i] * w[i], out[1] += a[i] * w1[i], out[2] += a[i] * w2[i], out[3] += a[i] * w3[i];
+    }
+}
+#endif
+
 /* y rows = epilogue(A rows . W^T rows c0 .. c1 - 1), W^T [n, k]: each row of W^T read once, for every row of A */
 static void NAME(gemv_nk)(const gemv_args *p, int64_t c0, int64_t c1) {
+#ifdef GEMV_AVX2
+    for (; c0 + 4 <= c1; c0 += 4) {
+        const float *w = p->w + c0 * p->k;
+        for (int64_t r = 0; r < p->m; r++) {
+            float v[4];
+            NAME(dot4)(p->a + r * p->lda, w, p->k, v);
+            for (int j = 0; j < 4; j++) {
+                const int64_t c = c0 + j;
+                float x = v[j];
+                if (p->bias) x += p->bias[c];
+                if (p->residual) x += p->residual[r * p->ldr + c];
+                if (p->accumulate) x += p->y[r * p->ldy + c];
+                p->y[r * p->ldy + c] = p->act ? gemv_act(x, (int)p->act) : x;
+            }
+        }
+    }
+#endif
     for (int64_t c = c0; c < c1; c++) {
         const float *w = p->w + c * p->k;
         for (int64_t r = 0; r < p->m; r++) {

@@ -177,3 +177,41 @@ def test_pool_serves_concurrent_callers_and_forked_children(monkeypatch) -> None
     p.start()
     p.join(60)
     assert p.exitcode == 0 and failures == []
+
+
+@needs_native
+@pytest.mark.parametrize("op", ["MatMul", "Gemm"])
+def test_fixed_programs_run_their_gemvs_natively(op, monkeypatch) -> None:
+    """A fixed-shape program's MatMul or Gemm at one row by constant weights (a classifier's head at batch 1)
+    runs the native GEMV (with the Gemm's bias and a fused Relu), equal to onnxruntime."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    import ctxrt
+
+    made = []
+    real = gemv.launch
+
+    def counting(*args, **kwargs):
+        run = real(*args, **kwargs)
+        made.append(run is not None)
+        return run
+    monkeypatch.setattr(gemv, "launch", counting)
+    w = RNG.standard_normal((300, 500)).astype(np.float32) / 16
+    b = RNG.standard_normal(500).astype(np.float32)
+    if op == "Gemm":
+        nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["h"], transB=1), helper.make_node("Relu", ["h"], ["y"])]
+        inits = [numpy_helper.from_array(np.ascontiguousarray(w.T), "w"), numpy_helper.from_array(b, "b")]
+    else:
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+        inits = [numpy_helper.from_array(w, "w")]
+    graph = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 300])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 500])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    x = RNG.standard_normal((1, 300)).astype(np.float32)
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with ctxrt.InferenceSession(model) as sess:
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+    assert made and all(made)
+    onnx.checker.check_model(onnx.load_from_string(model))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ctxrt.backends.cpu import depthwise, winograd
+from ctxrt.backends.cpu import depthwise, gemv, winograd
 from ctxrt.backends.cpu.shared import relu_zeros
 from ctxrt.backends.kernel import FnKernel, Kernel, NodeSpec, scratch_view
 from ctxrt.errors import UnsupportedOpError
@@ -372,8 +374,18 @@ def gemm(spec: NodeSpec) -> Kernel:
     scale_c = has_c and cconst is None and beta != 1
     relu = _activation(spec)
     zeros = relu_zeros(spec.outputs[0].shape, dt)
+    # a few rows by constant weights, C a bias: the native GEMV (gemv.py: memory-bound, on the idle cores)
+    bias_c = cconst is not None and cscaled.size == spec.outputs[0].shape[-1] and cscaled.ndim <= 2 and \
+        cscaled.shape[0] == cscaled.size
+    native = not ta and alpha == 1 and bconst is not None and (not has_c or bias_c) and \
+        spec.inputs[0].shape[0] < gemv.ROWS
 
     def bind(i, o, s):
+        if native:
+            run = gemv.launch(i[0], i[1], tb, o[0], cscaled.reshape(-1) if has_c else None,
+                              act="Relu" if relu else None)
+            if run is not None:
+                return run
         a = i[0].T if ta else i[0]
         b = bmat if bmat is not None else (i[1].T if tb else i[1])
         y = o[0]
@@ -396,7 +408,18 @@ def gemm(spec: NodeSpec) -> Kernel:
 
 
 def matmul(spec: NodeSpec) -> Kernel:
-    if spec.attr("transB", 0):  # B stored [N, K] by the TransposeMatMulWeights pass: an NT GEMM, no copy
+    tb = bool(spec.attr("transB", 0))  # B stored [N, K] by the TransposeMatMulWeights pass: an NT GEMM, no copy
+    a, b = spec.inputs[0], spec.inputs[1]
+    if spec.consts[1] is not None and len(b.shape) == 2 and len(a.shape) >= 1 and \
+            math.prod(a.shape[:-1]) < gemv.ROWS:  # a few rows by constant weights: the native GEMV (gemv.py)
+        def bind(i, o, s):
+            run = gemv.launch(i[0], i[1], tb, o[0])
+            if run is not None:
+                return run
+            w = i[1].T if tb else i[1]
+            return lambda: np.matmul(i[0], w, out=o[0])
+        return _Bound(bind, ())
+    if tb:
         return FnKernel(lambda i, o, s: np.matmul(i[0], i[1].T, out=o[0]))
     return FnKernel(lambda i, o, s: np.matmul(i[0], i[1], out=o[0]))
 
