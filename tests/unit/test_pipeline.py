@@ -240,3 +240,45 @@ def test_exported_tanh_gelu_becomes_one_kernel(spelling) -> None:
 
     want = ReferenceEvaluator(m).run(None, {"x": x})[0]
     np.testing.assert_allclose(g.run({"x": x})["y"], want, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("spelling", ["dynamo", "legacy", "div", "shared"])
+def test_exported_rms_norm_becomes_one_kernel(spelling) -> None:
+    """Llama's and Qwen2's RMS norm as torch exports it, x * (1 / sqrt(mean(x^2) + eps)) * gamma with float32
+    Casts around it (dynamo: Pow, Div(1, s), the Casts; legacy: x * x, Reciprocal, gamma first; div: x / s): one
+    RMSNormalization step, equal to the reference; a statistic that something else also reads is left alone."""
+    rng = np.random.default_rng(5)
+    consts = {"two": np.array(2.0, np.float32), "eps": np.array(1e-6, np.float32), "one": np.array(1.0, np.float32),
+              "axes": np.array([-1], np.int64), "gamma": rng.uniform(0.5, 1.5, 96).astype(np.float32)}
+    f32 = TensorProto.FLOAT
+    if spelling == "legacy":
+        nodes = [helper.make_node("Mul", ["x", "x"], ["sq"]), helper.make_node("ReduceMean", ["sq"], ["m"], axes=[-1]),
+                 helper.make_node("Add", ["m", "eps"], ["a"]), helper.make_node("Sqrt", ["a"], ["s"]),
+                 helper.make_node("Reciprocal", ["s"], ["r"]), helper.make_node("Mul", ["r", "x"], ["n"]),
+                 helper.make_node("Mul", ["gamma", "n"], ["y"])]
+        opset = 17
+    else:
+        nodes = [helper.make_node("Cast", ["x"], ["xc"], to=f32), helper.make_node("Pow", ["xc", "two"], ["sq"]),
+                 helper.make_node("ReduceMean", ["sq", "axes"], ["m"], keepdims=1),
+                 helper.make_node("Add", ["m", "eps"], ["a"]), helper.make_node("Sqrt", ["a"], ["s"])]
+        if spelling == "div":
+            nodes.append(helper.make_node("Div", ["xc", "s"], ["n"]))
+        else:
+            nodes += [helper.make_node("Div", ["one", "s"], ["r"]), helper.make_node("Mul", ["xc", "r"], ["n"])]
+        nodes += [helper.make_node("Cast", ["n"], ["nc"], to=f32), helper.make_node("Mul", ["gamma", "nc"], ["y"])]
+        opset = 18
+    outs = [_vi("y", None)] + ([_vi("s", None)] if spelling == "shared" else [])
+    m = helper.make_model(helper.make_graph(nodes, "rms", [_vi("x", [2, 7, 96])], outs,
+                                            [numpy_helper.from_array(v, k) for k, v in consts.items()]),
+                          opset_imports=[helper.make_opsetid("", opset)])
+    g = ctxrt.compile(m).graph()
+    ops = [s.op for s in g.compiled.steps]
+    if spelling == "shared":
+        assert "RMSNormalization" not in ops and "Cast" not in ops  # the same-type Casts still go
+    else:
+        assert ops == ["RMSNormalization"], ops
+    x = rng.standard_normal((2, 7, 96)).astype(np.float32) * 3
+    from onnx.reference import ReferenceEvaluator
+
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    np.testing.assert_allclose(g.run({"x": x})["y"], want, rtol=1e-5, atol=1e-6)

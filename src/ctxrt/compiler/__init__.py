@@ -31,15 +31,19 @@ def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backe
     progress.stage("reading and folding")
     shared = frozenset((options or {}).get("kv_shared", ()))
     in_memory = bool((options or {}).get("in_memory"))
-    return _passes(to_ir(model, supported_ops(backend), shapes, name, values, feeds, keep, shared), in_memory)
+    # the RMS norm fused only where the backend itself runs RMSNormalization (the CPU): elsewhere its kernel
+    # would be a CPU partition between two device ones
+    fuse_rms = "RMSNormalization" in getattr(backend, "kernels", {})
+    return _passes(to_ir(model, supported_ops(backend), shapes, name, values, feeds, keep, shared), in_memory,
+                   fuse_rms)
 
 
-def _passes(graph: IRGraph, in_memory: bool = False) -> IRGraph:
+def _passes(graph: IRGraph, in_memory: bool = False, fuse_rms: bool = True) -> IRGraph:
     for node in graph.nodes:
         for key, value in node.attrs.items():
             if isinstance(value, IRGraph):
-                node.attrs[key] = _passes(value, in_memory)
-    return run_passes(graph, default_passes(in_memory))
+                node.attrs[key] = _passes(value, in_memory, fuse_rms)
+    return run_passes(graph, default_passes(in_memory, fuse_rms))
 
 
 PREFER = ("speed", "memory")

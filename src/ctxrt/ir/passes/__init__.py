@@ -6,16 +6,19 @@ from ctxrt.ir.passes.fold_affine import FoldChannelAffine
 from ctxrt.ir.passes.fold_bn import FoldBatchNormIntoConv
 from ctxrt.ir.passes.fuse_activation import FuseActivation
 from ctxrt.ir.passes.fuse_gelu import FuseGelu
+from ctxrt.ir.passes.fuse_rms import FuseRms
 from ctxrt.ir.passes.fuse_silu import FuseSilu
 from ctxrt.ir.passes.transpose_weights import TransposeMatMulWeights
 
 
-def default_passes(in_memory: bool = False) -> list[Pass]:
-    """`in_memory`: the program runs from memory, not a binary (weights mapped from a model's file stay there)."""
+def default_passes(in_memory: bool = False, fuse_rms: bool = True) -> list[Pass]:
+    """`in_memory`: the program runs from memory, not a binary (weights mapped from a model's file stay there);
+    `fuse_rms`: the backend runs RMSNormalization itself."""
     return [EliminateIdentity(), FoldBatchNormIntoConv(), FoldChannelAffine(), FuseActivation(), FuseGelu(),
-            FuseSilu(), EliminateDead(), TransposeMatMulWeights(keep_mapped=in_memory)]
+            FuseSilu(), *([FuseRms()] if fuse_rms else []), EliminateDead(),
+            TransposeMatMulWeights(keep_mapped=in_memory)]
 
 
 __all__ = ["Pass", "PassResult", "run_passes", "default_passes", "EliminateDead", "EliminateIdentity",
-           "FoldBatchNormIntoConv", "FoldChannelAffine", "FuseActivation", "FuseGelu", "FuseSilu",
+           "FoldBatchNormIntoConv", "FoldChannelAffine", "FuseActivation", "FuseGelu", "FuseRms", "FuseSilu",
            "TransposeMatMulWeights"]

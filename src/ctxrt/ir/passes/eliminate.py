@@ -1,6 +1,9 @@
-"""Remove nodes that compute nothing at inference: Identity, Dropout, and nodes nobody reads."""
+"""Remove nodes that compute nothing at inference: Identity, Dropout, a Cast to the type its input already has
+(torch's exports of Llama-style RMS norms cast float32 to float32 twice a norm), and nodes nobody reads."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from ctxrt.ir.graph import Graph
 from ctxrt.ir.passes.base import Pass, PassResult, check_topological
@@ -19,7 +22,7 @@ class EliminateIdentity(Pass):
         kept, modified = [], False
         producers = graph.producers()
         for node in graph.nodes:
-            if node.op not in _NOOPS or (len(node.outputs) > 1 and node.outputs[1]):
+            if not (node.op in _NOOPS or _same_type_cast(graph, node)) or (len(node.outputs) > 1 and node.outputs[1]):
                 kept.append(node)
                 continue
             src, dst = node.inputs[0], node.outputs[0]
@@ -38,6 +41,13 @@ class EliminateIdentity(Pass):
 
     def ensures(self, graph: Graph) -> None:
         check_topological(graph)
+
+
+def _same_type_cast(graph: Graph, node) -> bool:
+    if node.op != "Cast" or len(node.inputs) != 1 or not node.inputs[0]:
+        return False
+    src, dst = graph.values.get(node.inputs[0]), graph.values.get(node.outputs[0])
+    return src is not None and dst is not None and np.dtype(src.dtype) == np.dtype(dst.dtype)
 
 
 def _replace_uses(graph: Graph, old: str, new: str) -> None:
