@@ -21,7 +21,7 @@ import numpy as np
 from ctxrt import dtypes
 from ctxrt.backends import select_kernel
 from ctxrt.backends.cpu import native
-from ctxrt.backends.cpu.extents import _nothing, small_rows
+from ctxrt.backends.cpu.extents import UNREAD_ATTRS, _nothing, small_rows
 from ctxrt.backends.kernel import NodeSpec, TensorSpec
 from ctxrt.compiler.program import ARENA, CONST, Step, TensorInfo
 from ctxrt.compiler.ranges import _apply, filled
@@ -122,13 +122,16 @@ class ExtentRunner:
         self.fills: dict[int, dict[int, list[tuple[int, int]]]] = {}
         entries = g.ranges.entries
         for k, idx in g.ranges._by_step.items():
-            kinds = {entries[i][0][0] for i in idx}
-            if makers[k] is None or not kinds <= {"in", "out", "const"}:
-                continue
             step = g.compiled.steps[k]
+            unread = UNREAD_ATTRS.get(step.op, frozenset())
+            if makers[k] is None or any(entries[i][0][0] not in ("in", "out", "const") and not (
+                    entries[i][0][0] == "attr" and entries[i][0][2] in unread) for i in idx):
+                continue
             axes: dict[tuple[str, int], list[tuple[int, int]]] = {}
             fills: dict[int, list[tuple[int, int]]] = {}
             for j, i in enumerate(idx):
+                if entries[i][0][0] == "attr":
+                    continue  # the output's shape, which its view has
                 kind, _, slot, axis = entries[i][0]
                 if kind == "const":
                     fills.setdefault(int(slot), []).append((int(axis), j))  # (flat index, position in idx)

@@ -43,6 +43,14 @@ _ATTRS: dict[str, frozenset[str]] = {
 }
 
 
+# attributes a maker never reads (the output's shape, which the output view already has): a step whose only other
+# changes are extents stays live when they follow the dims (runtime/extents.py)
+UNREAD_ATTRS: dict[str, frozenset[str]] = {
+    "Expand": frozenset({"shape"}), "Reshape": frozenset({"shape"}), "Flatten": frozenset({"axis"}),
+    "Squeeze": frozenset({"axes"}), "Unsqueeze": frozenset({"axes"}), "ConstantOfShape": frozenset({"shape"}),
+}
+
+
 def maker(step: Any, opset: int) -> Make | None:
     """The launch maker for `step` (a compiled Step at any dims of its range), or None when not covered."""
     op = step.op
