@@ -36,12 +36,13 @@ typedef struct {
     int kind;
 } gemv_job;
 
-/* the fused activation (gemv_args.act) of one value, as onnxruntime's Relu and Gelu compute it */
+/* the fused activation (gemv_args.act) of one value, as onnxruntime's Relu, Gelu and SiLU compute it */
 static inline float gemv_act(float v, int act) {
     switch (act) {
     case 1: return v > 0.0f ? v : 0.0f;
     case 2: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
     case 3: return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    case 4: return v / (1.0f + expf(-v));
     default: return v;
     }
 }

@@ -15,7 +15,7 @@ typedef struct {
     float *y;               /* [m, n], rows ldy floats apart */
     int64_t ldy;
     int64_t accumulate;     /* 1: y holds the residual on entry (the residual's own buffer, updated in place) */
-    int64_t act;            /* after the bias and the residual: 0 none, 1 Relu, 2 GELU (erf), 3 GELU (tanh) */
+    int64_t act;            /* after the bias and the residual: 0 none, 1 Relu, 2 GELU (erf), 3 GELU (tanh), 4 SiLU */
     int64_t threads;        /* threads sharing the work, the caller's included (1: the caller's only) */
 } gemv_args;
 

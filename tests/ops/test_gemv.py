@@ -28,6 +28,8 @@ def _reference(a, wkn, bias, residual, act):
         y = 0.5 * y * (1 + np.vectorize(math.erf)(y / math.sqrt(2)))
     elif act == "Gelu_tanh":
         y = 0.5 * y * (1 + np.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y ** 3)))
+    elif act == "Swish":
+        y = y / (1 + np.exp(-y))
     return y
 
 
@@ -52,7 +54,7 @@ def test_gemv_shapes_and_threads(trans, m, k, n, nthreads, monkeypatch) -> None:
 
 @needs_native
 @pytest.mark.parametrize("trans", [True, False], ids=["NK", "KN"])
-@pytest.mark.parametrize("act", [None, "Relu", "Gelu", "Gelu_tanh"])
+@pytest.mark.parametrize("act", [None, "Relu", "Gelu", "Gelu_tanh", "Swish"])
 @pytest.mark.parametrize("epilogue", ["none", "bias", "residual", "both", "in_place"])
 def test_gemv_epilogues(trans, act, epilogue, monkeypatch) -> None:
     monkeypatch.setattr(threads._CURRENT, "idle", 2, raising=False)
@@ -74,7 +76,7 @@ def test_gemv_declines_what_it_cannot_read() -> None:
     a = np.ones((1, 64), np.float32)
     w = np.ones((64, 32), np.float32)
     y = np.empty((1, 32), np.float32)
-    assert gemv.launch(a, w, False, y, act="Swish") is None
+    assert gemv.launch(a, w, False, y, act="Mish") is None
     assert gemv.launch(np.ones((1, 128), np.float32)[:, ::2], w, False, y) is None
     assert gemv.launch(a, w.astype(np.float64), False, y) is None
     assert gemv.launch(np.ones((8, 64), np.float32), w, False, np.empty((8, 32), np.float32)) is None
@@ -95,7 +97,10 @@ def _mlp_model(gelu: str | None):
     b2 = RNG.standard_normal(256).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["h0"]), helper.make_node("Add", ["h0", "b1"], ["h1"])]
     last = "h1"
-    if gelu is not None:
+    if gelu == "silu":  # torch's SiLU: x * sigmoid(x), fused into Swish, then into the GEMM
+        nodes += [helper.make_node("Sigmoid", ["h1"], ["s"]), helper.make_node("Mul", ["h1", "s"], ["h2"])]
+        last = "h2"
+    elif gelu is not None:
         nodes.append(helper.make_node("Gelu", ["h1"], ["h2"], approximate=gelu))
         last = "h2"
     nodes += [helper.make_node("MatMul", [last, "w2"], ["h3"]), helper.make_node("Add", ["h3", "b2"], ["h4"]),
@@ -108,7 +113,7 @@ def _mlp_model(gelu: str | None):
 
 
 @needs_native
-@pytest.mark.parametrize("gelu", [None, "none", "tanh"])
+@pytest.mark.parametrize("gelu", [None, "none", "tanh", "silu"])
 def test_range_program_token_steps_run_the_native_gemv(gelu, monkeypatch) -> None:
     """A range program's steps at 1-7 rows launch the native GEMV (GELU fused where the graph has one) and equal
     onnxruntime; at 12 rows oneDNN's GEMM runs."""

@@ -282,3 +282,24 @@ def test_exported_rms_norm_becomes_one_kernel(spelling) -> None:
 
     want = ReferenceEvaluator(m).run(None, {"x": x})[0]
     np.testing.assert_allclose(g.run({"x": x})["y"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_gated_mlp_silu_folds_into_the_gemm() -> None:
+    """A Llama MLP's gate: MatMul then torch's SiLU (Sigmoid * x): FuseSilu makes it a Swish, which oneDNN's GEMM
+    takes as a post-op (one launch, no intermediate), equal to the reference."""
+    from ctxrt.backends.cpu.onednn import api
+
+    if not api.available():
+        pytest.skip("oneDNN is not installed")
+    rng = np.random.default_rng(9)
+    w = numpy_helper.from_array(rng.standard_normal((64, 96)).astype(np.float32) / 8, "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Sigmoid", ["h"], ["s"]),
+             helper.make_node("Mul", ["s", "h"], ["y"])]
+    m = _model(nodes, [_vi("x", [1, 16, 64])], [_vi("y", None)], [w])
+    g = ctxrt.compile(m).graph()
+    assert [(s.op, s.attrs.get("activation")) for s in g.compiled.steps] == [("MatMul", "Swish")]
+    x = rng.standard_normal((1, 16, 64)).astype(np.float32)
+    from onnx.reference import ReferenceEvaluator
+
+    want = ReferenceEvaluator(m).run(None, {"x": x})[0]
+    np.testing.assert_allclose(g.run({"x": x})["y"], want, rtol=1e-5, atol=1e-6)

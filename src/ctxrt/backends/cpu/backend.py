@@ -152,7 +152,8 @@ class CpuBackend:
 
         graph = AssignLayouts(self.layout, onednn.NAME, set(onednn.LAYOUT_OPS), set(onednn.PLAIN_OPS),
                               supports)(graph).graph
-        return FuseMatMulEpilogue(onednn.NAME, lambda g, node: supports(g, node, PLAIN, PLAIN))(graph).graph
+        return FuseMatMulEpilogue(onednn.NAME, lambda g, node: supports(g, node, PLAIN, PLAIN),
+                                  {"Relu", "Gelu", "Swish"})(graph).graph
 
     def alloc_shared(self, nbytes: int, alignment: int = 64) -> CpuBuffer:
         buf = CpuBuffer(int(nbytes), int(alignment))

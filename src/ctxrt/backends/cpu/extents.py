@@ -110,6 +110,8 @@ def small_rows(step: Any) -> Make | None:
     act = a.get("activation")
     if act == "Gelu" and a.get("approximate", "none") == "tanh":
         act = "Gelu_tanh"
+    if act == "Swish" and float(a.get("alpha", 1.0)) != 1.0:
+        return None
     if rows >= GEMV_ROWS or step.inputs[0].shape[-1] != k or act not in gemv.ACTIVATIONS:
         return None
     numpy_act = act in (None, "Relu")  # a GELU costs NumPy 9 passes: without the native GEMV, oneDNN's fused one

@@ -23,7 +23,8 @@ ROWS = 8  # rows of A under which a GEMM runs here (more: a GEMM, oneDNN's or BL
 # ~80 us on one thread of a 2-core AVX2 VM and ~45 on two; at 64 KiB a fork/join costs what a second core saves
 THREADED_BYTES = 256 << 10
 
-ACTIVATIONS = {None: 0, "Relu": 1, "Gelu": 2, "Gelu_tanh": 3}  # fused after the bias and the residual (csrc/gemv.h)
+# fused after the bias and the residual (csrc/gemv.h); Swish: x sigmoid(x), alpha 1
+ACTIVATIONS = {None: 0, "Relu": 1, "Gelu": 2, "Gelu_tanh": 3, "Swish": 4}
 F32 = np.dtype(np.float32)
 
 

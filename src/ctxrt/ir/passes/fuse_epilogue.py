@@ -1,7 +1,8 @@
 """Fold what follows a provider's MatMul into its epilogue: a constant bias Add, then a residual Add of a tensor
 of the output's shape, then a Gelu or Relu (a transformer layer's projections: MatMul, Add bias, Add residual,
-or MatMul, Add bias, Gelu). The MatMul gets the bias as input 2 (`bias=1`), the residual as input 3
-(`residual=1`) and `activation`, and writes the last folded node's output.
+or MatMul, Add bias, Gelu), or another activation the provider names (the CPU's oneDNN: Swish, a gated MLP's
+SiLU). The MatMul gets the bias as input 2 (`bias=1`), the residual as input 3 (`residual=1`) and `activation`,
+and writes the last folded node's output.
 
 Only for nodes a kernel provider runs (their `kernel` attribute), whose kernels take these epilogues as
 post-ops; `supports` is asked again for the fused node, and a fusion it refuses is not made.
@@ -18,8 +19,9 @@ ACTIVATIONS = {"Relu", "Gelu"}
 
 
 class FuseMatMulEpilogue(Pass):
-    def __init__(self, provider: str, supports: Callable[[Graph, Node], bool]) -> None:
-        self.provider, self.supports = provider, supports
+    def __init__(self, provider: str, supports: Callable[[Graph, Node], bool],
+                 activations: frozenset[str] | set[str] = ACTIVATIONS) -> None:
+        self.provider, self.supports, self.activations = provider, supports, activations
 
     def call(self, graph: Graph) -> PassResult:
         dropped: set[str] = set()
@@ -68,9 +70,10 @@ class FuseMatMulEpilogue(Pass):
                     and self._try(graph, node, node.inputs + [res], add, {"residual": 1}):
                 dropped.add(add.name)
         act = self._next(graph, node)
-        if act is not None and act.op in ACTIVATIONS and len(act.inputs) == 1 and self._try(
+        extra = {"alpha": float(act.attrs.get("alpha", 1.0))} if act is not None and act.op == "Swish" else {}
+        if act is not None and act.op in self.activations and len(act.inputs) == 1 and self._try(
                 graph, node, list(node.inputs), act,
-                {"activation": act.op, "approximate": act.attrs.get("approximate", "none")}):
+                {"activation": act.op, "approximate": act.attrs.get("approximate", "none"), **extra}):
             dropped.add(act.name)
         return dropped
 

@@ -29,7 +29,7 @@ from ctxrt.errors import CtxrtError, UnsupportedOpError
 STORED_MIN_BYTES = 2 << 20  # weights read as stored from this size (memory-bound); smaller ones prepacked
 MIN_ROWS = 8  # fewer rows of A: a GEMV, as fast in NumPy (not in a range program: its rows vary, one kernel)
 _ELTWISE = {("Relu", "none"): api.ELTWISE_RELU, ("Gelu", "none"): api.ELTWISE_GELU_ERF,
-            ("Gelu", "tanh"): api.ELTWISE_GELU_TANH}
+            ("Gelu", "tanh"): api.ELTWISE_GELU_TANH, ("Swish", "none"): api.ELTWISE_SWISH}  # x sigmoid(alpha x)
 
 
 def _shapes(spec: NodeSpec) -> tuple[int, int, int, bool]:
@@ -89,7 +89,8 @@ def matmul(spec: NodeSpec) -> Kernel:
         raise UnsupportedOpError(f"{spec.op} {spec.name!r}: the residual must have the output's shape")
     src_md, dst_md = api.Desc.make((rows, k), "ab"), api.Desc.make((rows, n), "ab")
     bias_md = api.Desc.make((1, n), "ab") if has_bias else None
-    attr = api.Attr(_ELTWISE.get(act), add=dst_md if residual else None)
+    attr = api.Attr(_ELTWISE.get(act), add=dst_md if residual else None,
+                    alpha=float(spec.attr("alpha", 1.0)) if act[0] == "Swish" else 0.0)
 
     def make(wfmt: int | str, nthr: int | None = None) -> api.Primitive:
         w_md = api.Desc.make((k, n), wfmt)
