@@ -2,6 +2,10 @@
    defined in the AVX2+FMA copy). Each thread streams one contiguous range of W: memory-bound loops are fastest
    when the hardware prefetcher sees one long stream. */
 
+#ifdef GEMV_AVX2
+#include "hsum.h"
+#endif
+
 static inline float NAME(dot)(const float *restrict a, const float *restrict w, int64_t k) {
     int64_t i = 0;
 #ifdef GEMV_AVX2
@@ -13,11 +17,7 @@ static inline float NAME(dot)(const float *restrict a, const float *restrict w, 
         s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(w + i + 24), s3);
     }
     for (; i + 8 <= k; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(w + i), s0);
-    __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    float total = _mm_cvtss_f32(h);
+    float total = NAME(hsum8)(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
 #else
     float total = 0.0f;
 #endif
@@ -28,13 +28,6 @@ static inline float NAME(dot)(const float *restrict a, const float *restrict w, 
 }
 
 #ifdef GEMV_AVX2
-static inline float NAME(hsum)(__m256 s) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
-}
-
 /* four dot products of a with consecutive rows w, w + k, w + 2k, w + 3k: each load of a serves four FMAs */
 static inline void NAME(dot4)(const float *restrict a, const float *restrict w, int64_t k, float *out) {
     const float *w1 = w + k, *w2 = w1 + k, *w3 = w2 + k;
@@ -47,7 +40,7 @@ static inline void NAME(dot4)(const float *restrict a, const float *restrict w, 
         s2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(w2 + i), s2);
         s3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(w3 + i), s3);
     }
-    out[0] = NAME(hsum)(s0), out[1] = NAME(hsum)(s1), out[2] = NAME(hsum)(s2), out[3] = NAME(hsum)(s3);
+    out[0] = NAME(hsum8)(s0), out[1] = NAME(hsum8)(s1), out[2] = NAME(hsum8)(s2), out[3] = NAME(hsum8)(s3);
     for (; i < k; i++) {
         out[0] += a[i] * w[i], out[1] += a[i] * w1[i], out[2] += a[i] * w2[i], out[3] += a[i] * w3[i];
     }

@@ -135,12 +135,7 @@ static float NAME(dot_blocks)(const nbits_args *p, const row_work *w, int64_t co
 }
 
 #ifdef NBITS_AVX2
-static inline float NAME(hsum8)(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#include "hsum.h"
 
 /* 32 4-bit values from 16 bytes: the low halves in the low 128 bits, the high halves in the high 128 bits */
 static inline __m256i NAME(nibbles32)(const uint8_t *src) {

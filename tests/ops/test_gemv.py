@@ -86,6 +86,19 @@ def test_gemv_declines_what_it_cannot_read() -> None:
         assert gemv.launch(a, w, False, y) is not None
 
 
+def _counting(monkeypatch) -> list[bool]:
+    """Per gemv.launch call from now on: whether it gave a native launch."""
+    made: list[bool] = []
+    real = gemv.launch
+
+    def counting(*args, **kwargs):
+        run = real(*args, **kwargs)
+        made.append(run is not None)
+        return run
+    monkeypatch.setattr(gemv, "launch", counting)
+    return made
+
+
 def _mlp_model(gelu: str | None):
     """x[1, seq, 256] -> MatMul 256 x 512 + bias -> Gelu (opset 20, `gelu`) -> MatMul 512 x 256 + bias + x: the
     GEMMs fuse bias, activation and residual; at fewer than 8 rows of seq they are GEMVs."""
@@ -121,14 +134,7 @@ def test_range_program_token_steps_run_the_native_gemv(gelu, monkeypatch) -> Non
 
     import ctxrt
 
-    made = []
-    real = gemv.launch
-
-    def counting(*args, **kwargs):
-        run = real(*args, **kwargs)
-        made.append(run is not None)
-        return run
-    monkeypatch.setattr(gemv, "launch", counting)
+    made = _counting(monkeypatch)
     model = _mlp_model(gelu).SerializeToString()
     ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     with ctxrt.InferenceSession(model, dim_ranges={"seq": (1, 16)}) as sess:
@@ -195,14 +201,7 @@ def test_fixed_programs_run_their_gemvs_natively(op, monkeypatch) -> None:
 
     import ctxrt
 
-    made = []
-    real = gemv.launch
-
-    def counting(*args, **kwargs):
-        run = real(*args, **kwargs)
-        made.append(run is not None)
-        return run
-    monkeypatch.setattr(gemv, "launch", counting)
+    made = _counting(monkeypatch)
     w = RNG.standard_normal((300, 500)).astype(np.float32) / 16
     b = RNG.standard_normal(500).astype(np.float32)
     if op == "Gemm":

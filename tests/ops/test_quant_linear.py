@@ -216,3 +216,37 @@ def test_later_opsets_precision_and_output_dtype(opset: int) -> None:
     assert_ints(got[0], want[0])
     assert got[1].dtype == np.float16
     np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8], ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("zero_point", [True, False])
+def test_quantize_native_equals_numpy(dt, zero_point, monkeypatch) -> None:
+    """QuantizeLinear per tensor from float32 to 8 bits on the native kernel (csrc/qelem.c): the same bytes as the
+    NumPy kernel, half-way values (x / scale = k + 0.5) and saturation included."""
+    from onnx import numpy_helper
+
+    from ctxrt.backends.cpu import native
+    from ctxrt.backends.cpu.quant import linear
+
+    if native.library() is None:
+        pytest.skip("the native extension is not built here")
+    rng = np.random.default_rng(11)
+    x = np.concatenate([np.arange(-300, 300, 0.5, dtype=np.float32) * 0.25,
+                        rng.standard_normal(4000).astype(np.float32) * 40])
+    inits = [numpy_helper.from_array(np.array(0.25, np.float32), "s")]
+    names = ["x", "s"]
+    if zero_point:
+        inits.append(numpy_helper.from_array(np.array(3 if dt == np.int8 else 131, dt), "z"))
+        names.append("z")
+    out_type = helper.np_dtype_to_tensor_dtype(np.dtype(dt))
+    graph = helper.make_graph([helper.make_node("QuantizeLinear", names, ["y"])], "q",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+                              [helper.make_tensor_value_info("y", out_type, list(x.shape))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    calls = []
+    real = linear._native_quantize
+    monkeypatch.setattr(linear, "_native_quantize", lambda *a: calls.append(1) or real(*a))
+    got = ctxrt.compile(model).graph().run({"x": x})["y"]
+    assert calls
+    monkeypatch.setattr(linear, "_native_quantize", lambda *a: None)
+    np.testing.assert_array_equal(got, ctxrt.compile(model).graph().run({"x": x})["y"])

@@ -62,6 +62,22 @@ class GemvArgs(ctypes.Structure):
                 ("accumulate", ctypes.c_int64), ("act", ctypes.c_int64), ("threads", ctypes.c_int64)]
 
 
+class QAddArgs(ctypes.Structure):
+    """csrc/qelem.h's qadd_args."""
+
+    _fields_ = [("n", ctypes.c_int64), ("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("fixed", ctypes.c_void_p),
+                ("period", ctypes.c_int64), ("y", ctypes.c_void_p),
+                *((f, ctypes.c_float) for f in ("sa", "za", "sb", "zb", "sc", "zc")),
+                ("is_signed", ctypes.c_int64)]
+
+
+class QuantizeArgs(ctypes.Structure):
+    """csrc/qelem.h's quantize_args."""
+
+    _fields_ = [("n", ctypes.c_int64), ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("scale", ctypes.c_float),
+                ("zp", ctypes.c_float), ("is_signed", ctypes.c_int64)]
+
+
 def library() -> ctypes.CDLL | None:
     """The native library, loaded once; None where it was not built or CTXRT_NATIVE=0."""
     if "lib" not in _STATE:
@@ -73,8 +89,14 @@ def _load() -> ctypes.CDLL | None:
     try:
         path = importlib.import_module("ctxrt._native").__file__
         lib = ctypes.CDLL(path)
-    except (ImportError, OSError, TypeError):
+        _declare(lib)
+    except (ImportError, OSError, TypeError, AttributeError):  # AttributeError: a build of other sources
         return None
+    return lib
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    """Every function's argument and result types (AttributeError where the library lacks one)."""
     lib.ctxrt_nbits4_matmul.argtypes = [ctypes.c_void_p]
     lib.ctxrt_nbits4_matmul.restype = ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
@@ -86,7 +108,10 @@ def _load() -> ctypes.CDLL | None:
     lib.ctxrt_rms_rows.restype = ctypes.c_int
     lib.ctxrt_gemv.argtypes = [ctypes.c_void_p]
     lib.ctxrt_gemv.restype = ctypes.c_int
-    return lib
+    lib.ctxrt_qadd.argtypes = [ctypes.c_void_p]
+    lib.ctxrt_qadd.restype = ctypes.c_int
+    lib.ctxrt_quantize.argtypes = [ctypes.c_void_p]
+    lib.ctxrt_quantize.restype = ctypes.c_int
 
 
 def nbits4_work_bytes(m: int, k: int, block: int, int8: bool) -> int:

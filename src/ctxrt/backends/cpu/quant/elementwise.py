@@ -9,12 +9,13 @@ scratch (in blocks of `CHUNK` values for the unary ops).
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.cpu import reduce
+from ctxrt.backends.cpu import native, reduce
 from ctxrt.backends.cpu.elementwise import CHUNK
 from ctxrt.backends.cpu.quant.common import (
     EIGHT_BIT,
@@ -66,6 +67,10 @@ def _binary(spec: NodeSpec, mul: bool) -> Kernel:
         sc, zc = _param(ins, spec, 6), _param(ins, spec, 7)
         ta, tb = scratch_view(scratch[0], shape, F32), scratch_view(scratch[1], shape, F32)
         m = scratch_view(scratch[2], (), F32)
+        if not mul:
+            fast = _native_add(a, b, y, fixed, [_param(ins, spec, i) for i in (1, 2, 4, 5, 6, 7)])
+            if fast is not None:
+                return fast
         if fixed is not None and not mul:  # B_scale (B - B_zp) made once: a bias, a constant residual
             def run_fixed() -> None:
                 _center(a, za, ta)
@@ -91,6 +96,42 @@ def _binary(spec: NodeSpec, mul: bool) -> Kernel:
             quantize_into(ta, zc, lo, hi, y)
         return run
     return Bound(make, (size(shape) * 4, size(shape) * 4, 4))
+
+
+def _native_add(a: np.ndarray, b: np.ndarray, y: np.ndarray, fixed: np.ndarray | None, params: list[Any]
+                ) -> Launch | None:
+    """QLinearAdd of 8-bit tensors of y's shape (or B fixed) on the native kernel (csrc/qelem.c: the same float32
+    operations in the same order as `run` below, one pass instead of eight); None where it does not apply."""
+    lib = native.library()
+    if lib is None or y.dtype not in (np.dtype(np.int8), np.dtype(np.uint8)) or a.dtype != y.dtype:
+        return None
+    if not (a.shape == y.shape and a.flags.c_contiguous and y.flags.c_contiguous):
+        return None
+    period = 0
+    if fixed is not None:
+        if fixed.dtype != F32 or not fixed.flags.c_contiguous:
+            return None
+        if fixed.shape != y.shape:  # a bias along the last axis: repeated
+            last = y.shape[-1] if y.ndim else 1
+            if fixed.size != last or y.size % max(last, 1) or any(d != 1 for d in fixed.shape[:-1]) or \
+                    fixed.ndim > y.ndim:
+                return None
+            period = last
+    elif not (b.shape == y.shape and b.dtype == y.dtype and b.flags.c_contiguous):
+        return None
+    args = native.QAddArgs(n=y.size, a=a.ctypes.data, b=None if fixed is not None else b.ctypes.data,
+                           fixed=native.address(fixed), period=period, y=y.ctypes.data,
+                           is_signed=int(y.dtype == np.int8))
+    ref, call = ctypes.byref(args), lib.ctxrt_qadd
+    sa, za, sb, zb, sc, zc = params  # run-time inputs in general: read at each run
+
+    def run(_keep: Any = (a, b, y, fixed)) -> None:
+        args.sa, args.sb, args.sc = sa.item(), sb.item(), sc.item()
+        args.za = 0.0 if za is None else za.item()
+        args.zb = 0.0 if zb is None else zb.item()
+        args.zc = 0.0 if zc is None else zc.item()
+        call(ref)
+    return run
 
 
 def _fixed_b(spec: NodeSpec, mul: bool) -> np.ndarray | None:

@@ -12,6 +12,7 @@ reaches DequantizeLinear packed two a byte (ctxrt.dtypes) and is unpacked as the
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import ml_dtypes
@@ -19,6 +20,7 @@ import numpy as np
 from onnx import helper
 
 from ctxrt import dtypes
+from ctxrt.backends.cpu import native
 from ctxrt.backends.cpu.quant.common import (
     F32,
     F64,
@@ -161,7 +163,13 @@ def quantize(spec: NodeSpec) -> Kernel:
     else:
         lo, hi = limits(yt, ct)
 
+    eight = yt in (np.dtype(np.int8), np.dtype(np.uint8)) and xt == F32 and pn == 1 and div_dt is None
+
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        if eight:  # per tensor, float32 to 8 bits: the native kernel, the same operations in one pass
+            fast = _native_quantize(ins[0], outs[0], ins[1], ins[2] if has_zp else None)
+            if fast is not None:
+                return fast
         x, y = ins[0].reshape(layout.shape), outs[0].reshape(layout.shape)
         t = scratch_view(scratch[0], layout.shape, ct)
         zpf = scratch_view(scratch[1], layout.pshape, ct) if has_zp else None
@@ -185,6 +193,24 @@ def quantize(spec: NodeSpec) -> Kernel:
             np.copyto(y, t, casting="unsafe")
         return run
     return Bound(make, (n * ct.itemsize, pn * ct.itemsize, zp_u8))
+
+
+def _native_quantize(x: np.ndarray, y: np.ndarray, scale: np.ndarray, zp: np.ndarray | None) -> Launch | None:
+    """QuantizeLinear per tensor, float32 to 8 bits, on the native kernel (csrc/qelem.c): divide, round half to
+    even, add the zero point, saturate, as `quantize`'s run does; None where it does not apply."""
+    lib = native.library()
+    if lib is None or not (x.flags.c_contiguous and y.flags.c_contiguous) or x.size != y.size:
+        return None
+    if zp is not None and (zp.size != 1 or zp.dtype != y.dtype):
+        return None
+    args = native.QuantizeArgs(n=y.size, x=x.ctypes.data, y=y.ctypes.data, is_signed=int(y.dtype == np.int8))
+    ref, call = ctypes.byref(args), lib.ctxrt_quantize
+
+    def run(_keep: Any = (x, y)) -> None:  # the scale and zero point may be run-time inputs: read at each run
+        args.scale = scale.item()
+        args.zp = 0.0 if zp is None else zp.item()
+        call(ref)
+    return run
 
 
 def dequantize(spec: NodeSpec) -> Kernel:

@@ -1,0 +1,24 @@
+/* The argument struct of csrc/qelem.c (mirrored by ctxrt.backends.cpu.native.QAddArgs). */
+#ifndef CTXRT_QELEM_H
+#define CTXRT_QELEM_H
+#include <stdint.h>
+
+typedef struct {
+    int64_t n;              /* elements (a, b, y all of y's shape, contiguous) */
+    const void *a, *b;      /* 8-bit integers (int8 or uint8, `is_signed`); b NULL: `fixed` instead */
+    const float *fixed;     /* B_scale (B - B_zp) computed once ([n], or [period] repeated along y), or NULL */
+    int64_t period;         /* fixed's length where it repeats (a bias along the last axis), else 0 */
+    void *y;
+    float sa, za, sb, zb, sc, zc;  /* scales and zero points (0 where absent) */
+    int64_t is_signed;
+} qadd_args;
+
+typedef struct {
+    int64_t n;
+    const float *x;
+    void *y;                /* 8-bit integers (int8 or uint8, `is_signed`) */
+    float scale, zp;        /* per tensor (zp 0 where absent) */
+    int64_t is_signed;
+} quantize_args;
+
+#endif
