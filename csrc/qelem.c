@@ -1,5 +1,5 @@
-/* QuantizeLinear per tensor to 8 bits, and onnxruntime's QLinearAdd (com.microsoft) on 8-bit tensors of one
-   shape, each in one pass. QLinearAdd: C = saturate(round_half_even(
+/* QuantizeLinear and DequantizeLinear per tensor between float32 and 8 bits, and onnxruntime's QLinearAdd and
+   QLinearMul (com.microsoft) on 8-bit tensors of one shape, each in one pass. QLinearAdd: C = saturate(round_half_even(
    (A_scale (A - A_zp) + B_scale (B - B_zp)) / C_scale) + C_zp), the float32 operations in the order of ctxrt's
    NumPy kernel (backends/cpu/quant/elementwise.py), so both give the same bytes (ISO C: no contraction into
    FMAs). A transformer's residual adds in a QDQ model: ~30 us in NumPy's eight passes at 64 x 512. */
@@ -26,6 +26,8 @@ static int avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_s
 static int avx2(void) { return 0; }
 #define qadd_avx2 qadd_c
 #define quantize_avx2 quantize_c
+#define dequantize_avx2 dequantize_c
+#define qmul_avx2 qmul_c
 #endif
 
 /* QuantizeLinear per tensor, float32 to 8 bits: saturate(round_half_even(x / scale) + zero_point), as
@@ -36,8 +38,21 @@ int ctxrt_quantize(const quantize_args *p) {
     return 0;
 }
 
+/* DequantizeLinear per tensor, 8 bits to float32: (x - zero_point) * scale */
+int ctxrt_dequantize(const dequantize_args *p) {
+    if (avx2()) dequantize_avx2(p);
+    else dequantize_c(p);
+    return 0;
+}
+
 int ctxrt_qadd(const qadd_args *p) {
-    if (avx2()) qadd_avx2(p);
-    else qadd_c(p);
+    if (p->mul) {
+        if (avx2()) qmul_avx2(p);
+        else qmul_c(p);
+    } else if (avx2()) {
+        qadd_avx2(p);
+    } else {
+        qadd_c(p);
+    }
     return 0;
 }

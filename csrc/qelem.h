@@ -7,10 +7,13 @@ typedef struct {
     int64_t n;              /* elements (a, b, y all of y's shape, contiguous) */
     const void *a, *b;      /* 8-bit integers (int8 or uint8, `is_signed`); b NULL: `fixed` instead */
     const float *fixed;     /* B_scale (B - B_zp) computed once ([n], or [period] repeated along y), or NULL */
-    int64_t period;         /* fixed's length where it repeats (a bias along the last axis), else 0 */
+    int64_t period;         /* fixed's (or QLinearMul's b's) length where it repeats (1: one value; a bias along
+                               the last axis), else 0 */
     void *y;
     float sa, za, sb, zb, sc, zc;  /* scales and zero points (0 where absent) */
     int64_t is_signed;
+    int64_t mul;            /* 1: QLinearMul, C = (A - A_zp)(B - B_zp) (A_scale B_scale / C_scale) + C_zp; B
+                               of y's shape, or one value (period 1) */
 } qadd_args;
 
 typedef struct {
@@ -20,5 +23,13 @@ typedef struct {
     float scale, zp;        /* per tensor (zp 0 where absent) */
     int64_t is_signed;
 } quantize_args;
+
+typedef struct {
+    int64_t n;
+    const void *x;          /* 8-bit integers (int8 or uint8, `is_signed`) */
+    float *y;
+    float scale, zp;        /* per tensor (zp 0 where absent) */
+    int64_t is_signed;
+} dequantize_args;
 
 #endif

@@ -250,3 +250,35 @@ def test_quantize_native_equals_numpy(dt, zero_point, monkeypatch) -> None:
     assert calls
     monkeypatch.setattr(linear, "_native_quantize", lambda *a: None)
     np.testing.assert_array_equal(got, ctxrt.compile(model).graph().run({"x": x})["y"])
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8], ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("zero_point", [True, False])
+def test_dequantize_native_equals_numpy(dt, zero_point, monkeypatch) -> None:
+    """DequantizeLinear per tensor from 8 bits to float32 on the native kernel (csrc/qelem.c): the same values as
+    the NumPy kernel, every input value."""
+    from onnx import numpy_helper
+
+    from ctxrt.backends.cpu import native
+    from ctxrt.backends.cpu.quant import linear
+
+    if native.library() is None:
+        pytest.skip("the native extension is not built here")
+    x = np.arange(256).astype(np.uint8).view(np.dtype(dt)).reshape(16, 16)
+    inits = [numpy_helper.from_array(np.array(0.0371, np.float32), "s")]
+    names = ["x", "s"]
+    if zero_point:
+        inits.append(numpy_helper.from_array(np.array(-3 if dt == np.int8 else 131, dt), "z"))
+        names.append("z")
+    graph = helper.make_graph([helper.make_node("DequantizeLinear", names, ["y"])], "dq",
+                              [helper.make_tensor_value_info("x", helper.np_dtype_to_tensor_dtype(np.dtype(dt)),
+                                                             [16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    used = []
+    real = linear._native_dequantize
+    monkeypatch.setattr(linear, "_native_dequantize", lambda *a: used.append(real(*a)) or used[-1])
+    got = ctxrt.compile(model).graph().run({"x": x})["y"]
+    assert used and all(u is not None for u in used)
+    monkeypatch.setattr(linear, "_native_dequantize", lambda *a: None)
+    np.testing.assert_array_equal(got, ctxrt.compile(model).graph().run({"x": x})["y"])

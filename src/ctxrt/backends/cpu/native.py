@@ -68,11 +68,18 @@ class QAddArgs(ctypes.Structure):
     _fields_ = [("n", ctypes.c_int64), ("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("fixed", ctypes.c_void_p),
                 ("period", ctypes.c_int64), ("y", ctypes.c_void_p),
                 *((f, ctypes.c_float) for f in ("sa", "za", "sb", "zb", "sc", "zc")),
-                ("is_signed", ctypes.c_int64)]
+                ("is_signed", ctypes.c_int64), ("mul", ctypes.c_int64)]
 
 
 class QuantizeArgs(ctypes.Structure):
     """csrc/qelem.h's quantize_args."""
+
+    _fields_ = [("n", ctypes.c_int64), ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("scale", ctypes.c_float),
+                ("zp", ctypes.c_float), ("is_signed", ctypes.c_int64)]
+
+
+class DequantizeArgs(ctypes.Structure):
+    """csrc/qelem.h's dequantize_args."""
 
     _fields_ = [("n", ctypes.c_int64), ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("scale", ctypes.c_float),
                 ("zp", ctypes.c_float), ("is_signed", ctypes.c_int64)]
@@ -112,6 +119,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ctxrt_qadd.restype = ctypes.c_int
     lib.ctxrt_quantize.argtypes = [ctypes.c_void_p]
     lib.ctxrt_quantize.restype = ctypes.c_int
+    lib.ctxrt_dequantize.argtypes = [ctypes.c_void_p]
+    lib.ctxrt_dequantize.restype = ctypes.c_int
 
 
 def nbits4_work_bytes(m: int, k: int, block: int, int8: bool) -> int:

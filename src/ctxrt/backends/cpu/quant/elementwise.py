@@ -67,10 +67,9 @@ def _binary(spec: NodeSpec, mul: bool) -> Kernel:
         sc, zc = _param(ins, spec, 6), _param(ins, spec, 7)
         ta, tb = scratch_view(scratch[0], shape, F32), scratch_view(scratch[1], shape, F32)
         m = scratch_view(scratch[2], (), F32)
-        if not mul:
-            fast = _native_add(a, b, y, fixed, [_param(ins, spec, i) for i in (1, 2, 4, 5, 6, 7)])
-            if fast is not None:
-                return fast
+        fast = _native_add(a, b, y, None if mul else fixed, [_param(ins, spec, i) for i in (1, 2, 4, 5, 6, 7)], mul)
+        if fast is not None:
+            return fast
         if fixed is not None and not mul:  # B_scale (B - B_zp) made once: a bias, a constant residual
             def run_fixed() -> None:
                 _center(a, za, ta)
@@ -98,20 +97,25 @@ def _binary(spec: NodeSpec, mul: bool) -> Kernel:
     return Bound(make, (size(shape) * 4, size(shape) * 4, 4))
 
 
-def _native_add(a: np.ndarray, b: np.ndarray, y: np.ndarray, fixed: np.ndarray | None, params: list[Any]
-                ) -> Launch | None:
-    """QLinearAdd of 8-bit tensors of y's shape (or B fixed) on the native kernel (csrc/qelem.c: the same float32
-    operations in the same order as `run` below, one pass instead of eight); None where it does not apply."""
+def _native_add(a: np.ndarray, b: np.ndarray, y: np.ndarray, fixed: np.ndarray | None, params: list[Any],
+                mul: bool = False) -> Launch | None:
+    """QLinearAdd (QLinearMul: `mul`) of 8-bit tensors of y's shape (or B fixed; for QLinearMul B one value) on the
+    native kernel (csrc/qelem.c: the same float32 operations in the same order as `run` below, one pass instead of
+    eight); None where it does not apply."""
     lib = native.library()
     if lib is None or y.dtype not in (np.dtype(np.int8), np.dtype(np.uint8)) or a.dtype != y.dtype:
         return None
     if not (a.shape == y.shape and a.flags.c_contiguous and y.flags.c_contiguous):
         return None
     period = 0
-    if fixed is not None:
+    if mul and b.size == 1 and b.dtype == y.dtype:
+        period = 1  # one value of B (an attention's scale)
+    elif fixed is not None:
         if fixed.dtype != F32 or not fixed.flags.c_contiguous:
             return None
-        if fixed.shape != y.shape:  # a bias along the last axis: repeated
+        if fixed.size == 1 and fixed.shape != y.shape:  # one value
+            period = 1
+        elif fixed.shape != y.shape:  # a bias along the last axis: repeated
             last = y.shape[-1] if y.ndim else 1
             if fixed.size != last or y.size % max(last, 1) or any(d != 1 for d in fixed.shape[:-1]) or \
                     fixed.ndim > y.ndim:
@@ -119,9 +123,11 @@ def _native_add(a: np.ndarray, b: np.ndarray, y: np.ndarray, fixed: np.ndarray |
             period = last
     elif not (b.shape == y.shape and b.dtype == y.dtype and b.flags.c_contiguous):
         return None
+    if mul and fixed is not None:
+        return None
     args = native.QAddArgs(n=y.size, a=a.ctypes.data, b=None if fixed is not None else b.ctypes.data,
                            fixed=native.address(fixed), period=period, y=y.ctypes.data,
-                           is_signed=int(y.dtype == np.int8))
+                           is_signed=int(y.dtype == np.int8), mul=int(mul))
     ref, call = ctypes.byref(args), lib.ctxrt_qadd
     sa, za, sb, zb, sc, zc = params  # run-time inputs in general: read at each run
 

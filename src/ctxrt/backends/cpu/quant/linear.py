@@ -213,6 +213,24 @@ def _native_quantize(x: np.ndarray, y: np.ndarray, scale: np.ndarray, zp: np.nda
     return run
 
 
+def _native_dequantize(x: np.ndarray, y: np.ndarray, scale: np.ndarray, zp: np.ndarray | None) -> Launch | None:
+    """DequantizeLinear per tensor, 8 bits to float32, on the native kernel (csrc/qelem.c): (x - zero point) *
+    scale in float32, as `dequantize`'s run computes it; None where it does not apply."""
+    lib = native.library()
+    if lib is None or not (x.flags.c_contiguous and y.flags.c_contiguous) or x.size != y.size:
+        return None
+    if zp is not None and (zp.size != 1 or zp.dtype != x.dtype):
+        return None
+    args = native.DequantizeArgs(n=y.size, x=x.ctypes.data, y=y.ctypes.data, is_signed=int(x.dtype == np.int8))
+    ref, call = ctypes.byref(args), lib.ctxrt_dequantize
+
+    def run(_keep: Any = (x, y)) -> None:  # the scale and zero point may be run-time inputs: read at each run
+        args.scale = scale.item()
+        args.zp = 0.0 if zp is None else zp.item()
+        call(ref)
+    return run
+
+
 def dequantize(spec: NodeSpec) -> Kernel:
     xt, yt = dtype_of(spec, 0), _output_dtype(spec)
     if xt not in INTEGER and not dtypes.is_float8(xt):
@@ -225,8 +243,13 @@ def dequantize(spec: NodeSpec) -> Kernel:
     load_x, x_u8 = _loader(spec, 0, n)
     load_zp, zp_u8 = _loader(spec, 2, pn) if has_zp else (None, 0)
     direct = yt == F32  # computed in the output itself, else in float32 scratch (as onnx.reference)
+    eight = xt in (np.dtype(np.int8), np.dtype(np.uint8)) and direct and pn == 1
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        if eight:  # per tensor, 8 bits to float32: the native kernel, the same operations in one pass
+            fast = _native_dequantize(ins[0], outs[0], ins[1], ins[2] if has_zp else None)
+            if fast is not None:
+                return fast
         y = outs[0].reshape(layout.shape)
         t = y if direct else scratch_view(scratch[0], layout.shape, F32)
         zpf = scratch_view(scratch[1], layout.pshape, F32) if has_zp else None
