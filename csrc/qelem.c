@@ -6,6 +6,9 @@
 
 #include <math.h>
 #include <stdint.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include "qelem.h"
 
@@ -16,9 +19,11 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#define QELEM_AVX2 1
 #define NAME(x) x##_avx2
 #include "qelem_kernel.h"
 #undef NAME
+#undef QELEM_AVX2
 #pragma GCC pop_options
 
 static int avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
@@ -28,6 +33,7 @@ static int avx2(void) { return 0; }
 #define quantize_avx2 quantize_c
 #define dequantize_avx2 dequantize_c
 #define qmul_avx2 qmul_c
+#define qmatmul_avx2 qmatmul_c
 #endif
 
 /* QuantizeLinear per tensor, float32 to 8 bits: saturate(round_half_even(x / scale) + zero_point), as
@@ -35,6 +41,14 @@ static int avx2(void) { return 0; }
 int ctxrt_quantize(const quantize_args *p) {
     if (avx2()) quantize_avx2(p);
     else quantize_c(p);
+    return 0;
+}
+
+/* QLinearMatMul per tensor on 8 bits where float32 sums are exact (an attention's activation x activation
+   products): the same values as backends/cpu/quant/gemm.py's float32 GEMM and requantization */
+int ctxrt_qmatmul(const qmatmul_args *p) {
+    if (avx2()) qmatmul_avx2(p);
+    else qmatmul_c(p);
     return 0;
 }
 

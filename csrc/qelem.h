@@ -25,6 +25,15 @@ typedef struct {
 } quantize_args;
 
 typedef struct {
+    int64_t batch, m, k, n;   /* batch matrices of A [m, k] and B [k, n], contiguous, the same count */
+    const void *a, *b;        /* 8-bit integers; a_signed / b_signed say which */
+    void *y;                  /* [batch, m, n] 8-bit integers (y_signed) */
+    float za, zb, zc, mult;   /* zero points (0 where absent), a_scale * b_scale / y_scale */
+    int64_t a_signed, b_signed, y_signed;
+    float *work;              /* k * n + n + k floats */
+} qmatmul_args;
+
+typedef struct {
     int64_t n;
     const void *x;          /* 8-bit integers (int8 or uint8, `is_signed`) */
     float *y;

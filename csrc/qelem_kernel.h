@@ -101,3 +101,73 @@ static void NAME(qadd)(const qadd_args *p) {
 
 #undef QADD_BODY
 #undef QADD_LOOP
+
+/* floats out[j] = x[j] - z for j < count, x 8-bit integers (signed or not) */
+static void NAME(centered)(const void *x, int is_signed, float z, int64_t count, float *restrict out) {
+    if (is_signed) {
+        const int8_t *restrict v = (const int8_t *)x;
+#pragma omp simd
+        for (int64_t j = 0; j < count; j++) out[j] = (float)v[j] - z;
+    } else {
+        const uint8_t *restrict v = (const uint8_t *)x;
+#pragma omp simd
+        for (int64_t j = 0; j < count; j++) out[j] = (float)v[j] - z;
+    }
+}
+
+/* QLinearMatMul per tensor: each batch matrix's B - zb as floats, then per row of A (A's row - za as floats) the
+   float32 sums (exact integers: the caller checks k |A - za| |B - zb| <= 2^24), then saturate(round(acc * mult) +
+   zc). work: k * n + n + k floats. */
+static void NAME(qmatmul)(const qmatmul_args *p) {
+    const int64_t m = p->m, k = p->k, n = p->n;
+    float *restrict bf = p->work, *restrict acc = p->work + k * n, *restrict arow = acc + n;
+    const float lo = p->y_signed ? -128.0f : 0.0f, hi = p->y_signed ? 127.0f : 255.0f;
+    const float mult = p->mult, zc = p->zc;
+    for (int64_t t = 0; t < p->batch; t++) {
+        NAME(centered)((const char *)p->b + t * k * n, (int)p->b_signed, p->zb, k * n, bf);
+        for (int64_t i = 0; i < m; i++) {
+            NAME(centered)((const char *)p->a + (t * m + i) * k, (int)p->a_signed, p->za, k, arow);
+            int64_t j0 = 0;
+#ifdef QELEM_AVX2
+            for (; j0 + 32 <= n; j0 += 32) {  /* 32 columns summed in four registers (exact: integers < 2^24) */
+                __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+                for (int64_t c = 0; c < k; c++) {
+                    const __m256 av = _mm256_broadcast_ss(arow + c);
+                    const float *row = bf + c * n + j0;
+                    s0 = _mm256_fmadd_ps(av, _mm256_loadu_ps(row), s0);
+                    s1 = _mm256_fmadd_ps(av, _mm256_loadu_ps(row + 8), s1);
+                    s2 = _mm256_fmadd_ps(av, _mm256_loadu_ps(row + 16), s2);
+                    s3 = _mm256_fmadd_ps(av, _mm256_loadu_ps(row + 24), s3);
+                }
+                _mm256_storeu_ps(acc + j0, s0);
+                _mm256_storeu_ps(acc + j0 + 8, s1);
+                _mm256_storeu_ps(acc + j0 + 16, s2);
+                _mm256_storeu_ps(acc + j0 + 24, s3);
+            }
+#endif
+            for (int64_t j = j0; j < n; j++) acc[j] = 0.0f;
+            for (int64_t c = 0; c < k && j0 < n; c++) {
+                const float av = arow[c];
+                const float *restrict row = bf + c * n;
+                for (int64_t j = j0; j < n; j++) acc[j] += av * row[j];
+            }
+            if (p->y_signed) {
+                int8_t *restrict y = (int8_t *)p->y + (t * m + i) * n;
+#pragma omp simd
+                for (int64_t j = 0; j < n; j++) {
+                    float v = nearbyintf(acc[j] * mult) + zc;
+                    v = v > lo ? v : lo;
+                    y[j] = (int8_t)(v < hi ? v : hi);
+                }
+            } else {
+                uint8_t *restrict y = (uint8_t *)p->y + (t * m + i) * n;
+#pragma omp simd
+                for (int64_t j = 0; j < n; j++) {
+                    float v = nearbyintf(acc[j] * mult) + zc;
+                    v = v > lo ? v : lo;
+                    y[j] = (uint8_t)(v < hi ? v : hi);
+                }
+            }
+        }
+    }
+}

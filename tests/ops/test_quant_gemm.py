@@ -183,3 +183,39 @@ def test_qlinear_conv_channels_last_is_refused() -> None:
                             channels_last=1)
     with pytest.raises(UnsupportedOpError, match="channels_last=1"):
         ctxrt.compile(qmodel(node, {"x": x}, inits), backend=harness.BACKEND)
+
+
+@pytest.mark.parametrize("a_dt,b_dt,y_dt", [(np.uint8, np.uint8, np.uint8), (np.int8, np.uint8, np.int8),
+                                             (np.uint8, np.int8, np.uint8)], ids=["u8u8u8", "s8u8s8", "u8s8u8"])
+def test_qlinear_matmul_native_equals_numpy(a_dt, b_dt, y_dt, monkeypatch) -> None:
+    """An attention's activation x activation QLinearMatMul (batched, per tensor, float32 sums exact) as one native
+    call (csrc/qelem.c): the same bytes as the NumPy path's float32 GEMM and requantization."""
+    from onnx import numpy_helper
+
+    import ctxrt
+    from ctxrt.backends.cpu import native
+    from ctxrt.backends.cpu.quant import gemm
+
+    if native.library() is None:
+        pytest.skip("the native extension is not built here")
+    rng = np.random.default_rng(13)
+    info = np.iinfo
+    a = rng.integers(info(a_dt).min, info(a_dt).max + 1, (1, 4, 24, 40)).astype(a_dt)
+    b = rng.integers(info(b_dt).min, info(b_dt).max + 1, (1, 4, 40, 33)).astype(b_dt)
+    consts = {"sa": np.float32(0.02), "za": np.array(3, a_dt), "sb": np.float32(0.013), "zb": np.array(7, b_dt),
+              "sy": np.float32(0.9), "zy": np.array(5, y_dt)}
+    t = helper.np_dtype_to_tensor_dtype
+    graph = helper.make_graph(
+        [helper.make_node("QLinearMatMul", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"])], "qmm",
+        [helper.make_tensor_value_info("a", t(np.dtype(a_dt)), list(a.shape)),
+         helper.make_tensor_value_info("b", t(np.dtype(b_dt)), list(b.shape))],
+        [helper.make_tensor_value_info("y", t(np.dtype(y_dt)), [1, 4, 24, 33])],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    used = []
+    real = gemm._native_qmatmul
+    monkeypatch.setattr(gemm, "_native_qmatmul", lambda *args: used.append(real(*args)) or used[-1])
+    got = ctxrt.compile(model).graph().run({"a": a, "b": b})["y"]
+    assert used and all(u is not None for u in used)
+    monkeypatch.setattr(gemm, "_native_qmatmul", lambda *args: None)
+    np.testing.assert_array_equal(got, ctxrt.compile(model).graph().run({"a": a, "b": b})["y"])

@@ -85,6 +85,15 @@ class DequantizeArgs(ctypes.Structure):
                 ("zp", ctypes.c_float), ("is_signed", ctypes.c_int64)]
 
 
+class QMatMulArgs(ctypes.Structure):
+    """csrc/qelem.h's qmatmul_args."""
+
+    _fields_ = [*((f, ctypes.c_int64) for f in ("batch", "m", "k", "n")), ("a", ctypes.c_void_p),
+                ("b", ctypes.c_void_p), ("y", ctypes.c_void_p),
+                *((f, ctypes.c_float) for f in ("za", "zb", "zc", "mult")),
+                *((f, ctypes.c_int64) for f in ("a_signed", "b_signed", "y_signed")), ("work", ctypes.c_void_p)]
+
+
 def library() -> ctypes.CDLL | None:
     """The native library, loaded once; None where it was not built or CTXRT_NATIVE=0."""
     if "lib" not in _STATE:
@@ -121,6 +130,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ctxrt_quantize.restype = ctypes.c_int
     lib.ctxrt_dequantize.argtypes = [ctypes.c_void_p]
     lib.ctxrt_dequantize.restype = ctypes.c_int
+    lib.ctxrt_qmatmul.argtypes = [ctypes.c_void_p]
+    lib.ctxrt_qmatmul.restype = ctypes.c_int
 
 
 def nbits4_work_bytes(m: int, k: int, block: int, int8: bool) -> int:

@@ -10,12 +10,14 @@ float32, times a float32 multiplier (a_scale * b_scale / y_scale), rounded half 
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from ctxrt.backends.cpu import native
 from ctxrt.backends.cpu.quant.common import (
     EIGHT_BIT,
     F32,
@@ -226,7 +228,13 @@ def qlinear_matmul(spec: NodeSpec) -> Kernel:
     multiplier = _Multiplier(sh, size(spec.inputs[1]) > 1, size(spec.inputs[4]) > 1)
     requant = Requant(yt)
 
+    native_ok = _native_fits(spec, sh, yt)
+
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        if native_ok:
+            fast = _native_qmatmul(sh, ins, outs[0])
+            if fast is not None:
+                return fast
         y = sh.out(outs[0])
         mult, prepare = multiplier.bind(sh, scratch[3], ins[1], ins[4], ins[6])
         t32 = [scratch_view(scratch[4], sh.block(n0, n1), F32) for n0, n1 in sh.blocks]
@@ -236,6 +244,43 @@ def qlinear_matmul(spec: NodeSpec) -> Kernel:
             requant(acc, t32[n0 // sh.cols], _cols(mult, n0, n1), yz, y[index][..., n0:n1])
         return sh.bind(ins[0], ins[3], ins[2], ins[5], scratch, epilogue, prepare)
     return Bound(make, (*sh.scratch, multiplier.nbytes, sh.t_bytes), sh.algorithm)
+
+
+_NATIVE_WORK = 1 << 16  # floats of B a native QLinearMatMul converts per batch matrix (csrc/qelem.c)
+_EIGHT = (np.dtype(np.int8), np.dtype(np.uint8))
+
+
+def _native_fits(spec: NodeSpec, sh: Shapes, yt: np.dtype) -> bool:
+    """A QLinearMatMul the native kernel computes exactly: per-tensor parameters, 8-bit operands and output, float32
+    sums exact, no transposition, one batch shape for A and B (an attention's scores and weighted sums)."""
+    return (sh.acc == F32 and not sh.ta and not sh.tb and not sh.a_vec and not sh.b_vec and yt in _EIGHT
+            and dtype_of(spec, 0) in _EIGHT and dtype_of(spec, 3) in _EIGHT and sh.a_shape[:-2] == sh.b_shape[:-2]
+            and all(size(spec.inputs[i]) == 1 for i in (1, 2, 4, 5) if given(spec, i))
+            and sh.k * sh.n <= _NATIVE_WORK)
+
+
+def _native_qmatmul(sh: Shapes, ins: list[Any], y: np.ndarray) -> Launch | None:
+    """The whole QLinearMatMul (GEMM and requantization) in one native call (csrc/qelem.c): the float32 sums are
+    the exact integers the NumPy path's float32 GEMM gives, the multiplier and the rounding are computed in the same
+    float32 steps, so the bytes are the same. None where the library is not there or the arrays are not contiguous."""
+    lib = native.library()
+    a, b = ins[0], ins[3]
+    if lib is None or not (a.flags.c_contiguous and b.flags.c_contiguous and y.flags.c_contiguous):
+        return None
+    work = np.empty(sh.k * sh.n + sh.n + sh.k, F32)
+    args = native.QMatMulArgs(batch=math.prod(sh.batch), m=sh.m, k=sh.k, n=sh.n, a=a.ctypes.data, b=b.ctypes.data,
+                              y=y.ctypes.data, a_signed=int(a.dtype == np.int8), b_signed=int(b.dtype == np.int8),
+                              y_signed=int(y.dtype == np.int8), work=work.ctypes.data)
+    ref, call, f32 = ctypes.byref(args), lib.ctxrt_qmatmul, np.float32
+    sa, za, sb, zb, sy, zy = (ins[i] if i < len(ins) else None for i in (1, 2, 4, 5, 6, 7))
+
+    def run(_keep: Any = (a, b, y, work)) -> None:  # scales and zero points may be run-time inputs
+        args.mult = float(f32(sa.item()) * f32(sb.item()) / f32(sy.item()))  # as _Multiplier: (a * b) / y
+        args.za = 0.0 if za is None else za.item()
+        args.zb = 0.0 if zb is None else zb.item()
+        args.zc = 0.0 if zy is None else zy.item()
+        call(ref)
+    return run
 
 
 def _float_out(spec: NodeSpec, sh: Shapes, multiplier: _Multiplier, at: dict[str, int | None],
