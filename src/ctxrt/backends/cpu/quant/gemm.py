@@ -57,7 +57,8 @@ class Shapes:
         self.batch = tuple(np.broadcast_shapes(a2[:-2], b2[:-2]))
         # float32 sums are exact while every partial sum stays within 2^24: K * |A - a_zp| * |B - b_zp| (and nothing
         # `added` to the accumulator, QGemm's C); BLAS's SGEMM is twice DGEMM's speed
-        span = self.k * _span(spec, ia) * _span(spec, ib)
+        za, zb = _ZERO_POINTS.get(spec.op.rsplit(".", 1)[-1], (None, None))
+        span = self.k * _span(spec, ia, za) * _span(spec, ib, zb)
         self.acc = F32 if span <= 2**24 and not added else F64
         self.algorithm = "int_gemm_f32" if self.acc == F32 else "int_gemm_f64"
         size = self.acc.itemsize
@@ -150,13 +151,26 @@ class Shapes:
         return run
 
 
-def _span(spec: NodeSpec, i: int) -> int:
-    """The largest |x - zero point| of input i's integer type (a float A, DynamicQuantizeMatMul's: uint8's)."""
+# op -> positions of A's and B's zero points
+_ZERO_POINTS = {"MatMulInteger": (2, 3), "QLinearMatMul": (2, 5), "QGemm": (2, 5), "MatMulIntegerToFloat": (4, 5),
+                "DynamicQuantizeMatMul": (None, 3)}
+
+
+def _span(spec: NodeSpec, i: int, zp: int | None = None) -> int:
+    """The largest |x - zero point| of input i's integer type (a float A, DynamicQuantizeMatMul's: uint8's): with
+    a constant zero point (or none: 0) the distance from it to the type's ends (int8 weights centred on 0: 128),
+    else the type's whole width."""
     dt = np.dtype(spec.inputs[i].dtype)
     if dt.kind == "f":
         return 255
     lo, hi = int_range(dt)
-    return hi - lo
+    if zp is not None and given(spec, zp):
+        z = spec.consts[zp] if zp < len(spec.consts) else None
+        if z is None:
+            return hi - lo  # computed at run time: anywhere in the range
+        values = np.asarray(z).astype(np.int64).reshape(-1)
+        return int(max(np.abs(values - lo).max(), np.abs(hi - values).max())) if values.size else hi - lo
+    return max(abs(lo), abs(hi))  # no zero point: 0
 
 
 def _centered(x: np.ndarray, zp: np.ndarray | None, out: np.ndarray) -> None:
