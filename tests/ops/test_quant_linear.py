@@ -282,3 +282,27 @@ def test_dequantize_native_equals_numpy(dt, zero_point, monkeypatch) -> None:
     assert used and all(u is not None for u in used)
     monkeypatch.setattr(linear, "_native_dequantize", lambda *a: None)
     np.testing.assert_array_equal(got, ctxrt.compile(model).graph().run({"x": x})["y"])
+
+
+def test_dynamic_quantize_native_equals_numpy(monkeypatch) -> None:
+    """DynamicQuantizeLinear's quantization pass on the native kernel (csrc/qelem.c): the same bytes, scale and
+    zero point as without the extension, for data of both signs, all positive, and half-way values."""
+    from ctxrt.backends.cpu import native
+
+    if native.library() is None:
+        pytest.skip("the native extension is not built here")
+    rng = np.random.default_rng(17)
+    graph = helper.make_graph([helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])], "dq",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 130])],
+                              [helper.make_tensor_value_info("y", TensorProto.UINT8, [64, 130]),
+                               helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
+                               helper.make_tensor_value_info("z", TensorProto.UINT8, [])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    cases = [rng.standard_normal((64, 130)).astype(np.float32) * 3, rng.uniform(0.5, 9, (64, 130)).astype(np.float32),
+             np.linspace(-2.55, 2.55, 64 * 130, dtype=np.float32).reshape(64, 130)]
+    with_native = [ctxrt.compile(model).graph().run({"x": x}) for x in cases]
+    monkeypatch.setitem(native._STATE, "lib", None)
+    for x, got in zip(cases, with_native, strict=True):
+        want = ctxrt.compile(model).graph().run({"x": x})
+        for k in ("y", "s", "z"):
+            np.testing.assert_array_equal(got[k], want[k])
