@@ -38,7 +38,7 @@ static int avx2(void) { return 0; }
 
 /* QuantizeLinear per tensor, float32 to 8 bits: saturate(round_half_even(x / scale) + zero_point), as
    backends/cpu/quant/linear.py computes it */
-int ctxrt_quantize(const quantize_args *p) {
+int ctxrt_quantize(const linear8_args *p) {
     if (avx2()) quantize_avx2(p);
     else quantize_c(p);
     return 0;
@@ -53,7 +53,7 @@ int ctxrt_qmatmul(const qmatmul_args *p) {
 }
 
 /* DequantizeLinear per tensor, 8 bits to float32: (x - zero_point) * scale */
-int ctxrt_dequantize(const dequantize_args *p) {
+int ctxrt_dequantize(const linear8_args *p) {
     if (avx2()) dequantize_avx2(p);
     else dequantize_c(p);
     return 0;

@@ -16,13 +16,13 @@ typedef struct {
                                of y's shape, or one value (period 1) */
 } qadd_args;
 
-typedef struct {
+typedef struct {            /* QuantizeLinear (x float32, y 8 bits) and DequantizeLinear (x 8 bits, y float32) */
     int64_t n;
-    const float *x;
-    void *y;                /* 8-bit integers (int8 or uint8, `is_signed`) */
+    const void *x;
+    void *y;
     float scale, zp;        /* per tensor (zp 0 where absent) */
-    int64_t is_signed;
-} quantize_args;
+    int64_t is_signed;      /* the 8-bit side: int8 (1) or uint8 (0) */
+} linear8_args;
 
 typedef struct {
     int64_t batch, m, k, n;   /* batch matrices of A [m, k] and B [k, n], contiguous, the same count */
@@ -33,12 +33,5 @@ typedef struct {
     float *work;              /* k * n + n + k floats */
 } qmatmul_args;
 
-typedef struct {
-    int64_t n;
-    const void *x;          /* 8-bit integers (int8 or uint8, `is_signed`) */
-    float *y;
-    float scale, zp;        /* per tensor (zp 0 where absent) */
-    int64_t is_signed;
-} dequantize_args;
 
 #endif

@@ -31,7 +31,7 @@
 #define QUANTIZE_BODY(T)                                                                                    \
     {                                                                                                        \
         T *restrict y = (T *)p->y;                                                                           \
-        const float *restrict x = p->x;                                                                      \
+        const float *restrict x = (const float *)p->x;                                                                      \
         const float s = p->scale, zp = p->zp;                                                                \
         const float lo = p->is_signed ? -128.0f : 0.0f, hi = p->is_signed ? 127.0f : 255.0f;              \
         _Pragma("omp simd") for (int64_t i = 0; i < p->n; i++) {                                            \
@@ -42,7 +42,7 @@
         }                                                                                                    \
     }
 
-static void NAME(quantize)(const quantize_args *p) {
+static void NAME(quantize)(const linear8_args *p) {
     if (p->is_signed) QUANTIZE_BODY(int8_t)
     else QUANTIZE_BODY(uint8_t)
 }
@@ -52,12 +52,12 @@ static void NAME(quantize)(const quantize_args *p) {
 #define DEQUANTIZE_BODY(T)                                                                                  \
     {                                                                                                        \
         const T *restrict x = (const T *)p->x;                                                              \
-        float *restrict y = p->y;                                                                            \
+        float *restrict y = (float *)p->y;                                                                            \
         const float s = p->scale, zp = p->zp;                                                                \
         _Pragma("omp simd") for (int64_t i = 0; i < p->n; i++) y[i] = ((float)x[i] - zp) * s;             \
     }
 
-static void NAME(dequantize)(const dequantize_args *p) {
+static void NAME(dequantize)(const linear8_args *p) {
     if (p->is_signed) DEQUANTIZE_BODY(int8_t)
     else DEQUANTIZE_BODY(uint8_t)
 }

@@ -71,15 +71,8 @@ class QAddArgs(ctypes.Structure):
                 ("is_signed", ctypes.c_int64), ("mul", ctypes.c_int64)]
 
 
-class QuantizeArgs(ctypes.Structure):
-    """csrc/qelem.h's quantize_args."""
-
-    _fields_ = [("n", ctypes.c_int64), ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("scale", ctypes.c_float),
-                ("zp", ctypes.c_float), ("is_signed", ctypes.c_int64)]
-
-
-class DequantizeArgs(ctypes.Structure):
-    """csrc/qelem.h's dequantize_args."""
+class Linear8Args(ctypes.Structure):
+    """csrc/qelem.h's linear8_args (QuantizeLinear and DequantizeLinear per tensor, 8 bits)."""
 
     _fields_ = [("n", ctypes.c_int64), ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("scale", ctypes.c_float),
                 ("zp", ctypes.c_float), ("is_signed", ctypes.c_int64)]
@@ -113,25 +106,12 @@ def _load() -> ctypes.CDLL | None:
 
 def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
-    lib.ctxrt_nbits4_matmul.argtypes = [ctypes.c_void_p]
-    lib.ctxrt_nbits4_matmul.restype = ctypes.c_int
+    for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "qmatmul"):
+        fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
+        fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     lib.ctxrt_nbits4_dequantize.restype = ctypes.c_int
     lib.ctxrt_isa.argtypes, lib.ctxrt_isa.restype = [], ctypes.c_char_p
-    lib.ctxrt_gqa.argtypes = [ctypes.c_void_p]
-    lib.ctxrt_gqa.restype = ctypes.c_int
-    lib.ctxrt_rms_rows.argtypes = [ctypes.c_void_p]
-    lib.ctxrt_rms_rows.restype = ctypes.c_int
-    lib.ctxrt_gemv.argtypes = [ctypes.c_void_p]
-    lib.ctxrt_gemv.restype = ctypes.c_int
-    lib.ctxrt_qadd.argtypes = [ctypes.c_void_p]
-    lib.ctxrt_qadd.restype = ctypes.c_int
-    lib.ctxrt_quantize.argtypes = [ctypes.c_void_p]
-    lib.ctxrt_quantize.restype = ctypes.c_int
-    lib.ctxrt_dequantize.argtypes = [ctypes.c_void_p]
-    lib.ctxrt_dequantize.restype = ctypes.c_int
-    lib.ctxrt_qmatmul.argtypes = [ctypes.c_void_p]
-    lib.ctxrt_qmatmul.restype = ctypes.c_int
 
 
 def nbits4_work_bytes(m: int, k: int, block: int, int8: bool) -> int:

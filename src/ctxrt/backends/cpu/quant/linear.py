@@ -198,31 +198,25 @@ def quantize(spec: NodeSpec) -> Kernel:
 def _native_quantize(x: np.ndarray, y: np.ndarray, scale: np.ndarray, zp: np.ndarray | None) -> Launch | None:
     """QuantizeLinear per tensor, float32 to 8 bits, on the native kernel (csrc/qelem.c): divide, round half to
     even, add the zero point, saturate, as `quantize`'s run does; None where it does not apply."""
-    lib = native.library()
-    if lib is None or not (x.flags.c_contiguous and y.flags.c_contiguous) or x.size != y.size:
-        return None
-    if zp is not None and (zp.size != 1 or zp.dtype != y.dtype):
-        return None
-    args = native.QuantizeArgs(n=y.size, x=x.ctypes.data, y=y.ctypes.data, is_signed=int(y.dtype == np.int8))
-    ref, call = ctypes.byref(args), lib.ctxrt_quantize
-
-    def run(_keep: Any = (x, y)) -> None:  # the scale and zero point may be run-time inputs: read at each run
-        args.scale = scale.item()
-        args.zp = 0.0 if zp is None else zp.item()
-        call(ref)
-    return run
+    return _native_linear("quantize", x, y, y, scale, zp)
 
 
 def _native_dequantize(x: np.ndarray, y: np.ndarray, scale: np.ndarray, zp: np.ndarray | None) -> Launch | None:
     """DequantizeLinear per tensor, 8 bits to float32, on the native kernel (csrc/qelem.c): (x - zero point) *
     scale in float32, as `dequantize`'s run computes it; None where it does not apply."""
+    return _native_linear("dequantize", x, y, x, scale, zp)
+
+
+def _native_linear(kind: str, x: np.ndarray, y: np.ndarray, q: np.ndarray, scale: np.ndarray,
+                   zp: np.ndarray | None) -> Launch | None:
+    """The launch of csrc/qelem.c's ctxrt_quantize or ctxrt_dequantize (`kind`), `q` the 8-bit side."""
     lib = native.library()
     if lib is None or not (x.flags.c_contiguous and y.flags.c_contiguous) or x.size != y.size:
         return None
-    if zp is not None and (zp.size != 1 or zp.dtype != x.dtype):
+    if zp is not None and (zp.size != 1 or zp.dtype != q.dtype):
         return None
-    args = native.DequantizeArgs(n=y.size, x=x.ctypes.data, y=y.ctypes.data, is_signed=int(x.dtype == np.int8))
-    ref, call = ctypes.byref(args), lib.ctxrt_dequantize
+    args = native.Linear8Args(n=y.size, x=x.ctypes.data, y=y.ctypes.data, is_signed=int(q.dtype == np.int8))
+    ref, call = ctypes.byref(args), getattr(lib, f"ctxrt_{kind}")
 
     def run(_keep: Any = (x, y)) -> None:  # the scale and zero point may be run-time inputs: read at each run
         args.scale = scale.item()
@@ -287,7 +281,7 @@ def dynamic_quantize(spec: NodeSpec) -> Kernel:
         flat = x.reshape(-1)
         lib = native.library()
         fast = lib is not None and x.flags.c_contiguous and y.flags.c_contiguous
-        args = native.QuantizeArgs(n=y.size, x=x.ctypes.data, y=y.ctypes.data, is_signed=0) if fast else None
+        args = native.Linear8Args(n=y.size, x=x.ctypes.data, y=y.ctypes.data, is_signed=0) if fast else None
         ref = ctypes.byref(args) if fast else None
 
         def run() -> None:
