@@ -30,7 +30,7 @@ typedef struct {
     void *y;                  /* [batch, m, n] 8-bit integers (y_signed) */
     float za, zb, zc, mult;   /* zero points (0 where absent), a_scale * b_scale / y_scale */
     int64_t a_signed, b_signed, y_signed;
-    float *work;              /* k * n + n + k floats */
+    float *bf, *acc, *arow;   /* work: k * n floats (B - zb), n (a row's sums), k (A's row - za) */
 } qmatmul_args;
 
 

@@ -117,10 +117,10 @@ static void NAME(centered)(const void *x, int is_signed, float z, int64_t count,
 
 /* QLinearMatMul per tensor: each batch matrix's B - zb as floats, then per row of A (A's row - za as floats) the
    float32 sums (exact integers: the caller checks k |A - za| |B - zb| <= 2^24), then saturate(round(acc * mult) +
-   zc). work: k * n + n + k floats. */
+   zc). */
 static void NAME(qmatmul)(const qmatmul_args *p) {
     const int64_t m = p->m, k = p->k, n = p->n;
-    float *restrict bf = p->work, *restrict acc = p->work + k * n, *restrict arow = acc + n;
+    float *restrict bf = p->bf, *restrict acc = p->acc, *restrict arow = p->arow;
     const float lo = p->y_signed ? -128.0f : 0.0f, hi = p->y_signed ? 127.0f : 255.0f;
     const float mult = p->mult, zc = p->zc;
     for (int64_t t = 0; t < p->batch; t++) {

@@ -306,10 +306,10 @@ class ExtentRunner:
         ins = [TensorInfo(t.name, tuple(s), t.dtype, t.mem_type) for t, s in zip(g.inputs, io["I"], strict=True)]
         outs = [TensorInfo(t.name, tuple(s), t.dtype, t.mem_type) for t, s in zip(g.outputs, io["O"], strict=True)]
         cap = None if largest is None or largest >= SMALL_WORK else 1
-        # a decoder's token: its GEMMs are GEMVs on NumPy (small_rows), memory-bound, faster on every idle core
-        # (768 x 2048: 157 us on one thread, 81 on two); OpenBLAS's threads then spin ~0.1 s, so only when no
-        # large oneDNN kernel runs beside them (a prompt's oneDNN GEMMs keep BLAS at one thread; an int4 prompt's
-        # dequantized tiles are BLAS GEMMs, Kernel.blas)
+        # a decoder's token without the native extension: its GEMMs are GEMVs on NumPy (small_rows), memory-bound,
+        # faster on every idle core (768 x 2048: 157 us on one thread, 81 on two); OpenBLAS's threads then spin
+        # ~0.1 s, so only when no large oneDNN kernel runs beside them (a prompt's oneDNN GEMMs keep BLAS at one
+        # thread; an int4 prompt's dequantized tiles are BLAS GEMMs, Kernel.blas)
         gemv = max((m.work or 0 for m in steps.values() if m.blas), default=0)
         blas = cap is None and gemv >= SMALL_WORK and self.static_work is not None and all(
             m.blas or m.work is not None and m.work < SMALL_WORK for m in steps.values()) and \

@@ -208,7 +208,7 @@ class CpuBackend:
     @staticmethod
     def describe() -> dict[str, Any]:
         """This backend as `ctxrt devices` lists it; `provider` says whose kernels run its convs, pools and GEMMs,
-        and whether ctxrt's native kernels (4-bit GEMVs, attention and RMS norms of text generation) are built."""
+        and whether ctxrt's native kernels (docs/cpu.md, "Native kernels") are built."""
         from ctxrt.backends.cpu import native
         from ctxrt.backends.cpu.onednn import api
 

@@ -121,17 +121,18 @@ def small_rows(step: Any) -> Make | None:
     residual = bool(a.get("residual")) and len(step.inputs) > 3 and step.inputs[3] is not None
 
     def make(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
-        w = ins[1].reshape(k, n) if a["weights_tag"] == "ab" else ins[1].reshape(n, k).T
+        stored = ins[1].reshape(k, n) if a["weights_tag"] == "ab" else ins[1].reshape(n, k)
         x, y = ins[0].reshape(rows, k), outs[0].reshape(rows, n)
-        adds = ([ins[2].reshape(n)] if has_bias else []) + ([ins[3].reshape(rows, n)] if residual else [])
-        relu = act == "Relu"
-        fast = gemv.launch(x, ins[1].reshape(k, n) if a["weights_tag"] == "ab" else ins[1].reshape(n, k),
-                           a["weights_tag"] == "ba", y, adds[0] if has_bias else None,
-                           adds[-1] if residual else None, act)
+        bias = ins[2].reshape(n) if has_bias else None
+        res = ins[3].reshape(rows, n) if residual else None
+        fast = gemv.launch(x, stored, a["weights_tag"] == "ba", y, bias, res, act)
         if fast is not None:
             return fast
         if not numpy_act:
             raise CtxrtError(f"{step.op} {step.name!r}: the native GEMV did not take its arrays")
+        w = stored if a["weights_tag"] == "ab" else stored.T
+        adds = [t for t in (bias, res) if t is not None]
+        relu = act == "Relu"
 
         def run() -> None:
             np.matmul(x, w, out=y)

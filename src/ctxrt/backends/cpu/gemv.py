@@ -53,15 +53,14 @@ def launch(a: np.ndarray, w: np.ndarray, trans: bool, y: np.ndarray, bias: np.nd
     args = native.GemvArgs(m=m, k=k, n=n, a=a.ctypes.data, lda=k, w=w.ctypes.data, trans=int(trans),
                            bias=native.address(bias), residual=native.address(residual), ldr=n, y=y.ctypes.data,
                            ldy=n, accumulate=int(accumulate), act=ACTIVATIONS[act], threads=1)
-    ref, call = ctypes.byref(args), lib.ctxrt_gemv
+    ref, call, keep = ctypes.byref(args), lib.ctxrt_gemv, (a, w, y, bias, residual)
     if w.nbytes < THREADED_BYTES:
-        def run() -> None:
+        def run(_keep: object = keep) -> None:  # _keep: the arrays the struct points into
             call(ref)
-    else:
-        idle, most = threads.idle_now, native.MAX_THREADS
+        return run
+    idle, most = threads.idle_now, native.MAX_THREADS
 
-        def run() -> None:
-            args.threads = min(idle(), most)
-            call(ref)
-    run.arrays = (a, w, y, bias, residual)  # type: ignore[attr-defined]  # what the struct points into
-    return run
+    def run_shared(_keep: object = keep) -> None:
+        args.threads = min(idle(), most)
+        call(ref)
+    return run_shared

@@ -84,7 +84,8 @@ class QMatMulArgs(ctypes.Structure):
     _fields_ = [*((f, ctypes.c_int64) for f in ("batch", "m", "k", "n")), ("a", ctypes.c_void_p),
                 ("b", ctypes.c_void_p), ("y", ctypes.c_void_p),
                 *((f, ctypes.c_float) for f in ("za", "zb", "zc", "mult")),
-                *((f, ctypes.c_int64) for f in ("a_signed", "b_signed", "y_signed")), ("work", ctypes.c_void_p)]
+                *((f, ctypes.c_int64) for f in ("a_signed", "b_signed", "y_signed")),
+                *((f, ctypes.c_void_p) for f in ("bf", "acc", "arow"))]
 
 
 def library() -> ctypes.CDLL | None:

@@ -178,7 +178,7 @@ def check_num_threads(num_threads: Any) -> int | None:
 
 
 _CURRENT = threading.local()  # .n: the OpenMP thread count of the run in progress on this Python thread; .idle:
-# its thread count before OpenMP's rounding (native kernels that make no oneDNN primitive take exactly that many)
+# the threads ctxrt's own pool may use in it (idle_now)
 
 
 def openmp_now() -> int:

@@ -123,8 +123,6 @@ def _native_add(a: np.ndarray, b: np.ndarray, y: np.ndarray, fixed: np.ndarray |
             period = last
     elif not (b.shape == y.shape and b.dtype == y.dtype and b.flags.c_contiguous):
         return None
-    if mul and fixed is not None:
-        return None
     args = native.QAddArgs(n=y.size, a=a.ctypes.data, b=None if fixed is not None else b.ctypes.data,
                            fixed=native.address(fixed), period=period, y=y.ctypes.data,
                            is_signed=int(y.dtype == np.int8), mul=int(mul))

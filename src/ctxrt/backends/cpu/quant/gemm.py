@@ -246,7 +246,7 @@ def qlinear_matmul(spec: NodeSpec) -> Kernel:
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         if native_ok:
-            fast = _native_qmatmul(sh, ins, outs[0])
+            fast = _native_qmatmul(sh, ins, outs[0], scratch)
             if fast is not None:
                 return fast
         y = sh.out(outs[0])
@@ -260,7 +260,8 @@ def qlinear_matmul(spec: NodeSpec) -> Kernel:
     return Bound(make, (*sh.scratch, multiplier.nbytes, sh.t_bytes), sh.algorithm)
 
 
-_NATIVE_WORK = 1 << 16  # floats of B a native QLinearMatMul converts per batch matrix (csrc/qelem.c)
+_NATIVE_WORK = 1 << 16  # floats of B a native QLinearMatMul converts per batch matrix (csrc/qelem.c): within
+# the planned block of B's columns (_BLOCK_BYTES), so the whole of B is one block
 _EIGHT = (np.dtype(np.int8), np.dtype(np.uint8))
 
 
@@ -273,22 +274,25 @@ def _native_fits(spec: NodeSpec, sh: Shapes, yt: np.dtype) -> bool:
             and sh.k * sh.n <= _NATIVE_WORK)
 
 
-def _native_qmatmul(sh: Shapes, ins: list[Any], y: np.ndarray) -> Launch | None:
+def _native_qmatmul(sh: Shapes, ins: list[Any], y: np.ndarray, scratch: list[Any]) -> Launch | None:
     """The whole QLinearMatMul (GEMM and requantization) in one native call (csrc/qelem.c): the float32 sums are
     the exact integers the NumPy path's float32 GEMM gives, the multiplier and the rounding are computed in the same
-    float32 steps, so the bytes are the same. None where the library is not there or the arrays are not contiguous."""
+    float32 steps, so the bytes are the same. Its work is the NumPy path's planned scratch (A's, B's and the sums'
+    float32 blocks). None where the library is not there or the arrays are not contiguous."""
     lib = native.library()
     a, b = ins[0], ins[3]
     if lib is None or not (a.flags.c_contiguous and b.flags.c_contiguous and y.flags.c_contiguous):
         return None
-    work = np.empty(sh.k * sh.n + sh.n + sh.k, F32)
+    arow, bf, acc = (scratch_view(scratch[i], (count,), F32) for i, count in ((0, sh.k), (1, sh.k * sh.n),
+                                                                                (2, sh.n)))
     args = native.QMatMulArgs(batch=math.prod(sh.batch), m=sh.m, k=sh.k, n=sh.n, a=a.ctypes.data, b=b.ctypes.data,
                               y=y.ctypes.data, a_signed=int(a.dtype == np.int8), b_signed=int(b.dtype == np.int8),
-                              y_signed=int(y.dtype == np.int8), work=work.ctypes.data)
+                              y_signed=int(y.dtype == np.int8), bf=bf.ctypes.data, acc=acc.ctypes.data,
+                              arow=arow.ctypes.data)
     ref, call, f32 = ctypes.byref(args), lib.ctxrt_qmatmul, np.float32
     sa, za, sb, zb, sy, zy = (ins[i] if i < len(ins) else None for i in (1, 2, 4, 5, 6, 7))
 
-    def run(_keep: Any = (a, b, y, work)) -> None:  # scales and zero points may be run-time inputs
+    def run(_keep: Any = (a, b, y, arow, bf, acc)) -> None:  # scales and zero points may be run-time inputs
         args.mult = float(f32(sa.item()) * f32(sb.item()) / f32(sy.item()))  # as _Multiplier: (a * b) / y
         args.za = 0.0 if za is None else za.item()
         args.zb = 0.0 if zb is None else zb.item()
