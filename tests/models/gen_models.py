@@ -27,19 +27,36 @@ def gpt2_export(exporter: str) -> Path:
     """A random GPT-2 (2 layers; weights drawn wider than transformers' default so that greedy tokens vary)
     with inputs input_ids, attention_mask, position_ids, past_key_values.N.key/value (batch, heads, past, 16)
     and outputs logits, present.N.key/value."""
-    path = cache_dir() / f"gen_gpt2_{exporter}_{SALT}.onnx"
-    return _cached(path, lambda: _export_gpt2(exporter))
+    return decoder_export("gpt2", exporter)
 
 
-def _export_gpt2(exporter: str) -> onnx.ModelProto:
+def decoder_export(kind: str, exporter: str) -> Path:
+    """A random transformers GPT-2, Llama (4 heads sharing 2 KV heads, RoPE, RMS norm, SiLU MLP) or Qwen2 (the
+    same with biased QKV) of 2 layers, exported as gpt2_export says (the KV heads: the past's axis 1)."""
+    suffix = "" if kind == "gpt2" else f"{kind}_"
+    path = cache_dir() / f"gen_gpt2_{suffix}{exporter}_{SALT}.onnx"
+    return _cached(path, lambda: _export_decoder(kind, exporter))
+
+
+def _export_decoder(kind: str, exporter: str) -> onnx.ModelProto:
     import torch
     import transformers
 
-    config = transformers.GPT2Config(vocab_size=GPT_VOCAB, n_positions=GPT_POSITIONS, n_embd=GPT_DIM,
-                                     n_layer=GPT_LAYERS, n_head=GPT_HEADS, initializer_range=0.2,
-                                     bos_token_id=0, eos_token_id=0)
+    if kind == "gpt2":
+        config = transformers.GPT2Config(vocab_size=GPT_VOCAB, n_positions=GPT_POSITIONS, n_embd=GPT_DIM,
+                                         n_layer=GPT_LAYERS, n_head=GPT_HEADS, initializer_range=0.2,
+                                         bos_token_id=0, eos_token_id=0)
+        make = transformers.GPT2LMHeadModel
+    else:
+        cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config}[kind]
+        config = cls(vocab_size=GPT_VOCAB, hidden_size=2 * GPT_DIM, intermediate_size=4 * GPT_DIM,
+                     num_hidden_layers=GPT_LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                     max_position_embeddings=GPT_POSITIONS, initializer_range=0.2, bos_token_id=0,
+                     eos_token_id=0, tie_word_embeddings=False)
+        make = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM}[kind]
     torch.manual_seed(0)
-    lm = transformers.GPT2LMHeadModel(config).eval()
+    lm = make(config).eval()
+    kv_heads = GPT_HEADS if kind == "gpt2" else 2
 
     class Flat(torch.nn.Module):  # the cache as flat tensors in and out, as exported decoders take it
         def __init__(self) -> None:
@@ -59,7 +76,7 @@ def _export_gpt2(exporter: str) -> onnx.ModelProto:
     head = GPT_DIM // GPT_HEADS
     args = (torch.randint(0, GPT_VOCAB, (batch, seq)), torch.ones(batch, past + seq, dtype=torch.int64),
             torch.arange(past, past + seq).expand(batch, seq),
-            *(torch.randn(batch, GPT_HEADS, past, head) for _ in range(2 * GPT_LAYERS)))
+            *(torch.randn(batch, kv_heads, past, head) for _ in range(2 * GPT_LAYERS)))
     kv = [f"{i}.{k}" for i in range(GPT_LAYERS) for k in ("key", "value")]
     names = {"input_names": ["input_ids", "attention_mask", "position_ids", *(f"past_key_values.{n}" for n in kv)],
              "output_names": ["logits", *(f"present.{n}" for n in kv)]}

@@ -13,7 +13,8 @@ import numpy as np
 import onnx
 import pytest
 from cli_helpers import assert_one_line_error, cli
-from gen_models import LLAMA_CONTEXT, builder_llama, genai_greedy, gpt2_export, ort_greedy
+from gen_models import GPT_DIM, GPT_LAYERS, LLAMA_CONTEXT, builder_llama, decoder_export, genai_greedy, gpt2_export, \
+    ort_greedy
 from onnx import TensorProto, helper
 
 import ctxrt
@@ -61,6 +62,32 @@ def test_gpt2_greedy_equals_onnxruntime_loop(gpt2: Path) -> None:
     assert got.tokens == want
     assert got.finish_reasons == ["length", "length"]
     assert len({t for row in want for t in row}) > 4  # random weights that say something
+
+
+@pytest.mark.parametrize("exporter", ["legacy", "dynamo"])
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "qwen2"])
+def test_torch_exports_append_to_the_kv_cache_in_place(kind: str, exporter: str) -> None:
+    """GPT-2, Llama and Qwen2 (grouped KV heads, RoPE) exports: one range program for two generations, whose
+    Concats write only each token's new rows into one cache tensor (its windows bound as past and present);
+    tokens equal onnxruntime's loop."""
+    pytest.importorskip("transformers")
+    if exporter == "dynamo":
+        pytest.importorskip("onnxscript")
+    model = decoder_export(kind, exporter)
+    want = [ort_greedy(model, p, 24) for p in GPT_PROMPTS]
+    with ctxrt.Generator(model) as gen:
+        got = gen.generate(GPT_PROMPTS, 24)
+        again = gen.generate(GPT_PROMPTS[:1], 24)
+        stats = gen.session.stats
+    assert got.tokens == want and again.tokens == want[:1]
+    assert gen._append  # the windows path ran, not presents fed back as pasts
+    assert stats["shape_variants_compiled"] == 1
+    kv_heads = 2 if kind != "gpt2" else gen.spec.kv[0].shape[1]
+    row = GPT_LAYERS * 2 * kv_heads * (GPT_DIM // 2 if kind == "gpt2" else 16) * 4  # one token's K and V, bytes
+    tokens = 2 * 23 + 1 * 23  # token steps: batch 2, then batch 1
+    assert stats["kv_bytes_appended"] == tokens * row  # only the new rows, nothing of the past
+    assert stats["kv_bytes_kept_in_place"] > 10 * stats["kv_bytes_appended"]
+    assert got.memory["kv_cache"] == 2 * row * (max(map(len, GPT_PROMPTS)) + 24)  # one cache: prompt + new rows
 
 
 def test_a_decoder_without_mask_and_positions_runs_prompts_one_at_a_time() -> None:

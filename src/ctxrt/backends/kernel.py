@@ -146,3 +146,11 @@ def held_constants_bytes(objects: list[Any], shared: set[int] = frozenset()) -> 
         else:
             visit(obj, 0)
     return declared + sum(owners.values())
+
+
+def leads(past: Any, present: Any, axis: int) -> bool:
+    """Whether array `past` is the leading rows of array `present` along `axis`, in place: the same first
+    address and strides, the same shape but a shorter or equal axis."""
+    return past.strides == present.strides and past.ndim == present.ndim and \
+        past.__array_interface__["data"][0] == present.__array_interface__["data"][0] and \
+        all(a == b or i == axis and a <= b for i, (a, b) in enumerate(zip(past.shape, present.shape, strict=True)))

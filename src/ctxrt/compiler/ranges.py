@@ -452,7 +452,13 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
     where = flat[0][0]
     x = np.array([f[1] for f in flat], np.int64)  # corners x integers
     basis = np.array([_monomials(p) for p in corners], np.float64)
-    coeffs = np.rint(np.linalg.solve(basis, x.astype(np.float64))).astype(np.int64)
+    # integers the same at every corner are constants (monomial 0 is 1): not solved in float64, where one as large
+    # as Slice's "to the end" (2^63 - 1, torch's x[..., d:]) would not round back
+    coeffs = np.zeros((basis.shape[1], x.shape[1]), np.int64)
+    coeffs[0] = x[0]
+    moving = np.flatnonzero((x != x[0]).any(0))
+    if len(moving):
+        coeffs[:, moving] = np.rint(np.linalg.solve(basis, x[:, moving].astype(np.float64))).astype(np.int64)
     if not np.array_equal(basis.astype(np.int64) @ coeffs, x):
         bad = where[int(np.argmax((basis.astype(np.int64) @ coeffs != x).any(0)))]
         raise RangeError(f"{_label(bad, graphs[0][0])} is not a polynomial of the dims with integer coefficients")

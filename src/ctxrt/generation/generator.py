@@ -72,6 +72,9 @@ class Generator:
         self.session = InferenceSession(self.files.model, backend, sess_options=sess_options, max_shape_variants=2)
         self._batch_dim: str | None = None
         self._kv: tuple[int, dict[str, Tensor]] | None = None  # the shared KV buffer: (batch, past -> tensor)
+        # a torch export's KV cache appended in place (None: not known before the first run; then True or False)
+        self._append: bool | None = None
+        self._rows_wanted = 0  # the rows of KV cache the running generation will fill (prompt and new tokens)
         try:
             self.spec: DecoderSpec = describe(self.files, self.session.get_inputs(), self.session.get_outputs(),
                                               context_length)
@@ -166,28 +169,57 @@ class Generator:
                                       "so it leaves no room for a new token")
         return checked
 
-    def _cache(self, batch: int) -> dict[str, Tensor]:
-        """The KV cache of a shared-buffer model: one tensor per past input, the context's length, bound as that
-        past input and as its present output at every step (GroupQueryAttention writes only the new rows);
-        made once per batch size."""
-        if self._kv is None or self._kv[0] != batch:
-            if self._kv is not None:
-                for t in self._kv[1].values():
-                    t.destroy()
-            self._kv = None
-            made = {}
-            for slot in self.spec.kv:
-                shape = [self.spec.context_length if a == slot.seq_axis else batch if a == slot.batch_axis else d
-                         for a, d in enumerate(slot.shape)]
-                made[slot.past] = Tensor.from_numpy(np.zeros(shape, slot.dtype), self.session)
-            self._kv = (batch, made)
-        return self._kv[1]
+    def _cache(self, batch: int, rows: int = 0) -> dict[str, Tensor]:
+        """The KV cache: one tensor per past input, the context's length for a shared buffer, else the rows the
+        generation needs within it (doubled when `rows` outgrow it, what it holds kept), made once per batch
+        size. A shared-buffer model binds it as that past input and as its present output at every step
+        (GroupQueryAttention writes only the new rows); a torch export binds windows of it (`_windows`)."""
+        length = self.spec.context_length or UNKNOWN_CONTEXT
+        if not self.spec.share_buffer:  # windows: what this generation needs, within the context
+            length = min(length, max(rows, self._rows_wanted)) if self.spec.context_length else \
+                max(rows, self._rows_wanted)
+        old = self._kv
+        if old is not None and old[0] == batch:
+            length = next(iter(old[1].values())).shape[self.spec.kv[0].seq_axis]
+            if rows <= length:
+                return old[1]
+            length = max(2 * length, rows)
+        made = {}
+        for slot in self.spec.kv:
+            shape = [length if a == slot.seq_axis else batch if a == slot.batch_axis else d
+                     for a, d in enumerate(slot.shape)]
+            made[slot.past] = Tensor.from_numpy(np.zeros(shape, slot.dtype), self.session)
+            if old is not None and old[0] == batch:  # outgrown: what it holds carried over
+                kept = old[1][slot.past].shape[slot.seq_axis]
+                made[slot.past].array[(slice(None),) * slot.seq_axis + (slice(0, kept),)] = old[1][slot.past].array
+        if old is not None:
+            for t in old[1].values():
+                t.destroy()
+        self._kv = (batch, made)
+        return made
 
-    def _run(self, feeds: dict[str, np.ndarray | Tensor]) -> IOBinding:
+    def _appends(self) -> bool:
+        """After the first run: whether a torch export's presents append to their pasts in place, each pair bound
+        as windows of one cache tensor of the context's length (InferenceSession.kv_appends: a Concat makes each
+        present, and only launch makers read them)."""
+        if self._append is None:
+            pairs = self.session.kv_appends()
+            self._append = not self.spec.share_buffer and bool(self.spec.kv) and \
+                all(pairs.get(s.past) == s.present for s in self.spec.kv)
+        return self._append
+
+    def _windows(self, batch: int, past: int, new: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """The pasts (the cache's first `past` rows) and presents (`past + new` rows) of an in-place KV cache."""
+        cache = self._cache(batch, past + new)
+        return ({s.past: cache[s.past].window(s.seq_axis, past) for s in self.spec.kv},
+                {s.present: cache[s.past].window(s.seq_axis, past + new) for s in self.spec.kv})
+
+    def _run(self, feeds: dict[str, np.ndarray | Tensor], presents: Mapping[str, Tensor] | None = None
+             ) -> IOBinding:
         binding = self.session.io_binding()
         for name, value in feeds.items():
             binding.bind_input(name, value)
-        shared = {s.present: feeds[s.past] for s in self.spec.kv} if self.spec.share_buffer else {}
+        shared = {s.present: feeds[s.past] for s in self.spec.kv} if self.spec.share_buffer else dict(presents or {})
         for name in self._outputs:
             # session tensors (presents become the next step's pasts in place), or the shared KV buffer
             binding.bind_output(name, shared.get(name))
@@ -268,6 +300,7 @@ class Generation:
         budget = [self._budget(len(self._prompts[r])) for r in rows]
         alive = list(range(len(rows)))
         self._gen._cover_batch(len(rows))
+        self._gen._rows_wanted = ids.shape[1] + self._max_new
         tic = time.perf_counter()
         binding, new = self._prompt(ids, mask, last)
         self._times["prompt"] += time.perf_counter() - tic
@@ -276,6 +309,7 @@ class Generation:
         running, first_row = np.ones(len(rows), bool), np.zeros(len(rows), np.int64)
         one = np.ones((len(rows), 1), np.int64)
         fed, counts = None, None
+        windows = self._gen._windows(len(rows), mask.shape[1], 1) if self._gen._append else ({}, {})
         if self._gen._static_mask:  # zeros after the tokens so far: the same shapes at every token
             fed = np.zeros((len(rows), spec.context_length), spec.dtypes[spec.attention_mask])
             fed[:, :mask.shape[1]] = mask
@@ -294,6 +328,12 @@ class Generation:
                 counts[alive] += 1
                 # the same binding: its pasts and presents are the shared KV buffers; only ids and mask change
                 self._gen._rerun(binding, self._inputs(ids, fed))
+            elif self._gen._append:  # the cache's windows: the Concats write only the new rows
+                mask = np.concatenate([mask, one], axis=1)
+                previous = binding
+                binding = self._gen._run({**self._inputs(ids, mask), **windows[0]}, windows[1])
+                _drop(previous, windows)
+                windows = self._gen._windows(len(rows), mask.shape[1], 1)
             else:
                 mask = np.concatenate([mask, one], axis=1)
                 past = dict(zip((s.past for s in spec.kv), self._gen._presents(binding), strict=True))
@@ -302,7 +342,9 @@ class Generation:
             new = self._choose(binding, first_row)
             self._times["decode"] += time.perf_counter() - tic
             self._decoded += len(alive)
-        self._kv_bytes = max(self._kv_bytes, sum(t.nbytes for t in self._gen._presents(binding)))
+        held = self._gen._kv[1].values() if self._gen._append and self._gen._kv else self._gen._presents(binding)
+        self._kv_bytes = max(self._kv_bytes, sum(t.nbytes for t in held))
+        _drop(None, windows)
 
     def _prompt(self, ids: np.ndarray, mask: np.ndarray, last: np.ndarray) -> tuple[IOBinding, np.ndarray]:
         """Run the prompts, in chunks of the prompt window where the model allows it (a right-padded batch of
@@ -317,15 +359,24 @@ class Generation:
         rows: np.ndarray | None = None
         for start in range(0, width, window):
             end = min(width, start + window)
-            previous, binding = binding, self._gen._run({**self._inputs(ids[:, start:end], mask[:, :end]), **past})
-            del previous  # its presents were this run's pasts
+            presents: dict[str, Tensor] = {}
+            if start and self._gen._append:  # the cache's windows (the first chunk's presents copied in once)
+                past, presents = self._gen._windows(len(ids), start, end - start)
+            previous, binding = binding, self._gen._run({**self._inputs(ids[:, start:end], mask[:, :end]), **past},
+                                                        presents)
+            if not start and self._gen._appends():
+                cache = self._gen._cache(len(ids), end)
+                for slot, t in zip(spec.kv, self._gen._presents(binding), strict=True):
+                    cache[slot.past].array[(slice(None),) * slot.seq_axis + (slice(0, end),)] = t.array
+            _drop(previous, (past, presents) if start else ({}, {}))  # its presents were this run's pasts
             here = np.flatnonzero((last >= start) & (last < end))
             if len(here):
                 logits = self._gen._logits(binding)
                 got = logits.array if logits.array is not None else logits.numpy()
                 rows = np.empty((len(ids), got.shape[-1]), got.dtype) if rows is None else rows
                 rows[here] = got[here, last[here] - start]
-            past = dict(zip((s.past for s in spec.kv), self._gen._presents(binding), strict=True))
+            if not self._gen._append:
+                past = dict(zip((s.past for s in spec.kv), self._gen._presents(binding), strict=True))
         assert binding is not None and rows is not None
         return binding, choose(rows, self._sampling, self._rng)
 
@@ -362,6 +413,16 @@ class Generation:
             elif len(self.tokens[r]) >= budget[b][0]:
                 self.finish_reasons[r] = budget[b][1]
         return out
+
+
+def _drop(binding: IOBinding | None, windows: tuple[Mapping[str, Tensor], Mapping[str, Tensor]]) -> None:
+    """Let a finished step go: its binding's tensors back to the session's cache, its cache windows destroyed
+    (their handles deregistered; the cache stays)."""
+    del binding
+    for group in windows:
+        for t in group.values():
+            if t.owner is not None:
+                t.destroy()
 
 
 def _presents_are_pasts(spec: DecoderSpec, session: InferenceSession) -> bool:

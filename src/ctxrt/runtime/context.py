@@ -307,12 +307,14 @@ class Context:
                 "padding": s["alloc_padding_bytes"]}
 
     # -- memory handles (docs/architecture.md) ----------------------------------------------------------
-    def mem_register(self, buffer: Any, offset: int, shape: Any, dtype: Any) -> MemHandle:
+    def mem_register(self, buffer: Any, offset: int, shape: Any, dtype: Any, strides: Any = None) -> MemHandle:
         """A handle for the tensor dtype[shape] at `offset` in `buffer`, to pass to Graph.execute.
-        Registering the same (buffer, offset, shape, dtype) again returns the same handle."""
+        Registering the same (buffer, offset, shape, dtype, strides) again returns the same handle. `strides`
+        (bytes per axis; CPU only): a window of a larger tensor, e.g. a KV cache's leading rows, which a range
+        program takes as the past and present of a Concat it appends to in place (docs/generate.md)."""
         self._check_alive()
-        offset, shape, dt = check_descriptor(buffer, offset, shape, dtype)
-        key = handle_key(buffer, offset, shape, dt)
+        offset, shape, dt, st = check_descriptor(buffer, offset, shape, dtype, strides)
+        key = handle_key(buffer, offset, shape, dt, st)
         with self.lock:
             cached = self._handles.get(key)
             if cached is not None and cached.buffer is buffer:
@@ -323,7 +325,13 @@ class Context:
             if used:
                 raise RegistrationError(f"mem_register: this buffer is registered as a {used[0]} buffer; "
                                         "IO tensors need a buffer of their own")
-            h = MemHandle(self, buffer, offset, shape, dt, self.backend.view(buffer, offset, shape, dt))
+            if st is None:
+                view = self.backend.view(buffer, offset, shape, dt)
+            elif hasattr(self.backend, "strided_view"):
+                view = self.backend.strided_view(buffer, offset, shape, dt, st)
+            else:
+                raise RegistrationError(f"mem_register: strided windows need the cpu backend, not {self.backend.name}")
+            h = MemHandle(self, buffer, offset, shape, dt, view, st)
             roles.add(("io", id(self)))
             buffer.holders += 1
             self._handles[key] = h

@@ -21,9 +21,9 @@ import numpy as np
 from ctxrt import dtypes
 from ctxrt.backends import select_kernel
 from ctxrt.backends.cpu import native
-from ctxrt.backends.cpu.extents import UNREAD_ATTRS, _nothing, small_rows
+from ctxrt.backends.cpu.extents import UNREAD_ATTRS, _nothing, in_place_reshape, small_rows
 from ctxrt.backends.kernel import NodeSpec, TensorSpec
-from ctxrt.compiler.program import ARENA, CONST, Step, TensorInfo
+from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, Step, TensorInfo
 from ctxrt.compiler.ranges import _apply, filled
 from ctxrt.errors import RegistrationError, ShapeError
 from ctxrt.runtime.memhandle import MemHandle
@@ -71,7 +71,7 @@ class AtDims:
     and the launch list recorded for one IO binding."""
 
     __slots__ = ("dims", "inputs", "outputs", "out_info", "steps", "cap", "blas", "bound", "internal", "launches",
-                 "recordings", "vals")
+                 "kv", "recordings", "vals")
 
     def __init__(self, dims: tuple[int, ...], inputs: list[TensorInfo], outputs: list[TensorInfo],
                  steps: dict[int, Made], cap: int | None, blas: bool = False) -> None:
@@ -81,9 +81,11 @@ class AtDims:
         self.bound: tuple[MemHandle | None, ...] | None = None
         self.internal: dict[str, Any] = {}
         self.launches: list[Any] = []
+        # (bytes left in place, bytes appended) per run by Concats appending to a KV cache window (Tensor.window)
+        self.kv: tuple[int, int] | None = None
         # the latest RECORDINGS launch lists by their binding: a loop that binds two sets of outputs in turn (a
         # torch export's generation: a step's presents are the next step's pasts) records each once
-        self.recordings: OrderedDict[tuple[MemHandle | None, ...], list[Any]] = OrderedDict()
+        self.recordings: OrderedDict[tuple[MemHandle | None, ...], tuple[list[Any], Any]] = OrderedDict()
         self.vals: list[int] = []  # the integers of the program at these dims (ExtentRunner.live reads them)
 
 
@@ -450,11 +452,16 @@ class ExtentRunner:
                 if views[info.name] is None:
                     buf, off = g._io_place(info.name)
                     views[info.name] = st.internal[info.name] = np.ndarray(info.shape, info.dtype, buf.array, off)
+            strided = {info.name for info, h in zip(st.inputs + st.outputs, bound, strict=True)
+                       if h is not None and h.strides is not None}
+            if strided:
+                self._check_strided(strided)
 
         def view(r: Any) -> Any:
             if r.space in (ARENA, CONST):
                 return _view(g, r)
-            return views[r.key].reshape(r.shape)
+            v = views[r.key]
+            return v if v.shape == r.shape else in_place_reshape(v, r.shape)
 
         if views is st.internal:
             launches = list(self._internal_base(view))  # unchanged steps' launches: the same at any dims
@@ -485,7 +492,25 @@ class ExtentRunner:
             else:
                 launches[k] = self._launch(made, view)
         st.launches, st.bound = launches, bound
+        kept = [launch for launch in launches if getattr(launch, "kept_bytes", 0)]
+        st.kv = (sum(x.kept_bytes for x in kept), sum(x.appended_bytes for x in kept)) if kept else None
         g.ctx.stats["recordings"] += 1
+
+    def kernel_reading(self, names: set[str]) -> Step | None:
+        """The first step whose kernel (not a launch maker, which takes any view) reads or writes one of these IO
+        tensors: a kernel bound to addresses assumes C-contiguous tensors, not strided windows (Tensor.window)."""
+        for k in sorted(self.io_steps):
+            step = self.g.compiled.steps[k]
+            if self.makers.get(k) is None and any(r is not None and r.space in (INPUT, OUTPUT) and r.key in names
+                                                  for r in step.inputs + step.outputs):
+                return step
+        return None
+
+    def _check_strided(self, names: set[str]) -> None:
+        step = self.kernel_reading(names)
+        if step is not None:
+            raise RegistrationError(f"a strided window is bound to an IO tensor of step {step.name!r} "
+                                    f"({step.op}), whose kernel needs a whole tensor; bind a whole tensor")
 
     def _internal_base(self, view: Any) -> list[Any]:
         """The launch list on the internal IO buffers with the changed steps left None (made once)."""
@@ -510,16 +535,19 @@ class ExtentRunner:
                 bound = binding(st.inputs, st.outputs, inputs, outputs)
                 hit = st.recordings.get(bound)
                 if hit is not None and all(h is None or h.registered for h in bound):
-                    st.launches, st.bound = hit, bound
+                    (st.launches, st.kv), st.bound = hit, bound
                     st.recordings.move_to_end(bound)
                 else:
                     g._check_overlap(bound)
                     self._record(st, bound)
-                    st.recordings[bound] = st.launches
+                    st.recordings[bound] = (st.launches, st.kv)
                     while len(st.recordings) > RECORDINGS:
                         st.recordings.popitem(last=False)
             self.vals = st.vals  # what the live launches read
             run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, st.launches, st.cap, st.blas)
+            if st.kv is not None:  # a KV cache appended in place: what its Concats did not copy, and did
+                ctx.stats["kv_bytes_kept_in_place"] += st.kv[0]
+                ctx.stats["kv_bytes_appended"] += st.kv[1]
             if not self.extents:
                 return _NO_SHAPES
             shapes = {}

@@ -12,7 +12,7 @@ import numpy as np
 
 from ctxrt import dtypes
 from ctxrt.backends import select_kernel
-from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, TensorSpec
+from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, TensorSpec, leads
 from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Ref, Step, TensorInfo
 from ctxrt.compiler.ranges import filled
 from ctxrt.errors import FormatError, LifecycleError, RegistrationError, ShapeError
@@ -47,6 +47,20 @@ def in_place_pairs(steps: list[Any]) -> frozenset[tuple[str, str]]:
                     and readers[src.key] == 1:
                 pairs.add((dst.key, src.key))
     return frozenset(pairs)
+
+
+def append_pairs(steps: list[Any]) -> dict[tuple[str, str], int]:
+    """(graph output, graph input) -> axis for each Concat that makes an output from an input and new rows along
+    an axis (a decoder's present from its past): bound as windows of one tensor (`Tensor.window`), the input
+    the output's leading rows, the Concat writes only the new ones (backends/cpu/extents.py)."""
+    pairs = {}
+    for step in steps:
+        if step.op != "Concat" or not step.inputs or not step.outputs:
+            continue
+        src, dst = step.inputs[0], step.outputs[0]
+        if src is not None and src.space == INPUT and dst.space == OUTPUT and len(dst.shape):
+            pairs[(dst.key, src.key)] = int(step.attrs.get("axis", 0)) % len(dst.shape)
+    return pairs
 
 
 class Graph:
@@ -188,6 +202,7 @@ class Graph:
         self._host = HostSteps(self.ctx, self.compiled.steps, host, self._host_weights) if any(host) else None
         self._io_order = [t.name for t in self.inputs + self.outputs]
         self._in_place = in_place_pairs(self.compiled.steps)
+        self._append = append_pairs(self.compiled.steps)
         self._io_steps = [k for k, step in enumerate(self.compiled.steps)
                           if any(r is not None and r.space in (INPUT, OUTPUT) for r in step.inputs + step.outputs)]
         io_steps = self._io_step_set = set(self._io_steps)
@@ -348,10 +363,12 @@ class Graph:
             for j, other in enumerate(bound):
                 if j == k or other is None or other.buffer is not out.buffer:
                     continue
-                if (self._io_order[k], self._io_order[j]) in self._in_place and other.offset == out.offset \
-                        and other.nbytes == out.nbytes:
+                pair = (self._io_order[k], self._io_order[j])
+                if pair in self._in_place and other.offset == out.offset and other.nbytes == out.nbytes:
                     continue
-                lo, hi = max(other.offset, out.offset), min(other.offset + other.nbytes, out.offset + out.nbytes)
+                if pair in self._append and j < n_in and leads(other.view, out.view, self._append[pair]):
+                    continue  # the past the present's leading rows: its Concat appends in place
+                lo, hi = max(other.offset, out.offset), min(other.offset + other.span, out.offset + out.span)
                 if other is out or lo < hi:
                     raise RegistrationError(f"output {self._io_order[k]!r} and {self._io_order[j]!r} are bound to "
                                             "overlapping bytes of one shared buffer")
@@ -378,6 +395,9 @@ class Graph:
             if h.shape != info.shape or h.dtype != np.dtype(info.dtype):
                 raise ShapeError(f"{role} {info.name!r} expects {np.dtype(info.dtype)}{list(info.shape)}, "
                                  f"memory handle is {h.dtype}{list(h.shape)}")
+            if h.strides is not None and self._extent is None:
+                raise RegistrationError(f"{role} {info.name!r}: a strided window is taken by a range program on the "
+                                        "cpu backend only (its kernels read views); bind a whole tensor")
             return
         if not isinstance(array, np.ndarray):
             raise ShapeError(f"{role} {info.name!r} must be a numpy.ndarray or a MemHandle, "

@@ -20,34 +20,70 @@ if TYPE_CHECKING:
 class MemHandle:
     """Made by `Context.mem_register`; valid until `Context.mem_deregister` or the context's `free()`."""
 
-    __slots__ = ("context", "buffer", "offset", "shape", "dtype", "nbytes", "view", "registered", "__weakref__")
+    __slots__ = ("context", "buffer", "offset", "shape", "dtype", "nbytes", "strides", "span", "view", "registered",
+                 "__weakref__")
 
     def __init__(self, context: Context, buffer: Any, offset: int, shape: tuple[int, ...], dtype: np.dtype,
-                 view: Any) -> None:
+                 view: Any, strides: tuple[int, ...] | None = None) -> None:
         self.context = context
         self.buffer = buffer
         self.offset = offset
         self.shape = shape
         self.dtype = dtype
         self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        # None: C-contiguous. Else byte strides: a window of a larger tensor (the leading rows of a KV cache
+        # along its sequence axis, docs/generate.md), whose bytes from `offset` span `span`
+        self.strides = strides
+        self.span = self.nbytes if strides is None else strided_span(shape, strides, dtype.itemsize)
         self.view = view  # the backend's tensor at (buffer, offset): what kernels read and write
         self.registered = True
 
     @property
-    def key(self) -> tuple[int, int, tuple[int, ...], str]:
-        return handle_key(self.buffer, self.offset, self.shape, self.dtype)
+    def key(self) -> tuple[int, int, tuple[int, ...], str, tuple[int, ...] | None]:
+        return handle_key(self.buffer, self.offset, self.shape, self.dtype, self.strides)
 
     def __repr__(self) -> str:
         state = "" if self.registered else ", deregistered"
         return f"MemHandle({self.dtype}{list(self.shape)} at offset {self.offset}{state})"
 
 
-def handle_key(buffer: Any, offset: int, shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, int, tuple, str]:
-    return (id(buffer), offset, shape, dtype.str)
+def handle_key(buffer: Any, offset: int, shape: tuple[int, ...], dtype: np.dtype,
+               strides: tuple[int, ...] | None = None) -> tuple[int, int, tuple, str, tuple[int, ...] | None]:
+    return (id(buffer), offset, shape, dtype.str, strides)
 
 
-def check_descriptor(buffer: Any, offset: Any, shape: Any, dtype: Any) -> tuple[int, tuple[int, ...], np.dtype]:
-    """Validate a registration request; return (offset, shape, dtype) normalized."""
+def strided_span(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> int:
+    """Bytes from a strided tensor's first element to the end of its last (0 when it is empty)."""
+    if any(d == 0 for d in shape):
+        return 0
+    return sum((d - 1) * s for d, s in zip(shape, strides, strict=True)) + itemsize
+
+
+def check_strides(strides: Any, shape: tuple[int, ...], dt: np.dtype) -> tuple[int, ...] | None:
+    """A window's byte strides normalized (None where they are the C-contiguous ones): non-negative multiples of
+    the item size, one per axis, no two elements at one address (each axis' stride at least the extent of the
+    axes inside it, in descending order)."""
+    if strides is None:
+        return None
+    try:
+        st = tuple(int(s) for s in strides)
+    except (TypeError, ValueError):
+        raise RegistrationError(f"mem_register: strides must be a sequence of ints, got {strides!r}") from None
+    if len(st) != len(shape) or any(s < 0 or s % dt.itemsize for s in st):
+        raise RegistrationError(f"mem_register: strides {list(st)} for shape {list(shape)} must be one non-negative "
+                                f"multiple of {dt.itemsize} bytes per axis")
+    inner = dt.itemsize
+    for d, s in sorted(zip(shape, st, strict=True), key=lambda x: x[1]):
+        if d > 1 and s < inner:
+            raise RegistrationError(f"mem_register: strides {list(st)} make elements of shape {list(shape)} overlap")
+        inner = max(inner, s * d)
+    contiguous = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * dt.itemsize for i in range(len(shape)))
+    return None if st == contiguous else st
+
+
+def check_descriptor(buffer: Any, offset: Any, shape: Any, dtype: Any, strides: Any = None
+                     ) -> tuple[int, tuple[int, ...], np.dtype, tuple[int, ...] | None]:
+    """Validate a registration request; return (offset, shape, dtype, strides) normalized."""
     for attr in ("nbytes", "address"):
         if not hasattr(buffer, attr):
             raise RegistrationError(f"mem_register needs a SharedBuffer from backend.alloc_shared, "
@@ -67,11 +103,12 @@ def check_descriptor(buffer: Any, offset: Any, shape: Any, dtype: Any) -> tuple[
     except TypeError:
         raise RegistrationError(f"mem_register: {dtype!r} is not a dtype") from None
     offset = int(offset)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    st = check_strides(strides, shape, dt)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize if st is None else strided_span(shape, st, dt.itemsize)
     if offset + nbytes > buffer.nbytes:
         raise RegistrationError(f"mem_register: {dt}{list(shape)} ({nbytes} bytes) at offset {offset} is out of "
                                 f"bounds of a {buffer.nbytes}-byte shared buffer")
     if (buffer.address + offset) % dt.itemsize:
         raise RegistrationError(f"mem_register: offset {offset} is misaligned for {dt} (the tensor's address must "
                                 f"be a multiple of {dt.itemsize})")
-    return offset, shape, dt
+    return offset, shape, dt, st

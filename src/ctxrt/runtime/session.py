@@ -377,6 +377,20 @@ class InferenceSession:
         old = self._compiler.options
         self._compiler.options = compile_options(old.get("prefer", "speed"), names, bool(old.get("in_memory")))
 
+    def kv_appends(self) -> dict[str, str]:
+        """{past input: present output} of the range program the last run used, for each present its Concat
+        makes from the past and new rows, which appends in place when both are bound as windows of one Tensor
+        (`Tensor.window`: the past its first P rows, the present its first P + S): a KV cache of the context's
+        length that only the new rows are written into (docs/generate.md). {} before a run, for a program of
+        fixed shapes and off the CPU."""
+        v = self._current
+        g = None if v is None else v.ranged
+        runner = None if g is None else g._extent
+        if runner is None:
+            return {}
+        return {past: present for (present, past) in g._append
+                if runner.kernel_reading({past, present}) is None}
+
     # -- onnxruntime's API ---------------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:
         return [node_arg(n, dt, dims) for n, (dt, dims) in self._in_decl.items()]

@@ -30,7 +30,7 @@ class Tensor:
     with the host), else None."""
 
     __slots__ = ("session", "shape", "dtype", "nbytes", "buffer", "view", "array", "_handles", "destroyed",
-                 "cached", "__weakref__")
+                 "cached", "strides", "owner", "windows", "__weakref__")
 
     def __init__(self, session: InferenceSession, shape: tuple[int, ...], dtype: np.dtype) -> None:
         session._check_open()
@@ -45,6 +45,9 @@ class Tensor:
         self._handles: dict[int, MemHandle] = {}
         self.destroyed = False
         self.cached = False  # made by the session's cache (not by the user)
+        self.strides: tuple[int, ...] | None = None  # a window's byte strides (None: C-contiguous)
+        self.owner: Tensor | None = None  # the tensor a window is of (it owns the buffer)
+        self.windows: list[Tensor] = []  # this tensor's windows not destroyed yet
 
     @classmethod
     def empty(cls, shape: Any, dtype: Any, session: InferenceSession) -> Tensor:
@@ -65,6 +68,31 @@ class Tensor:
         t.write(array)
         return t
 
+    def window(self, axis: int, length: int) -> Tensor:
+        """The leading `length` entries of this tensor along `axis`, in place: a tensor of this one's memory with
+        its strides (CPU). A KV cache of the context's length bound as a decoder's past (its first P rows) and its
+        present (P + S rows) lets the range program's Concat append only the new rows (docs/generate.md)."""
+        self._check()
+        if self.owner is not None:
+            raise ShapeError("Tensor.window: take windows of the whole tensor, not of a window")
+        if isinstance(axis, bool) or not isinstance(axis, int) or not -len(self.shape) <= axis < len(self.shape):
+            raise ShapeError(f"Tensor.window: axis {axis!r} is not an axis of shape {list(self.shape)}")
+        axis %= len(self.shape)
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self.shape[axis]:
+            raise ShapeError(f"Tensor.window: length {length!r} is outside 0..{self.shape[axis]} (axis {axis} of "
+                             f"{list(self.shape)})")
+        if self.array is None:
+            raise RegistrationError(f"Tensor.window: the {self.session.backend.name} backend has no host views")
+        w = object.__new__(Tensor)
+        w.session, w.dtype, w.buffer, w.owner = self.session, self.dtype, self.buffer, self
+        w.shape = self.shape[:axis] + (length,) + self.shape[axis + 1:]
+        w.nbytes = int(np.prod(w.shape, dtype=np.int64)) * self.dtype.itemsize
+        w.view = w.array = self.array[(slice(None),) * axis + (slice(0, length),)]
+        w.strides = tuple(int(s) for s in self.array.strides)
+        w._handles, w.destroyed, w.cached, w.windows = {}, False, False, []
+        self.windows.append(w)
+        return w
+
     def numpy(self) -> np.ndarray:
         self._check()
         out = np.empty(self.shape, self.dtype)
@@ -81,7 +109,7 @@ class Tensor:
         if h is None or not h.registered:
             self._check()
             self.drop_stale_handles()
-            h = self._handles[id(ctx)] = ctx.mem_register(self.buffer, 0, self.shape, self.dtype)
+            h = self._handles[id(ctx)] = ctx.mem_register(self.buffer, 0, self.shape, self.dtype, self.strides)
         return h
 
     def drop_stale_handles(self) -> None:
@@ -99,11 +127,16 @@ class Tensor:
         """Deregister the tensor's handles and free its buffer."""
         if self.destroyed:
             return
+        for w in list(self.windows):
+            w.destroy()
+        if self.owner is not None:
+            self.owner.windows.remove(self)
         for h in self._handles.values():
             if h.registered:
                 h.context.mem_deregister(h)
         self._handles.clear()
-        self.buffer.release()
+        if self.owner is None:  # a window's buffer is its owner's
+            self.buffer.release()
         self.view = self.array = None
         self.destroyed = True
 

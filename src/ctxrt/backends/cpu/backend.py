@@ -179,6 +179,13 @@ class CpuBackend:
                                     f"{buf.nbytes} bytes")
         return buf.array[offset:offset + n].view(dt).reshape(shape)
 
+    def strided_view(self, buf: CpuBuffer, offset: int, shape: tuple[int, ...], dtype: np.dtype | str,
+                     strides: tuple[int, ...]) -> np.ndarray:
+        """A window of a larger tensor in `buf` (mem_register checked that it lies inside)."""
+        if not isinstance(buf, CpuBuffer) or buf.array is None:
+            raise RegistrationError("strided view: not a live cpu buffer")
+        return np.ndarray(shape, np.dtype(dtype), buf.array, offset, strides)
+
     def host_view(self, tensor: np.ndarray) -> np.ndarray:
         return tensor
 

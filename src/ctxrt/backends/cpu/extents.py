@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.cpu import gemv, native
-from ctxrt.backends.kernel import Launch
-from ctxrt.errors import CtxrtError
+from ctxrt.backends.kernel import Launch, leads
+from ctxrt.errors import CtxrtError, RegistrationError
 
 Make = Callable[[Any, list[Any], list[Any]], Launch]
 
@@ -144,6 +144,16 @@ def small_rows(step: Any) -> Make | None:
     return make
 
 
+def in_place_reshape(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """`x` in another shape without a copy (a strided window, Tensor.window, reshaped as a step reads it);
+    RegistrationError where that would need a copy, which the step would read stale or write in vain."""
+    y = x.reshape(shape)
+    if y.size and not x.flags.c_contiguous and not np.may_share_memory(y, x):
+        raise RegistrationError(f"a strided window of shape {list(x.shape)} cannot be read as {list(shape)} in "
+                                "place; bind a whole tensor")
+    return y
+
+
 def _binary(ufunc: Any) -> Make:
     def make(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
         a, b, y = ins[0], ins[1], outs[0]
@@ -187,6 +197,16 @@ def _softmax(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
 def _concat(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     axis = int(step.attrs["axis"]) % outs[0].ndim
     xs, y = list(ins), outs[0]
+    if len(xs) > 1 and xs[0].size and leads(xs[0], y, axis):
+        # the first input is the output's leading rows already (a KV cache's past and present bound as windows
+        # of one tensor, Tensor.window): only the new rows are written
+        rows = xs[0].shape[axis]
+        tail, rest = y[(slice(None),) * axis + (slice(rows, None),)], xs[1:]
+        run = (lambda: np.copyto(tail, rest[0])) if len(rest) == 1 else \
+            (lambda: np.concatenate(rest, axis=axis, out=tail))
+        run.kept_bytes = xs[0].nbytes  # type: ignore[attr-defined]  counted per run (runtime/extents.py)
+        run.appended_bytes = tail.nbytes  # type: ignore[attr-defined]
+        return run
     return lambda: np.concatenate(xs, axis=axis, out=y)
 
 
@@ -215,8 +235,10 @@ def _expand(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
 
 
 def _copy(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
-    y = outs[0]
-    src = ins[0].reshape(y.shape)
+    y, x = outs[0], ins[0]
+    if not x.flags.c_contiguous:  # a strided window (Tensor.window): reshaped as it is read, at each run
+        return lambda: np.copyto(y, x.reshape(y.shape))
+    src = x.reshape(y.shape)
     if src.size and src.ctypes.data == y.ctypes.data:
         return _nothing  # aliased by the planner
     return lambda: np.copyto(y, src)

@@ -1,5 +1,7 @@
 """Remove nodes that compute nothing at inference: Identity, Dropout, a Cast to the type its input already has
-(torch's exports of Llama-style RMS norms cast float32 to float32 twice a norm), and nodes nobody reads."""
+(torch's exports of Llama-style RMS norms cast float32 to float32 twice a norm), a Concat of one input (torch's
+legacy export of a KV cache's first update: its present is then a Concat of the past input itself, which appends
+in place, docs/generate.md), and nodes nobody reads."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ class EliminateIdentity(Pass):
         kept, modified = [], False
         producers = graph.producers()
         for node in graph.nodes:
-            if not (node.op in _NOOPS or _same_type_cast(graph, node)) or (len(node.outputs) > 1 and node.outputs[1]):
+            if not (node.op in _NOOPS or _same_type_cast(graph, node) or _one_input_concat(node)) or (
+                    len(node.outputs) > 1 and node.outputs[1]):
                 kept.append(node)
                 continue
             src, dst = node.inputs[0], node.outputs[0]
@@ -41,6 +44,10 @@ class EliminateIdentity(Pass):
 
     def ensures(self, graph: Graph) -> None:
         check_topological(graph)
+
+
+def _one_input_concat(node) -> bool:
+    return node.op == "Concat" and len(node.inputs) == 1 and bool(node.inputs[0])
 
 
 def _same_type_cast(graph: Graph, node) -> bool:
