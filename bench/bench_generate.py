@@ -10,7 +10,11 @@ and peak RSS beyond the weights (the peak resident set, VmHWM reset after the im
 after imports, minus the weight bytes of model.onnx and its data file; negative where pages are never touched,
 e.g. an embedding's unused rows).
 
-    .venv/bin/python bench/bench_generate.py [--rounds R] [--precisions fp32,int4] [--json]
+    .venv/bin/python bench/bench_generate.py [--rounds R] [--precisions fp32,int4,export] [--json]
+
+`export`: the same Llama exported by torch (legacy exporter, KV cache as inputs and outputs, fp32): ctxrt's
+Generator on the .onnx (the KV cache appended in place) against onnxruntime with IO binding (presents bound as the
+next pasts), the time to first token there the prompt's run.
 
 Each run is a fresh child process; rounds alternate which engine goes first; figures are medians over rounds.
 The folders are built once into .cache/bench (the builder takes about a minute per precision). The machine is
@@ -39,6 +43,68 @@ CONFIG = {"vocab_size": 32000, "hidden_size": 768, "intermediate_size": 2048, "n
           "num_attention_heads": 12, "num_key_value_heads": 4, "max_position_embeddings": 2048}
 PROMPT, NEW = 128, 128
 ENGINES = ("ctxrt", "ctxrt .ctx", "onnxruntime-genai")
+EXPORT_ENGINES = ("ctxrt", "onnxruntime")  # on the transformers export ("export" in --precisions)
+
+
+def engines(precision: str) -> tuple[str, ...]:
+    return EXPORT_ENGINES if precision == "export" else ENGINES
+
+
+def baseline(precision: str) -> str:
+    return "onnxruntime" if precision == "export" else "onnxruntime-genai"
+
+
+def export() -> Path:
+    """The same random Llama (seed 0) exported by torch's legacy exporter with its KV cache as inputs and outputs
+    (`past_key_values.N.key/value`, `present.N.key/value`, as gen_models.py's decoders) and its config.json beside
+    it (the context), built on first use."""
+    out = CACHE / "llama_h768_l8_export"
+    if (out / "model.onnx").is_file():
+        return out / "model.onnx"
+    import io
+
+    import onnx
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(**CONFIG)
+    lm = transformers.LlamaForCausalLM(config).eval()
+    layers = CONFIG["num_hidden_layers"]
+
+    class Flat(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids, attention_mask, position_ids, *past):  # noqa: ANN001, ANN002
+            cache = transformers.DynamicCache()
+            for i in range(layers):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            got = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          past_key_values=cache, use_cache=True)
+            return (got.logits, *[t for layer in got.past_key_values.layers[:layers] for t in (layer.keys,
+                                                                                                layer.values)])
+
+    head = CONFIG["hidden_size"] // CONFIG["num_attention_heads"]
+    kv = [f"{i}.{k}" for i in range(layers) for k in ("key", "value")]
+    args = (torch.randint(0, 100, (1, 3)), torch.ones(1, 7, dtype=torch.int64), torch.arange(4, 7)[None],
+            *(torch.randn(1, CONFIG["num_key_value_heads"], 4, head) for _ in kv))
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"},
+            "position_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"},
+            **{f"past_key_values.{n}": {0: "batch", 2: "past"} for n in kv},
+            **{f"present.{n}": {0: "batch", 2: "total"} for n in kv}}
+    buf = io.BytesIO()
+    with torch.no_grad():
+        torch.onnx.export(Flat(), args, buf, opset_version=17, dynamo=False, dynamic_axes=axes,
+                          input_names=["input_ids", "attention_mask", "position_ids",
+                                       *(f"past_key_values.{n}" for n in kv)],
+                          output_names=["logits", *(f"present.{n}" for n in kv)])
+    work = Path(tempfile.mkdtemp(dir=CACHE, prefix=out.name + "."))
+    onnx.save(onnx.load_from_string(buf.getvalue()), str(work / "model.onnx"))
+    config.save_pretrained(work)  # config.json: the context (max_position_embeddings)
+    os.replace(work, out)
+    return out / "model.onnx"
 
 
 def folder(precision: str) -> Path:
@@ -116,6 +182,44 @@ def _run_genai(path: Path) -> dict[str, Any]:
             "tok_s": (len(tokens) - 1) / decode, "tokens": tokens}
 
 
+def _run_ort_export(path: Path) -> dict[str, Any]:
+    """onnxruntime on the export as its docs advise for decoders: IO binding, each step's presents (OrtValues
+    onnxruntime allocated) bound as the next step's pasts, nothing copied to NumPy but the last logits row."""
+    import numpy as np
+    import onnxruntime as ort
+
+    t = time.perf_counter()
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    load = time.perf_counter() - t
+    outs = [o.name for o in sess.get_outputs()]
+    pasts = [i for i in sess.get_inputs() if i.name.startswith("past_key_values")]
+    head = CONFIG["hidden_size"] // CONFIG["num_attention_heads"]
+    state = {i.name: ort.OrtValue.ortvalue_from_numpy(np.zeros((1, CONFIG["num_key_value_heads"], 0, head),
+                                                               np.float32)) for i in pasts}
+    ids, total, tokens = np.array([_prompt()], np.int64), PROMPT, []
+    binding = sess.io_binding()
+    times = []
+    for _ in range(NEW):
+        t = time.perf_counter()
+        binding.clear_binding_inputs()
+        binding.clear_binding_outputs()
+        binding.bind_cpu_input("input_ids", ids)
+        binding.bind_cpu_input("attention_mask", np.ones((1, total), np.int64))
+        binding.bind_cpu_input("position_ids", np.arange(total - ids.shape[1], total, dtype=np.int64)[None])
+        for name, value in state.items():
+            binding.bind_ortvalue_input(name, value)
+        for name in outs:
+            binding.bind_output(name)
+        sess.run_with_iobinding(binding)
+        got = binding.get_outputs()
+        tokens.append(int(np.argmax(got[0].numpy()[0, -1])))
+        state = {n.replace("present", "past_key_values"): v for n, v in zip(outs[1:], got[1:], strict=True)}
+        ids, total = np.array([[tokens[-1]]], np.int64), total + 1
+        times.append(time.perf_counter() - t)
+    return {"load_s": load, "ttft_ms": times[0] * 1e3, "prompt_tok_s": PROMPT / times[0],
+            "tok_s": (len(times) - 1) / sum(times[1:]), "tokens": tokens}
+
+
 def compiled(path: Path) -> Path:
     """The folder's model compiled ahead for generation (`ctxrt compile FOLDER --generate`), once."""
     from ctxrt.cli import main as cli
@@ -149,12 +253,16 @@ def child(engine: str, precision: str) -> None:
 
     api.library()
     get_backend("cpu")  # the kernels' modules, imported on first use, as onnxruntime's are by its import
-    path = folder(precision)
+    path = export() if precision == "export" else folder(precision)
     base = _rss_now()
     with open("/proc/self/clear_refs", "w") as f:  # the peak resident set (VmHWM) starts again from here: no
         f.write("5")  # sampling thread, which would take the GIL from the engine measured
-    out = _run_genai(path) if engine == "onnxruntime-genai" else _run_ctxrt(
-        path / "model.ctx" if engine == "ctxrt .ctx" else path)
+    if precision == "export":
+        out = _run_ort_export(path) if engine == "onnxruntime" else _run_ctxrt(path)
+        path = path.parent
+    else:
+        out = _run_genai(path) if engine == "onnxruntime-genai" else _run_ctxrt(
+            path / "model.ctx" if engine == "ctxrt .ctx" else path)
     peak_rss = _hwm() - base
     out.update(peak_rss_mib=peak_rss / 2 ** 20, beyond_weights_mib=(peak_rss - _weights(path)) / 2 ** 20,
                weights_mib=_weights(path) / 2 ** 20)
@@ -162,12 +270,15 @@ def child(engine: str, precision: str) -> None:
 
 
 def measure(precisions: list[str], rounds: int) -> dict[str, dict[str, Any]]:
-    results: dict[str, dict[str, list[dict[str, Any]]]] = {p: {e: [] for e in ENGINES} for p in precisions}
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {p: {e: [] for e in engines(p)} for p in precisions}
     for p in precisions:
-        compiled(folder(p))
+        if p == "export":
+            export()
+        else:
+            compiled(folder(p))
     for r in range(rounds):
         for p in precisions:
-            for engine in ENGINES if r % 2 == 0 else ENGINES[::-1]:
+            for engine in engines(p) if r % 2 == 0 else engines(p)[::-1]:
                 done = subprocess.run([sys.executable, __file__, "--child", engine, p], capture_output=True,
                                       text=True)
                 if done.returncode != 0:
@@ -180,8 +291,8 @@ def measure(precisions: list[str], rounds: int) -> dict[str, dict[str, Any]]:
             row = {k: statistics.median(run[k] for run in runs) for k in runs[0] if isinstance(runs[0][k], float)}
             row["tokens"] = runs[0]["tokens"]
             summary[p][engine] = row
-        theirs = summary[p]["onnxruntime-genai"]["tokens"]
-        ours = [summary[p][e]["tokens"] for e in ENGINES if e != "onnxruntime-genai"]
+        theirs = summary[p][baseline(p)]["tokens"]
+        ours = [summary[p][e]["tokens"] for e in engines(p) if e != baseline(p)]
         summary[p]["tokens_equal"] = all(t == theirs for t in ours)
         summary[p]["tokens_equal_prefix"] = min(next((k for k, (a, b) in enumerate(zip(t, theirs, strict=True))
                                                       if a != b), len(t)) for t in ours)
@@ -211,13 +322,13 @@ def main() -> None:
     print(f"  {'model':<6}{'engine':<19}{'tok/s':>8}{'ratio':>7}{'prompt tok/s':>14}{'ratio':>7}{'TTFT ms':>9}"
           f"{'load s':>8}{'peak RSS MiB':>14}{'ratio':>7}")
     for p, rows in summary.items():
-        o = rows["onnxruntime-genai"]
-        for engine in ENGINES:
+        o = rows[baseline(p)]
+        for engine in engines(p):
             v = rows[engine]
             print(f"  {p:<6}{engine:<19}{v['tok_s']:>8.1f}{v['tok_s'] / o['tok_s']:>7.2f}"
                   f"{v['prompt_tok_s']:>14.1f}{v['prompt_tok_s'] / o['prompt_tok_s']:>7.2f}{v['ttft_ms']:>9.1f}"
                   f"{v['load_s']:>8.2f}{v['peak_rss_mib']:>14.1f}{v['peak_rss_mib'] / o['peak_rss_mib']:>7.2f}")
-        beyond = ", ".join(f"{e} {rows[e]['beyond_weights_mib']:.1f}" for e in ENGINES)
+        beyond = ", ".join(f"{e} {rows[e]['beyond_weights_mib']:.1f}" for e in engines(p))
         print(f"  {p}: weights {o['weights_mib']:.1f} MiB; peak RSS beyond them (MiB): {beyond}; tokens equal: "
               f"{rows['tokens_equal']} "
               f"(first difference at {rows['tokens_equal_prefix']})")

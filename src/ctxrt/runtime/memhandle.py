@@ -7,6 +7,8 @@ copied. One buffer per handle, or many handles at offsets in one buffer (the mul
 
 from __future__ import annotations
 
+import math
+
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -30,7 +32,7 @@ class MemHandle:
         self.offset = offset
         self.shape = shape
         self.dtype = dtype
-        self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        self.nbytes = math.prod(shape) * dtype.itemsize
         # None: C-contiguous. Else byte strides: a window of a larger tensor (the leading rows of a KV cache
         # along its sequence axis, docs/generate.md), whose bytes from `offset` span `span`
         self.strides = strides
@@ -77,7 +79,7 @@ def check_strides(strides: Any, shape: tuple[int, ...], dt: np.dtype) -> tuple[i
         if d > 1 and s < inner:
             raise RegistrationError(f"mem_register: strides {list(st)} make elements of shape {list(shape)} overlap")
         inner = max(inner, s * d)
-    contiguous = tuple(int(np.prod(shape[i + 1:], dtype=np.int64)) * dt.itemsize for i in range(len(shape)))
+    contiguous = tuple(math.prod(shape[i + 1:]) * dt.itemsize for i in range(len(shape)))
     return None if st == contiguous else st
 
 
@@ -104,7 +106,7 @@ def check_descriptor(buffer: Any, offset: Any, shape: Any, dtype: Any, strides: 
         raise RegistrationError(f"mem_register: {dtype!r} is not a dtype") from None
     offset = int(offset)
     st = check_strides(strides, shape, dt)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize if st is None else strided_span(shape, st, dt.itemsize)
+    nbytes = math.prod(shape) * dt.itemsize if st is None else strided_span(shape, st, dt.itemsize)
     if offset + nbytes > buffer.nbytes:
         raise RegistrationError(f"mem_register: {dt}{list(shape)} ({nbytes} bytes) at offset {offset} is out of "
                                 f"bounds of a {buffer.nbytes}-byte shared buffer")

@@ -10,6 +10,8 @@ closes or when the cache's byte cap evicts the least recently used.
 
 from __future__ import annotations
 
+import math
+
 from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +39,7 @@ class Tensor:
         self.session = session
         self.shape = shape
         self.dtype = dtype
-        self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        self.nbytes = math.prod(shape) * dtype.itemsize
         be = session.backend
         self.buffer = be.alloc_shared(max(self.nbytes, 1), be.alignment)
         self.view = be.view(self.buffer, 0, shape, dtype)
@@ -86,7 +88,7 @@ class Tensor:
         w = object.__new__(Tensor)
         w.session, w.dtype, w.buffer, w.owner = self.session, self.dtype, self.buffer, self
         w.shape = self.shape[:axis] + (length,) + self.shape[axis + 1:]
-        w.nbytes = int(np.prod(w.shape, dtype=np.int64)) * self.dtype.itemsize
+        w.nbytes = math.prod(w.shape) * self.dtype.itemsize
         w.view = w.array = self.array[(slice(None),) * axis + (slice(0, length),)]
         w.strides = tuple(int(s) for s in self.array.strides)
         w._handles, w.destroyed, w.cached, w.windows = {}, False, False, []
