@@ -38,3 +38,18 @@ def region(arr: np.ndarray) -> tuple[str, int] | None:
     if not isinstance(base, np.memmap) or not arr.flags.c_contiguous or base.filename is None:
         return None
     return f"{base.filename}#{id(base)}", arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+
+
+def frozen(arr: np.ndarray, alignment: int = 64) -> bool:
+    """Whether an array's bytes can be held as they are: C-contiguous, aligned to `alignment`, and read-only down
+    to the memory they live in (a weight read from a model file, frontend/external.py): nothing can change them."""
+    if arr.ctypes.data % alignment or not arr.flags.c_contiguous:
+        return False
+    base = arr
+    while isinstance(base, np.ndarray):
+        if base.flags.writeable:
+            return False
+        if base.base is None:
+            return not isinstance(base, np.memmap)
+        base = base.base
+    return False

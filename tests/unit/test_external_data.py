@@ -175,3 +175,36 @@ def test_a_binary_stores_them_transposed_a_compile_in_memory_does_not(tmp_path) 
     finally:
         in_memory.free()
         loaded.free()
+
+
+def test_embedded_weights_are_read_from_the_model_file_without_parsing_them(tmp_path) -> None:
+    """A model file of 1 MiB or more with its weights inside: parsed without their bytes (external data in the
+    model file itself), each read once into an aligned read-only array that the session's weight store holds as
+    it is (no copy, no transposed copy); outputs equal onnxruntime's; its own file is not an external data file."""
+    from ctxrt.frontend.external import external_data_files, load_in_place, tensor_array
+    from ctxrt.mapped import frozen
+
+    model = _mlp()
+    model.graph.initializer.append(helper.make_tensor("typed", TensorProto.FLOAT, [2], [1.5, 2.5]))  # float_data
+    path = tmp_path / "embedded.onnx"
+    onnx.save_model(model, str(path))
+    m = load_in_place(path)
+    want = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
+    for t in m.graph.initializer:
+        got = tensor_array(t)
+        np.testing.assert_array_equal(got, want[t.name])
+        if t.name == "typed":
+            assert t.data_location != TensorProto.EXTERNAL and list(t.float_data) == [1.5, 2.5]
+        else:
+            assert t.data_location == TensorProto.EXTERNAL and not t.raw_data
+            assert frozen(got)
+    assert external_data_files(path) == []
+    x = np.random.default_rng(1).standard_normal((3, WIDTH)).astype(np.float32)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with ctxrt.InferenceSession(path) as sess:
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref, rtol=1e-4, atol=1e-4)
+        assert sess.stats["weights_bytes"] >= 2 * WIDTH * HIDDEN * 4
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) - 1000])  # cut inside a weight: one clear error, as onnx.load's
+    with pytest.raises(ModelError):
+        ctxrt.InferenceSession(path).run(None, {"x": x})

@@ -101,8 +101,10 @@ def is_epcontext(path: str | os.PathLike) -> bool:
 
 
 def _load(path: str | os.PathLike) -> onnx.ModelProto:
+    from ctxrt.frontend.external import structure
+
     try:
-        return onnx.load(os.fspath(path), load_external_data=False)
+        return structure(path)
     except Exception as e:
         raise FormatError(f"cannot read EPContext model {path}: {e}") from e
 

@@ -55,19 +55,25 @@ def external_data_files(path: str | os.PathLike) -> list[Path]:
     """The files other than the model itself that its tensors keep their data in (ONNX external data: every
     initializer, Constant and subgraph tensor), resolved against the model's folder, each once, sorted."""
     try:
-        m = onnx.load(os.fspath(path), load_external_data=False)
+        m = structure(path)
     except Exception as e:
         raise ModelError(f"cannot read ONNX model {path}: {e}") from e
     found = {e.value for t, _ in _tensors(m) if _external(t) for e in t.external_data if e.key == "location"}
-    folder = Path(path).resolve().parent
-    return sorted({(folder / loc).resolve() for loc in found})
+    me = Path(path).resolve()
+    return sorted({(me.parent / loc).resolve() for loc in found} - {me})  # not the model's own embedded weights
+
+
+IN_PLACE_MIN = 1 << 20  # a model file of at least this many bytes has its main-graph initializers read in place
 
 
 def load_in_place(path: str | os.PathLike) -> onnx.ModelProto:
     """The model without its external data loaded: each main-graph initializer kept there names its file by
     absolute path (checked to lie in the model's folder), read later by `tensor_array` as a view of the mapped
-    file; the few other external tensors (attributes, subgraphs) are loaded as onnx.load would."""
-    m = onnx.load(os.fspath(path), load_external_data=False)
+    file; the few other external tensors (attributes, subgraphs) are loaded as onnx.load would. A model file of
+    IN_PLACE_MIN bytes or more is parsed without its main-graph initializers' `raw_data` (`_without_raw_data`),
+    each then read from the model file itself as external data is: onnx.load would hold the file's bytes and
+    the parsed copy of every weight at once (twice the weights at its peak, before any compile)."""
+    m = structure(path)
     base = os.path.dirname(os.fspath(path))
     for t, main in _tensors(m):
         if not _external(t):
@@ -80,6 +86,117 @@ def load_in_place(path: str | os.PathLike) -> onnx.ModelProto:
         for e in t.external_data:
             if e.key == "location":
                 e.value = os.fspath(file)
+    return m
+
+
+def structure(path: str | os.PathLike) -> onnx.ModelProto:
+    """The model as onnx.load(..., load_external_data=False) gives it, but a file of IN_PLACE_MIN bytes or more
+    without its main-graph initializers' embedded bytes (`_without_raw_data`: external data in the model file
+    itself): what reading its inputs, outputs and nodes needs, at a fraction of the memory."""
+    m = None
+    if os.path.getsize(path) >= IN_PLACE_MIN:
+        m = _without_raw_data(Path(path).resolve())
+    return m if m is not None else onnx.load(os.fspath(path), load_external_data=False)
+
+
+def _varint(buf: memoryview, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i
+        shift += 7
+        if shift > 63:
+            raise ValueError("malformed varint")
+
+
+def _fields(buf: memoryview, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, where its tag starts, where its payload starts, where it ends) of each field of the
+    protobuf message in buf[start:end] (wire types 0, 1, 2 and 5; ONNX uses no groups)."""
+    i = start
+    while i < end:
+        tag, j = _varint(buf, i)
+        kind = tag & 7
+        if kind == 0:
+            _, k = _varint(buf, j)
+            yield tag >> 3, i, j, k
+        elif kind == 1:
+            yield tag >> 3, i, j, j + 8
+            k = j + 8
+        elif kind == 2:
+            n, j = _varint(buf, j)
+            k = j + n
+            yield tag >> 3, i, j, k
+        elif kind == 5:
+            yield tag >> 3, i, j, j + 4
+            k = j + 4
+        else:
+            raise ValueError(f"unsupported wire type {kind}")
+        if k > end:
+            raise ValueError("field runs past its message")
+        i = k
+
+
+def _length_delimited(field: int, payload: bytes) -> bytes:
+    out, n = bytearray(), field << 3 | 2
+    for v in (n, len(payload)):
+        while v >= 0x80:
+            out.append(v & 0x7F | 0x80)
+            v >>= 7
+        out.append(v)
+    return bytes(out) + payload
+
+
+def _without_raw_data(path: Path) -> onnx.ModelProto | None:
+    """The model parsed from its file without the `raw_data` of its main graph's initializers (ModelProto.graph
+    = 7, GraphProto.initializer = 5, TensorProto.raw_data = 9), each such tensor then external data at its
+    offset in the model file itself (`tensor_array` reads it in place). None where the file holds none, or is
+    not what this reader expects (onnx.load then reads it as it would)."""
+    try:
+        mm = np.memmap(path, np.uint8, mode="r")
+    except (OSError, ValueError):
+        return None
+    buf = memoryview(mm)
+    try:
+        where: list[tuple[int, int]] = []  # per stripped initializer: (offset of its bytes, length)
+        model = bytearray()
+        for field, tag, start, end in _fields(buf, 0, len(buf)):
+            if field != 7:
+                model += buf[tag:end]
+                continue
+            graph = bytearray()
+            for gfield, gtag, gstart, gend in _fields(buf, start, end):
+                if gfield != 5:
+                    graph += buf[gtag:gend]
+                    continue
+                tensor, raw = bytearray(), None
+                for tfield, ttag, tstart, tend in _fields(buf, gstart, gend):
+                    if tfield == 9:
+                        raw = (tstart, tend - tstart)  # the last one is the value, as a parser reads it
+                    else:
+                        tensor += buf[ttag:tend]
+                where.append(raw if raw is not None else (-1, 0))
+                graph += _length_delimited(5, bytes(tensor))
+            model += _length_delimited(7, bytes(graph))
+        if not any(off >= 0 for off, _ in where):
+            return None
+        m = onnx.ModelProto.FromString(bytes(model))
+    except (ValueError, IndexError, Exception):  # noqa: BLE001  protobuf's DecodeError included: onnx.load decides
+        return None
+    finally:
+        del buf
+        del mm
+    if len(m.graph.initializer) != len(where):
+        return None
+    for t, (offset, length) in zip(m.graph.initializer, where, strict=True):
+        if offset < 0:
+            continue
+        t.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", path.name), ("offset", str(offset)), ("length", str(length))):
+            e = t.external_data.add()
+            e.key, e.value = key, value
     return m
 
 
@@ -120,5 +237,15 @@ def tensor_array(t: onnx.TensorProto) -> np.ndarray:
             if e.key == "location":
                 e.value = os.path.basename(location)
         return numpy_helper.to_array(copy, os.path.dirname(location))
-    view = file_view(Path(location), offset, dt, shape)
-    return view if offset % ALIGNMENT == 0 else np.array(view)  # kernels get aligned weights
+    if offset % ALIGNMENT == 0:
+        return file_view(Path(location), offset, dt, shape)
+    # kernels get aligned weights: read into a new array (no file page kept mapped), ALIGNMENT-aligned and
+    # read-only, which a weight store then holds as it is instead of copying (runtime/weightstore.py)
+    block = np.empty(nbytes + ALIGNMENT, np.uint8)
+    start = -block.ctypes.data % ALIGNMENT
+    with open(location, "rb") as f:
+        f.seek(offset)
+        if f.readinto(block[start:start + nbytes]) != nbytes:
+            raise ModelError(f"tensor {t.name!r}: {location} ended before its {nbytes} bytes")
+    block.flags.writeable = False
+    return block[start:start + nbytes].view(dt).reshape(shape)

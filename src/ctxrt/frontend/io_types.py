@@ -25,11 +25,12 @@ def declared_io(model: str | os.PathLike | bytes | onnx.ModelProto) -> tuple[lis
     symbolic name, or None when unnamed. What an output leaves undeclared (its shape, a dim, its dtype) comes
     from onnx shape inference over the symbolic input dims; None when inference cannot tell either (dims None:
     rank unknown). Reads no external data."""
+    from ctxrt.frontend.external import structure
     from ctxrt.frontend.onnx import load_model
 
     if isinstance(model, str | os.PathLike):
         try:
-            m = onnx.load(os.fspath(model), load_external_data=False)
+            m = structure(model)
         except Exception as e:
             raise ModelError(f"cannot read ONNX model {model}: {e}") from e
     else:

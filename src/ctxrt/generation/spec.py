@@ -334,7 +334,9 @@ def mask_only_counts(files: ModelFiles, mask: str) -> bool:
     import onnx
 
     try:
-        graph = onnx.load(str(onnx_file), load_external_data=False).graph
+        from ctxrt.frontend.external import structure
+
+        graph = structure(onnx_file).graph
     except Exception:  # noqa: BLE001 -- an unreadable model: the mask grows as the past does
         return False
     users: dict[str, list[tuple[Any, int]]] = {}

@@ -31,7 +31,7 @@ from ctxrt.errors import FormatError
 from ctxrt.format import layout
 from ctxrt.format.atomic import atomic_write
 from ctxrt.format.weights import ExternalWeight, WeightEntry, content_key, raw_bytes
-from ctxrt.mapped import region
+from ctxrt.mapped import frozen, region
 
 EXTERNAL_MIN_BYTES = 4096  # smaller weights stay inside a cached context binary: a file each would cost more
 
@@ -69,7 +69,9 @@ class WeightStore:
                 arr, raw = raw_bytes(value, name)
                 where = None if dtypes.is_4bit(arr.dtype) else region(arr)
                 if where is None:
-                    key, make = content_key(raw), lambda raw=raw: _aligned_copy(raw)
+                    key = content_key(raw)
+                    make = (lambda raw=raw: raw) if frozen(raw, layout.WEIGHT_ALIGNMENT) else \
+                        (lambda raw=raw: _aligned_copy(raw))
                 else:  # a view of a model's external data file: used in place, named by where it lies
                     key, make = f"mapped:{where[0]}:{where[1]}:{arr.dtype}:{arr.shape}", lambda raw=raw: raw
                 if key not in index:
