@@ -13,8 +13,16 @@ import numpy as np
 import onnx
 import pytest
 from cli_helpers import assert_one_line_error, cli
-from gen_models import GPT_DIM, GPT_LAYERS, LLAMA_CONTEXT, builder_llama, decoder_export, genai_greedy, gpt2_export, \
-    ort_greedy
+from gen_models import (
+    GPT_DIM,
+    GPT_LAYERS,
+    LLAMA_CONTEXT,
+    builder_llama,
+    decoder_export,
+    genai_greedy,
+    gpt2_export,
+    ort_greedy,
+)
 from onnx import TensorProto, helper
 
 import ctxrt

@@ -8,7 +8,6 @@ copied. One buffer per handle, or many handles at offsets in one buffer (the mul
 from __future__ import annotations
 
 import math
-
 from typing import TYPE_CHECKING, Any
 
 import numpy as np

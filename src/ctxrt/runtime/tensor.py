@@ -11,7 +11,6 @@ closes or when the cache's byte cap evicts the least recently used.
 from __future__ import annotations
 
 import math
-
 from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any
 

@@ -6,8 +6,8 @@ BERT feed-forward MatMul (128x384 @ 384x1536) measured cold. The weights are sto
 the context binary: no copy at load time. Compiled to run from memory (`keep_mapped`), weights read in place from
 a model's external data file (ctxrt.mapped) keep their layout: a transposed copy would be a second copy of them
 in memory (oneDNN and NumPy read either layout), and so do the ones read from the model file itself
-(`frozen`: the transposed copy would double the compile's peak); written to a binary, they are transposed there (a decoder's
-GEMVs at two threads: 65 vs 81 us for 768 x 2048, 68 vs 88 for 2048 x 768).
+(`frozen`: the transposed copy would double the compile's peak); written to a binary, they are transposed there
+(a decoder's GEMVs at two threads: 65 vs 81 us for 768 x 2048, 68 vs 88 for 2048 x 768).
 """
 
 from __future__ import annotations
