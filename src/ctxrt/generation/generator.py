@@ -75,6 +75,7 @@ class Generator:
         # a torch export's KV cache appended in place (None: not known before the first run; then True or False)
         self._append: bool | None = None
         self._rows_wanted = 0  # the rows of KV cache the running generation will fill (prompt and new tokens)
+        self._made: dict[tuple[str, int], Tensor] = {}  # the cache's windows by (past input, rows), reused
         try:
             self.spec: DecoderSpec = describe(self.files, self.session.get_inputs(), self.session.get_outputs(),
                                               context_length)
@@ -209,10 +210,25 @@ class Generator:
         return self._append
 
     def _windows(self, batch: int, past: int, new: int) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """The pasts (the cache's first `past` rows) and presents (`past + new` rows) of an in-place KV cache."""
+        """The pasts (the cache's first `past` rows) and presents (`past + new` rows) of an in-place KV cache.
+        A step's present windows are the next step's pasts, the same tensors (one handle registered a token, not
+        two); those shorter than this past are let go."""
         cache = self._cache(batch, past + new)
-        return ({s.past: cache[s.past].window(s.seq_axis, past) for s in self.spec.kv},
-                {s.present: cache[s.past].window(s.seq_axis, past + new) for s in self.spec.kv})
+        for key in [k for k, w in self._made.items() if k[1] < past or w.destroyed]:
+            self._made.pop(key).destroy()
+
+        def window(slot: Any, rows: int) -> Tensor:
+            w = self._made.get((slot.past, rows))
+            if w is None or w.owner is not cache[slot.past]:
+                w = self._made[(slot.past, rows)] = cache[slot.past].window(slot.seq_axis, rows)
+            return w
+        return ({s.past: window(s, past) for s in self.spec.kv},
+                {s.present: window(s, past + new) for s in self.spec.kv})
+
+    def _drop_windows(self) -> None:
+        for w in self._made.values():
+            w.destroy()
+        self._made.clear()
 
     def _run(self, feeds: dict[str, np.ndarray | Tensor], presents: Mapping[str, Tensor] | None = None
              ) -> IOBinding:
@@ -332,7 +348,7 @@ class Generation:
                 mask = np.concatenate([mask, one], axis=1)
                 previous = binding
                 binding = self._gen._run({**self._inputs(ids, mask), **windows[0]}, windows[1])
-                _drop(previous, windows)
+                del previous
                 windows = self._gen._windows(len(rows), mask.shape[1], 1)
             else:
                 mask = np.concatenate([mask, one], axis=1)
@@ -344,7 +360,7 @@ class Generation:
             self._decoded += len(alive)
         held = self._gen._kv[1].values() if self._gen._append and self._gen._kv else self._gen._presents(binding)
         self._kv_bytes = max(self._kv_bytes, sum(t.nbytes for t in held))
-        _drop(None, windows)
+        self._gen._drop_windows()
 
     def _prompt(self, ids: np.ndarray, mask: np.ndarray, last: np.ndarray) -> tuple[IOBinding, np.ndarray]:
         """Run the prompts, in chunks of the prompt window where the model allows it (a right-padded batch of
@@ -368,7 +384,7 @@ class Generation:
                 cache = self._gen._cache(len(ids), end)
                 for slot, t in zip(spec.kv, self._gen._presents(binding), strict=True):
                     cache[slot.past].array[(slice(None),) * slot.seq_axis + (slice(0, end),)] = t.array
-            _drop(previous, (past, presents) if start else ({}, {}))  # its presents were this run's pasts
+            del previous  # its presents were this run's pasts
             here = np.flatnonzero((last >= start) & (last < end))
             if len(here):
                 logits = self._gen._logits(binding)
@@ -413,16 +429,6 @@ class Generation:
             elif len(self.tokens[r]) >= budget[b][0]:
                 self.finish_reasons[r] = budget[b][1]
         return out
-
-
-def _drop(binding: IOBinding | None, windows: tuple[Mapping[str, Tensor], Mapping[str, Tensor]]) -> None:
-    """Let a finished step go: its binding's tensors back to the session's cache, its cache windows destroyed
-    (their handles deregistered; the cache stays)."""
-    del binding
-    for group in windows:
-        for t in group.values():
-            if t.owner is not None:
-                t.destroy()
 
 
 def _presents_are_pasts(spec: DecoderSpec, session: InferenceSession) -> bool:

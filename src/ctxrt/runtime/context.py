@@ -78,6 +78,7 @@ class Context:
         self._registered: dict[str, tuple[Any, int]] = {}  # role -> (buffer, offset)
         self.arena: tuple[Any, int] | None = None
         self._handles: dict[tuple, MemHandle] = {}
+        self._io_buffers: dict[int, int] = {}  # id(buffer) -> this context's handles on it
         self.threads: Any = contextlib.nullcontext()
         self._openmp_kernels = any(str(s.algorithm).startswith("onednn") for g in graphs for s in g.steps)
         self.num_threads = num_threads
@@ -335,6 +336,7 @@ class Context:
             roles.add(("io", id(self)))
             buffer.holders += 1
             self._handles[key] = h
+            self._io_buffers[id(buffer)] = self._io_buffers.get(id(buffer), 0) + 1
             self.stats["mem_handles_registered"] += 1
             return h
 
@@ -353,7 +355,10 @@ class Context:
         h.registered = False
         del self._handles[h.key]
         h.buffer.holders -= 1
-        if not any(o.buffer is h.buffer for o in self._handles.values()):
+        left = self._io_buffers.pop(id(h.buffer)) - 1  # no scan of every handle: a generation makes many
+        if left:
+            self._io_buffers[id(h.buffer)] = left
+        else:
             buffer_roles(h.buffer).discard(("io", id(self)))
         self.stats["mem_handles_deregistered"] += 1
 
