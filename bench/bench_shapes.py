@@ -7,8 +7,8 @@
   path), ctxrt with its default ranges (widened as the past grows) and onnxruntime; "new shape": the median run of
   the first generation's tokens after the prompt (each at a past length met for the first time, the model
   already compiled), "steady": the second generation (the same past lengths again); then peak RSS beyond the
-  weights of each, each in a fresh process (sampled every millisecond; both runtimes' libraries, oneDNN's
-  included, loaded before the baseline);
+  weights of each, each in a fresh process (sampled every millisecond; both runtimes' libraries, oneDNN's and
+  ctxrt's compiler and kernel modules included, loaded before the baseline);
 - **batch cycle**: MobileNetV3 (dynamo export) at batch 1, 2, ..., 12, cycled 3 times: median ms per call.
 
     .venv/bin/python bench/bench_shapes.py [--rounds R] [--json]
@@ -123,6 +123,11 @@ def _rss_child(kind: str, out: Any) -> None:
     from ctxrt.backends.cpu.onednn import api
 
     api.library()  # oneDNN's code, loaded on first use, as onnxruntime's is by its import (14 MiB)
+    import ctxrt.compiler.ranges  # noqa: F401  ctxrt's compiler and kernels' modules, imported on first use (as
+    import ctxrt.frontend.onnx  # noqa: F401  onnxruntime's code is by its import; bench_generate does the same)
+    from ctxrt.backends import get_backend
+
+    get_backend("cpu")
     base = _rss_now()
     peak, done = [base], threading.Event()
 
