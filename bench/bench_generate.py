@@ -61,47 +61,21 @@ def export() -> Path:
     out = CACHE / "llama_h768_l8_export"
     if (out / "model.onnx").is_file():
         return out / "model.onnx"
-    import io
-
     import onnx
     import torch
     import transformers
 
+    sys.path.insert(0, str(ROOT / "tests" / "models"))
+    from gen_models import export_with_cache
+
     torch.manual_seed(0)
     config = transformers.LlamaConfig(**CONFIG)
     lm = transformers.LlamaForCausalLM(config).eval()
-    layers = CONFIG["num_hidden_layers"]
-
-    class Flat(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lm = lm
-
-        def forward(self, input_ids, attention_mask, position_ids, *past):  # noqa: ANN001, ANN002
-            cache = transformers.DynamicCache()
-            for i in range(layers):
-                cache.update(past[2 * i], past[2 * i + 1], i)
-            got = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          past_key_values=cache, use_cache=True)
-            return (got.logits, *[t for layer in got.past_key_values.layers[:layers] for t in (layer.keys,
-                                                                                                layer.values)])
-
     head = CONFIG["hidden_size"] // CONFIG["num_attention_heads"]
-    kv = [f"{i}.{k}" for i in range(layers) for k in ("key", "value")]
-    args = (torch.randint(0, 100, (1, 3)), torch.ones(1, 7, dtype=torch.int64), torch.arange(4, 7)[None],
-            *(torch.randn(1, CONFIG["num_key_value_heads"], 4, head) for _ in kv))
-    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"},
-            "position_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"},
-            **{f"past_key_values.{n}": {0: "batch", 2: "past"} for n in kv},
-            **{f"present.{n}": {0: "batch", 2: "total"} for n in kv}}
-    buf = io.BytesIO()
-    with torch.no_grad():
-        torch.onnx.export(Flat(), args, buf, opset_version=17, dynamo=False, dynamic_axes=axes,
-                          input_names=["input_ids", "attention_mask", "position_ids",
-                                       *(f"past_key_values.{n}" for n in kv)],
-                          output_names=["logits", *(f"present.{n}" for n in kv)])
+    proto = export_with_cache(lm, "legacy", CONFIG["num_hidden_layers"], CONFIG["num_key_value_heads"], head,
+                              CONFIG["vocab_size"])
     work = Path(tempfile.mkdtemp(dir=CACHE, prefix=out.name + "."))
-    onnx.save(onnx.load_from_string(buf.getvalue()), str(work / "model.onnx"))
+    onnx.save(proto, str(work / "model.onnx"))
     config.save_pretrained(work)  # config.json: the context (max_position_embeddings)
     os.replace(work, out)
     return out / "model.onnx"

@@ -58,6 +58,16 @@ def _export_decoder(kind: str, exporter: str) -> onnx.ModelProto:
     lm = make(config).eval()
     kv_heads = GPT_HEADS if kind == "gpt2" else 2
 
+    return export_with_cache(lm, exporter, GPT_LAYERS, kv_heads, GPT_DIM // GPT_HEADS, GPT_VOCAB)
+
+
+def export_with_cache(lm, exporter: str, layers: int, kv_heads: int, head: int, vocab: int) -> onnx.ModelProto:  # noqa: ANN001
+    """A transformers causal LM exported by torch (legacy or dynamo) with its KV cache as flat inputs and outputs:
+    input_ids, attention_mask, position_ids, past_key_values.N.key/value (batch, kv_heads, past, head) -> logits,
+    present.N.key/value (bench/bench_generate.py exports its Llama with it too)."""
+    import torch
+    import transformers
+
     class Flat(torch.nn.Module):  # the cache as flat tensors in and out, as exported decoders take it
         def __init__(self) -> None:
             super().__init__()
@@ -65,19 +75,18 @@ def _export_decoder(kind: str, exporter: str) -> onnx.ModelProto:
 
         def forward(self, input_ids, attention_mask, position_ids, *past):  # noqa: ANN001, ANN002
             cache = transformers.DynamicCache()
-            for i in range(GPT_LAYERS):
+            for i in range(layers):
                 cache.update(past[2 * i], past[2 * i + 1], i)
             out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                           past_key_values=cache, use_cache=True)
-            kv = [t for layer in out.past_key_values.layers[:GPT_LAYERS] for t in (layer.keys, layer.values)]
+            kv = [t for layer in out.past_key_values.layers[:layers] for t in (layer.keys, layer.values)]
             return (out.logits, *kv)
 
     batch, seq, past = 2, 3, 4
-    head = GPT_DIM // GPT_HEADS
-    args = (torch.randint(0, GPT_VOCAB, (batch, seq)), torch.ones(batch, past + seq, dtype=torch.int64),
+    args = (torch.randint(0, vocab, (batch, seq)), torch.ones(batch, past + seq, dtype=torch.int64),
             torch.arange(past, past + seq).expand(batch, seq),
-            *(torch.randn(batch, kv_heads, past, head) for _ in range(2 * GPT_LAYERS)))
-    kv = [f"{i}.{k}" for i in range(GPT_LAYERS) for k in ("key", "value")]
+            *(torch.randn(batch, kv_heads, past, head) for _ in range(2 * layers)))
+    kv = [f"{i}.{k}" for i in range(layers) for k in ("key", "value")]
     names = {"input_names": ["input_ids", "attention_mask", "position_ids", *(f"past_key_values.{n}" for n in kv)],
              "output_names": ["logits", *(f"present.{n}" for n in kv)]}
     with _quiet(), torch.no_grad():
