@@ -261,8 +261,10 @@ def test_context_binary_compiled_with_ranges(tmp_path: Path, capsys: pytest.Capt
     assert cli(capsys, "compile", model, "-o", binary, "-q", *dims)[0] == 0
     with ctxrt.Generator(binary) as gen:
         assert gen.generate(GPT_PROMPTS, N).tokens == [ort_greedy(model, p, N) for p in GPT_PROMPTS]
+        assert gen._append and gen.session.stats["kv_bytes_appended"] > 0  # the loaded program appends in place
         with pytest.raises(ctxrt.ShapeError, match="'total'.* outside the range 1..16"):
             gen.generate(GPT_PROMPTS[:1], 20)
+        assert gen.generate(GPT_PROMPTS[:1], 4).tokens == [ort_greedy(model, GPT_PROMPTS[0], 4)]  # after the error
     with ctxrt.Generator(binary, context_length=16) as gen:
         assert gen.generate(GPT_PROMPTS[:1], 20).finish_reasons == ["context"]
 
