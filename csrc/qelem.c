@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #endif
@@ -34,6 +35,7 @@ static int avx2(void) { return 0; }
 #define dequantize_avx2 dequantize_c
 #define qmul_avx2 qmul_c
 #define qmatmul_avx2 qmatmul_c
+#define igemm_avx2 igemm_c
 #endif
 
 /* QuantizeLinear per tensor, float32 to 8 bits: saturate(round_half_even(x / scale) + zero_point), as
@@ -49,6 +51,15 @@ int ctxrt_quantize(const linear8_args *p) {
 int ctxrt_qmatmul(const qmatmul_args *p) {
     if (avx2()) qmatmul_avx2(p);
     else qmatmul_c(p);
+    return 0;
+}
+
+/* MatMulInteger of 8-bit A and B (zero points per tensor, B's also per column): the int32 products exact, from
+   int16 pairs (vpmaddwd): both operands widened and centred once into the work buffers, 4 rows by 16 columns at a
+   time (backends/cpu/quant/gemm.py) */
+int ctxrt_igemm(const igemm_args *p) {
+    if (avx2()) igemm_avx2(p);
+    else igemm_c(p);
     return 0;
 }
 

@@ -33,5 +33,15 @@ typedef struct {
     float *bf, *acc, *arow;   /* work: k * n floats (B - zb), n (a row's sums), k (A's row - za) */
 } qmatmul_args;
 
+typedef struct {            /* MatMulInteger: Y = (A - za) (B - zb) exactly, in int32 */
+    int64_t m, k, n;        /* A [m, k], B [k, n], Y [m, n], contiguous */
+    const void *a, *b;      /* 8-bit integers; a_signed / b_signed say which */
+    int32_t *y;
+    const void *za;         /* NULL or A's one zero point (A's type) */
+    const void *zb;         /* NULL, B's one zero point or one per column (B's type): zb_count 0, 1 or n */
+    int64_t zb_count;
+    int64_t a_signed, b_signed;
+    int16_t *a16, *b16;     /* work: m * kp and kp * n int16 (kp: k rounded up to even) */
+} igemm_args;
 
 #endif

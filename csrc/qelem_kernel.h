@@ -171,3 +171,137 @@ static void NAME(qmatmul)(const qmatmul_args *p) {
         }
     }
 }
+
+/* the 8-bit value x[i] (signed or not) as an int */
+static inline int NAME(int8_at)(const void *x, int is_signed, int64_t i) {
+    return is_signed ? (int)((const int8_t *)x)[i] : (int)((const uint8_t *)x)[i];
+}
+
+/* MatMulInteger: A - za as int16 rows of kp values (a zero pad), B - zb as int16 pairs of rows interleaved per
+   column ([kp / 2][n][2]), then every Y[i][j] = sum of the pairs' products, exact in int32 (the caller checks
+   k |A - za| |B - zb| < 2^31): AVX2 takes 4 rows by 16 columns a step, vpmaddwd summing each pair */
+static void NAME(igemm)(const igemm_args *p) {
+    const int64_t m = p->m, k = p->k, n = p->n, kp = (k + 1) & ~(int64_t)1;
+    const int as = (int)p->a_signed, bs = (int)p->b_signed;
+    const int za = p->za ? NAME(int8_at)(p->za, as, 0) : 0;
+    int16_t *restrict a16 = p->a16, *restrict b16 = p->b16;
+    for (int64_t i = 0; i < m; i++) {  /* the type's branch outside the loops: each one vectorizes */
+        int16_t *restrict dst = a16 + i * kp;
+        if (as) {
+            const int8_t *restrict src = (const int8_t *)p->a + i * k;
+#pragma omp simd
+            for (int64_t c = 0; c < k; c++) dst[c] = (int16_t)(src[c] - za);
+        } else {
+            const uint8_t *restrict src = (const uint8_t *)p->a + i * k;
+#pragma omp simd
+            for (int64_t c = 0; c < k; c++) dst[c] = (int16_t)(src[c] - za);
+        }
+        if (kp > k) dst[k] = 0;
+    }
+    const int zb0 = p->zb_count == 1 ? NAME(int8_at)(p->zb, bs, 0) : 0;
+    const int8_t *zs = p->zb_count > 1 && bs ? (const int8_t *)p->zb : 0;
+    const uint8_t *zu = p->zb_count > 1 && !bs ? (const uint8_t *)p->zb : 0;
+    int64_t c0 = 0;
+#ifdef QELEM_AVX2
+    /* two rows of B at a time, 16 columns a step: widened, centred, interleaved into pairs with unpacks */
+    for (; c0 + 2 <= k; c0 += 2) {
+        const char *r0 = (const char *)p->b + c0 * n, *r1 = r0 + n;
+        int16_t *dst = b16 + (c0 >> 1) * n * 2;
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16) {
+            const __m128i x0 = _mm_loadu_si128((const __m128i *)(r0 + j));
+            const __m128i x1 = _mm_loadu_si128((const __m128i *)(r1 + j));
+            __m256i w0 = bs ? _mm256_cvtepi8_epi16(x0) : _mm256_cvtepu8_epi16(x0);
+            __m256i w1 = bs ? _mm256_cvtepi8_epi16(x1) : _mm256_cvtepu8_epi16(x1);
+            __m256i z = _mm256_set1_epi16((short)zb0);
+            if (p->zb_count > 1) {
+                const __m128i zx = _mm_loadu_si128((const __m128i *)((const char *)p->zb + j));
+                z = bs ? _mm256_cvtepi8_epi16(zx) : _mm256_cvtepu8_epi16(zx);
+            }
+            w0 = _mm256_sub_epi16(w0, z), w1 = _mm256_sub_epi16(w1, z);
+            const __m256i lo = _mm256_unpacklo_epi16(w0, w1), hi = _mm256_unpackhi_epi16(w0, w1);
+            _mm256_storeu_si256((__m256i *)(dst + 2 * j), _mm256_permute2x128_si256(lo, hi, 0x20));
+            _mm256_storeu_si256((__m256i *)(dst + 2 * j + 16), _mm256_permute2x128_si256(lo, hi, 0x31));
+        }
+        for (; j < n; j++) {
+            const int zb = p->zb_count > 1 ? NAME(int8_at)(p->zb, bs, j) : zb0;
+            dst[2 * j] = (int16_t)(NAME(int8_at)(r0, bs, j) - zb);
+            dst[2 * j + 1] = (int16_t)(NAME(int8_at)(r1, bs, j) - zb);
+        }
+    }
+#endif
+    for (int64_t c = c0; c < kp; c++) {
+        int16_t *restrict dst = b16 + (c >> 1) * n * 2 + (c & 1);
+        if (c >= k) {
+            for (int64_t j = 0; j < n; j++) dst[2 * j] = 0;
+        } else if (bs) {
+            const int8_t *restrict src = (const int8_t *)p->b + c * n;
+            if (zs) {
+#pragma omp simd
+                for (int64_t j = 0; j < n; j++) dst[2 * j] = (int16_t)(src[j] - zs[j]);
+            } else {
+#pragma omp simd
+                for (int64_t j = 0; j < n; j++) dst[2 * j] = (int16_t)(src[j] - zb0);
+            }
+        } else {
+            const uint8_t *restrict src = (const uint8_t *)p->b + c * n;
+            if (zu) {
+#pragma omp simd
+                for (int64_t j = 0; j < n; j++) dst[2 * j] = (int16_t)(src[j] - zu[j]);
+            } else {
+#pragma omp simd
+                for (int64_t j = 0; j < n; j++) dst[2 * j] = (int16_t)(src[j] - zb0);
+            }
+        }
+    }
+    const int64_t pairs = kp / 2;
+    for (int64_t i0 = 0; i0 < m; i0 += 4) {
+        const int64_t rows = m - i0 < 4 ? m - i0 : 4;
+        int64_t j0 = 0;
+#ifdef QELEM_AVX2
+        if (rows == 4) {
+            const int16_t *r0 = a16 + i0 * kp, *r1 = r0 + kp, *r2 = r1 + kp, *r3 = r2 + kp;
+            for (; j0 + 16 <= n; j0 += 16) {
+                __m256i c00 = _mm256_setzero_si256(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+                        c30 = c00, c31 = c00;
+                const int16_t *bp = b16 + j0 * 2;
+                for (int64_t q = 0; q < pairs; q++, bp += n * 2) {
+                    const __m256i b0 = _mm256_loadu_si256((const __m256i *)bp);
+                    const __m256i b1 = _mm256_loadu_si256((const __m256i *)(bp + 16));
+                    int32_t w0, w1, w2, w3;
+                    memcpy(&w0, r0 + 2 * q, 4), memcpy(&w1, r1 + 2 * q, 4);
+                    memcpy(&w2, r2 + 2 * q, 4), memcpy(&w3, r3 + 2 * q, 4);
+                    const __m256i a0 = _mm256_set1_epi32(w0), a1 = _mm256_set1_epi32(w1);
+                    const __m256i a2 = _mm256_set1_epi32(w2), a3 = _mm256_set1_epi32(w3);
+                    c00 = _mm256_add_epi32(c00, _mm256_madd_epi16(a0, b0));
+                    c01 = _mm256_add_epi32(c01, _mm256_madd_epi16(a0, b1));
+                    c10 = _mm256_add_epi32(c10, _mm256_madd_epi16(a1, b0));
+                    c11 = _mm256_add_epi32(c11, _mm256_madd_epi16(a1, b1));
+                    c20 = _mm256_add_epi32(c20, _mm256_madd_epi16(a2, b0));
+                    c21 = _mm256_add_epi32(c21, _mm256_madd_epi16(a2, b1));
+                    c30 = _mm256_add_epi32(c30, _mm256_madd_epi16(a3, b0));
+                    c31 = _mm256_add_epi32(c31, _mm256_madd_epi16(a3, b1));
+                }
+                int32_t *y = p->y + i0 * n + j0;
+                _mm256_storeu_si256((__m256i *)y, c00), _mm256_storeu_si256((__m256i *)(y + 8), c01);
+                _mm256_storeu_si256((__m256i *)(y + n), c10), _mm256_storeu_si256((__m256i *)(y + n + 8), c11);
+                _mm256_storeu_si256((__m256i *)(y + 2 * n), c20);
+                _mm256_storeu_si256((__m256i *)(y + 2 * n + 8), c21);
+                _mm256_storeu_si256((__m256i *)(y + 3 * n), c30);
+                _mm256_storeu_si256((__m256i *)(y + 3 * n + 8), c31);
+            }
+        }
+#endif
+        for (int64_t r = 0; r < rows; r++) {
+            const int16_t *ar = a16 + (i0 + r) * kp;
+            for (int64_t j = j0; j < n; j++) {
+                int32_t acc = 0;
+                for (int64_t q = 0; q < pairs; q++) {
+                    const int16_t *bq = b16 + (q * n + j) * 2;
+                    acc += (int32_t)ar[2 * q] * bq[0] + (int32_t)ar[2 * q + 1] * bq[1];
+                }
+                p->y[(i0 + r) * n + j] = acc;
+            }
+        }
+    }
+}

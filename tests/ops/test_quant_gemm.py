@@ -219,3 +219,53 @@ def test_qlinear_matmul_native_equals_numpy(a_dt, b_dt, y_dt, monkeypatch) -> No
     assert used and all(u is not None for u in used)
     monkeypatch.setattr(gemm, "_native_qmatmul", lambda *args: None)
     np.testing.assert_array_equal(got, ctxrt.compile(model).graph().run({"a": a, "b": b})["y"])
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 128, 128), (5, 33, 7), (9, 7, 33), (1, 1, 1), (4, 64, 16), (13, 65, 50)])
+@pytest.mark.parametrize("types", [(np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8),
+                                   (np.int8, np.uint8)], ids=["u8s8", "u8u8", "s8s8", "s8u8"])
+@pytest.mark.parametrize("zero_points", ["none", "tensor", "column"])
+def test_matmul_integer_native_is_exact(m: int, k: int, n: int, types: tuple[object, object],
+                                        zero_points: str) -> None:
+    """MatMulInteger on the native int16-pair GEMM (csrc/qelem.c): the exact int64 products at the types' extremes
+    (zero points at the far end), rows not a multiple of 4, columns not of 16, K odd; what it declines."""
+    import ctxrt
+    from ctxrt.backends.cpu import native
+
+    if native.library() is None:
+        pytest.skip("the native extension is not built here")
+    ta, tb = types
+    rng = np.random.default_rng(m * 1000 + k * 10 + n)
+    info = np.iinfo
+    a = rng.integers(info(ta).min, info(ta).max + 1, (2, m, k)).astype(ta)
+    b = rng.integers(info(tb).min, info(tb).max + 1, (k, n)).astype(tb)
+    a[0, 0, :] = info(ta).max  # the largest products
+    b[:, 0] = info(tb).min
+    inits: dict[str, np.ndarray] = {}
+    names = ["a", "b"]
+    za, zb = np.zeros((), ta), np.zeros((), tb)
+    if zero_points != "none":
+        za = np.array(info(ta).min, ta)  # |a - za| up to 255
+        zb = np.full(n, info(tb).max, tb) if zero_points == "column" else np.array(info(tb).max, tb)
+        inits = {"az": za, "bz": zb}
+        names += ["az", "bz"]
+    model = qmodel(helper.make_node("MatMulInteger", names, ["y"]), {"a": a, "b": b}, inits, opset=10)
+    ctx = ctxrt.compile(model)
+    g = ctx.graph()
+    assert [k.algorithm for s, k in zip(g.compiled.steps, g._kernels, strict=True)
+            if s.op == "MatMulInteger"] == ["native_int16"]
+    want = (a.astype(np.int64) - za.astype(np.int64)) @ (b.astype(np.int64) - zb.astype(np.int64))
+    np.testing.assert_array_equal(g.run({"a": a, "b": b})["y"], want.astype(np.int32))
+
+
+def test_matmul_integer_native_declines_sums_past_int32() -> None:
+    """K |A - za| |B - zb| of 2^31 or more (u8 by s8 without zero points: 255 x 128 a product): the float64 GEMM,
+    not the int32 kernel."""
+    import ctxrt
+
+    for k, algorithm in ((65000, "native_int16"), (66000, "int_gemm_f64")):
+        a, b = np.zeros((1, k), np.uint8), np.zeros((k, 2), np.int8)
+        model = qmodel(helper.make_node("MatMulInteger", ["a", "b"], ["y"]), {"a": a, "b": b}, {}, opset=10)
+        g = ctxrt.compile(model).graph()
+        assert [kern.algorithm for s, kern in zip(g.compiled.steps, g._kernels, strict=True)
+                if s.op == "MatMulInteger"] == [algorithm]

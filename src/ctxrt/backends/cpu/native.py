@@ -88,6 +88,15 @@ class QMatMulArgs(ctypes.Structure):
                 *((f, ctypes.c_void_p) for f in ("bf", "acc", "arow"))]
 
 
+class IGemmArgs(ctypes.Structure):
+    """csrc/qelem.h's igemm_args."""
+
+    _fields_ = [*((f, ctypes.c_int64) for f in ("m", "k", "n")), ("a", ctypes.c_void_p), ("b", ctypes.c_void_p),
+                ("y", ctypes.c_void_p), ("za", ctypes.c_void_p), ("zb", ctypes.c_void_p), ("zb_count", ctypes.c_int64),
+                ("a_signed", ctypes.c_int64), ("b_signed", ctypes.c_int64), ("a16", ctypes.c_void_p),
+                ("b16", ctypes.c_void_p)]
+
+
 def library() -> ctypes.CDLL | None:
     """The native library, loaded once; None where it was not built or CTXRT_NATIVE=0."""
     if "lib" not in _STATE:
@@ -107,7 +116,8 @@ def _load() -> ctypes.CDLL | None:
 
 def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
-    for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "qmatmul"):
+    for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "qmatmul",
+                 "igemm"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
