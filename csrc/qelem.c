@@ -36,6 +36,7 @@ static int avx2(void) { return 0; }
 #define qmul_avx2 qmul_c
 #define qmatmul_avx2 qmatmul_c
 #define igemm_avx2 igemm_c
+#define minmax_avx2 minmax_c
 #endif
 
 /* QuantizeLinear per tensor, float32 to 8 bits: saturate(round_half_even(x / scale) + zero_point), as
@@ -60,6 +61,13 @@ int ctxrt_qmatmul(const qmatmul_args *p) {
 int ctxrt_igemm(const igemm_args *p) {
     if (avx2()) igemm_avx2(p);
     else igemm_c(p);
+    return 0;
+}
+
+/* the smallest and the largest of n >= 1 floats (DynamicQuantizeLinear's range), NaN where one is NaN */
+int ctxrt_minmax(const float *x, int64_t n, float *out) {
+    if (avx2()) minmax_avx2(x, n, out);
+    else minmax_c(x, n, out);
     return 0;
 }
 

@@ -305,3 +305,18 @@ static void NAME(igemm)(const igemm_args *p) {
         }
     }
 }
+
+/* out[0] = min(x), out[1] = max(x) over n floats (n >= 1); both NaN where x holds a NaN, as NumPy's reductions */
+static void NAME(minmax)(const float *restrict x, int64_t n, float *out) {
+    float lo = x[0], hi = x[0];
+    int nan = 0;
+#pragma omp simd reduction(min : lo) reduction(max : hi) reduction(| : nan)
+    for (int64_t i = 0; i < n; i++) {
+        const float v = x[i];
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+        nan |= v != v;
+    }
+    out[0] = nan ? NAN : lo;
+    out[1] = nan ? NAN : hi;
+}

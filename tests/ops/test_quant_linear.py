@@ -300,6 +300,9 @@ def test_dynamic_quantize_native_equals_numpy(monkeypatch) -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     cases = [rng.standard_normal((64, 130)).astype(np.float32) * 3, rng.uniform(0.5, 9, (64, 130)).astype(np.float32),
              np.linspace(-2.55, 2.55, 64 * 130, dtype=np.float32).reshape(64, 130)]
+    odd = rng.standard_normal((64, 130)).astype(np.float32)
+    odd[3, 7], odd[60, 1] = np.nan, -np.inf  # the range's reduction (native too) as NumPy's: NaN propagates
+    cases.append(odd)
     with_native = [ctxrt.compile(model).graph().run({"x": x}) for x in cases]
     monkeypatch.setitem(native._STATE, "lib", None)
     for x, got in zip(cases, with_native, strict=True):

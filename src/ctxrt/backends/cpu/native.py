@@ -122,6 +122,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     lib.ctxrt_nbits4_dequantize.restype = ctypes.c_int
+    lib.ctxrt_minmax.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    lib.ctxrt_minmax.restype = ctypes.c_int
     lib.ctxrt_isa.argtypes, lib.ctxrt_isa.restype = [], ctypes.c_char_p
 
 

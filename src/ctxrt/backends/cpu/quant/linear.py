@@ -283,10 +283,17 @@ def dynamic_quantize(spec: NodeSpec) -> Kernel:
         fast = lib is not None and x.flags.c_contiguous and y.flags.c_contiguous
         args = native.Linear8Args(n=y.size, x=x.ctypes.data, y=y.ctypes.data, is_signed=0) if fast else None
         ref = ctypes.byref(args) if fast else None
+        span = np.zeros(2, F32)  # min(x), max(x): one native pass where the extension is built
+        where = (args.x, flat.size, span.ctypes.data) if fast and flat.size else None
+        minmax = (lambda: lib.ctxrt_minmax(*where)) if where is not None else None
 
         def run() -> None:
-            hi = f(max(f(0), np.maximum.reduce(flat))) if flat.size else f(0)
-            lo = f(min(f(0), np.minimum.reduce(flat))) if flat.size else f(0)
+            if minmax is not None:
+                minmax()
+                lo, hi = f(min(f(0), span[0])), f(max(f(0), span[1]))
+            else:
+                hi = f(max(f(0), np.maximum.reduce(flat))) if flat.size else f(0)
+                lo = f(min(f(0), np.minimum.reduce(flat))) if flat.size else f(0)
             scale = f(1) if hi == lo else f(hi - lo) / f(255)
             zp = np.rint(min(f(255), max(f(0), f(0) - lo / scale)))
             ys[...] = scale
