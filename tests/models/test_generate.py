@@ -356,3 +356,20 @@ def test_a_batch_row_that_fills_the_context_stops_while_the_others_go_on(llama: 
         alone = gen.generate([short], 20, use_eos=False)
     assert got.finish_reasons == ["context", "length"]
     assert len(got.tokens[0]) == 4 and got.tokens[1] == alone.tokens[0]
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_the_range_compile_keeps_a_folded_chain_in_one_round(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The values a mask or position chain folds (Range -> Add -> Unsqueeze ...) that follow the dims are found
+    from both probes' folded values at once: two rounds of probes, not one a link (19 lowerings before)."""
+    pytest.importorskip("transformers")
+    import ctxrt.compiler
+
+    lowered = []
+    real = ctxrt.compiler.lower
+    monkeypatch.setattr(ctxrt.compiler, "lower", lambda *a, **k: lowered.append(1) or real(*a, **k))
+    model = decoder_export(kind, "legacy")
+    with ctxrt.Generator(model) as gen:
+        assert gen.generate(GPT_PROMPTS[:1], 4).tokens == [ort_greedy(model, GPT_PROMPTS[0], 4)]
+        assert gen.session.stats["shape_variants_compiled"] == 1
+    assert len(lowered) <= 8

@@ -34,7 +34,8 @@ def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backe
     # the RMS norm fused only where the backend itself runs RMSNormalization (the CPU): elsewhere its kernel
     # would be a CPU partition between two device ones
     fuse_rms = "RMSNormalization" in getattr(backend, "kernels", {})
-    return _passes(to_ir(model, supported_ops(backend), shapes, name, values, feeds, keep, shared), in_memory,
+    probe = bool((options or {}).get("ranges"))  # a range compile compares what each probe folded
+    return _passes(to_ir(model, supported_ops(backend), shapes, name, values, feeds, keep, shared, probe), in_memory,
                    fuse_rms)
 
 

@@ -399,6 +399,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
     options = {**(options or compile_options()), "ranges": True}
     keep: set[str] = set()
     cache: dict[tuple[int, ...], tuple[CompiledGraph, dict[str, Any], bool]] = {}  # (program, weights, light)
+    folded: dict[tuple[int, ...], dict[str, tuple[Any, ...]]] = {}  # per probe: what the frontend folded
 
     def light(w: Mapping[str, Any]) -> dict[str, Any]:
         """What a probe's constants are needed for once compared: the small integer ones (fitted)."""
@@ -413,6 +414,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
             with progress.part(f"probe {label}"):
                 try:
                     graph = lower(model, shapes_of(point), backend, name, values, feeds, frozenset(keep), options)
+                    folded[key] = graph.folded
                     top = key == tuple(hi)  # the program that runs; the other probes are only compared
                     g, w = compile_ir(graph, backend, options if top else {**options, "probe_arena": True},
                                       tuner if top else None)
@@ -435,7 +437,8 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
     for _ in range(_KEEP_ROUNDS):
         (gu, wu), (ga, wa) = at(hi), at(alt, full=True)
         _same_structure(gu, ga, spec)
-        grow = {_value_of(key) for key in _varying_consts(gu, wu, wa)} - keep
+        grow = ({_value_of(key) for key in _varying_consts(gu, wu, wa)} |
+                _varying_folded(folded.get(tuple(hi), {}), folded.get(tuple(alt), {}))) - keep
         cache[tuple(alt)] = (ga, light(wa), True)
         del wa
         if not grow:
@@ -531,6 +534,22 @@ def _varying_consts(g: CompiledGraph, wu: Mapping[str, Any], wa: Mapping[str, An
         fitted = a.dtype.kind in "iu" and a.size <= _DYN_CONST_MAX  # per element, when only its values change
         if b is None or a.shape != b.shape or a.dtype != b.dtype or not (fitted or _same(a, b)):
             out.append(key)
+    return out
+
+
+def _varying_folded(hi: Mapping[str, tuple[Any, ...]], alt: Mapping[str, tuple[Any, ...]]) -> set[str]:
+    """Values the frontend folded at both probes whose contents differ, except small integer ones of one shape
+    (fitted per element): with the graph's varying constants, every value that follows the dims is kept in one
+    round, not one link of a folded chain (Range -> Add -> Unsqueeze ...) per round and two probes each."""
+    out = set()
+    for name, (shape, dtype, digest) in hi.items():
+        other = alt.get(name)
+        if other is None or other[2] == digest:
+            continue
+        fitted = other[0] == shape and other[1] == dtype and np.dtype(dtype).kind in "iu" and \
+            math.prod(shape) <= _DYN_CONST_MAX
+        if not fitted:
+            out.add(name)
     return out
 
 

@@ -7,6 +7,7 @@ IR graph with a static shape and dtype on every value (frontend/build.py).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 from collections.abc import Iterable, Mapping
@@ -374,10 +375,26 @@ def _bounded_axes(node: onnx.NodeProto) -> dict[int, int]:
     return BOUNDED[op_key(node)](Node(op_key(node), node.name, list(node.input), list(node.output), attrs))
 
 
+FINGERPRINT_MAX = 1 << 20  # folded values of more elements are not fingerprinted (weights, not masks)
+
+
+def fingerprints(consts: Mapping[str, np.ndarray], skip: set[str]) -> dict[str, tuple[Any, ...]]:
+    """(shape, dtype, digest) of each folded value not in `skip` (initializers, inputs) and of at most
+    FINGERPRINT_MAX elements: what a range compile compares between probes (compiler/ranges.py)."""
+    out = {}
+    for name, a in consts.items():
+        if name in skip or a.size > FINGERPRINT_MAX:
+            continue
+        a = np.ascontiguousarray(a)
+        out[name] = (a.shape, a.dtype.str, hashlib.blake2b(a.view(np.uint8).reshape(-1) if a.dtype.kind != "O"
+                                                           else repr(a.tolist()).encode(), digest_size=16).digest())
+    return out
+
+
 def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str],
           shapes: Shapes | None = None, name: str = "main", values: Mapping[str, Any] | None = None,
           feeds: Mapping[str, Any] | None = None, keep: frozenset[str] = frozenset(),
-          shared_kv: frozenset[str] = frozenset()) -> Graph:
+          shared_kv: frozenset[str] = frozenset(), fingerprint: bool = False) -> Graph:
     """Load an ONNX model as an IR graph with static shapes, constants folded (except the values in `keep`:
     a range program's values that depend on a dynamic dim).
 
@@ -385,7 +402,8 @@ def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str
     bakes in input values (value inputs, docs/shapes-and-control-flow.md); value inputs missing from `values` are
     taken from `feeds` when given (a session compiling for a run's inputs: then every value input must be there).
     `shared_kv`: past inputs of GroupQueryAttention that will be bound to the same buffer as their present outputs
-    (a KV cache of the context's length written in place): those presents take the past's shape."""
+    (a KV cache of the context's length written in place): those presents take the past's shape. `fingerprint`:
+    the graph's `folded` says what was folded (a range compile's probe, compiler/ranges.py)."""
     from ctxrt.frontend.build import bind_inputs, build_graph
 
     proto = sorted_model(load_model(model))
@@ -403,6 +421,8 @@ def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str
     st.keep = frozenset(keep)
     st.settle(feeds)
     graph = build_graph(st, name)
+    if fingerprint:  # a range compile's probe: what was folded, compared between probes
+        graph.folded = fingerprints(st.consts, {i.name for i in proto.graph.initializer} | set(st.inputs))
     if scope.notes:
         warnings.warn("; ".join(scope.notes), CtxrtWarning, stacklevel=2)
     return graph

@@ -45,6 +45,9 @@ class Graph:
     outputs: list[str]
     opset: int = 17
     value_inputs: dict[str, np.ndarray] = field(default_factory=dict)  # inputs compiled for one value (§9b)
+    # what the frontend folded into constants, by value: (shape, dtype, digest of the contents) — a range compile
+    # compares two probes' to find every value that follows the dims at once (compiler/ranges.py)
+    folded: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
     def consumers(self) -> dict[str, list[Node]]:
         uses: dict[str, list[Node]] = {name: [] for name in self.values}
