@@ -226,8 +226,8 @@ def generation() -> None:
     print(f"  KV cache: one buffer per layer of the context's length, written in place: "
           f"{got.memory['kv_cache'] / 1024:.0f} KiB; time to first token {got.time_to_first_token_ms:.1f} ms")
     print(f"  {got.tokens_per_s:.0f} tokens/s (a model this small measures per-step overhead, where ctxrt's Python "
-          "launches lose; on a 420 MB model a .ctx generates 1.28x as fast as onnxruntime-genai in fp32 and "
-          "0.99-1.01x in int4, with native GEMVs on ctxrt's own threads: bench/bench_generate.py, README)")
+          "launches lose; on a 420 MB model a .ctx generates 1.28-1.43x as fast as onnxruntime-genai in fp32 and "
+          "0.93-1.01x in int4, with native GEMVs on ctxrt's own threads: bench/bench_generate.py, README)")
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
