@@ -208,3 +208,19 @@ def test_embedded_weights_are_read_from_the_model_file_without_parsing_them(tmp_
     path.write_bytes(data[:len(data) - 1000])  # cut inside a weight: one clear error, as onnx.load's
     with pytest.raises(ModelError):
         ctxrt.InferenceSession(path).run(None, {"x": x})
+
+
+def test_a_model_file_changed_after_parsing_is_one_error(tmp_path) -> None:
+    """Embedded weights are read after the model is parsed: a file replaced meanwhile is refused, not read at the
+    old offsets (silent wrong weights)."""
+    import os
+
+    from ctxrt.frontend.external import load_in_place, tensor_array
+
+    path = tmp_path / "embedded.onnx"
+    onnx.save_model(_mlp(), str(path))
+    m = load_in_place(path)
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    with pytest.raises(ModelError, match="changed after it was parsed"):
+        tensor_array(m.graph.initializer[0])

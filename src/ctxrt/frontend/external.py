@@ -64,6 +64,7 @@ def external_data_files(path: str | os.PathLike) -> list[Path]:
 
 
 IN_PLACE_MIN = 1 << 20  # a model file of at least this many bytes has its main-graph initializers read in place
+STAMP = "ctxrt_file_stat"  # external_data key: "size:mtime_ns" of the model file its embedded bytes were found in
 
 
 def load_in_place(path: str | os.PathLike) -> onnx.ModelProto:
@@ -155,9 +156,11 @@ def _without_raw_data(path: Path) -> onnx.ModelProto | None:
     offset in the model file itself (`tensor_array` reads it in place). None where the file holds none, or is
     not what this reader expects (onnx.load then reads it as it would)."""
     try:
+        st = os.stat(path)
         mm = np.memmap(path, np.uint8, mode="r")
     except (OSError, ValueError):
         return None
+    stamp = f"{st.st_size}:{st.st_mtime_ns}"  # the file as parsed: a weight read from another one is refused
     buf = memoryview(mm)
     try:
         where: list[tuple[int, int]] = []  # per stripped initializer: (offset of its bytes, length)
@@ -194,7 +197,8 @@ def _without_raw_data(path: Path) -> onnx.ModelProto | None:
         if offset < 0:
             continue
         t.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in (("location", path.name), ("offset", str(offset)), ("length", str(length))):
+        for key, value in (("location", path.name), ("offset", str(offset)), ("length", str(length)),
+                           (STAMP, stamp)):
             e = t.external_data.add()
             e.key, e.value = key, value
     return m
@@ -226,7 +230,10 @@ def tensor_array(t: onnx.TensorProto) -> np.ndarray:
     shape = tuple(int(d) for d in t.dims)
     nbytes = math.prod(shape) * dt.itemsize
     offset, length = int(where.get("offset", 0)), int(where.get("length", nbytes))
-    size = os.stat(location).st_size
+    st = os.stat(location)
+    size = st.st_size
+    if STAMP in where and where[STAMP] != f"{st.st_size}:{st.st_mtime_ns}":
+        raise ModelError(f"tensor {t.name!r}: {location} changed after it was parsed; open the model again")
     if offset < 0 or length != nbytes or offset + nbytes > size:
         raise ModelError(f"tensor {t.name!r}: external data at offset {offset}, {length} bytes, does not hold "
                          f"{dt} {list(shape)} ({nbytes} bytes) inside {location} ({size} bytes)")
