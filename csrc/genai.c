@@ -15,6 +15,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 #include "gqa.h"
 #include "norms.h"
 #include "pool.h"
@@ -35,10 +39,12 @@ typedef struct {
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#define GQA_AVX2 1
 #define NAME(x) x##_avx2
 #include "gqa_kernel.h"
 #include "norms_kernel.h"
 #undef NAME
+#undef GQA_AVX2
 #pragma GCC pop_options
 
 static int avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }

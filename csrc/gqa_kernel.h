@@ -28,6 +28,76 @@ static inline float NAME(dot)(const float *a, const float *b, int64_t h) {
     return s;
 }
 
+#ifdef GQA_AVX2
+#include "hsum.h"
+
+/* e^x for 8 lanes of x <= 0 (a softmax's x - max): Cephes' expf, x = n ln2 + r, a degree-5 polynomial in r, then
+   2^n in the exponent bits; within 2 ulp of expf, x below -87 taken as -87 (e^-87 ~ 1.6e-38, beside the max's 1) */
+static inline __m256 NAME(exp8)(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);  /* a NaN stays NaN (maxps returns its second operand) */
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* scores[c] = (q . keys[c]) * scale for c in beg .. end - 1, four keys at a time sharing q's loads (h a multiple
+   of 8); returns their largest */
+static float NAME(scores4)(const float *q, const float *keys, int64_t h, int64_t beg, int64_t end, float scale,
+                           float *scores) {
+    float mx = -INFINITY;
+    int64_t c = beg;
+    for (; c + 4 <= end; c += 4) {
+        const float *k0 = keys + c * h, *k1 = k0 + h, *k2 = k1 + h, *k3 = k2 + h;
+        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+        for (int64_t d = 0; d < h; d += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + d);
+            s0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), s0);
+            s1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), s1);
+            s2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), s2);
+            s3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), s3);
+        }
+        const float x0 = NAME(hsum8)(s0) * scale, x1 = NAME(hsum8)(s1) * scale, x2 = NAME(hsum8)(s2) * scale,
+                    x3 = NAME(hsum8)(s3) * scale;
+        scores[c] = x0, scores[c + 1] = x1, scores[c + 2] = x2, scores[c + 3] = x3;
+        mx = x0 > mx ? x0 : mx, mx = x1 > mx ? x1 : mx, mx = x2 > mx ? x2 : mx, mx = x3 > mx ? x3 : mx;
+    }
+    for (; c < end; c++) {
+        const float x = NAME(dot)(q, keys + c * h, h) * scale;
+        scores[c] = x;
+        mx = x > mx ? x : mx;
+    }
+    return mx;
+}
+
+/* scores[c] = e^(scores[c] - mx) for c in beg .. end - 1; returns their sum */
+static float NAME(exp_scores)(float *scores, int64_t beg, int64_t end, float mx) {
+    const __m256 m = _mm256_set1_ps(mx);
+    __m256 sum = _mm256_setzero_ps();
+    int64_t c = beg;
+    for (; c + 8 <= end; c += 8) {
+        const __m256 e = NAME(exp8)(_mm256_sub_ps(_mm256_loadu_ps(scores + c), m));
+        _mm256_storeu_ps(scores + c, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    float den = NAME(hsum8)(sum);
+    for (; c < end; c++) {
+        scores[c] = expf(scores[c] - mx);
+        den += scores[c];
+    }
+    return den;
+}
+#endif
+
 /* output row r of head i: softmax(q K^T * scale) V over the columns the row sees */
 static void NAME(attend)(const gqa_args *p, int64_t i, int64_t r, float *scores, float *q) {
     int64_t h = p->h, g = p->n / p->kv, j = i / g;
@@ -44,19 +114,41 @@ static void NAME(attend)(const gqa_args *p, int64_t i, int64_t r, float *scores,
     for (int64_t d = 0; d < h; d++) o[d] = 0.0f;
     if (beg >= end) return;  /* a padding row past its window sees no key: zeros */
     const float *keys = p->present_k + j * p->rows * h, *values = p->present_v + j * p->rows * h;
-    float mx = -INFINITY;
-    for (int64_t c = beg; c < end; c++) {
-        float x = NAME(dot)(qi, keys + c * h, h) * p->scale;
-        if (p->softcap > 0.0f) x = tanhf(x * (1.0f / p->softcap)) * p->softcap;
-        scores[c] = x;
-        mx = x > mx ? x : mx;
-    }
-    float den = 0.0f;
-    for (int64_t c = beg; c < end; c++) {
-        scores[c] = expf(scores[c] - mx);
-        den += scores[c];
+    float mx = -INFINITY, den = 0.0f;
+#ifdef GQA_AVX2
+    if (p->softcap <= 0.0f && h % 8 == 0) {
+        mx = NAME(scores4)(qi, keys, h, beg, end, p->scale, scores);
+        den = mx == -INFINITY || mx != mx ? NAN : NAME(exp_scores)(scores, beg, end, mx);
+    } else
+#endif
+    {
+        for (int64_t c = beg; c < end; c++) {
+            float x = NAME(dot)(qi, keys + c * h, h) * p->scale;
+            if (p->softcap > 0.0f) x = tanhf(x * (1.0f / p->softcap)) * p->softcap;
+            scores[c] = x;
+            mx = x > mx ? x : mx;
+        }
+        for (int64_t c = beg; c < end; c++) {
+            scores[c] = expf(scores[c] - mx);
+            den += scores[c];
+        }
     }
     if (p->sink) den += expf((p->sinks ? p->sinks[i] : 0.0f) - mx);
+#ifdef GQA_AVX2
+    if (h % 64 == 0) {  /* 64 columns of the output in eight registers over every key, not loaded and stored a key */
+        for (int64_t d0 = 0; d0 < h; d0 += 64) {
+            __m256 a[8];
+            for (int t = 0; t < 8; t++) a[t] = _mm256_setzero_ps();
+            for (int64_t c = beg; c < end; c++) {
+                const __m256 w = _mm256_set1_ps(scores[c] / den);
+                const float *v = values + c * h + d0;
+                for (int t = 0; t < 8; t++) a[t] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * t), a[t]);
+            }
+            for (int t = 0; t < 8; t++) _mm256_storeu_ps(o + d0 + 8 * t, a[t]);
+        }
+        return;
+    }
+#endif
     for (int64_t c = beg; c < end; c++) {
         const float w = scores[c] / den, *v = values + c * h;
 #pragma omp simd

@@ -122,6 +122,15 @@ def test_gqa_attributes(variant: str, step: str) -> None:
     compare(*gqa(step, packed=variant != "rotary-interleaved", **ATTRS[variant]), padding="padded" in step)
 
 
+@pytest.mark.parametrize("step", ["token", "token-shared-buffer", "subsequent-prompt", "prompt-padded-batch"])
+@pytest.mark.parametrize("h", [64, 128, 48])
+def test_gqa_head_sizes_of_the_vector_paths(step: str, h: int) -> None:
+    """Heads of 64 and 128 (the native kernel's register-held weighted sum, its four-key scores and vector exp) and
+    48 (scores by eight, the sum in plain loops), with rotary embedding, against onnxruntime."""
+    compare(*gqa(step, h=h, do_rotary=1), padding="padded" in step)
+    compare(*gqa(step, h=h, local_window_size=3, scale=0.05), padding="padded" in step)
+
+
 def test_gqa_present_is_past_length_in_a_shared_buffer_and_past_plus_new_otherwise() -> None:
     out = compare(*gqa("token-shared-buffer"))
     assert out[1].shape == (2, 2, 12, 16)
