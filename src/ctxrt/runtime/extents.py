@@ -167,6 +167,7 @@ class ExtentRunner:
         self.extents = [(out_index[name], axis, _view(g, r)) for name, (axis, r) in g.compiled.extents.items()]
         # launches of the steps that touch IO tensors but do not change, bound to the internal IO buffers
         self.internal_io: list[Any] | None = None
+        self.kernels_reading: dict[frozenset[str], Step | None] = {}  # kernel_reading's answers
 
     def release(self) -> None:
         """Drop every launch and state (they hold views of the context's arena; the live launches also this
@@ -499,12 +500,14 @@ class ExtentRunner:
     def kernel_reading(self, names: set[str]) -> Step | None:
         """The first step whose kernel (not a launch maker, which takes any view) reads or writes one of these IO
         tensors: a kernel bound to addresses assumes C-contiguous tensors, not strided windows (Tensor.window)."""
-        for k in sorted(self.io_steps):
-            step = self.g.compiled.steps[k]
-            if self.makers.get(k) is None and any(r is not None and r.space in (INPUT, OUTPUT) and r.key in names
-                                                  for r in step.inputs + step.outputs):
-                return step
-        return None
+        key = frozenset(names)  # the same windows at every token: looked up once
+        if key not in self.kernels_reading:
+            self.kernels_reading[key] = next(
+                (step for k in sorted(self.io_steps) if self.makers.get(k) is None
+                 for step in [self.g.compiled.steps[k]]
+                 if any(r is not None and r.space in (INPUT, OUTPUT) and r.key in key
+                        for r in step.inputs + step.outputs)), None)
+        return self.kernels_reading[key]
 
     def _check_strided(self, names: set[str]) -> None:
         step = self.kernel_reading(names)

@@ -5,13 +5,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ctxrt.errors import PlanError
-from ctxrt.ir.graph import Graph
+from ctxrt.ir.graph import Graph, Node
 
 
 @dataclass
 class PassResult:
     graph: Graph
     modified: bool
+
+
+def replace_nodes(graph: Graph, replace: dict[int, Node], removed: set[int]) -> PassResult:
+    """A fusion's result: each node whose id is in `replace` swapped for its replacement (kept in its place), the
+    ones in `removed` dropped, values nobody uses any more pruned; unmodified when there is nothing to replace."""
+    if not replace:
+        return PassResult(graph, False)
+    graph.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in removed or id(n) in replace]
+    graph.prune_values()
+    return PassResult(graph, True)
 
 
 class Pass:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ctxrt.ir.graph import Graph, Node
-from ctxrt.ir.passes.base import Pass, PassResult, check_topological
+from ctxrt.ir.passes.base import Pass, PassResult, check_topological, replace_nodes
 
 
 def _scalar(graph: Graph, name: str) -> float | None:
@@ -108,11 +108,7 @@ class FuseGelu(Pass):
             for n in chain:
                 removed.add(id(n))
             replace[id(chain[-1])] = gelu
-        if not replace:
-            return PassResult(graph, False)
-        graph.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in removed or id(n) in replace]
-        graph.prune_values()
-        return PassResult(graph, True)
+        return replace_nodes(graph, replace, removed)
 
     @staticmethod
     def _tanh_form(graph: Graph, tanh: Node, producers: dict[str, Node], only_consumer: Any, other: Any,

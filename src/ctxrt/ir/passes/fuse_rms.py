@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ctxrt.ir.graph import Graph, Node
-from ctxrt.ir.passes.base import Pass, PassResult, check_topological
+from ctxrt.ir.passes.base import Pass, PassResult, check_topological, replace_nodes
 
 
 def _scalar(graph: Graph, name: str) -> float | None:
@@ -86,11 +86,7 @@ class FuseRms(Pass):
                                         list(mul.outputs), {"axis": -1, "epsilon": eps, "stash_type": 1})
                 removed.update(id(n) for n in nodes)
                 break
-        if not replace:
-            return PassResult(graph, False)
-        graph.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in removed]
-        graph.prune_values()
-        return PassResult(graph, True)
+        return replace_nodes(graph, replace, removed)
 
     @staticmethod
     def _normalized(graph: Graph, name: str, made_for, statistic) -> tuple[str, list[Node], float] | None:

@@ -8,7 +8,7 @@ come in either order; the gate must feed nothing else.
 from __future__ import annotations
 
 from ctxrt.ir.graph import Graph, Node
-from ctxrt.ir.passes.base import Pass, PassResult, check_topological
+from ctxrt.ir.passes.base import Pass, PassResult, check_topological, replace_nodes
 
 # gate op -> (fused op, attributes copied from the gate with their ONNX defaults)
 _GATES: dict[str, tuple[str, dict[str, float]]] = {
@@ -36,11 +36,7 @@ class FuseSilu(Pass):
                 replace[id(mul)] = Node(op, f"{mul.name}/{op.lower()}", [x], list(mul.outputs), attrs)
                 removed.add(id(gate))
                 break
-        if not replace:
-            return PassResult(graph, False)
-        graph.nodes = [replace.get(id(n), n) for n in graph.nodes if id(n) not in removed]
-        graph.prune_values()
-        return PassResult(graph, True)
+        return replace_nodes(graph, replace, removed)
 
     def ensures(self, graph: Graph) -> None:
         check_topological(graph)
