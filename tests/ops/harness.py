@@ -211,8 +211,12 @@ def _fill_free_lists() -> None:
     del held
 
 
-def steady_state_allocation(run, settle: int = 10, measure: int = 50) -> tuple[int, int]:
+def steady_state_allocation(run, settle: int = 10, measure: int = 50, tries: int = 1) -> tuple[int, int]:
     """(peak bytes allocated above the start, bytes retained growth) over repeated calls of `run`.
+
+    With `tries` > 1 the least of each over that many measurements: an allocation every run makes shows in
+    each of them, a one-time one (a registry's dict growing once in a worker that ran other tests first, as
+    seen once in CI: +1.1 KB peak) in one only.
 
     Growth compares `settle` runs with `settle + measure`, so allocator free-list noise is not counted; and
     CPython's object free lists are filled first (`_fill_free_lists`), so what they hold is not counted either.
@@ -230,7 +234,8 @@ def steady_state_allocation(run, settle: int = 10, measure: int = 50) -> tuple[i
     cores = monitor.cores
     monitor.available = lambda: cores  # type: ignore[method-assign]  # the instance's, over the class's method
     try:
-        return _measure(run, settle, measure)
+        found = [_measure(run, settle, measure) for _ in range(tries)]
+        return min(p for p, _ in found), min(g for _, g in found)
     finally:
         del monitor.available
 

@@ -140,7 +140,7 @@ def test_steady_state_allocates_nothing_beyond_results(backend, squeezenet) -> N
     are not the session's): run adds the returned array and a few small objects, bound Tensors nothing."""
     path, feeds, _ = squeezenet
     with ctxrt.InferenceSession(path, backend) as sess:
-        peak, growth = steady_state_allocation(lambda: sess.run(None, feeds))
+        peak, growth = steady_state_allocation(lambda: sess.run(None, feeds), tries=3)
         assert growth < 2048
         assert peak < 4000 + ITERATOR_BUFFER  # the returned 1000-float array and NumPy's small buffers
         run_peak = peak
@@ -150,12 +150,12 @@ def test_steady_state_allocates_nothing_beyond_results(backend, squeezenet) -> N
         b.bind_input("data_0", x)
         b.bind_output("softmaxout_1", y)
         created = sess.stats["tensors_created"]
-        peak, growth = steady_state_allocation(lambda: sess.run_with_iobinding(b))
+        peak, growth = steady_state_allocation(lambda: sess.run_with_iobinding(b), tries=3)
         assert growth < 1024 and peak < ITERATOR_BUFFER
         assert sess.stats["tensors_created"] == created
         (ctx,), graph = sess._current.contexts, sess._current.stages[0].graph
         ins, outs = {"data_0": x.handle(ctx)}, {"softmaxout_1": y.handle(ctx)}
-        bare, _ = steady_state_allocation(lambda: graph.execute(ins, outs))
+        bare, _ = steady_state_allocation(lambda: graph.execute(ins, outs), tries=3)
         assert peak - bare < 1024  # counters' ints only: no tensor, dict, list or array per run
         assert run_peak - bare < 4000 + 2048  # the result (1000 floats) + its list and ndarray header
         assert sess.stats["recordings"] == 2  # one for the cached tensors, one for the bound ones
