@@ -349,19 +349,21 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def _compile_generate(args: argparse.Namespace, tuning: dict[str, Any]) -> int:
     """MODEL (a builder folder, a decoder export) --generate -o OUT.ctx: one range program for every prompt chunk
     and token of a generation (docs/generate.md), its KV cache a shared buffer where the model's config says so."""
-    from ctxrt.compiler import compile_graphs, compile_options, save_context
+    from ctxrt.compiler import compile_graphs, compile_options, compile_split, save_context
     from ctxrt.generation.generator import PROMPT_WINDOW, generation_ranges
     from ctxrt.generation.spec import describe, locate
     from ctxrt.runtime.session import InferenceSession
 
-    if len(args.models) != 1 or args.dim or args.shape or args.value or args.split is not None:
-        raise UsageError("--generate takes one model and chooses its ranges itself (no --dim, --shape, --value or "
-                         "--split)")
+    if len(args.models) != 1 or args.dim or args.shape or args.value:
+        raise UsageError("--generate takes one model and chooses its ranges itself (no --dim, --shape or --value)")
     files = locate(args.models[0])
     if model_kind("", os.fspath(files.model)) == "ctx":
         raise UsageError(f"{files.model} is a context binary (already compiled); compile takes ONNX models")
-    out = output_file("-o", args.output, ".ctx")
-    not_an_input(f"-o {args.output}", out, [os.fspath(files.model)])
+    if args.split is not None:
+        out = output_dir("-o", args.output)
+    else:
+        out = output_file("-o", args.output, ".ctx")
+        not_an_input(f"-o {args.output}", out, [os.fspath(files.model)])
     backend = compile_backend(args.backend, args.config, tuning)
     with naming(args.models[0]):
         session = InferenceSession(files.model, backend)  # reads the declared IO only: nothing compiles
@@ -375,10 +377,17 @@ def _compile_generate(args: argparse.Namespace, tuning: dict[str, Any]) -> int:
         if not ranges:
             raise UsageError(f"{args.models[0]}: no past input whose sequence axis is a symbolic dim to range")
         shared = [s.past for s in spec.kv] if spec.share_buffer else []
+        options = compile_options(args.prefer, shared)
         with _progress(args, f"compile {files.model.name} for generation"):
-            graphs, weights = compile_graphs([(files.model, None, "main")], backend, args.io_mem_type,
-                                             options=compile_options(args.prefer, shared), dims=ranges, **tuning)
-            written = save_context(out, graphs, weights, backend, [files.model])
+            if args.split is not None:
+                parts, outputs = compile_split(files.model, None, backend, args.split, args.io_mem_type,
+                                               options=options, dims=ranges, **tuning)
+            else:
+                graphs, weights = compile_graphs([(files.model, None, "main")], backend, args.io_mem_type,
+                                                 options=options, dims=ranges, **tuning)
+                written = save_context(out, graphs, weights, backend, [files.model])
+        if args.split is not None:
+            return _write_split(args, out, files.model, parts, outputs, backend)
     print(f"wrote {written} (ranges: " + ", ".join(f"{k}={v[0]}:{v[1]}" if isinstance(v, tuple) else f"{k}={v}"
                                                    for k, v in ranges.items()) + ")")
     return 0
@@ -402,29 +411,36 @@ def _write_with_epcontext(args: argparse.Namespace, out: Path, graphs: list[Any]
 def _compile_split(args: argparse.Namespace, tuning: dict[str, Any]) -> int:
     """MODEL.onnx --split K -o DIR: DIR/MODEL_part{i}.ctx for each part and DIR/MODEL_ctx.onnx chaining them,
     all written or none."""
-    from ctxrt.compiler import compile_options, compile_split, save_context
-    from ctxrt.format import read_metadata
-    from ctxrt.frontend.epcontext import write_epcontext
+    from ctxrt.compiler import compile_options, compile_split
 
     out_dir = output_dir("-o", args.output)
     backend = compile_backend(args.backend, args.config, tuning)
     model = args.models[0]
+    with _progress(args, f"split {Path(model).name}"), naming(model):
+        parts, outputs = compile_split(model, graph_shapes(args.shape, 1)[0], backend, args.split,
+                                       args.io_mem_type, graph_values(args.value, 1)[0],
+                                       compile_options(args.prefer), **tuning)
+    return _write_split(args, out_dir, model, parts, outputs, backend)
+
+
+def _write_split(args: argparse.Namespace, out_dir: Path, model: str | os.PathLike, parts: list[Any],
+                 outputs: list[str], backend: Any) -> int:
+    """DIR/MODEL_part{i}.ctx and DIR/MODEL_ctx.onnx chaining them, all written or none."""
+    from ctxrt.compiler import save_context
+    from ctxrt.format import read_metadata
+    from ctxrt.frontend.epcontext import write_epcontext
+
     stem = Path(model).name.removesuffix(".onnx")
-    with _progress(args, f"split {Path(model).name}"):
-        with naming(model):
-            parts, outputs = compile_split(model, graph_shapes(args.shape, 1)[0], backend, args.split,
-                                           args.io_mem_type, graph_values(args.value, 1)[0],
-                                           compile_options(args.prefer), **tuning)
-        with StagedFiles(out_dir) as stage:
-            written = []
-            for i, (graph, weights) in enumerate(parts):
-                with progress.part(f"part {i + 1}/{len(parts)}"):
-                    path = save_context(stage.path(f"{stem}_part{i}.ctx"), [graph], weights, backend, [model])
-                written.append((path, read_metadata(path)))
-                pause_point("staged")
-            write_epcontext(stage.path(f"{stem}_ctx.onnx"), written, embed=args.embed,
-                            source_model=Path(model).name, outputs=outputs)
-            final = stage.commit()
+    with _progress(args, f"write {len(parts)} parts"), StagedFiles(out_dir) as stage:
+        written = []
+        for i, (graph, weights) in enumerate(parts):
+            with progress.part(f"part {i + 1}/{len(parts)}"):
+                path = save_context(stage.path(f"{stem}_part{i}.ctx"), [graph], weights, backend, [model])
+            written.append((path, read_metadata(path)))
+            pause_point("staged")
+        write_epcontext(stage.path(f"{stem}_ctx.onnx"), written, embed=args.embed,
+                        source_model=Path(model).name, outputs=outputs)
+        final = stage.commit()
     for path, (_, meta) in zip(final, written, strict=False):
         g = meta["graphs"][0]
         print(f"wrote {path}: {len(g['inputs'])} inputs, {len(g['outputs'])} outputs, weights "

@@ -373,3 +373,88 @@ def test_the_range_compile_keeps_a_folded_chain_in_one_round(kind: str, monkeypa
         assert gen.generate(GPT_PROMPTS[:1], 4).tokens == [ort_greedy(model, GPT_PROMPTS[0], 4)]
         assert gen.session.stats["shape_variants_compiled"] == 1
     assert len(lowered) <= 8
+
+
+def _split_compile(capsys: pytest.CaptureFixture[str], model: Path, out: Path, k: int, *args: object) -> Path:
+    """`ctxrt compile MODEL --generate --split K -o OUT`: the EPContext model chaining the K parts."""
+    code, _, err = cli(capsys, "compile", model, "--generate", "--split", k, "-o", out, "-q", *args)
+    assert code == 0, err
+    assert len(list(out.glob("*_part*.ctx"))) == k
+    (wrapper,) = out.glob("*_ctx.onnx")
+    return wrapper
+
+
+def _chain_memory(gen: ctxrt.Generator, wrapper: Path) -> None:
+    """One spill-fill buffer for the chain, of its largest part's size; the weights held are the binaries'."""
+    from ctxrt.format import read_metadata
+
+    metas = [read_metadata(p) for p in sorted(wrapper.parent.glob("*_part*.ctx"))]
+    stats = gen.session.stats
+    assert stats["alloc_spillfill_bytes"] == max(m["max_spillfill_size"] for m in metas)
+    assert stats["weights_bytes"] <= sum(m["weights_size"] for m in metas)
+    assert stats["shape_variants_compiled"] == 0
+    assert len(gen.session._current.stages) == len(metas)
+
+
+@pytest.mark.parametrize(("kind", "exporter", "k"), [("gpt2", "legacy", 3), ("llama", "dynamo", 2),
+                                                     ("qwen2", "legacy", 2)])
+def test_split_export_generates_in_place(kind: str, exporter: str, k: int, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`--generate --split K` of a torch export: K range programs chained through one spill-fill buffer, each
+    part at the dims its own inputs give; tokens equal onnxruntime's loop, the parts' Concats append to the KV
+    cache windows in place (exactly one token's rows a step), nothing compiles at run time."""
+    pytest.importorskip("transformers")
+    if exporter == "dynamo":
+        pytest.importorskip("onnxscript")
+    model = gpt2_export(exporter) if kind == "gpt2" else decoder_export(kind, exporter)
+    wrapper = _split_compile(capsys, model, tmp_path, k, "--context", 32, "--prompt-window", 4, "--batch", 2)
+    want = [ort_greedy(model, p, N) for p in GPT_PROMPTS]
+    with ctxrt.Generator(wrapper, context_length=32) as gen:
+        got = gen.generate(GPT_PROMPTS, N)
+        pairs = gen.session.kv_appends()
+        stats = gen.session.stats
+        _chain_memory(gen, wrapper)
+    assert got.tokens == want
+    assert len(pairs) == len(gen.spec.kv)  # every layer's pair, whichever part holds it
+    assert stats["kv_bytes_appended"] > 0 and stats["kv_bytes_kept_in_place"] > 5 * stats["kv_bytes_appended"]
+
+
+@pytest.mark.parametrize(("precision", "k", "backend"), [("fp32", 2, "cpu"), ("int4", 3, "cpu"),
+                                                         ("fp32", 3, "opencl")])
+def test_split_builder_folder_generates(precision: str, k: int, backend: str, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest) -> None:
+    """A builder folder compiled with `--generate --split K`: its shared KV buffers bound across the parts, the
+    GroupQueryAttention totals the later parts need computed in the part that reads the mask; `ctxrt generate
+    DIR` (genai_config.json beside the parts) gives onnxruntime-genai's tokens; int4 weights stay packed."""
+    pytest.importorskip("onnxruntime_genai")
+    pytest.importorskip("transformers")
+    if backend == "opencl":
+        request.getfixturevalue("opencl")
+    folder = builder_llama(precision)
+    wrapper = _split_compile(capsys, folder, tmp_path, k, "--batch", 2, "--backend", backend)
+    shutil.copy(folder / "genai_config.json", tmp_path)
+    want = [genai_greedy(folder, p, N) for p in LLAMA_PROMPTS]
+    with ctxrt.Generator(tmp_path, backend) as gen:
+        assert gen.files.model == wrapper and gen.spec.share_buffer
+        assert gen.generate(LLAMA_PROMPTS, N).tokens == want
+        _chain_memory(gen, wrapper)
+        if precision == "int4":  # no float copy of a 4-bit matrix (8x its packed bytes) is held
+            packed = sum(int(np.prod(i.dims)) for i in onnx.load(folder / "model.onnx").graph.initializer
+                         if i.data_type == TensorProto.UINT8)
+            assert packed > 0 and gen.session.stats["weights_bytes"] < 2 * packed
+    code, out, err = cli(capsys, "generate", tmp_path, "--prompt-ids", "5,9,17,33", "--max-new-tokens", N,
+                         "--backend", backend, "--json")
+    assert code == 0, err
+    assert json.loads(out)["tokens"] == [want[0]]
+
+
+def test_split_generation_errors(gpt2: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Outside the chain's ranges: the ShapeError naming the dim; a split compile with a file for -o: one line."""
+    wrapper = _split_compile(capsys, gpt2, tmp_path / "d", 2, "--context", 16, "--prompt-window", 4)
+    with ctxrt.Generator(wrapper) as gen:
+        with pytest.raises(ctxrt.ShapeError, match="outside the range"):
+            gen.generate(GPT_PROMPTS[:1], 20)
+        assert gen.generate(GPT_PROMPTS[:1], 4).tokens == [ort_greedy(gpt2, GPT_PROMPTS[0], 4)]  # after the error
+    (tmp_path / "f").write_text("x")
+    assert_one_line_error(*cli(capsys, "compile", gpt2, "--generate", "--split", 2, "-o", tmp_path / "f"),
+                          "must be a directory")

@@ -17,8 +17,7 @@ import ctxrt
 from ctxrt import progress
 from ctxrt.backends import Backend
 from ctxrt.compiler.program import CONST, CompiledGraph, TensorInfo
-from ctxrt.errors import CtxrtError, UnsupportedOpError
-from ctxrt.ir.dynamic import bounded_outputs
+from ctxrt.errors import CtxrtError
 
 IO_MEM_TYPES = ("raw", "memhandle")
 
@@ -75,32 +74,49 @@ def compile_graphs(models: Sequence[tuple[Any, ...]], backend: Backend, io_mem_t
 
 def compile_split(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backend, k: int,
                   io_mem_type: str = "raw", values: Mapping[str, Any] | None = None,
-                  options: Mapping[str, Any] | None = None, **tuning: Any
+                  options: Mapping[str, Any] | None = None, dims: Mapping[str, Any] | None = None, **tuning: Any
                   ) -> tuple[list[tuple[CompiledGraph, dict[str, np.ndarray]]], list[str]]:
     """One model cut into K parts (compiler/split.py), each compiled as its own graph. The tensors passed
     between parts are prepared as memhandle (the chain passes them as handles); the model's own inputs
-    and outputs as `io_mem_type`. Returns the parts and the model's output names. `tuning`: as compile_graphs."""
+    and outputs as `io_mem_type`. Returns the parts and the model's output names. `tuning`: as compile_graphs.
+    `dims`: ranges of dynamic dims (compiler/ranges.py): each part a range program (no `shapes` or `values`)."""
     from ctxrt.compiler import compile_ir, lower
-    from ctxrt.compiler.split import split_graph
+    from ctxrt.compiler.split import check_links, split_graph
     from ctxrt.tuning import make_tuner
 
     if io_mem_type not in IO_MEM_TYPES:
         raise CtxrtError(f"io_mem_type must be one of {IO_MEM_TYPES}, got {io_mem_type!r}")
     tuner = make_tuner(backend, tuning)
+    if dims:
+        from ctxrt.compiler.ranges import compile_ranges_split
+        from ctxrt.frontend.io_types import declared_io
+        from ctxrt.frontend.onnx import load_model
+
+        model = load_model(model)
+        ins, outs = declared_io(model)
+        return _memtypes(compile_ranges_split(model, dims, backend, k, options, tuner), io_mem_type,
+                         [n for n, _, _ in ins], [n for n, _, _ in outs])
     whole = lower(model, shapes, backend, values=values)
-    dynamic = [n.name for n in whole.nodes if bounded_outputs(n)]
-    if dynamic and k > 1:
-        raise UnsupportedOpError(f"--split: nodes {dynamic[:5]} have outputs of data-dependent size, which cannot "
-                                 "cross context binaries")
-    ends = set(whole.inputs) | set(whole.outputs)
+    cut = split_graph(whole, k)
+    check_links(whole, cut)
     parts = []
-    for i, part in enumerate(split_graph(whole, k)):
+    for i, part in enumerate(cut):
         with progress.part(f"part {i + 1}/{k}"):
-            g, w = compile_ir(part, backend, options, tuner)
+            parts.append(compile_ir(part, backend, options, tuner))
+    return _memtypes(parts, io_mem_type, list(whole.inputs), list(whole.outputs))
+
+
+def _memtypes(parts: list[tuple[CompiledGraph, dict[str, np.ndarray]]], io_mem_type: str, inputs: list[str],
+              outputs: list[str]) -> tuple[list[tuple[CompiledGraph, dict[str, np.ndarray]]], list[str]]:
+    """The parts with the model's inputs and outputs as `io_mem_type`, the tensors between parts as memhandle;
+    and the model's output names."""
+    ends = set(inputs) | set(outputs)
+    typed = []
+    for g, w in parts:
         mem = [[TensorInfo(t.name, t.shape, t.dtype, io_mem_type if t.name in ends else "memhandle") for t in ts]
                for ts in (g.inputs, g.outputs)]
-        parts.append((replace(g, inputs=mem[0], outputs=mem[1]), w))
-    return parts, list(whole.outputs)
+        typed.append((replace(g, inputs=mem[0], outputs=mem[1]), w))
+    return typed, outputs
 
 
 def context_info(backend: Backend, source_models: Sequence[str], tuning: Mapping[str, Any] | None = None

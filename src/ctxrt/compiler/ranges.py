@@ -43,6 +43,15 @@ class RangeError(CtxrtError):
     """The model cannot be compiled as one program for these ranges (the reason says why)."""
 
 
+class _Unreadable(RangeError):
+    """A program follows a dim that none of its inputs has as an extent; `names`: the model values folded into
+    its integer constants that follow that dim."""
+
+    def __init__(self, message: str, dim: int, names: frozenset[str] = frozenset()) -> None:
+        super().__init__(message)
+        self.dim, self.names = dim, names
+
+
 @dataclass
 class Ranges:
     """A compiled graph's dynamic dims and how its integers depend on them (stored in the context binary).
@@ -370,22 +379,35 @@ def compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str = "mai
 
     model = load_model(model)  # once: every probe lowers the same proto (the file is not read and parsed again)
     with memo.shared():  # and shares its arrays, transposed and prepacked weights
-        return _compile_ranges(model, dims, backend, name, shapes, values, feeds, options, tuner, prior)
+        return _compile_ranges(model, dims, backend, name, shapes, values, feeds, options, tuner, prior)[0]
+
+
+def compile_ranges_split(model: Any, dims: DimSpec, backend: Backend, k: int,
+                         options: Mapping[str, Any] | None = None, tuner: Tuner | None = None
+                         ) -> list[tuple[CompiledGraph, dict[str, Any]]]:
+    """One ONNX model cut into K parts (compiler/split.py, the cuts chosen at the upper bound and kept at every
+    probe), each part a range program over the dims it depends on: a split model for every shape of the ranges."""
+    from ctxrt.frontend.onnx import load_model
+
+    model = load_model(model)
+    with memo.shared():
+        return _compile_ranges(model, dims, backend, "main", None, None, None, options, tuner, None, k)
 
 
 def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
                     shapes: Mapping[str, Iterable[int]] | None, values: Mapping[str, Any] | None,
                     feeds: Mapping[str, Any] | None, options: Mapping[str, Any] | None, tuner: Tuner | None,
-                    prior: Ranges | None) -> tuple[CompiledGraph, dict[str, Any]]:
+                    prior: Ranges | None, split: int = 0) -> list[tuple[CompiledGraph, dict[str, Any]]]:
+    """The range program(s): one, or with `split` K that many parts of the model."""
     from ctxrt import progress
     from ctxrt.compiler import compile_ir, compile_options, lower
+    from ctxrt.compiler.split import check_links, cut_bounds, split_graph
     from ctxrt.frontend.io_types import declared_io
 
     declared, _ = declared_io(model)
     spec, layout = resolve(declared, dims, shapes)
     fixed = {k: parse_range(v, k)[0] for k, v in dims.items()
              if not is_expression(v) and len(set(parse_range(v, k))) == 1}
-    k = len(spec)
     hi = [h for _, _, h in spec]
     alt = [h - 1 if h - 1 >= max(lo, 1) else lo for _, lo, h in spec]
 
@@ -398,57 +420,93 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
     # read options["ranges"]).
     options = {**(options or compile_options()), "ranges": True}
     keep: set[str] = set()
-    cache: dict[tuple[int, ...], tuple[CompiledGraph, dict[str, Any], bool]] = {}  # (program, weights, light)
+    Made = list[tuple[CompiledGraph, dict[str, Any]]]
+    cache: dict[tuple[int, ...], tuple[Made, bool]] = {}  # per probe: (its parts' programs and weights, light)
     folded: dict[tuple[int, ...], dict[str, tuple[Any, ...]]] = {}  # per probe: what the frontend folded
+    cuts: dict[frozenset[str], list[int]] = {}  # a split's node bounds, chosen at the first probe of a round
 
     def light(w: Mapping[str, Any]) -> dict[str, Any]:
         """What a probe's constants are needed for once compared: the small integer ones (fitted)."""
         return {n: a for n, a in w.items() if np.asarray(a).dtype.kind in "iu" and np.asarray(a).size <= _DYN_CONST_MAX}
 
-    def at(point: Sequence[int], full: bool = False) -> tuple[CompiledGraph, dict[str, Any]]:
-        """The program at a probe point; its weights kept whole only at the upper bound (or when `full`): a probe
-        holding a copy of the model's weights each would cost 2^k copies."""
+    def parts_of(graph: Any) -> list[Any]:
+        if not split:
+            return [graph]
+        bounds = cuts.setdefault(frozenset(keep), cut_bounds(graph, split))
+        try:
+            parts = split_graph(graph, split, bounds)
+        except CtxrtError as e:
+            raise RangeError(f"the model lowers to other nodes at other shapes of the ranges ({e})") from e
+        check_links(graph, parts)
+        return parts
+
+    def at(point: Sequence[int], full: bool = False) -> Made:
+        """The program(s) at a probe point; their weights kept whole only at the upper bound (or when `full`): a
+        probe holding a copy of the model's weights each would cost 2^k copies."""
         key = tuple(point)
-        if key not in cache or full and key != tuple(hi) and cache[key][2]:
+        if key not in cache or full and key != tuple(hi) and cache[key][1]:
             label = ", ".join(f"{d[0]}={v}" for d, v in zip(spec, key, strict=True))
             with progress.part(f"probe {label}"):
                 try:
                     graph = lower(model, shapes_of(point), backend, name, values, feeds, frozenset(keep), options)
                     folded[key] = graph.folded
                     top = key == tuple(hi)  # the program that runs; the other probes are only compared
-                    g, w = compile_ir(graph, backend, options if top else {**options, "probe_arena": True},
-                                      tuner if top else None)
+                    made = [compile_ir(part, backend, options if top else {**options, "probe_arena": True},
+                                       tuner if top else None) for part in parts_of(graph)]
                     del graph
                 except CtxrtError as e:
                     if isinstance(e, RangeError):
                         raise
                     raise type(e)(f"at {label} (inside the ranges): {e}") from e
                 whole = full or key == tuple(hi)
-                cache[key] = (g, w if whole else light(w), not whole)
-        return cache[key][0], cache[key][1]
+                cache[key] = ([(g, w if whole else light(w)) for g, w in made], not whole)
+        return cache[key][0]
 
     if prior is not None and [(n, lo) for n, lo, _ in prior.dims] == [(n, lo) for n, lo, _ in spec]:
         keep = set(prior.keep)
         try:
-            return _widened(prior, spec, (hi, *at(hi)), (alt, *at(alt)), keep)
+            return [_widened(prior, spec, (hi, *at(hi)[0]), (alt, *at(alt)[0]), keep)]
         except RangeError:
             keep = set()
             cache.clear()
     for _ in range(_KEEP_ROUNDS):
-        (gu, wu), (ga, wa) = at(hi), at(alt, full=True)
-        _same_structure(gu, ga, spec)
-        grow = ({_value_of(key) for key in _varying_consts(gu, wu, wa)} |
-                _varying_folded(folded.get(tuple(hi), {}), folded.get(tuple(alt), {}))) - keep
-        cache[tuple(alt)] = (ga, light(wa), True)
-        del wa
-        if not grow:
-            break
-        keep |= grow
-        cache.clear()
-    else:
-        raise RangeError(f"constants {sorted(grow)[:4]} still depend on the dims after {_KEEP_ROUNDS} rounds")
-    corners = [tuple(hi[j] if not b >> j & 1 else alt[j] for j in range(k)) for b in range(1 << k)]
-    graphs = [at(p) for p in corners]
+        for _ in range(_KEEP_ROUNDS):
+            up, below = at(hi), at(alt, full=True)
+            grow = _varying_folded(folded.get(tuple(hi), {}), folded.get(tuple(alt), {}))
+            for (gu, wu), (ga, wa) in zip(up, below, strict=True):
+                _same_structure(gu, ga, spec)
+                grow |= {_value_of(key) for key in _varying_consts(gu, wu, wa)}
+            grow -= keep
+            cache[tuple(alt)] = ([(ga, light(wa)) for ga, wa in below], True)
+            del below
+            if not grow:
+                break
+            keep |= grow
+            cache.clear()
+        else:
+            raise RangeError(f"constants {sorted(grow)[:4]} still depend on the dims after {_KEEP_ROUNDS} rounds")
+        k = len(spec)
+        corners = [tuple(hi[j] if not b >> j & 1 else alt[j] for j in range(k)) for b in range(1 << k)]
+        graphs = [at(p) for p in corners]
+        verify = _verify_point(spec, hi, alt)
+        checked = at(verify) if verify is not None else None
+        try:
+            return [_fit([g[j] for g in graphs], corners, None if checked is None else (verify, checked[j]), spec,
+                         frozenset(keep), bool(split)) for j in range(len(graphs[0]))]
+        except _Unreadable as e:  # a part uses a dim as a folded integer but has no input to read it from
+            if not split or not e.names - keep:
+                raise
+            keep |= e.names  # computed at run time in the part that reads the dim, passed on as a tensor
+            cache.clear()
+    raise RangeError(f"the parts still use dims none of their inputs give after {_KEEP_ROUNDS} rounds")
+
+
+def _fit(graphs: list[tuple[CompiledGraph, dict[str, Any]]], corners: list[tuple[int, ...]],
+         verify: tuple[tuple[int, ...], tuple[CompiledGraph, dict[str, Any]]] | None, spec: list[tuple[str, int, int]],
+         keep: frozenset[str], reduce: bool) -> tuple[CompiledGraph, dict[str, Any]]:
+    """One program's integers fitted over the corners of the box (multilinear, integer coefficients), checked at
+    the verify point: the upper bound's program with its Ranges. `reduce`: a dim none of its integers follows is
+    left out of its ranges (a part of a split model that does not depend on it, and has no input to read it from)."""
     for g, _ in graphs[1:]:
         _same_structure(graphs[0][0], g, spec)
     flat = [_integers(g, w, graphs[0][1]) for g, w in graphs]
@@ -465,21 +523,30 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
     if not np.array_equal(basis.astype(np.int64) @ coeffs, x):
         bad = where[int(np.argmax((basis.astype(np.int64) @ coeffs != x).any(0)))]
         raise RangeError(f"{_label(bad, graphs[0][0])} is not a polynomial of the dims with integer coefficients")
-    verify = _verify_point(spec, hi, alt)
     if verify is not None:
-        gv, wv = at(verify)
+        point, (gv, wv) = verify
         _same_structure(graphs[0][0], gv, spec)
         got = np.array(_integers(gv, wv, graphs[0][1])[1], np.int64)
-        want = coeffs.T @ _monomials(verify)
+        want = coeffs.T @ _monomials(point)
         if not np.array_equal(got, want):
             bad = where[int(np.argmax(got != want))]
             raise RangeError(f"{_label(bad, graphs[0][0])} does not follow the dims linearly (at "
-                             f"{dict(zip([d[0] for d in spec], verify, strict=True))})")
+                             f"{dict(zip([d[0] for d in spec], point, strict=True))})")
+    if reduce:  # the dims this program follows, the monomials over them only
+        used = [j for j in range(len(spec)) if coeffs[[m for m in range(1, len(coeffs)) if m >> j & 1]].any()]
+        if len(used) < len(spec):
+            monomials = [sum(1 << j for t, j in enumerate(used) if m >> t & 1) for m in range(1 << len(used))]
+            spec, coeffs = [spec[j] for j in used], coeffs[monomials]
     varying = [i for i in range(len(where)) if coeffs[1:, i].any()]
     entries = [(list(where[i]), [int(c) for c in coeffs[:, i]]) for i in varying]
     gu, wu = graphs[0]
-    readers = _readers(spec, entries, gu)
-    ranges = Ranges(list(spec), readers, entries, frozenset(keep))
+    try:
+        readers = _readers(spec, entries, gu)
+    except _Unreadable as e:
+        raise _Unreadable(str(e), e.dim, frozenset(
+            _value_of(gu.steps[w[1]].inputs[w[2]].key) for w, c in entries
+            if w[0] == "const" and any(c[m] for m in range(len(c)) if m >> e.dim & 1))) from e
+    ranges = Ranges(list(spec), readers, entries, keep)
     check_fits(gu, ranges, spec)
     return replace(gu, ranges=ranges), wu
 
@@ -651,7 +718,8 @@ def _readers(spec: list[tuple[str, int, int]], entries: list[tuple[list[Any], li
         unit = [1 if s == 1 << j else 0 for s in range(1 << len(spec))]
         found = next(((w[1], w[2]) for w, c in entries if w[0] == "I" and c == unit), None)
         if found is None:
-            raise RangeError(f"dim {name!r} is no input's extent by itself: ctxrt reads dims from the inputs' shapes")
+            raise _Unreadable(f"dim {name!r} is no input's extent by itself: ctxrt reads dims from the inputs' "
+                              "shapes", j)
         readers.append(found)
     return readers
 
@@ -733,4 +801,4 @@ def arena_refs(step: Step) -> list[Ref]:
     return [r for r in (*step.inputs, *step.outputs) if r is not None and r.space == ARENA]
 
 
-__all__ = ["RangeError", "Ranges", "compile_ranges", "is_expression", "parse_range", "resolve"]
+__all__ = ["RangeError", "Ranges", "compile_ranges", "compile_ranges_split", "is_expression", "parse_range", "resolve"]

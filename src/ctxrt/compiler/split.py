@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ctxrt.errors import PlanError
+from ctxrt.errors import PlanError, UnsupportedOpError
 from ctxrt.ir.graph import Graph
 
 
@@ -91,10 +91,18 @@ def choose_cuts(carried: list[int], weights: list[int], k: int) -> list[int]:
     return sorted(cuts)
 
 
-def split_graph(graph: Graph, k: int) -> list[Graph]:
-    """The K parts, in order, each a valid graph over a subset of the values."""
+def cut_bounds(graph: Graph, k: int) -> list[int]:
+    """[0, the K - 1 cut positions, the node count]: where `split_graph` cuts."""
     carried, weights = cut_costs(graph)
-    bounds = [0, *choose_cuts(carried, weights, k), len(graph.nodes)]
+    return [0, *choose_cuts(carried, weights, k), len(graph.nodes)]
+
+
+def split_graph(graph: Graph, k: int, bounds: list[int] | None = None) -> list[Graph]:
+    """The K parts, in order, each a valid graph over a subset of the values. `bounds` (from `cut_bounds`, e.g.
+    of the same model lowered at another shape) cuts at those node positions instead of choosing them."""
+    bounds = cut_bounds(graph, k) if bounds is None else bounds
+    if len(bounds) != k + 1 or bounds[-1] != len(graph.nodes):
+        raise PlanError(f"cuts {bounds[1:-1]} were chosen for {bounds[-1]} nodes; this graph has {len(graph.nodes)}")
     read_later: list[set[str]] = [set() for _ in range(k + 1)]  # values read by parts >= i
     for i in range(k - 1, -1, -1):
         read_later[i] = set(read_later[i + 1])
@@ -118,3 +126,18 @@ def split_graph(graph: Graph, k: int) -> list[Graph]:
         values = {name: graph.values[name] for name in graph.values if name in names}
         parts.append(replace(graph, name=f"part{i}", nodes=list(nodes), values=values, inputs=ins, outputs=outs))
     return parts
+
+
+def check_links(graph: Graph, parts: list[Graph]) -> None:
+    """UnsupportedOpError when a tensor of data-dependent size (ir/dynamic.py: NonZero's, a GroupQueryAttention's
+    present, ...) would pass from one part to a later one: a context binary's inputs have planned shapes. As a
+    model output it is fine (its real shape is returned)."""
+    from ctxrt.compiler.build import _bounded
+
+    bounded = _bounded(graph)
+    for i, part in enumerate(parts[:-1]):
+        later = {n for p in parts[i + 1:] for n in p.inputs}
+        crossing = [o for o in part.outputs if o in bounded and o in later]
+        if crossing:
+            raise UnsupportedOpError(f"--split: {crossing[:5]} have a data-dependent size and would pass between "
+                                     "context binaries; choose another K")

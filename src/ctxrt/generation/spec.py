@@ -89,8 +89,9 @@ def locate(path: str | os.PathLike) -> ModelFiles:
         config = _read_config(folder / GENAI_CONFIG) if (folder / GENAI_CONFIG).is_file() else None
         if config is not None:
             model = folder / _get(config, "model.decoder.filename", str)
-            if not model.is_file() and model.with_suffix(".ctx").is_file():  # compiled with `ctxrt compile`
-                model = model.with_suffix(".ctx")
+            for compiled in (model.with_suffix(".ctx"), model.with_name(f"{model.stem}_ctx.onnx")):
+                if not model.is_file() and compiled.is_file():  # `ctxrt compile --generate [--split K]`'s
+                    model = compiled
         else:
             found = sorted(f for f in folder.iterdir() if f.suffix in (".onnx", ".ctx") and f.is_file())
             named = [f for f in found if f.stem == "model"]
@@ -103,7 +104,8 @@ def locate(path: str | os.PathLike) -> ModelFiles:
     elif p.is_file():
         model, folder = p, p.parent
         config = _read_config(folder / GENAI_CONFIG) if (folder / GENAI_CONFIG).is_file() else None
-        if config is not None and Path(_get(config, "model.decoder.filename", str)).stem != p.stem:
+        if config is not None and Path(_get(config, "model.decoder.filename", str)).stem not in (
+                p.stem, p.stem.removesuffix("_ctx")):  # (the EPContext model of a split compile of it)
             config = None  # the folder's config describes another file
     else:
         raise GenerationError(f"{p}: no such file or folder")

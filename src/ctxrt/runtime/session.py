@@ -98,8 +98,11 @@ class InferenceSession:
                 from ctxrt.compiler.ranges import io_dims
 
                 g = default.ranged
-                io = [[{"shape": t.shape} for t in ts] for ts in (g.inputs, g.outputs)]
-                in_dims, out_dims = io_dims(g.ranges.to_meta(), *io)
+                if default.chain is not None:
+                    in_dims, out_dims = default.chain.io_dims()
+                else:
+                    io = [[{"shape": t.shape} for t in ts] for ts in (g.inputs, g.outputs)]
+                    in_dims, out_dims = io_dims(g.ranges.to_meta(), *io)
                 self._in_decl = {t.name: (np.dtype(t.dtype), d) for t, d in zip(g.inputs, in_dims, strict=True)}
                 self._out_decl = {t.name: (np.dtype(t.dtype), d) for t, d in zip(g.outputs, out_dims, strict=True)}
         if default is not None:
@@ -384,6 +387,8 @@ class InferenceSession:
         length that only the new rows are written into (docs/generate.md). {} before a run, for a program of
         fixed shapes and off the CPU."""
         v = self._current
+        if v is not None and v.chain is not None:
+            return v.chain.appends()
         g = None if v is None else v.ranged
         runner = None if g is None else g._extent
         if runner is None:
@@ -540,6 +545,11 @@ class InferenceSession:
         `weights_bytes` and `weights_prepacked_bytes` count each weight shared by several variants once."""
         total = held_stats(self._retired, [ctx for v in self._variants.values() for ctx in v.contexts],
                            None if self._compiler is None else self._compiler.store)
+        for v in self._variants.values():  # a chain's one spill-fill buffer and the tensors between its parts
+            if v.group is not None:
+                memory = v.group.memory()
+                total["alloc_spillfill_bytes"] += memory["spillfill"] if v.group.buffer is not None else 0
+                total["alloc_chain_bytes"] += getattr(v.group, "chain_bytes", 0)
         total.update(self._counters)
         total.update(self._cache.counters())
         total["alloc_cache_bytes"] = self._cache.stats["created_bytes"]

@@ -12,6 +12,7 @@ import numpy as np
 
 from ctxrt.compiler.program import TensorInfo
 from ctxrt.errors import RegistrationError, ShapeError
+from ctxrt.runtime.chain import RangedChain
 from ctxrt.runtime.context import Context
 from ctxrt.runtime.graph import Graph
 from ctxrt.runtime.memhandle import MemHandle
@@ -67,9 +68,15 @@ class Variant:
         # Value inputs (docs/shapes-and-control-flow.md) and the values this variant was compiled for.
         self.values = [(n, a) for st in stages for n, a in st.graph.value_inputs.items() if n in self.in_info]
         self.shapes: Mapping[str, tuple[int, ...]] = _NO_SHAPES  # real shapes of the last run's bounded outputs
-        # A range program (one stage): shapes of its IO tensors follow the feeds' (compiler/ranges.py).
+        # A range program (one stage), or a split model's chain of them: shapes of its IO tensors follow the
+        # feeds' (compiler/ranges.py, runtime/chain.py).
         graph = stages[0].graph if len(stages) == 1 else None
-        self.ranged: Graph | None = graph if graph is not None and graph.ranges is not None else None
+        self.ranged: Graph | RangedChain | None = graph if graph is not None and graph.ranges is not None else None
+        self.chain: RangedChain | None = None
+        if len(stages) > 1 and any(st.graph.ranges is not None for st in stages):
+            self.ranged = self.chain = RangedChain(stages, links, inputs, outputs)
+        self._plan_at: Any = None  # the chain's shapes `plan` was built for
+        self._run_at: Any = None  # and those of the run in progress
         self.in_shapes = [t.shape for t in inputs]  # the IO shapes of the run in progress
         self.out_shapes = [t.shape for t in outputs]
         self.recent: dict[tuple[int, ...], set[tuple[tuple[int, ...], str]]] = {}  # dims -> IO keys, oldest first
@@ -79,7 +86,9 @@ class Variant:
         """A range program: whether the feeds' shapes lie inside its ranges (static axes checked by the run)."""
         g = self.ranged
         try:
-            if g._extent is not None and feeds.keys() == g._input_names:
+            if self.chain is not None:
+                self.chain._child(feeds)
+            elif g._extent is not None and feeds.keys() == g._input_names:
                 g._extent.at(feeds)  # binds the dims once for this run (the run asks again)
             else:
                 g.ranges.bind(g.inputs, [getattr(feeds.get(t.name), "shape", None) for t in g.inputs])
@@ -92,6 +101,8 @@ class Variant:
         new (the tensor cache then keeps the IO shapes of the last few only)."""
         g = self.ranged
         child = g._child(feeds)
+        if self.chain is not None:
+            self._run_at = child
         self.in_shapes = [t.shape for t in child.inputs]
         self.out_shapes = [t.shape for t in child.outputs]
         dims = child.dims  # bound once, by _child
@@ -123,8 +134,9 @@ class Variant:
     def execute(self) -> None:
         """Run every stage on the current tensors; rebuild the per-stage handle dicts only when a tensor
         changed (compared by identity, without allocating)."""
-        if not (_same(self.cur_in, self.plan_in) and _same(self.cur_out, self.plan_out)):
-            self._make_plan()
+        at = self._run_at  # a chain: its shapes at this run's feeds (shapes_for)
+        if not (_same(self.cur_in, self.plan_in) and _same(self.cur_out, self.plan_out)) or at is not self._plan_at:
+            self._make_plan(at)
         shapes = None
         for graph, ins, outs in self.plan:
             real = graph.execute(ins, outs)
@@ -134,8 +146,11 @@ class Variant:
         for view, i in self.plan_copies:  # model outputs that later stages read: made in the chain buffer
             self.cur_out[i].write(view)
 
-    def _make_plan(self) -> None:
+    def _make_plan(self, at: Any = None) -> None:
+        """Each stage's input and output handles; `at`: a chain of range programs at the run's shapes, whose
+        link handles are at those shapes."""
         session = self.session
+        links = self.links if at is None else at.links
         tensors = {t.name: self.cur_in[i] for i, t in enumerate(self.inputs)}
         tensors.update({t.name: self.cur_out[i] for i, t in enumerate(self.outputs)})
         for t in tensors.values():
@@ -144,20 +159,21 @@ class Variant:
             t._check()
         plan, copies = [], []
         for k, st in enumerate(self.stages):
-            ins = {n: self.links[(k, n)] if (k, n) in self.links else tensors[n].handle(st.context)
+            ins = {n: links[(k, n)] if (k, n) in links else tensors[n].handle(st.context)
                    for n in st.inputs}
             outs = {}
             for n in st.outputs:
-                if (k, n) in self.links:
-                    outs[n] = self.links[(k, n)]
+                if (k, n) in links:
+                    outs[n] = links[(k, n)]
                     if n in self.out_info:
-                        copies.append((self.links[(k, n)].view, self.out_index[n]))
+                        copies.append((links[(k, n)].view, self.out_index[n]))
                 elif n in tensors:
                     outs[n] = tensors[n].handle(st.context)
             plan.append((st.graph, ins, outs))
         self.plan, self.plan_copies = plan, copies
         self.plan_in[:] = self.cur_in
         self.plan_out[:] = self.cur_out
+        self._plan_at = at
         session._counters["plans"] += 1
 
     def io_keys(self) -> set[tuple[tuple[int, ...], str]]:
@@ -169,7 +185,7 @@ class Variant:
 
     def free(self) -> None:
         """Free the contexts and let go of every tensor this variant referred to."""
-        self.plan, self.plan_copies = [], []
+        self.plan, self.plan_copies, self._plan_at = [], [], None
         self._lasts.clear()
         for tensors in (self.last_in, self.last_out, self.cur_in, self.cur_out, self.plan_in, self.plan_out):
             tensors[:] = [None] * len(tensors)
