@@ -4,7 +4,9 @@ A random-weight Llama-style model (hidden 768, 8 layers, 12 heads, 4 kv heads, i
 ~420 MB in fp32) written by onnxruntime-genai's model builder for the CPU, fp32 and int4 (block 32). One prompt of
 128 tokens, 128 new tokens, greedy, eos ignored (the tokens are compared). Engines: ctxrt's Generator on the
 folder (its compile counted in the time to first token), on the folder's model compiled ahead (`ctxrt compile
-FOLDER --generate`: loading it compiles nothing) and onnxruntime-genai. Per engine and precision: generation
+FOLDER --generate`: loading it compiles nothing), on it compiled as 4 parts (`--split 4`: a chain of range
+programs sharing one spill-fill buffer; its peak RSS is compared with weights + the largest part's spill-fill + the
+KV cache) and onnxruntime-genai. Per engine and precision: generation
 tokens/s (token steps only), prompt tokens/s, time to first token (model load excluded), load time, peak RSS
 and peak RSS beyond the weights (the peak resident set, VmHWM reset after the imports, in a fresh process, minus the one
 after imports, minus the weight bytes of model.onnx and its data file; negative where pages are never touched,
@@ -42,7 +44,8 @@ CACHE = Path(os.environ.get("CTXRT_BENCH_CACHE", ROOT / ".cache" / "bench"))
 CONFIG = {"vocab_size": 32000, "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 8,
           "num_attention_heads": 12, "num_key_value_heads": 4, "max_position_embeddings": 2048}
 PROMPT, NEW = 128, 128
-ENGINES = ("ctxrt", "ctxrt .ctx", "onnxruntime-genai")
+SPLIT = 4  # parts of the split engine (`ctxrt compile FOLDER --generate --split 4`)
+ENGINES = ("ctxrt", "ctxrt .ctx", f"ctxrt split {SPLIT}", "onnxruntime-genai")
 EXPORT_ENGINES = ("ctxrt", "onnxruntime")  # on the transformers export ("export" in --precisions)
 
 
@@ -202,7 +205,22 @@ def compiled(path: Path) -> Path:
     if not out.exists() and cli(["compile", str(path), "--generate", "--context", str(PROMPT + NEW), "-o", str(out),
                                  "-q"]) != 0:
         raise SystemExit("ctxrt compile --generate failed")
+    parts = path / f"split{SPLIT}"
+    if not (parts / "genai_config.json").exists():
+        if cli(["compile", str(path), "--generate", "--split", str(SPLIT), "--context", str(PROMPT + NEW), "-o",
+                str(parts), "-q"]) != 0:
+            raise SystemExit(f"ctxrt compile --generate --split {SPLIT} failed")
+        shutil.copy(path / "genai_config.json", parts)
     return out
+
+
+def split_bound(parts: Path, kv_bytes: int) -> int:
+    """What the issue bounds a split model's peak memory by: its weights (the parts' weight blocks), one part's
+    spill-fill (the largest: the shared buffer) and the KV cache."""
+    from ctxrt.format import read_metadata
+
+    metas = [read_metadata(p) for p in parts.glob("*_part*.ctx")]
+    return sum(m["weights_size"] for m in metas) + max(m["max_spillfill_size"] for m in metas) + kv_bytes
 
 
 def _run_ctxrt(path: Path) -> dict[str, Any]:
@@ -236,8 +254,10 @@ def child(engine: str, precision: str) -> None:
         path = path.parent
     else:
         out = _run_genai(path) if engine == "onnxruntime-genai" else _run_ctxrt(
-            path / "model.ctx" if engine == "ctxrt .ctx" else path)
+            path / "model.ctx" if engine == "ctxrt .ctx" else path / f"split{SPLIT}" if "split" in engine else path)
     peak_rss = _hwm() - base
+    if "split" in engine:
+        out["split_bound_mib"] = split_bound(path / f"split{SPLIT}", out["ctxrt_memory"]["kv_cache"]) / 2 ** 20
     out.update(peak_rss_mib=peak_rss / 2 ** 20, beyond_weights_mib=(peak_rss - _weights(path)) / 2 ** 20,
                weights_mib=_weights(path) / 2 ** 20)
     print(json.dumps(out))
@@ -306,6 +326,11 @@ def main() -> None:
         print(f"  {p}: weights {o['weights_mib']:.1f} MiB; peak RSS beyond them (MiB): {beyond}; tokens equal: "
               f"{rows['tokens_equal']} "
               f"(first difference at {rows['tokens_equal_prefix']})")
+        split = rows.get(f"ctxrt split {SPLIT}", {})
+        if "split_bound_mib" in split:
+            print(f"  {p}: split {SPLIT} peak RSS {split['peak_rss_mib']:.1f} MiB against weights + the largest part's "
+                  f"spill-fill + the KV cache = {split['split_bound_mib']:.1f} MiB "
+                  f"({split['peak_rss_mib'] / split['split_bound_mib']:.2f}x)")
 
 
 if __name__ == "__main__":

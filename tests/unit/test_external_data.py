@@ -224,3 +224,39 @@ def test_a_model_file_changed_after_parsing_is_one_error(tmp_path) -> None:
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     with pytest.raises(ModelError, match="changed after it was parsed"):
         tensor_array(m.graph.initializer[0])
+
+
+def _embedding(rows: int = 4096, width: int = 1024) -> onnx.ModelProto:
+    """ids[n] -> Gather(table[4096, 1024], 16 MiB) -> * 2: an embedding lookup."""
+    table = np.random.default_rng(1).standard_normal((rows, width)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"]),
+             helper.make_node("Mul", ["e", "two"], ["y"])]
+    g = helper.make_graph(nodes, "emb", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", width])],
+                          [numpy_helper.from_array(table, "table"),
+                           numpy_helper.from_array(np.array(2, np.float32), "two")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("source", ["binary", "data file"])
+def test_an_embedding_table_is_read_from_its_file_not_mapped_in(tmp_path, source: str) -> None:
+    """A gathered table of 4 MiB or more whose bytes are a mapped file's (a context binary's weights, an external
+    data file) has its rows read from the file: 256 rows of a 16 MiB table leave the mapping's resident set
+    under 256 KiB (mapped, each row's fault maps a whole page-cache folio in: ~0.5 MiB a row on Linux 6.18);
+    negative ids count from the end, as onnxruntime's."""
+    path = _save(_embedding(), tmp_path / "emb.onnx", "emb.onnx.data")
+    ids = np.concatenate([np.random.default_rng(2).integers(0, 4096, 254), [-1, -4096]]).astype(np.int64)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
+    if source == "binary":
+        from ctxrt.cli import main as cli
+
+        mapped = tmp_path / "emb.ctx"
+        assert cli(["compile", str(path), "-o", str(mapped), "--shape", "ids=256", "-q"]) == 0
+        sess = ctxrt.InferenceSession(mapped)
+    else:
+        mapped = tmp_path / "emb.onnx.data"
+        sess = ctxrt.InferenceSession(path)
+    with sess:
+        np.testing.assert_array_equal(sess.run(None, {"ids": ids})[0], want)
+        np.testing.assert_array_equal(sess.run(None, {"ids": ids[::-1].copy()})[0], want[::-1])
+        assert _mapped_rss(mapped.resolve()) < 256 * 1024

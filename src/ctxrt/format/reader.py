@@ -19,6 +19,7 @@ from ctxrt.errors import FormatError
 from ctxrt.format import codec, layout, schema
 from ctxrt.format import weights as wts
 from ctxrt.format.weights import ExternalWeight
+from ctxrt.mapped import remember
 
 _CHECK_CHUNK = 16 << 20  # bytes of the weights section checked, then handed back, at a time
 
@@ -93,6 +94,7 @@ class ContextFile:
                 if os.fstat(f.fileno()).st_size == 0:
                     raise FormatError(f"{os.fspath(source)}: empty file, not a ctxrt context binary")
                 mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # stays valid after f closes
+                remember(mm, np.frombuffer(mm, np.uint8, count=1).ctypes.data, len(mm), os.dup(f.fileno()))
             return cls(memoryview(mm), mm, verify_weights)
         if not isinstance(source, bytes | bytearray | memoryview):
             raise TypeError(f"ContextFile.open needs a path or bytes, got {type(source).__name__}")

@@ -6,6 +6,7 @@ Views of the inputs (slices, transposes, reshapes) are made once at bind time; a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -103,26 +104,45 @@ def concat(spec: NodeSpec) -> Kernel:
     return BoundKernel(make)
 
 
-def _index_kernel(spec: NodeSpec, gather: Any, idx_pos: int = 1) -> Kernel:
+def _index_kernel(spec: NodeSpec, gather: Any, idx_pos: int = 1, per_data: Any = None) -> Kernel:
     """Run `gather(data, int64 indices, out)`; indices of other types are widened into scratch first
-    (np.take would allocate the converted copy), constant ones once."""
+    (np.take would allocate the converted copy), constant ones once. `per_data(data)`: the gather function for
+    the data bound (None: `gather`)."""
     const = spec.consts[idx_pos] if len(spec.consts) > idx_pos else None
     ishape = spec.inputs[idx_pos].shape
+
+    def chosen(data: Any) -> Any:
+        return (per_data(data) if per_data is not None else None) or gather
+
     if const is not None:
         fixed = np.array(const, np.int64).reshape(ishape)  # a 0-d index may come as 1-d
-        return BoundKernel(lambda ins, outs, _s: lambda: gather(ins[0], fixed, outs[0]))
+
+        def fixed_launch(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
+            fn = chosen(ins[0])
+            return lambda: fn(ins[0], fixed, outs[0])
+        return BoundKernel(fixed_launch)
     if np.dtype(spec.inputs[idx_pos].dtype) == np.int64:
-        return BoundKernel(lambda ins, outs, _s: lambda: gather(ins[0], ins[idx_pos], outs[0]))
+        def direct(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
+            fn = chosen(ins[0])
+            return lambda: fn(ins[0], ins[idx_pos], outs[0])
+        return BoundKernel(direct)
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         data, idx, y = ins[0], ins[idx_pos], outs[0]
         wide = scratch_view(scratch[0], ishape, np.int64)
+        fn = chosen(data)
 
         def run() -> None:
             np.copyto(wide, idx, casting="unsafe")
-            gather(data, wide, y)
+            fn(data, wide, y)
         return run
     return BoundKernel(make, (max(1, int(np.prod(ishape))) * 8,))
+
+
+# A constant table at least this large, gathered along its rows, whose bytes are a mapped file's (a context binary's
+# weights, a model's external data): its rows are read from the file (docs/cpu.md, "Embedding rows read from the
+# file"), never mapped in, so an embedding's table does not become resident.
+ROWS_FROM_FILE = 4 << 20
 
 
 def gather(spec: NodeSpec) -> Kernel:
@@ -131,7 +151,30 @@ def gather(spec: NodeSpec) -> Kernel:
     def take(data: np.ndarray, idx: np.ndarray, y: np.ndarray) -> None:
         # mode="wrap" maps negative indices from the end in the same pass ("raise" would buffer y).
         np.take(data, idx, axis=axis, out=y, mode="wrap")
-    return _index_kernel(spec, take)
+
+    table = spec.consts[0] if spec.consts else None
+    if axis != 0 or table is None or spec.inputs[0].nbytes < ROWS_FROM_FILE or len(spec.inputs[0].shape) < 2:
+        return _index_kernel(spec, take)
+
+    def per_data(data: np.ndarray) -> Any:
+        from ctxrt.mapped import file_of
+
+        found = file_of(data) if isinstance(data, np.ndarray) and data.shape[0] else None
+        if found is None:
+            return None
+        ref, base = found
+        n, row = data.shape[0], data.nbytes // data.shape[0]
+
+        def read_rows(data: np.ndarray, idx: np.ndarray, y: np.ndarray) -> None:
+            if not y.flags.c_contiguous:
+                return take(data, idx, y)
+            out = y.reshape(-1).view(np.uint8).reshape(-1, row)
+            for i, j in enumerate(idx.reshape(-1).tolist()):
+                if os.preadv(ref.fd, [out[i]], base + (j % n) * row) != row:
+                    raise OSError(f"short read of row {j % n} of a gathered table from its file")
+            return None
+        return read_rows
+    return _index_kernel(spec, take, per_data=per_data)
 
 
 def gather_elements(spec: NodeSpec) -> Kernel:
