@@ -351,7 +351,7 @@ def _compile_generate(args: argparse.Namespace, tuning: dict[str, Any]) -> int:
     and token of a generation (docs/generate.md), its KV cache a shared buffer where the model's config says so."""
     from ctxrt.compiler import compile_graphs, compile_options, compile_split, save_context
     from ctxrt.generation.generator import PROMPT_WINDOW, generation_ranges
-    from ctxrt.generation.spec import describe, locate
+    from ctxrt.generation.spec import describe, locate, mask_only_counts
     from ctxrt.runtime.session import InferenceSession
 
     if len(args.models) != 1 or args.dim or args.shape or args.value:
@@ -378,6 +378,8 @@ def _compile_generate(args: argparse.Namespace, tuning: dict[str, Any]) -> int:
             raise UsageError(f"{args.models[0]}: no past input whose sequence axis is a symbolic dim to range")
         shared = [s.past for s in spec.kv] if spec.share_buffer else []
         options = compile_options(args.prefer, shared)
+        found = {"mask_only_counts": bool(spec.share_buffer and spec.attention_mask is not None and
+                                          mask_only_counts(files, spec.attention_mask))}
         with _progress(args, f"compile {files.model.name} for generation"):
             if args.split is not None:
                 parts, outputs = compile_split(files.model, None, backend, args.split, args.io_mem_type,
@@ -385,9 +387,9 @@ def _compile_generate(args: argparse.Namespace, tuning: dict[str, Any]) -> int:
             else:
                 graphs, weights = compile_graphs([(files.model, None, "main")], backend, args.io_mem_type,
                                                  options=options, dims=ranges, **tuning)
-                written = save_context(out, graphs, weights, backend, [files.model])
+                written = save_context(out, graphs, weights, backend, [files.model], generation=found)
         if args.split is not None:
-            return _write_split(args, out, files.model, parts, outputs, backend)
+            return _write_split(args, out, files.model, parts, outputs, backend, found)
     print(f"wrote {written} (ranges: " + ", ".join(f"{k}={v[0]}:{v[1]}" if isinstance(v, tuple) else f"{k}={v}"
                                                    for k, v in ranges.items()) + ")")
     return 0
@@ -424,8 +426,9 @@ def _compile_split(args: argparse.Namespace, tuning: dict[str, Any]) -> int:
 
 
 def _write_split(args: argparse.Namespace, out_dir: Path, model: str | os.PathLike, parts: list[Any],
-                 outputs: list[str], backend: Any) -> int:
-    """DIR/MODEL_part{i}.ctx and DIR/MODEL_ctx.onnx chaining them, all written or none."""
+                 outputs: list[str], backend: Any, generation: dict[str, Any] | None = None) -> int:
+    """DIR/MODEL_part{i}.ctx and DIR/MODEL_ctx.onnx chaining them, all written or none (`generation`: as
+    save_context's)."""
     from ctxrt.compiler import save_context
     from ctxrt.format import read_metadata
     from ctxrt.frontend.epcontext import write_epcontext
@@ -435,7 +438,8 @@ def _write_split(args: argparse.Namespace, out_dir: Path, model: str | os.PathLi
         written = []
         for i, (graph, weights) in enumerate(parts):
             with progress.part(f"part {i + 1}/{len(parts)}"):
-                path = save_context(stage.path(f"{stem}_part{i}.ctx"), [graph], weights, backend, [model])
+                path = save_context(stage.path(f"{stem}_part{i}.ctx"), [graph], weights, backend, [model],
+                                    generation=generation)
             written.append((path, read_metadata(path)))
             pause_point("staged")
         write_epcontext(stage.path(f"{stem}_ctx.onnx"), written, embed=args.embed,

@@ -134,7 +134,8 @@ def test_builder_llama_greedy_equals_onnxruntime_genai(precision: str) -> None:
 def test_the_mask_is_padded_only_where_it_only_counts(llama: Path, tmp_path: Path) -> None:
     """A builder model's attention mask reaches nothing but GroupQueryAttention's seqlens_k and
     total_sequence_length: its tokens may be fed the mask padded to the context. Where it also reaches anything
-    else (here a graph output), or no ONNX model is there to read (a .ctx alone), the mask grows with the past."""
+    else (here a graph output), or nothing says (a .ctx not compiled by `--generate`, no ONNX model beside it), the
+    mask grows with the past."""
     from ctxrt.generation.spec import ModelFiles, mask_only_counts
 
     model = onnx.load(str(llama / "model.onnx"), load_external_data=False)
@@ -281,6 +282,7 @@ def test_compile_generate_then_generate_without_compiling(llama: Path, llama_gre
     assert f"past_sequence_length={LLAMA_CONTEXT}:{LLAMA_CONTEXT}" in out and "kv_cache_dim=16:16" in out
     with ctxrt.Generator(tmp_path / "model.ctx") as gen:
         assert gen.spec.share_buffer
+        assert gen._static_mask  # no ONNX model beside it: the compile recorded that the mask only counts
         got = gen.generate(LLAMA_PROMPTS, N)
         assert gen.session.stats["shape_variants_compiled"] == 0
     assert got.tokens == llama_greedy
@@ -435,7 +437,8 @@ def test_split_builder_folder_generates(precision: str, k: int, backend: str, tm
     shutil.copy(folder / "genai_config.json", tmp_path)
     want = [genai_greedy(folder, p, N) for p in LLAMA_PROMPTS]
     with ctxrt.Generator(tmp_path, backend) as gen:
-        assert gen.files.model == wrapper and gen.spec.share_buffer
+        # the compile read from the ONNX model that the mask only counts (META generation): every token one shape
+        assert gen.files.model == wrapper and gen.spec.share_buffer and gen._static_mask
         assert gen.generate(LLAMA_PROMPTS, N).tokens == want
         _chain_memory(gen, wrapper)
         if precision == "int4":  # no float copy of a 4-bit matrix (8x its packed bytes) is held
@@ -448,9 +451,25 @@ def test_split_builder_folder_generates(precision: str, k: int, backend: str, tm
     assert json.loads(out)["tokens"] == [want[0]]
 
 
-def test_split_generation_errors(gpt2: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Outside the chain's ranges: the ShapeError naming the dim; a split compile with a file for -o: one line."""
-    wrapper = _split_compile(capsys, gpt2, tmp_path / "d", 2, "--context", 16, "--prompt-window", 4)
+def test_split_chain_runs_any_shape_inside_and_errors(gpt2: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """The chain through InferenceSession.run, at shapes of every dim inside the ranges (an empty past too):
+    onnxruntime's outputs; outside them the ShapeError naming the dim; a split compile with a file for -o: one
+    line."""
+    import onnxruntime as ort
+
+    wrapper = _split_compile(capsys, gpt2, tmp_path / "d", 2, "--context", 16, "--prompt-window", 4, "--batch", 2)
+    oracle = ort.InferenceSession(str(gpt2), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    with ctxrt.InferenceSession(wrapper) as sess:
+        for b, q, p in [(1, 3, 0), (2, 1, 5), (2, 4, 9), (1, 1, 0)]:
+            feeds = {"input_ids": rng.integers(0, 50, (b, q)), "attention_mask": np.ones((b, p + q), np.int64),
+                     "position_ids": np.arange(p, p + q)[None].repeat(b, 0)}
+            feeds.update({i.name: rng.standard_normal((b, 2, p, 16)).astype(np.float32)
+                          for i in oracle.get_inputs() if i.name.startswith("past")})
+            for got, want in zip(sess.run(None, feeds), oracle.run(None, feeds), strict=True):
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        assert sess.stats["shape_variants_compiled"] == 0
     with ctxrt.Generator(wrapper) as gen:
         with pytest.raises(ctxrt.ShapeError, match="outside the range"):
             gen.generate(GPT_PROMPTS[:1], 20)

@@ -144,14 +144,18 @@ def _info(graphs: Sequence[CompiledGraph], backend: Backend, source_models: Sequ
 
 
 def save_context(path: str | os.PathLike, graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray],
-                 backend: Backend, source_models: Sequence[str], external: Mapping[str, Any] | None = None) -> Path:
+                 backend: Backend, source_models: Sequence[str], external: Mapping[str, Any] | None = None,
+                 generation: Mapping[str, Any] | None = None) -> Path:
     """Write a context binary: graphs, weights, the tuning record and (for OpenCL) every program's device
     binary. `external` (name -> format.weights.ExternalWeight): weights kept outside the file, only named in it
-    (format version 2: the session's compile cache)."""
+    (format version 2: the session's compile cache). `generation`: what `compile --generate` found of the model
+    that its Generator needs without the ONNX model (META `generation`, docs/format.md)."""
     from ctxrt.format import write_context
 
-    write_context(path, graphs, dict(weights), _info(graphs, backend, source_models), _programs(graphs, backend),
-                  external)
+    info = _info(graphs, backend, source_models)
+    if generation:
+        info["generation"] = dict(generation)
+    write_context(path, graphs, dict(weights), info, _programs(graphs, backend), external)
     return Path(path)
 
 

@@ -61,6 +61,10 @@ def check_meta(value: Any, weights_size: int, header_version: int = FORMAT_VERSI
     check_tuning(m["tuning"])
     if "device" in m:  # optional: files written before devices were recorded have none
         str_map(m["device"], "META device")
+    if "generation" in m:  # optional: written by `compile --generate`
+        for key, value in as_map(m["generation"], "META generation").items():
+            if not isinstance(key, str) or not isinstance(value, bool):
+                raise FormatError(f"META generation: {key!r} must name a bool, got {value!r}")
     if as_int(m["weights_size"], "META weights_size") != weights_size:
         raise FormatError(f"META weights_size {m['weights_size']} differs from the WEIGHTS section's "
                           f"length {weights_size}")

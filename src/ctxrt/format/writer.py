@@ -30,7 +30,7 @@ from ctxrt.format.atomic import atomic_write
 from ctxrt.format.weights import ExternalWeight, plan_weights
 
 INFO_REQUIRED = {"backend": str, "hardware": str, "producer": str, "alignment": int}
-INFO_OPTIONAL = {"source_models": list, "tuning": dict, "device": dict}
+INFO_OPTIONAL = {"source_models": list, "tuning": dict, "device": dict, "generation": dict}
 
 
 class State(enum.Enum):

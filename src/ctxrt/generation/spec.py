@@ -321,12 +321,33 @@ _MASK_ARITHMETIC = {"Cast", "ReduceSum", "Sub", "Add", "Shape", "Gather", "Squee
                     "Identity"}
 
 
+def compiled_generation(model: Path) -> dict[str, Any]:
+    """META `generation` of a context binary compiled with `ctxrt compile --generate` (of the first part of a split
+    one's EPContext model); {} for anything else."""
+    from ctxrt.format import read_metadata
+
+    try:
+        if model.suffix == ".onnx":
+            from ctxrt.frontend.epcontext import is_epcontext, read_epcontext
+
+            if not is_epcontext(model):
+                return {}
+            model = next(n.cache_path for n in read_epcontext(model) if n.cache_path is not None)
+        found = read_metadata(model).get("generation", {})
+    except Exception:  # noqa: BLE001 -- the session reports an unreadable model
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def mask_only_counts(files: ModelFiles, mask: str) -> bool:
     """Whether the model's attention mask only decides GroupQueryAttention's seqlens_k and total_sequence_length
     (inputs 5 and 6), as onnxruntime-genai's builder writes it: then a token step may be fed the mask padded with
     zeros to the context length (the row sums, the positions, are the same; total_sequence_length is the shared
     buffer's length, as for a captured graph), and every token runs at the same shapes. Read from the ONNX model
     beside the file run (a .ctx compiled from a folder has it there); False where there is none."""
+    found = compiled_generation(files.model).get("mask_only_counts")
+    if found is not None:  # what `ctxrt compile --generate` found in the ONNX model
+        return bool(found)
     onnx_file = files.model if files.model.suffix == ".onnx" else None
     if onnx_file is None and files.genai_config is not None:
         named = files.model.parent / _get(files.genai_config, "model.decoder.filename", str)
