@@ -159,13 +159,16 @@ static inline __m256 NAME(hsum8x8_ps)(const __m256 *v) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* the zero points of blocks b .. b + 7 of a column */
+/* the zero points of blocks b .. b + 7 of a column (b even): packed ones are the 4 bytes at b / 2 of the
+   column's ceil(kb / 2), their nibbles low half first, widened in one shift each */
 static inline __m256 NAME(zero_points8)(const nbits_args *p, int64_t col, int64_t b, int64_t kb) {
     if (p->zpf) return _mm256_loadu_ps(p->zpf + col * kb + b);
     if (!p->zp) return _mm256_set1_ps(8.0f);
-    float z[8];
-    for (int i = 0; i < 8; i++) z[i] = zero_point(p, col, b + i, kb);
-    return _mm256_loadu_ps(z);
+    int32_t word;
+    memcpy(&word, p->zp + col * ((kb + 1) / 2) + b / 2, 4);
+    const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), shifts),
+                                               _mm256_set1_epi32(15)));
 }
 
 /* the float32 sum of 32 values of A (reordered) times 32 4-bit values (16 bytes of B), added to t */
