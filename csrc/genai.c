@@ -9,7 +9,9 @@
      copies a separate past's rows.
    - RMS normalization of rows (norms_kernel.h: SimplifiedLayerNormalization, RMSNormalization, com.microsoft
      SkipSimplifiedLayerNormalization), float32: s = x (+ skip) (+ bias), stored as the sum output where asked,
-     y = s / sqrt(mean(s^2) + epsilon) * gamma, one pass a row (backends/cpu/genai/norms.py). */
+     y = s / sqrt(mean(s^2) + epsilon) * gamma, one pass a row (backends/cpu/genai/norms.py).
+   - Swish x / (1 + e^(-alpha x)) (act_kernel.h): the SiLU of a decoder's MLP, one pass instead of NumPy's four
+     (backends/cpu/activations.py). */
 
 #include <math.h>
 #include <stdint.h>
@@ -19,6 +21,7 @@
 #include <immintrin.h>
 #endif
 
+#include "act.h"
 #include "gqa.h"
 #include "norms.h"
 #include "pool.h"
@@ -34,6 +37,7 @@ typedef struct {
 #define NAME(x) x##_c
 #include "gqa_kernel.h"
 #include "norms_kernel.h"
+#include "act_kernel.h"
 #undef NAME
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -43,6 +47,7 @@ typedef struct {
 #define NAME(x) x##_avx2
 #include "gqa_kernel.h"
 #include "norms_kernel.h"
+#include "act_kernel.h"
 #undef NAME
 #undef GQA_AVX2
 #pragma GCC pop_options
@@ -52,6 +57,7 @@ static int avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_s
 static int avx2(void) { return 0; }
 #define gqa_avx2 gqa_c
 #define rms_rows_avx2 rms_rows_c
+#define swish_avx2 swish_c
 #endif
 
 int ctxrt_gqa(const gqa_args *p) {
@@ -63,5 +69,11 @@ int ctxrt_gqa(const gqa_args *p) {
 int ctxrt_rms_rows(const rms_args *p) {
     if (avx2()) rms_rows_avx2(p);
     else rms_rows_c(p);
+    return 0;
+}
+
+int ctxrt_swish(const swish_args *p) {
+    if (avx2()) swish_avx2(p);
+    else swish_c(p);
     return 0;
 }

@@ -8,6 +8,7 @@ max(x, 0) and a function of min(x, 0) so no mask is needed and NaN propagates as
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -122,7 +123,32 @@ def swish(spec: NodeSpec) -> Kernel:
         np.exp(t, out=t)  # overflows to inf for x << 0: x / inf = -0, the right limit
         np.add(t, one, out=t)
         np.divide(x, t, out=y)
-    return Blocked(spec, block, (dt,), {"over": "ignore"})
+    return _Swish(spec, block, (dt,), {"over": "ignore"}, alpha)
+
+
+class _Swish(Blocked):
+    """Swish by csrc/genai.c's one pass over float32 (a decoder's SiLU: 2048 values in ~2 us instead of NumPy's
+    four passes and an errstate, ~30 us), NumPy's blocks where the extension is not built or a tensor is strided.
+    The scratch is declared either way: a binary's plan is the same with and without the extension."""
+
+    def __init__(self, spec: NodeSpec, block: Any, temps: tuple[Any, ...], quiet: dict[str, str], alpha: Any) -> None:
+        super().__init__(spec, block, temps, quiet)
+        self.alpha = float(alpha)
+        self.float32 = _float(spec) == np.float32
+
+    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        from ctxrt.backends.cpu import native
+
+        lib = native.library()
+        x, y = ins[0], outs[0]
+        if lib is None or not self.float32 or not (x.flags.c_contiguous and y.flags.c_contiguous):
+            return super().bind(ins, outs, scratch)
+        args = native.SwishArgs(n=x.size, x=x.ctypes.data, y=y.ctypes.data, alpha=self.alpha)
+        ref, fn = ctypes.byref(args), lib.ctxrt_swish
+
+        def run(_keep: Any = (x, y)) -> None:
+            fn(ref)
+        return run
 
 
 class _PRelu(Kernel):

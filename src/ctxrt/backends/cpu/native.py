@@ -53,6 +53,12 @@ class RmsArgs(ctypes.Structure):
                 ("sum", ctypes.c_void_p), ("y", ctypes.c_void_p), ("eps", ctypes.c_float)]
 
 
+class SwishArgs(ctypes.Structure):
+    """csrc/act.h's swish_args."""
+
+    _fields_ = [("n", ctypes.c_int64), ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("alpha", ctypes.c_float)]
+
+
 class GemvArgs(ctypes.Structure):
     """csrc/gemv.h's gemv_args."""
 
@@ -117,7 +123,7 @@ def _load() -> ctypes.CDLL | None:
 def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
     for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "qmatmul",
-                 "igemm"):
+                 "igemm", "swish"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
