@@ -11,7 +11,9 @@
      SkipSimplifiedLayerNormalization), float32: s = x (+ skip) (+ bias), stored as the sum output where asked,
      y = s / sqrt(mean(s^2) + epsilon) * gamma, one pass a row (backends/cpu/genai/norms.py).
    - Swish x / (1 + e^(-alpha x)) (act_kernel.h): the SiLU of a decoder's MLP, one pass instead of NumPy's four
-     (backends/cpu/activations.py). */
+     (backends/cpu/activations.py).
+   - One direction of an LSTM at a few batch rows (lstm_kernel.h): every step's recurrent GEMV and gates in one
+     call, after NumPy's GEMM of the input projections (backends/cpu/rnn_native.py). */
 
 #include <math.h>
 #include <stdint.h>
@@ -23,6 +25,7 @@
 
 #include "act.h"
 #include "gqa.h"
+#include "lstm.h"
 #include "norms.h"
 #include "pool.h"
 
@@ -38,6 +41,7 @@ typedef struct {
 #include "gqa_kernel.h"
 #include "norms_kernel.h"
 #include "act_kernel.h"
+#include "lstm_kernel.h"
 #undef NAME
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -48,6 +52,7 @@ typedef struct {
 #include "gqa_kernel.h"
 #include "norms_kernel.h"
 #include "act_kernel.h"
+#include "lstm_kernel.h"
 #undef NAME
 #undef GQA_AVX2
 #pragma GCC pop_options
@@ -58,6 +63,7 @@ static int avx2(void) { return 0; }
 #define gqa_avx2 gqa_c
 #define rms_rows_avx2 rms_rows_c
 #define swish_avx2 swish_c
+#define lstm_avx2 lstm_c
 #endif
 
 int ctxrt_gqa(const gqa_args *p) {
@@ -75,5 +81,11 @@ int ctxrt_rms_rows(const rms_args *p) {
 int ctxrt_swish(const swish_args *p) {
     if (avx2()) swish_avx2(p);
     else swish_c(p);
+    return 0;
+}
+
+int ctxrt_lstm(const lstm_args *p) {
+    if (avx2()) lstm_avx2(p);
+    else lstm_c(p);
     return 0;
 }

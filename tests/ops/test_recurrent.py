@@ -338,3 +338,42 @@ def test_context_binary_round_trip_keeps_which_outputs_exist(tmp_path) -> None:
         ctx.free()
     assert list(got) == ["Y_c"]
     assert_close(got["Y_c"], _onnxruntime(model, feeds)[0], "Y_c")
+
+
+@pytest.mark.parametrize("hidden", [16, 12])  # 12: the gates' scalar tail
+@pytest.mark.parametrize("layout", [0, 1])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_lstm_at_small_batches_runs_the_native_kernel(direction: str, layout: int, hidden: int, monkeypatch,
+                                                      tmp_path) -> None:
+    """Constant weights, the default activations, 3 batch rows: csrc/genai.c's LSTM runs it (every step's GEMV and
+    gates in one call a direction), with peepholes, initial states and every output, against onnxruntime; its
+    binary loads where the extension is not built (NumPy's cells in the same scratch) with the same outputs."""
+    from ctxrt.backends.cpu import native
+
+    if native.library() is None:
+        pytest.skip("the native extension is not built")
+    d = 2 if direction == "bidirectional" else 1
+    values = arrays("LSTM", 7, 3, 5, hidden, d)
+    used = ["X", "W", "R", "B", "initial_h", "initial_c", "P"]
+    consts = ("W", "R", "B", "P")
+    got = run_case("LSTM", values, used, ["Y", "Y_h", "Y_c"], consts, layout=layout, direction=direction)
+    if layout:
+        values = {k: v.transpose(1, 0, 2).copy() if k in ("X", "initial_h", "initial_c") else v
+                  for k, v in values.items()}
+    node = helper.make_node("LSTM", NAMES[:3] + ["B", "", "initial_h", "initial_c", "P"], ["Y", "Y_h", "Y_c"],
+                            hidden_size=hidden, direction=direction, layout=layout)
+    feeds = {n: values[n] for n in used if n not in consts}
+    model = _model(node, feeds, {n: values[n] for n in consts})
+    onnx.save(model, tmp_path / "lstm.onnx")
+    from ctxrt.cli import main as cli
+
+    assert cli(["compile", str(tmp_path / "lstm.onnx"), "-o", str(tmp_path / "lstm.ctx"), "-q"]) == 0
+    with ctxrt.context_from_binary(tmp_path / "lstm.ctx") as ctx:
+        assert [s.algorithm for s in ctx.graph().compiled.steps] == ["native_lstm"]
+        native_out = ctx.graph().run(feeds)
+    monkeypatch.setitem(native._STATE, "lib", None)
+    with ctxrt.context_from_binary(tmp_path / "lstm.ctx") as ctx:
+        numpy_out = ctx.graph().run(feeds)
+    for name, want in zip(["Y", "Y_h", "Y_c"], got, strict=True):
+        assert_close(native_out[name], want, name)
+        assert_close(numpy_out[name], want, name)

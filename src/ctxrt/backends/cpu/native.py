@@ -59,6 +59,16 @@ class SwishArgs(ctypes.Structure):
     _fields_ = [("n", ctypes.c_int64), ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("alpha", ctypes.c_float)]
 
 
+class LstmArgs(ctypes.Structure):
+    """csrc/lstm.h's lstm_args."""
+
+    _fields_ = [*((f, ctypes.c_int64) for f in ("steps", "batch", "hidden", "reverse")),
+                ("xp", ctypes.c_void_p), ("xp_t", ctypes.c_int64), ("xp_b", ctypes.c_int64), ("r", ctypes.c_void_p),
+                ("peep", ctypes.c_void_p), ("h0", ctypes.c_void_p), ("c0", ctypes.c_void_p), ("s0_b", ctypes.c_int64),
+                ("y", ctypes.c_void_p), ("y_t", ctypes.c_int64), ("y_b", ctypes.c_int64), ("yh", ctypes.c_void_p),
+                ("yc", ctypes.c_void_p), ("s_b", ctypes.c_int64), ("work", ctypes.c_void_p)]
+
+
 class GemvArgs(ctypes.Structure):
     """csrc/gemv.h's gemv_args."""
 
@@ -123,7 +133,7 @@ def _load() -> ctypes.CDLL | None:
 def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
     for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "qmatmul",
-                 "igemm", "swish"):
+                 "igemm", "swish", "lstm"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]

@@ -191,8 +191,12 @@ class LSTM(Recurrent):
 def _fused_or(cells: type[Recurrent]) -> KernelFactory:
     """oneDNN's fused primitive where it computes the node (or the node was compiled for it), else the NumPy cell."""
     def factory(spec: NodeSpec) -> Kernel:
+        from ctxrt.backends.cpu import rnn_native
+
         if spec.attr(rnn_onednn.PACKED):
             return rnn_onednn.FusedRecurrent(spec)
+        if spec.attr(rnn_native.MARK) == "native" or spec.attr(rnn_native.MARK) is None and rnn_native.usable(spec):
+            return rnn_native.NativeLSTM(spec)
         if rnn_onednn.refusal(spec) is None:
             try:
                 return rnn_onednn.FusedRecurrent(spec)

@@ -89,10 +89,11 @@ def _const(spec: NodeSpec, k: int) -> np.ndarray | None:
     return spec.consts[k] if k < len(spec.consts) else None
 
 
-def refusal(spec: NodeSpec) -> str | None:
+def refusal(spec: NodeSpec, need_onednn: bool = True) -> str | None:
     """Why this node runs on the NumPy cells instead (None: oneDNN's primitive runs it). Attribute values no
-    kernel accepts are refused too: the NumPy kernel names them in its error."""
-    if not api.available():
+    kernel accepts are refused too: the NumPy kernel names them in its error. `need_onednn=False`: whether the
+    node is one the primitive computes, installed or not (rnn_native.py takes the same ones)."""
+    if need_onednn and not api.available():
         return "oneDNN is not installed"
     if any(t is not None and np.dtype(t.dtype) != np.float32 for t in spec.inputs[:4] + spec.outputs):
         return "not float32"

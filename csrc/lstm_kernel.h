@@ -1,0 +1,105 @@
+/* One direction of an ONNX LSTM with the default activations (sigmoid, tanh, tanh), no clip, no input_forget, for
+   a few batch rows (csrc/genai.c includes it once per instruction set): per step the recurrent GEMV R h, four rows
+   of R at a time sharing the loads of h, then the gates in one pass, it = s(i + Pi c), ft = s(f + Pf c),
+   c = ft c + it tanh(g), ot = s(o + Po c), h = ot tanh(c); tanh(x) = 2 s(2x) - 1, s(x) = 1 / (1 + e^-x). */
+
+#ifdef GQA_AVX2
+/* 1 / (1 + e^-x), e^-x by Cephes' expf with its argument held to [-87, 88] (sigmoid(-88) ~ 6e-39 for 0) */
+static inline __m256 NAME(sigmoid8)(__m256 x) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 t = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_sub_ps(_mm256_setzero_ps(), x));  /* NaN kept */
+    return _mm256_div_ps(one, _mm256_add_ps(one, NAME(exp8)(t)));
+}
+
+static inline __m256 NAME(tanh8)(__m256 x) {
+    const __m256 one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f);
+    return _mm256_sub_ps(_mm256_mul_ps(two, NAME(sigmoid8)(_mm256_mul_ps(two, x))), one);
+}
+
+static inline __m256 NAME(lstm_hsum8x8)(const __m256 *v) {
+    __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+    __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+#endif
+
+static inline float NAME(sigmoid1)(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* g[j] += R[j] . h for the 4 * hidden rows of R */
+static void NAME(lstm_recur)(const float *r, const float *h, int64_t hidden, float *g) {
+    const int64_t rows = 4 * hidden;
+    int64_t j = 0;
+#ifdef GQA_AVX2
+    if (hidden % 8 == 0) {  /* eight rows at a time sharing the loads of h, their sums in one vector */
+        for (; j + 8 <= rows; j += 8) {
+            const float *r0 = r + j * hidden;
+            __m256 s[8];
+            for (int i = 0; i < 8; i++) s[i] = _mm256_setzero_ps();
+            for (int64_t k = 0; k < hidden; k += 8) {
+                const __m256 hv = _mm256_loadu_ps(h + k);
+                for (int i = 0; i < 8; i++) s[i] = _mm256_fmadd_ps(hv, _mm256_loadu_ps(r0 + i * hidden + k), s[i]);
+            }
+            _mm256_storeu_ps(g + j, _mm256_add_ps(_mm256_loadu_ps(g + j), NAME(lstm_hsum8x8)(s)));
+        }
+    }
+#endif
+    for (; j < rows; j++) {
+        const float *rj = r + j * hidden;
+        float s = 0.0f;
+        for (int64_t k = 0; k < hidden; k++) s += rj[k] * h[k];
+        g[j] += s;
+    }
+}
+
+static void NAME(lstm)(const lstm_args *p) {
+    const int64_t H = p->hidden, N = p->batch;
+    for (int64_t b = 0; b < N; b++) {
+        float *g = p->work + b * 7 * H, *h = g + 4 * H, *c = h + H;
+        for (int64_t k = 0; k < H; k++) {
+            h[k] = p->h0 ? p->h0[b * p->s0_b + k] : 0.0f;
+            c[k] = p->c0 ? p->c0[b * p->s0_b + k] : 0.0f;
+        }
+    }
+    for (int64_t s = 0; s < p->steps; s++) {
+        const int64_t t = p->reverse ? p->steps - 1 - s : s;
+        for (int64_t b = 0; b < N; b++) {
+            float *g = p->work + b * 7 * H, *h = g + 4 * H, *c = h + H;
+            memcpy(g, p->xp + t * p->xp_t + b * p->xp_b, (size_t)(4 * H) * sizeof(float));
+            NAME(lstm_recur)(p->r, h, H, g);
+            const float *gi = g, *go = g + H, *gf = g + 2 * H, *gc = g + 3 * H;
+            const float *pi = p->peep, *po = p->peep ? p->peep + H : 0, *pf = p->peep ? p->peep + 2 * H : 0;
+            int64_t k = 0;
+#ifdef GQA_AVX2
+            for (; k + 8 <= H; k += 8) {
+                const __m256 cp = _mm256_loadu_ps(c + k);
+                __m256 vi = _mm256_loadu_ps(gi + k), vf = _mm256_loadu_ps(gf + k), vo = _mm256_loadu_ps(go + k);
+                if (pi) {
+                    vi = _mm256_fmadd_ps(_mm256_loadu_ps(pi + k), cp, vi);
+                    vf = _mm256_fmadd_ps(_mm256_loadu_ps(pf + k), cp, vf);
+                }
+                const __m256 cn = _mm256_add_ps(_mm256_mul_ps(NAME(sigmoid8)(vf), cp),
+                                                _mm256_mul_ps(NAME(sigmoid8)(vi), NAME(tanh8)(_mm256_loadu_ps(gc + k))));
+                if (po) vo = _mm256_fmadd_ps(_mm256_loadu_ps(po + k), cn, vo);
+                _mm256_storeu_ps(c + k, cn);
+                _mm256_storeu_ps(h + k, _mm256_mul_ps(NAME(sigmoid8)(vo), NAME(tanh8)(cn)));
+            }
+#endif
+            for (; k < H; k++) {
+                const float cp = c[k];
+                const float it = NAME(sigmoid1)(gi[k] + (pi ? pi[k] * cp : 0.0f));
+                const float ft = NAME(sigmoid1)(gf[k] + (pf ? pf[k] * cp : 0.0f));
+                const float cn = ft * cp + it * tanhf(gc[k]);
+                const float ot = NAME(sigmoid1)(go[k] + (po ? po[k] * cn : 0.0f));
+                c[k] = cn;
+                h[k] = ot * tanhf(cn);
+            }
+            if (p->y) memcpy(p->y + t * p->y_t + b * p->y_b, h, (size_t)H * sizeof(float));
+        }
+    }
+    for (int64_t b = 0; b < N; b++) {
+        const float *h = p->work + b * 7 * H + 4 * H, *c = h + H;
+        if (p->yh) memcpy(p->yh + b * p->s_b, h, (size_t)H * sizeof(float));
+        if (p->yc) memcpy(p->yc + b * p->s_b, c, (size_t)H * sizeof(float));
+    }
+}

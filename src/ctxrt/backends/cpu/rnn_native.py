@@ -1,0 +1,107 @@
+"""LSTM at a few batch rows on csrc/genai.c's native kernel: the input projections of every step as one NumPy
+GEMM per direction (both biases added in one pass), then one call per direction runs every step's recurrent GEMV
+and gates (lstm_kernel.h): no Python and no primitive per step.
+
+Used for float32 LSTM nodes that oneDNN's fused primitive would compute (rnn_onednn.refusal: the default
+activations, no clip, no input_forget, constant weights, no sequence_lens shorter than the sequence) at up to
+`ROWS` batch rows, where the extension is built. A node compiled for it records `recurrent: native`; loaded where
+the extension is not built, NumPy's cells run it in the same planned scratch (declared the larger of both)."""
+
+from __future__ import annotations
+
+import ctypes
+from itertools import zip_longest
+from typing import Any
+
+import numpy as np
+
+from ctxrt.backends.cpu import native
+from ctxrt.backends.cpu.recurrent import INITIAL_C, INITIAL_H, B, P, R, Scratch, W, X
+from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
+from ctxrt.ir.canonical import output_slots
+
+ROWS = 4  # batch rows up to which the native kernel runs (per row it streams R once a step; oneDNN's GEMM beyond)
+MARK = "recurrent"  # node attribute a compile records: "native"
+
+
+def usable(spec: NodeSpec) -> bool:
+    """Whether this node, being compiled now (its spec carries the compile options; a binary's node is loaded with
+    the kernel it was compiled for), runs on the native LSTM kernel."""
+    from ctxrt.backends.cpu import rnn_onednn
+
+    if spec.op != "LSTM" or "prefer" not in spec.options or native.library() is None or \
+            rnn_onednn.refusal(spec, need_onednn=False) is not None:
+        return False
+    xs = spec.inputs[X].shape
+    return (xs[1] if int(spec.attr("layout", 0)) == 0 else xs[0]) <= ROWS
+
+
+class NativeLSTM(Kernel):
+    algorithm = "native_lstm"
+
+    def __init__(self, spec: NodeSpec) -> None:
+        from ctxrt.backends.cpu.rnn_cells import LSTM
+
+        self.numpy = LSTM(spec)  # where the extension is not built at load: the same scratch serves it
+        self.layout = int(spec.attr("layout", 0))
+        self.reverse = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[
+            spec.attr("direction", "forward")]
+        d = len(self.reverse)
+        xs = spec.inputs[X].shape
+        t, n, i = (xs[0], xs[1], xs[2]) if self.layout == 0 else (xs[1], xs[0], xs[2])
+        h = spec.inputs[R].shape[-1]
+        self.D, self.T, self.N, self.I, self.H = d, t, n, i, h
+        self.slots = output_slots(spec.attrs, len(spec.outputs), 3)
+        self.has = {k: k < len(spec.inputs) and spec.inputs[k] is not None for k in (B, INITIAL_H, INITIAL_C, P)}
+        self.plan = Scratch()
+        self.plan.add("xp", (d, t * n, 4 * h), np.float32)
+        self.plan.add("work", (n * 7 * h,), np.float32)
+        self.plan.add("bias", (d, 4 * h), np.float32)
+        mine = self.plan.sizes()
+        self.scratch = tuple(max(a, b) for a, b in zip_longest(self.numpy.scratch, mine, fillvalue=1))
+        self.attrs = {MARK: "native"}
+
+    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        lib = native.library()
+        arrays = [a for a in [*ins, *outs] if a is not None]
+        if lib is None or not all(a.flags.c_contiguous for a in arrays):
+            return self.numpy.bind(ins, outs, scratch[:len(self.numpy.scratch)])
+        views = {name: scratch_view(buf, shape, dt) for (name, shape, dt), buf in zip(self.plan.items, scratch,
+                                                                                         strict=False)}
+        d, t, n, i, h, lay = self.D, self.T, self.N, self.I, self.H, self.layout
+        x2 = ins[X].reshape(-1, i)  # rows (t, b) for layout 0, (b, t) for layout 1
+        w, r = ins[W], ins[R]
+        b = ins[B] if self.has[B] else None
+        xp, bias = views["xp"], views["bias"]
+        y, yh, yc = (outs[s] if s is not None else None for s in self.slots)
+        h0 = ins[INITIAL_H] if self.has[INITIAL_H] else None
+        c0 = ins[INITIAL_C] if self.has[INITIAL_C] else None
+        peep = ins[P] if self.has[P] else None
+        f4 = 4  # bytes of a float
+        xp_t, xp_b = (n * 4 * h, 4 * h) if lay == 0 else (4 * h, t * 4 * h)
+        y_t, y_b, y_d = (d * n * h, h, n * h) if lay == 0 else (d * h, t * d * h, h)
+        s_b, s_d = (h, n * h) if lay == 0 else (d * h, h)  # Y_h, Y_c, initial_h and initial_c
+
+        def at(a: np.ndarray | None, offset: int) -> int | None:
+            return None if a is None else a.ctypes.data + offset * f4
+
+        args = []
+        for k, rev in enumerate(self.reverse):
+            args.append(native.LstmArgs(
+                steps=t, batch=n, hidden=h, reverse=int(rev), xp=at(xp, k * t * n * 4 * h), xp_t=xp_t, xp_b=xp_b,
+                r=at(r, k * 4 * h * h), peep=at(peep, k * 3 * h), h0=at(h0, k * s_d), c0=at(c0, k * s_d), s0_b=s_b,
+                y=at(y, k * y_d), y_t=y_t, y_b=y_b, yh=at(yh, k * s_d), yc=at(yc, k * s_d), s_b=s_b,
+                work=views["work"].ctypes.data))
+        call = lib.ctxrt_lstm
+        halves = (b[:, :4 * h], b[:, 4 * h:]) if b is not None else None
+        per_dir = [(w[k].T, xp[k], bias[k], ctypes.byref(args[k])) for k in range(d)]  # views made once
+
+        def run(_keep: Any = (arrays, views, args)) -> None:
+            if halves is not None:
+                np.add(halves[0], halves[1], out=bias)
+            for wt, proj, bk, ref in per_dir:
+                np.matmul(x2, wt, out=proj)
+                if halves is not None:
+                    np.add(proj, bk, out=proj)
+                call(ref)
+        return run
