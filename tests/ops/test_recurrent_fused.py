@@ -20,6 +20,15 @@ from ctxrt.backends.cpu.onednn import api
 pytestmark = pytest.mark.skipif(not api.available(), reason="oneDNN is not installed")
 
 BATCH_FIRST = {"X": (1, 0, 2), "initial_h": (1, 0, 2), "initial_c": (1, 0, 2)}
+
+
+@pytest.fixture(autouse=True)
+def _onednn_for_small_lstms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """oneDNN's primitive for every node here: small LSTMs otherwise compile for the native kernel
+    (rnn_native.py, tested in test_recurrent.py)."""
+    from ctxrt.backends.cpu import rnn_native
+
+    monkeypatch.setattr(rnn_native, "usable", lambda spec: False)
 OUT_PERM = {0: (2, 0, 1, 3), 1: (1, 0, 2), 2: (1, 0, 2)}
 
 

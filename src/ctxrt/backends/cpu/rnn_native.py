@@ -29,9 +29,9 @@ def usable(spec: NodeSpec) -> bool:
     the kernel it was compiled for), runs on the native LSTM kernel."""
     from ctxrt.backends.cpu import rnn_onednn
 
-    if spec.op != "LSTM" or "prefer" not in spec.options or native.library() is None or \
-            rnn_onednn.refusal(spec, need_onednn=False) is not None:
-        return False
+    if spec.op != "LSTM" or "prefer" not in spec.options or spec.options.get("ranges") or native.library() is None \
+            or rnn_onednn.refusal(spec, need_onednn=False) is not None:
+        return False  # (a range program's kernels are chosen once for every batch of its ranges: oneDNN's)
     xs = spec.inputs[X].shape
     return (xs[1] if int(spec.attr("layout", 0)) == 0 else xs[0]) <= ROWS
 
