@@ -14,19 +14,20 @@
 #include "pool.h"
 
 /* How a GEMV is shared among the pool's threads (csrc/pool.c: the caller never waits for a thread that has not
-   begun): in chunks of about GEMV_CHUNK_BYTES of W, each one contiguous range of it where it can be. W^T [n, k]:
-   ranges of its rows (columns of Y). W [k, n] of GEMV_SPLIT_COLUMNS columns or more: ranges of columns (each a
-   run of >= 64 floats a row); narrower: ranges of its rows, each chunk summing into a part of its own (at most
-   GEMV_PARTS_MAX), added at the end. */
-#define GEMV_SPLIT_COLUMNS 4096
+   begun): in chunks of about GEMV_CHUNK_BYTES of W, each one contiguous range of it. W^T [n, k]: ranges of its
+   rows (columns of Y). W [k, n]: ranges of its rows, each chunk summing into a part of its own (at most
+   GEMV_PARTS_MAX, and GEMV_PARTS_BYTES of parts), added at the end. (Ranges of a wide W's columns, each a run of
+   a few hundred bytes a row 4n bytes apart, streamed at half the speed: an LM head of 768 x 32000 took 6.4 ms on
+   two threads, by rows 3.4.) */
 #define GEMV_CHUNK_BYTES (64 << 10)
 #define GEMV_CHUNKS_MAX 256
 #define GEMV_PARTS_MAX 16
+#define GEMV_PARTS_BYTES (1 << 20)
 /* the parts' sum and the epilogue of a GEMV_ROWS_KN job are shared too from this many values (or columns of
    GELU, whose erf or tanh costs ~10 ns a value) */
 #define GEMV_FINISH_SHARED 8192
 
-enum { GEMV_COLUMNS_NK, GEMV_COLUMNS_KN, GEMV_ROWS_KN, GEMV_FINISH };
+enum { GEMV_COLUMNS_NK, GEMV_ROWS_KN, GEMV_FINISH };
 
 typedef struct {
     const gemv_args *p;

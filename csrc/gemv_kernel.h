@@ -155,10 +155,6 @@ static void NAME(gemv_chunk)(const void *arg, int64_t c) {
     const int64_t n = p->n, k = p->k, chunks = j->chunks;
     if (j->kind == GEMV_COLUMNS_NK) {
         NAME(gemv_nk)(p, n * c / chunks, n * (c + 1) / chunks);
-    } else if (j->kind == GEMV_COLUMNS_KN) {
-        const int64_t c0 = n * c / chunks / 16 * 16, c1 = c + 1 == chunks ? n : n * (c + 1) / chunks / 16 * 16;
-        NAME(gemv_kn)(p, 0, k, c0, c1, p->y + c0, p->ldy);
-        NAME(gemv_finish)(p, c0, c1, 0, 1);
     } else if (j->kind == GEMV_FINISH) {  /* the parts of a GEMV_ROWS_KN job added, the epilogue: by columns */
         NAME(gemv_finish)(p, n * c / chunks, n * (c + 1) / chunks, j->parts, j->count);
     } else {  /* rows of W: the first range sums into y, the others into parts, added at the end */
@@ -176,10 +172,10 @@ static void NAME(gemv)(const gemv_args *p) {
         int64_t chunks = k * n * 4 / GEMV_CHUNK_BYTES, most;
         if (p->trans) {
             most = n / 16;
-        } else if (n >= GEMV_SPLIT_COLUMNS) {
-            j.kind = GEMV_COLUMNS_KN, most = n / 64;
         } else {
+            const int64_t parts = 1 + GEMV_PARTS_BYTES / (p->m * n * (int64_t)sizeof(float));
             j.kind = GEMV_ROWS_KN, most = k / 8 < GEMV_PARTS_MAX ? k / 8 : GEMV_PARTS_MAX;
+            if (most > parts) most = parts;
         }
         if (chunks > most) chunks = most;
         if (chunks > GEMV_CHUNKS_MAX) chunks = GEMV_CHUNKS_MAX;
