@@ -122,17 +122,53 @@ def builder_llama(precision: str) -> Path:
     return path
 
 
-def _build_llama(work: Path, precision: str) -> None:
+def builder_model(arch: str, precision: str) -> Path:
+    """A folder of onnxruntime-genai's model builder for another architecture it supports ("qwen2", "phi3",
+    "gemma", "phi", "mistral"), at builder_llama's sizes (Phi-2: 4 heads, no grouped KV)."""
+    path = cache_dir() / f"gen_{arch}_{precision}_{SALT}"
+    if not (path / "genai_config.json").is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(dir=path.parent, prefix=path.name + "."))
+        try:
+            _build_llama(work, precision, arch)
+            with contextlib.suppress(OSError):
+                os.replace(work / "out", path)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return path
+
+
+def _hf_model(arch: str) -> object:
+    import transformers
+
+    common = {"vocab_size": LLAMA_VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "max_position_embeddings": LLAMA_CONTEXT}
+    grouped = {**common, "num_key_value_heads": 2}
+    if arch == "llama":
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**grouped))
+    if arch == "qwen2":
+        return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**grouped))
+    if arch == "mistral":
+        return transformers.MistralForCausalLM(transformers.MistralConfig(**grouped))
+    if arch == "phi3":  # the short-context Phi-3 (no LongRoPE: the context is the original one)
+        return transformers.Phi3ForCausalLM(transformers.Phi3Config(
+            **grouped, original_max_position_embeddings=LLAMA_CONTEXT, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2))
+    if arch == "gemma":  # tied embeddings: int4 writes GatherBlockQuantized for the lookup
+        return transformers.GemmaForCausalLM(transformers.GemmaConfig(**grouped, head_dim=16))
+    if arch == "phi":  # Phi-2: LayerNorm, GELU, parallel attention and MLP
+        return transformers.PhiForCausalLM(transformers.PhiConfig(**common, partial_rotary_factor=1.0))
+    raise ValueError(arch)
+
+
+def _build_llama(work: Path, precision: str, arch: str = "llama") -> None:
     import torch
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     hf = work / "hf"
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=LLAMA_VOCAB, hidden_size=64, intermediate_size=128,
-                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      max_position_embeddings=LLAMA_CONTEXT)
-    transformers.LlamaForCausalLM(config).save_pretrained(hf)
+    _hf_model(arch).save_pretrained(hf)
     words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(LLAMA_VOCAB)}, unk_token="t0"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
     transformers.PreTrainedTokenizerFast(tokenizer_object=words, unk_token="t0", eos_token="t2").save_pretrained(hf)

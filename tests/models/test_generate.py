@@ -18,6 +18,7 @@ from gen_models import (
     GPT_LAYERS,
     LLAMA_CONTEXT,
     builder_llama,
+    builder_model,
     decoder_export,
     genai_greedy,
     gpt2_export,
@@ -131,6 +132,22 @@ def test_builder_llama_greedy_equals_onnxruntime_genai(precision: str) -> None:
         assert gen._static_mask
         stats = gen.session.stats
         assert (stats["range_specializations"], stats["recordings"]) == (2, 2)
+    assert got.tokens == want
+
+
+@pytest.mark.parametrize(("arch", "precision"), [("qwen2", "fp32"), ("phi3", "int4"), ("gemma", "int4"),
+                                                  ("phi", "fp32")])
+def test_other_builder_architectures_equal_onnxruntime_genai(arch: str, precision: str) -> None:
+    """The builder's other architectures, each with what it writes: Qwen2 (attention biases), Phi-3, Gemma (GELU,
+    tied embeddings: int4 looks them up with GatherBlockQuantized), Phi-2 (LayerNorm, SkipLayerNormalization, GELU,
+    no grouped KV heads): 32 greedy tokens of a padded batch equal onnxruntime-genai's."""
+    pytest.importorskip("onnxruntime_genai")
+    pytest.importorskip("transformers")
+    folder = builder_model(arch, precision)
+    want = [genai_greedy(folder, p, FULL) for p in LLAMA_PROMPTS]
+    with ctxrt.Generator(folder) as gen:
+        got = gen.generate(LLAMA_PROMPTS, FULL)
+        assert gen.session.stats["shape_variants_compiled"] == 1
     assert got.tokens == want
 
 

@@ -209,3 +209,32 @@ def test_qlinear_binary_native_equals_numpy(dt: object, op: str, b_kind: str, ze
     assert used and all((u is None) == declined for u in used)
     monkeypatch.setattr(elementwise, "_native_add", lambda *args: None)
     np.testing.assert_array_equal(got, run(model, feeds)[0])
+
+
+GATHER_BQ = {"4-bit K 64 of 32": (4, (10, 32), 32), "4-bit K 40 of 16, rank 3": (4, (6, 3, 20), 16),
+             "8-bit K 48 of 16": (8, (7, 48), 16), "2-bit K 64 of 16": (2, (9, 16), 16),
+             "4-bit K 160 of 128": (4, (5, 80), 128)}
+
+
+@pytest.mark.parametrize("case", GATHER_BQ)
+@pytest.mark.parametrize("zero_points", [False, True])
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
+def test_gather_block_quantized(case: str, zero_points: bool, dt: object) -> None:
+    """The tied, quantized embedding of onnxruntime-genai's int4 Gemma: rows gathered and dequantized, negative
+    indices from the end and indices out of range as rows of zeros, against onnxruntime."""
+    bits, shape, block = GATHER_BQ[case]
+    k = shape[-1] * (8 // bits)
+    nb = -(-k // block)
+    inits = {"data": harness.RNG.integers(0, 256, shape).astype(np.uint8),
+             "s": harness.rand(*shape[:-1], nb, low=0.01, high=0.1).astype(dt)}
+    if zero_points:
+        inits["z"] = harness.RNG.integers(0, 256, (*shape[:-1], -(-nb * bits // 8))).astype(np.uint8)
+    ids = np.array([[0, shape[0] - 1, -1], [3, -shape[0], shape[0] + 2]], np.int64)
+    node = helper.make_node("GatherBlockQuantized", ["data", "ids", "s", "z" if zero_points else ""], ["y"],
+                            domain=MS, bits=bits, block_size=block, gather_axis=0, quantize_axis=len(shape) - 1)
+    model = qmodel(node, {"ids": ids}, inits)
+    got = run(model, {"ids": ids})[0]
+    want = ort_outputs(model, {"ids": ids}, [dt])[0]
+    assert got.shape == want.shape == (2, 3, *shape[1:-1], k) and got.dtype == np.dtype(dt)
+    np.testing.assert_array_equal(got, want)
+    assert not got[1, 2].any()  # out of range: zeros

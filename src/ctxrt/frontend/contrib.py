@@ -22,7 +22,7 @@ from ctxrt.errors import ShapeError, UnsupportedOpError
 DOMAIN = "com.microsoft"
 OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu",
        "QLinearConcat", "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearSoftmax", "QLinearConv", "QGemm",
-       "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "MatMulNBits"}
+       "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "MatMulNBits", "GatherBlockQuantized"}
 
 Type = tuple[np.dtype, tuple[int, ...]]
 _F32, _U8 = np.dtype(np.float32), np.dtype(np.uint8)
@@ -120,12 +120,23 @@ def _nbits(n: onnx.NodeProto, t: Callable[[int], Type | None], a: dict[str, Any]
     return [(dt, (*s[:-1], int(a["N"])))]
 
 
+def _gather_block_quantized(n: onnx.NodeProto, t: Callable[[int], Type | None], a: dict[str, Any]) -> list[Type]:
+    """data's shape with axis 0 replaced by the indices' shape; uint8 data's last axis holds 8 / bits values a
+    byte; the scales' dtype."""
+    (dt, data), (_, idx), (st, _) = t(0), t(1), t(2)
+    g = int(a.get("gather_axis", 0)) % len(data)
+    shape = [*data[:g], *idx, *data[g + 1:]]
+    if dt == _U8:  # the last axis (the quantized one) packs 8 / bits values a byte
+        shape[-1] *= 8 // int(a.get("bits", 4))
+    return [(st, tuple(shape))]
+
+
 _RULES: dict[str, Callable[..., list[Type]]] = {
     "QuantizeLinear": _quantize, "DequantizeLinear": _dequantize, "QLinearAdd": _binary, "QLinearMul": _binary,
     "QLinearSigmoid": _same, "QLinearLeakyRelu": _same, "QLinearSoftmax": _same, "QLinearConcat": _concat,
     "QLinearGlobalAveragePool": _global_pool, "QLinearAveragePool": _pool, "QLinearConv": _conv, "QGemm": _qgemm,
     "MatMulIntegerToFloat": _matmul_to_float(2), "DynamicQuantizeMatMul": _matmul_to_float(0),
-    "MatMulNBits": _nbits,
+    "MatMulNBits": _nbits, "GatherBlockQuantized": _gather_block_quantized,
 }
 
 

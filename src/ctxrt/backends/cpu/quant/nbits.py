@@ -226,4 +226,74 @@ def _native4(spec: NodeSpec, lib: Any, m: int, k: int, n: int, block: int, zp_mo
     return run
 
 
-KERNELS = {"MatMulNBits": matmul_nbits}
+def gather_block_quantized(spec: NodeSpec) -> Kernel:
+    """com.microsoft GatherBlockQuantized as onnxruntime's CPU kernel computes it, for the uint8 form its model
+    builder writes (a tied embedding quantized with the LM head): rows of `data` [N, ..., K * bits / 8] picked by
+    the indices along axis 0, each dequantized (q - zero_point) * scale per block of `block_size` values along the
+    last axis (2, 4 or 8 bits a value, low bits first; zero points packed the same, default 2^(bits-1)). An index
+    outside [-N, N) gives a row of zeros (onnxruntime's). Only the gathered rows are unpacked."""
+    bits, block = int(spec.attr("bits", 4)), int(spec.attr("block_size", 128))
+    shape = tuple(spec.inputs[0].shape)
+    rank = len(shape)
+    if dtype_of(spec, 0) != np.uint8:
+        raise fail(spec, f"data of type {dtype_of(spec, 0)} is not supported (uint8 only)")
+    if bits not in (2, 4, 8):
+        raise fail(spec, f"bits={bits} is not supported (2, 4 or 8)")
+    if block < 16 or block & (block - 1):
+        raise fail(spec, f"block_size={block} must be a power of two of at least 16")
+    if rank < 2 or int(spec.attr("gather_axis", 0)) % rank or int(spec.attr("quantize_axis", 1)) % rank != rank - 1:
+        raise fail(spec, "uint8 data needs gather_axis 0 and quantize_axis the last axis")
+    out_dt = dtype_of(spec, 2)
+    if out_dt not in (F32, np.dtype(np.float16)):
+        raise fail(spec, f"scales of type {out_dt} are not supported")
+    rows, mid, k = shape[0], size(shape[1:-1]), shape[-1] * (8 // bits)
+    nb = -(-k // block)
+    if size(spec.inputs[2]) != rows * mid * nb:
+        raise fail(spec, f"scales of shape {list(spec.inputs[2].shape)}: expected {[rows, *shape[1:-1], nb]}")
+    zb = -(-nb * bits // 8)
+    if given(spec, 3) and (dtype_of(spec, 3) != np.uint8 or size(spec.inputs[3]) != rows * mid * zb):
+        raise fail(spec, f"zero_points of shape {list(spec.inputs[3].shape)}: expected uint8 "
+                         f"{[rows, *shape[1:-1], zb]}")
+    n = size(spec.inputs[1])
+    default_zp = np.float32(1 << (bits - 1))
+
+    def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        data = ins[0].reshape(rows, mid, shape[-1])
+        scales = ins[2].reshape(rows, mid, nb)
+        zps = ins[3].reshape(rows, mid, zb) if given(spec, 3) else None
+        y = outs[0].reshape(n, mid, k)
+        idx = scratch_view(scratch[0], (n,), np.int64)
+        bad = scratch_view(scratch[1], (2, n), np.bool_)
+        bad, bad2 = bad[0], bad[1]
+        packed = scratch_view(scratch[2], (n, mid, shape[-1]), np.uint8)
+        u8 = scratch_view(scratch[3], (n, mid, max(shape[-1], zb)), np.uint8)
+        q = scratch_view(scratch[4], (n, mid, nb * block), np.float32)
+        sc = scratch_view(scratch[5], (n, mid, nb), out_dt)
+        zq = scratch_view(scratch[6], (n, mid, -(-zb * 8 // bits)), np.float32)
+        f = q.reshape(n, mid, nb, block)
+
+        def run() -> None:
+            np.copyto(idx, ins[1].reshape(-1), casting="unsafe")
+            np.add(idx, rows, out=idx)  # [-N, N) -> [0, 2N); the rest are rows of zeros
+            np.greater_equal(idx, 2 * rows, out=bad)
+            np.logical_or(bad, np.less(idx, 0, out=bad2), out=bad)
+            np.copyto(idx, 0, where=bad)
+            np.take(data, idx, axis=0, out=packed, mode="wrap")  # wrap: negative indices from the end
+            _unpack(packed, bits, q[..., :k], u8[..., :shape[-1]])
+            np.take(scales, idx, axis=0, out=sc, mode="wrap")
+            if zps is None:
+                np.subtract(f, default_zp, out=f)
+            else:
+                _unpack(np.take(zps, idx, axis=0, mode="wrap"), bits, zq, u8[..., :zb])
+                np.subtract(f, zq[..., :nb, None], out=f)
+            np.multiply(f, sc[..., None], out=f)
+            np.copyto(y, q[..., :k], casting="same_kind")
+            if bad.any():
+                y[bad] = 0
+        return run
+    scratch = (n * 8, 2 * n, n * mid * shape[-1], n * mid * max(shape[-1], zb), n * mid * nb * block * 4,
+               n * mid * nb * 4, n * mid * -(-zb * 8 // bits) * 4)
+    return Bound(make, scratch)
+
+
+KERNELS = {"MatMulNBits": matmul_nbits, "GatherBlockQuantized": gather_block_quantized}
