@@ -138,9 +138,10 @@ def test_builder_llama_greedy_equals_onnxruntime_genai(precision: str) -> None:
 @pytest.mark.parametrize(("arch", "precision"), [("qwen2", "fp32"), ("mistral", "fp32"), ("phi3", "int4"),
                                                   ("gemma", "int4"), ("phi", "fp32")])
 def test_other_builder_architectures_equal_onnxruntime_genai(arch: str, precision: str) -> None:
-    """The builder's other architectures, each with what it writes: Qwen2 (attention biases), Mistral, Phi-3, Gemma (GELU,
-    tied embeddings: int4 looks them up with GatherBlockQuantized), Phi-2 (LayerNorm, SkipLayerNormalization, GELU,
-    no grouped KV heads): 32 greedy tokens of a padded batch equal onnxruntime-genai's."""
+    """The builder's other architectures, each with what it writes: Qwen2 (attention biases), Mistral, Phi-3,
+    Gemma (GELU, tied embeddings: int4 looks them up with GatherBlockQuantized), Phi-2 (LayerNorm,
+    SkipLayerNormalization, GELU, no grouped KV heads): 32 greedy tokens of a padded batch equal
+    onnxruntime-genai's."""
     pytest.importorskip("onnxruntime_genai")
     pytest.importorskip("transformers")
     folder = builder_model(arch, precision)
