@@ -226,8 +226,9 @@ def generation() -> None:
     print(f"  KV cache: one buffer per layer of the context's length, written in place: "
           f"{got.memory['kv_cache'] / 1024:.0f} KiB; time to first token {got.time_to_first_token_ms:.1f} ms")
     print(f"  {got.tokens_per_s:.0f} tokens/s (a model this small measures per-step overhead, where ctxrt's Python "
-          "launches lose; on a 420 MB model a .ctx generates 1.28-1.43x as fast as onnxruntime-genai in fp32 and "
-          "0.93-1.01x in int4, with native GEMVs on ctxrt's own threads: bench/bench_generate.py, README)")
+          "launches lose; on a 420 MB model a .ctx generates 1.39-1.46x as fast as onnxruntime-genai in fp32 and "
+          "1.06-1.27x in int4 at 0.6-0.8x its peak memory, with native GEMVs on ctxrt's own threads: "
+          "bench/bench_generate.py, README)")
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -252,6 +253,8 @@ def main() -> None:
           "--config tuning.json")
     print("                                 .venv/bin/ctxrt compile FOLDER --generate -o FOLDER/model.ctx; "
           ".venv/bin/ctxrt generate FOLDER/model.ctx --prompt-ids 5,9,17")
+    print("                                 .venv/bin/ctxrt compile FOLDER --generate --split 4 -o PARTS/  "
+          "(4 binaries, one spill-fill buffer)")
 
 
 if __name__ == "__main__":
