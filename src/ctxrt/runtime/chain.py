@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ctxrt.compiler.program import TensorInfo
-from ctxrt.errors import ShapeError
+from ctxrt.errors import FormatError, ShapeError
 
 if TYPE_CHECKING:
     from ctxrt.runtime.memhandle import MemHandle
@@ -54,7 +54,8 @@ class RangedChain:
             for name, lo, hi in (st.graph.ranges.dims if st.graph.ranges is not None else ()):
                 old = names.setdefault(name, (lo, hi))
                 if old != (lo, hi):
-                    raise ShapeError(f"the chain's parts give dim {name!r} two ranges: {old} and {(lo, hi)}")
+                    raise FormatError(f"the chain's parts give dim {name!r} two ranges: {old} and {(lo, hi)} "
+                                      "(binaries of different compiles)")
         self.dims = [(n, lo, hi) for n, (lo, hi) in names.items()]
         self._at: OrderedDict[tuple[Any, ...], ChainAt] = OrderedDict()
         self._refs: dict[int, list[Any]] = {}  # id(handle) -> [handle, ChainAts using it]: deregistered at 0
