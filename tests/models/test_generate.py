@@ -505,3 +505,10 @@ def test_split_chain_runs_any_shape_inside_and_errors(gpt2: Path, tmp_path: Path
     (tmp_path / "f").write_text("x")
     assert_one_line_error(*cli(capsys, "compile", gpt2, "--generate", "--split", 2, "-o", tmp_path / "f"),
                           "must be a directory")
+    other = _split_compile(capsys, gpt2, tmp_path / "e", 2, "--context", 32, "--prompt-window", 4)
+    part = next(other.parent.glob("*_part1.ctx"))
+    shutil.copy(part, wrapper.parent / part.name)  # a part of another compile (other ranges, another plan)
+    with pytest.raises(ctxrt.FormatError):
+        ctxrt.InferenceSession(wrapper)
+    assert_one_line_error(*cli(capsys, "generate", wrapper, "--prompt-ids", "1,2", "--max-new-tokens", 2),
+                          "part1")  # the part that does not fit, named
