@@ -482,7 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="memory: no kernel whose own constants (Winograd, prepacked weights) outgrow the weights")
     c.add_argument("--generate", action="store_true",
                    help="MODEL is a decoder (an onnxruntime-genai builder folder or a torch export): one program for "
-                   "every prompt chunk and token of a generation, for `ctxrt generate` (docs/generate.md)")
+                   "every prompt chunk and token of a generation, for `ctxrt generate` (docs/generate.md); with "
+                   "--split K, K binaries of such programs")
     c.add_argument("--prompt-window", type=positive_int, metavar="N",
                    help="with --generate: the most prompt tokens one run takes (default 128)")
     c.add_argument("--context", type=positive_int, metavar="N",
