@@ -1,5 +1,5 @@
 /* One direction of an ONNX LSTM with the default activations (sigmoid, tanh, tanh), no clip, no input_forget, for
-   a few batch rows (csrc/genai.c includes it once per instruction set): per step the recurrent GEMV R h, four rows
+   a few batch rows (csrc/genai.c includes it once per instruction set): per step the recurrent GEMV R h, eight rows
    of R at a time sharing the loads of h, then the gates in one pass, it = s(i + Pi c), ft = s(f + Pf c),
    c = ft c + it tanh(g), ot = s(o + Po c), h = ot tanh(c); tanh(x) = 2 s(2x) - 1, s(x) = 1 / (1 + e^-x). */
 
@@ -14,13 +14,6 @@ static inline __m256 NAME(sigmoid8)(__m256 x) {
 static inline __m256 NAME(tanh8)(__m256 x) {
     const __m256 one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f);
     return _mm256_sub_ps(_mm256_mul_ps(two, NAME(sigmoid8)(_mm256_mul_ps(two, x))), one);
-}
-
-static inline __m256 NAME(lstm_hsum8x8)(const __m256 *v) {
-    __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
-    __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
-    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 #endif
 
@@ -40,7 +33,7 @@ static void NAME(lstm_recur)(const float *r, const float *h, int64_t hidden, flo
                 const __m256 hv = _mm256_loadu_ps(h + k);
                 for (int i = 0; i < 8; i++) s[i] = _mm256_fmadd_ps(hv, _mm256_loadu_ps(r0 + i * hidden + k), s[i]);
             }
-            _mm256_storeu_ps(g + j, _mm256_add_ps(_mm256_loadu_ps(g + j), NAME(lstm_hsum8x8)(s)));
+            _mm256_storeu_ps(g + j, _mm256_add_ps(_mm256_loadu_ps(g + j), NAME(hsum8x8_ps)(s)));
         }
     }
 #endif

@@ -152,12 +152,6 @@ static inline __m256i NAME(hsum8x8_epi32)(const __m256i *v) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
 }
 
-static inline __m256 NAME(hsum8x8_ps)(const __m256 *v) {
-    __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
-    __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
-    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
 
 /* the zero points of blocks b .. b + 7 of a column (b even): packed ones are the 4 bytes at b / 2 of the
    column's ceil(kb / 2), their nibbles low half first, widened in one shift each */
