@@ -106,31 +106,31 @@ def concat(spec: NodeSpec) -> Kernel:
 
 def _index_kernel(spec: NodeSpec, gather: Any, idx_pos: int = 1, per_data: Any = None) -> Kernel:
     """Run `gather(data, int64 indices, out)`; indices of other types are widened into scratch first
-    (np.take would allocate the converted copy), constant ones once. `per_data(data)`: the gather function for
-    the data bound (None: `gather`)."""
+    (np.take would allocate the converted copy), constant ones once. `per_data(data, out)`: the gather function
+    for the data and output bound (None: `gather`)."""
     const = spec.consts[idx_pos] if len(spec.consts) > idx_pos else None
     ishape = spec.inputs[idx_pos].shape
 
-    def chosen(data: Any) -> Any:
-        return (per_data(data) if per_data is not None else None) or gather
+    def chosen(data: Any, y: Any) -> Any:
+        return (per_data(data, y) if per_data is not None else None) or gather
 
     if const is not None:
         fixed = np.array(const, np.int64).reshape(ishape)  # a 0-d index may come as 1-d
 
         def fixed_launch(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
-            fn = chosen(ins[0])
+            fn = chosen(ins[0], outs[0])
             return lambda: fn(ins[0], fixed, outs[0])
         return BoundKernel(fixed_launch)
     if np.dtype(spec.inputs[idx_pos].dtype) == np.int64:
         def direct(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
-            fn = chosen(ins[0])
+            fn = chosen(ins[0], outs[0])
             return lambda: fn(ins[0], ins[idx_pos], outs[0])
         return BoundKernel(direct)
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         data, idx, y = ins[0], ins[idx_pos], outs[0]
         wide = scratch_view(scratch[0], ishape, np.int64)
-        fn = chosen(data)
+        fn = chosen(data, y)
 
         def run() -> None:
             np.copyto(wide, idx, casting="unsafe")
@@ -156,23 +156,21 @@ def gather(spec: NodeSpec) -> Kernel:
     if axis != 0 or table is None or spec.inputs[0].nbytes < ROWS_FROM_FILE or len(spec.inputs[0].shape) < 2:
         return _index_kernel(spec, take)
 
-    def per_data(data: np.ndarray) -> Any:
+    def per_data(data: np.ndarray, y: np.ndarray) -> Any:
         from ctxrt.mapped import file_of
 
         found = file_of(data) if isinstance(data, np.ndarray) and data.shape[0] else None
-        if found is None:
+        if found is None or not y.flags.c_contiguous:
             return None
         ref, base = found
         n, row = data.shape[0], data.nbytes // data.shape[0]
+        rows = y.reshape(-1).view(np.uint8).reshape(-1, row)
+        buffers = [[rows[i]] for i in range(len(rows))]  # the output's rows as preadv takes them, made once
 
         def read_rows(data: np.ndarray, idx: np.ndarray, y: np.ndarray) -> None:
-            if not y.flags.c_contiguous:
-                return take(data, idx, y)
-            out = y.reshape(-1).view(np.uint8).reshape(-1, row)
-            for i, j in enumerate(idx.reshape(-1).tolist()):
-                if os.preadv(ref.fd, [out[i]], base + (j % n) * row) != row:
+            for buf, j in zip(buffers, idx.reshape(-1).tolist(), strict=True):
+                if os.preadv(ref.fd, buf, base + (j % n) * row) != row:
                     raise OSError(f"short read of row {j % n} of a gathered table from its file")
-            return None
         return read_rows
     return _index_kernel(spec, take, per_data=per_data)
 
