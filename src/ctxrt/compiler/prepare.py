@@ -89,13 +89,13 @@ def compile_split(model: Any, shapes: Mapping[str, Iterable[int]] | None, backen
     tuner = make_tuner(backend, tuning)
     if dims:
         from ctxrt.compiler.ranges import compile_ranges_split
-        from ctxrt.frontend.io_types import declared_io
         from ctxrt.frontend.onnx import load_model
 
-        model = load_model(model)
-        ins, outs = declared_io(model)
+        model = load_model(model)  # once, and only the IO names read here (the range compile infers the types)
+        inits = {t.name for t in model.graph.initializer}
         return _memtypes(compile_ranges_split(model, dims, backend, k, options, tuner), io_mem_type,
-                         [n for n, _, _ in ins], [n for n, _, _ in outs])
+                         [v.name for v in model.graph.input if v.name not in inits],
+                         [v.name for v in model.graph.output])
     whole = lower(model, shapes, backend, values=values)
     cut = split_graph(whole, k)
     check_links(whole, cut)
