@@ -547,8 +547,7 @@ class InferenceSession:
                            None if self._compiler is None else self._compiler.store)
         for v in self._variants.values():  # a chain's one spill-fill buffer and the tensors between its parts
             if v.group is not None:
-                memory = v.group.memory()
-                total["alloc_spillfill_bytes"] += memory["spillfill"] if v.group.buffer is not None else 0
+                total["alloc_spillfill_bytes"] += v.group.buffer.nbytes if v.group.buffer is not None else 0
                 total["alloc_chain_bytes"] += getattr(v.group, "chain_bytes", 0)
         total.update(self._counters)
         total.update(self._cache.counters())
