@@ -270,6 +270,7 @@ def gather_block_quantized(spec: NodeSpec) -> Kernel:
         q = scratch_view(scratch[4], (n, mid, nb * block), np.float32)
         sc = scratch_view(scratch[5], (n, mid, nb), out_dt)
         zq = scratch_view(scratch[6], (n, mid, -(-zb * 8 // bits)), np.float32)
+        zt = scratch_view(scratch[7], (n, mid, zb), np.uint8)  # the gathered rows' packed zero points
         f = q.reshape(n, mid, nb, block)
 
         def run() -> None:
@@ -284,7 +285,8 @@ def gather_block_quantized(spec: NodeSpec) -> Kernel:
             if zps is None:
                 np.subtract(f, default_zp, out=f)
             else:
-                _unpack(np.take(zps, idx, axis=0, mode="wrap"), bits, zq, u8[..., :zb])
+                np.take(zps, idx, axis=0, out=zt, mode="wrap")
+                _unpack(zt, bits, zq, u8[..., :zb])
                 np.subtract(f, zq[..., :nb, None], out=f)
             np.multiply(f, sc[..., None], out=f)
             np.copyto(y, q[..., :k], casting="same_kind")
@@ -292,7 +294,7 @@ def gather_block_quantized(spec: NodeSpec) -> Kernel:
                 y[bad] = 0
         return run
     scratch = (n * 8, 2 * n, n * mid * shape[-1], n * mid * max(shape[-1], zb), n * mid * nb * block * 4,
-               n * mid * nb * 4, n * mid * -(-zb * 8 // bits) * 4)
+               n * mid * nb * 4, n * mid * -(-zb * 8 // bits) * 4, n * mid * zb)
     return Bound(make, scratch)
 
 
