@@ -17,7 +17,7 @@ import numpy as np
 
 from ctxrt.backends.cpu import native
 from ctxrt.backends.cpu.recurrent import INITIAL_C, INITIAL_H, B, P, R, Scratch, W, X
-from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
+from ctxrt.backends.kernel import Kernel, Launch, NodeSpec
 from ctxrt.ir.canonical import output_slots
 
 ROWS = 4  # batch rows up to which the native kernel runs (per row it streams R once a step; oneDNN's GEMM beyond)
@@ -66,8 +66,7 @@ class NativeLSTM(Kernel):
         arrays = [a for a in [*ins, *outs] if a is not None]
         if lib is None or not all(a.flags.c_contiguous for a in arrays):
             return self.numpy.bind(ins, outs, scratch[:len(self.numpy.scratch)])
-        views = {name: scratch_view(buf, shape, dt) for (name, shape, dt), buf in zip(self.plan.items, scratch,
-                                                                                         strict=False)}
+        views = self.plan.views(scratch[:len(self.plan.items)])
         d, t, n, i, h, lay = self.D, self.T, self.N, self.I, self.H, self.layout
         x2 = ins[X].reshape(-1, i)  # rows (t, b) for layout 0, (b, t) for layout 1
         w, r = ins[W], ins[R]
