@@ -10,6 +10,8 @@
    - RMS normalization of rows (norms_kernel.h: SimplifiedLayerNormalization, RMSNormalization, com.microsoft
      SkipSimplifiedLayerNormalization), float32: s = x (+ skip) (+ bias), stored as the sum output where asked,
      y = s / sqrt(mean(s^2) + epsilon) * gamma, one pass a row (backends/cpu/genai/norms.py).
+   - LayerNormalization and Softmax of float32 rows (norms_kernel.h): a range program's steps at run-time extents
+     (backends/cpu/extents.py), one call instead of NumPy's five to ten.
    - Swish x / (1 + e^(-alpha x)) (act_kernel.h): the SiLU of a decoder's MLP, one pass instead of NumPy's four
      (backends/cpu/activations.py).
    - One direction of an LSTM at a few batch rows (lstm_kernel.h): every step's recurrent GEMV and gates in one
@@ -62,6 +64,8 @@ static int avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_s
 static int avx2(void) { return 0; }
 #define gqa_avx2 gqa_c
 #define rms_rows_avx2 rms_rows_c
+#define ln_rows_avx2 ln_rows_c
+#define softmax_rows_avx2 softmax_rows_c
 #define swish_avx2 swish_c
 #define lstm_avx2 lstm_c
 #endif
@@ -75,6 +79,18 @@ int ctxrt_gqa(const gqa_args *p) {
 int ctxrt_rms_rows(const rms_args *p) {
     if (avx2()) rms_rows_avx2(p);
     else rms_rows_c(p);
+    return 0;
+}
+
+int ctxrt_ln_rows(const ln_args *p) {
+    if (avx2()) ln_rows_avx2(p);
+    else ln_rows_c(p);
+    return 0;
+}
+
+int ctxrt_softmax_rows(const softmax_args *p) {
+    if (avx2()) softmax_rows_avx2(p);
+    else softmax_rows_c(p);
     return 0;
 }
 

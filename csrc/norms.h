@@ -1,4 +1,5 @@
-/* The argument struct of csrc/genai.c's RMS rows (mirrored by ctxrt.backends.cpu.native.RmsArgs). */
+/* The argument structs of csrc/genai.c's row kernels (mirrored by ctxrt.backends.cpu.native's RmsArgs, LnArgs and
+   SoftmaxArgs). */
 #ifndef CTXRT_NORMS_H
 #define CTXRT_NORMS_H
 #include <stdint.h>
@@ -14,5 +15,22 @@ typedef struct {
     float *y;            /* [rows, n] */
     float eps;
 } rms_args;
+
+/* LayerNormalization of rows: y = (x - mean) / sqrt(var + eps) * gamma (+ beta) */
+typedef struct {
+    int64_t rows, n;
+    const float *x;      /* [rows, n] */
+    const float *gamma;  /* [n] */
+    const float *beta;   /* [n] or NULL */
+    float *y;            /* [rows, n], may be x */
+    float eps;
+} ln_args;
+
+/* Softmax of rows: y = e^(x - max) / sum */
+typedef struct {
+    int64_t rows, n;
+    const float *x;  /* [rows, n] */
+    float *y;        /* [rows, n], may be x */
+} softmax_args;
 
 #endif

@@ -37,6 +37,18 @@ def from_name(text: str) -> np.dtype | None:
     return EXTENDED.get(text)
 
 
+_BY_TEXT: dict[str, np.dtype] = {}
+
+
+def dtype_of(text: str) -> np.dtype:
+    """The dtype a program's dtype string names (NumPy's string or an extended name), looked up once per string:
+    a run's checks compare many IO tensors' dtypes."""
+    dt = _BY_TEXT.get(text)
+    if dt is None:
+        dt = _BY_TEXT[text] = EXTENDED.get(text) or np.dtype(text)
+    return dt
+
+
 def is_4bit(dtype: Any) -> bool:
     return np.dtype(dtype) in FOUR_BIT
 

@@ -370,3 +370,48 @@ def test_reduce_sum_takes_extents(axes, keepdims, dtype) -> None:
             assert got.shape == want.shape
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         assert sess.stats["shape_variants_compiled"] == 1 and sess.stats["range_kernels_built"] == 0
+
+
+@pytest.mark.parametrize("kernels", ["native", "numpy"])
+@pytest.mark.parametrize("bias, scale_shape", [(True, [6]), (False, [6]), (True, [1])])
+def test_layer_norm_and_softmax_take_extents(monkeypatch, kernels, bias, scale_shape) -> None:
+    """LayerNormalization and Softmax over rows whose count follows a dim (a decoder's token and prompt) run one
+    native call a step (csrc/norms_kernel.h) where the extension is built, with no kernel made per length; a Scale
+    broadcast from one value, and no extension (a kernel per shape), give the same values. Against onnxruntime,
+    with masked (-inf) scores and a row of all -inf (NaN, as onnxruntime gives)."""
+    from onnx import helper, numpy_helper
+
+    from ctxrt.backends.cpu import native
+
+    if kernels == "numpy":
+        monkeypatch.setattr(native, "library", lambda: None)
+    elif native.library() is None:
+        pytest.skip("the native extension is not built")
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal(scale_shape).astype(np.float32), "g")]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "b"))
+    nodes = [helper.make_node("LayerNormalization", ["x", "g"] + (["b"] if bias else []), ["n"], axis=-1,
+                              epsilon=1e-3),
+             helper.make_node("Add", ["n", "mask"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["y"], axis=-1)]
+    fl = onnx.TensorProto.FLOAT
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", fl, [2, "rows", 6]),
+                                       helper.make_tensor_value_info("mask", fl, [2, "rows", 6])],
+                          [helper.make_tensor_value_info("y", fl, None), helper.make_tensor_value_info("n", fl, None)],
+                          inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    with ctxrt.InferenceSession(m.SerializeToString(), dim_ranges={"rows": (0, 9)}) as sess:
+        for rows in (1, 4, 9, 0, 2):
+            x = (rng.standard_normal((2, rows, 6)) * 5 + 3).astype(np.float32)
+            mask = np.where(rng.random((2, rows, 6)) < 0.3, -np.inf, 0).astype(np.float32)
+            if rows:
+                mask[1, 0] = -np.inf  # a row masked whole: NaN
+            feeds = {"x": x, "mask": mask}
+            for got, want in zip(sess.run(None, feeds), ref.run(None, feeds), strict=True):
+                assert got.shape == want.shape
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        assert sess.stats["shape_variants_compiled"] == 1
+        if kernels == "native":
+            assert sess.stats["range_kernels_built"] == 0

@@ -445,7 +445,7 @@ class ExtentRunner:
             if not views:
                 for info in st.inputs + st.outputs:
                     buf, off = g._io_place(info.name)
-                    views[info.name] = np.ndarray(info.shape, info.dtype, buf.array, off)
+                    views[info.name] = np.ndarray(info.shape, dtypes.dtype_of(info.dtype), buf.array, off)
         else:
             views = {info.name: h.view if h is not None else st.internal.get(info.name)
                      for info, h in zip(st.inputs + st.outputs, bound, strict=True)}
@@ -493,7 +493,9 @@ class ExtentRunner:
             else:
                 launches[k] = self._launch(made, view)
         st.launches, st.bound = launches, bound
-        kept = [launch for launch in launches if getattr(launch, "kept_bytes", 0)]
+        # only a Concat's launch made for these views appends in place: on the internal buffers, this state's own
+        kept = [launch for launch in ([launches[k] for k in st.steps] if raw else launches)
+                if getattr(launch, "kept_bytes", 0)]
         st.kv = (sum(x.kept_bytes for x in kept), sum(x.appended_bytes for x in kept)) if kept else None
         g.ctx.stats["recordings"] += 1
 
@@ -570,9 +572,10 @@ def run_recorded(ctx: Any, inputs: Mapping[str, Any], outputs: Mapping[str, Any]
     for info in ins:
         v = inputs[info.name]
         if not isinstance(v, MemHandle):
-            backend.copy_in(internal[info.name], v)
+            dst = internal[info.name]
+            backend.copy_in(dst, v)
             stats["copies_in"] += 1
-            stats["bytes_in"] += info.nbytes
+            stats["bytes_in"] += dst.nbytes
     threads = ctx.threads
     threads.cap, threads.blas = cap, blas
     with threads:
@@ -580,9 +583,10 @@ def run_recorded(ctx: Any, inputs: Mapping[str, Any], outputs: Mapping[str, Any]
     for info in outs:
         v = outputs.get(info.name)
         if v is not None and not isinstance(v, MemHandle):
-            backend.copy_out(v, internal[info.name])
+            src = internal[info.name]
+            backend.copy_out(v, src)
             stats["copies_out"] += 1
-            stats["bytes_out"] += info.nbytes
+            stats["bytes_out"] += src.nbytes
     stats["runs"] += 1
 
 

@@ -386,6 +386,8 @@ class Graph:
                 self._check_feed(info, outputs[info.name], "output")
 
     def _check_feed(self, info: TensorInfo, array: Any, role: str) -> None:
+        if array.__class__ is np.ndarray and array.shape == info.shape and array.dtype == dtypes.dtype_of(info.dtype):
+            return  # the common case first: an array of the right shape and type
         if isinstance(array, MemHandle):
             h = array
             if h.context is not self.ctx:

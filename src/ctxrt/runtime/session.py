@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ctxrt import dtypes
 from ctxrt.backends import Backend, get_backend
 from ctxrt.compiler.program import TensorInfo
 from ctxrt.errors import CtxrtError, CtxrtWarning, LifecycleError, RegistrationError, ShapeError, ValueInputError
@@ -467,11 +468,9 @@ class InferenceSession:
     def _run_at_dims(self, g: Graph, names: list[str], feeds: Mapping[str, Any]) -> list[np.ndarray]:
         """A range program run on arrays (runtime/extents.py): the feeds copied into its IO buffers, the outputs
         asked for copied into new arrays; no session tensor is made per shape."""
-        at = g._child(feeds)
-        for info in at.inputs:
-            _check_array(info, np.dtype(info.dtype), feeds[info.name], "input")
+        at = g._child(feeds)  # the feeds' types and shapes are checked by execute, before anything runs
         info = at.out_info
-        outs = {n: np.empty(info[n].shape, info[n].dtype) for n in names}
+        outs = {n: np.empty(info[n].shape, dtypes.dtype_of(info[n].dtype)) for n in names}
         for n, shape in g.execute(feeds, outs).items():  # outputs of data-dependent size: their real shape
             if n in outs:
                 outs[n] = np.ascontiguousarray(outs[n][tuple(slice(0, d) for d in shape)])

@@ -9,6 +9,7 @@ shape), and `make(step, ins, outs)` costs about a microsecond per view.
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,7 @@ _ATTRS: dict[str, frozenset[str]] = {
     "Reshape": frozenset({"shape", "allowzero"}), "Squeeze": frozenset({"axes"}), "Unsqueeze": frozenset({"axes"}),
     "Flatten": frozenset({"axis"}), "Cast": frozenset({"to", "saturate"}), "ConstantOfShape": frozenset({"value"}),
     "ReduceSum": frozenset({"axes", "keepdims", "noop_with_empty_axes"}),
+    "LayerNormalization": frozenset({"axis", "epsilon", "stash_type", "outputs_present"}),
 }
 
 
@@ -74,6 +76,9 @@ def maker(step: Any, opset: int) -> Make | None:
         return _matmul
     if op == "Softmax" and opset >= 13 and len(ins) == 1 and outs[0].kind == "f":
         return _softmax
+    if op == "LayerNormalization" and native.library() is not None and int(step.attrs.get("stash_type", 1)) == 1 \
+            and all(dt == np.float32 for dt in [*outs, *(d for d in ins if d is not None)]):
+        return _layer_norm  # Y only (one output), float32: csrc/norms_kernel.h; else a kernel per shape
     if op == "Concat" and None not in ins:
         return _concat
     if op in ("Transpose", "Slice", "Expand") or op in _COPIES:
@@ -178,9 +183,28 @@ def _matmul(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     return lambda: np.matmul(a, b, out=y)
 
 
+def _rows(lib: Any, fn: str, args: ctypes.Structure, keep: tuple[Any, ...]) -> Launch:
+    """The launch of native kernel `fn` on its argument struct, the arrays it points into kept alive."""
+    ref, call = ctypes.byref(args), getattr(lib, fn)
+
+    def run(_keep: object = keep) -> None:
+        call(ref)
+    return run
+
+
+def _native_rows(*arrays: Any) -> bool:
+    """Float32 C-contiguous arrays (of any size) that a native row kernel can take."""
+    return all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
+
+
 def _softmax(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     x, y = ins[0], outs[0]
     axis = int(step.attrs.get("axis", -1)) % max(x.ndim, 1)
+    lib = native.library()
+    if lib is not None and x.size and axis == x.ndim - 1 and _native_rows(x, y):  # one call (csrc/norms_kernel.h)
+        n = x.shape[-1]
+        args = native.SoftmaxArgs(rows=x.size // n, n=n, x=x.ctypes.data, y=y.ctypes.data)
+        return _rows(lib, "ctxrt_softmax_rows", args, (x, y))
 
     # the row statistics, made with the launch (a shape's launch is kept): nothing allocated per run
     m = np.empty(x.shape[:axis] + (1,) + x.shape[axis + 1:], y.dtype) if x.ndim else np.empty((), y.dtype)
@@ -192,6 +216,31 @@ def _softmax(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
         np.add.reduce(y, axis=axis, keepdims=True, out=m)
         np.divide(y, m, out=y)
     return run if x.size else _nothing
+
+
+def _layer_norm(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
+    """Y of LayerNormalization over the axes from `axis` by csrc/norms_kernel.h (maker() saw float32 and the
+    default stash_type); NumPy's float32 arithmetic where Scale or B are not of the normalized size (broadcast)."""
+    x, scale, y = ins[0], ins[1], outs[0]
+    bias = ins[2] if len(ins) > 2 else None
+    axis = int(step.attrs.get("axis", -1)) % max(x.ndim, 1)
+    n = int(np.prod(x.shape[axis:], dtype=np.int64))
+    eps = float(step.attrs.get("epsilon", 1e-5))
+    if not x.size:
+        return _nothing
+    params = [t for t in (scale, bias) if t is not None]
+    if all(t.size == n for t in params) and _native_rows(x, y, *params):
+        args = native.LnArgs(rows=x.size // n, n=n, x=x.ctypes.data, gamma=scale.ctypes.data,
+                             beta=native.address(bias), y=y.ctypes.data, eps=eps)
+        return _rows(native.library(), "ctxrt_ln_rows", args, (x, y, scale, bias))
+    axes = tuple(range(axis, x.ndim))
+
+    def run() -> None:  # broadcast Scale or B: ONNX's definition in float32 (rare: not worth a scratch plan)
+        d = x - x.mean(axis=axes, keepdims=True)
+        inv = np.float32(1) / np.sqrt((d * d).mean(axis=axes, keepdims=True) + np.float32(eps))
+        r = d * inv * scale
+        np.copyto(y, r if bias is None else r + bias)
+    return run
 
 
 def _concat(step: Any, ins: list[Any], outs: list[Any]) -> Launch:

@@ -53,6 +53,19 @@ class RmsArgs(ctypes.Structure):
                 ("sum", ctypes.c_void_p), ("y", ctypes.c_void_p), ("eps", ctypes.c_float)]
 
 
+class LnArgs(ctypes.Structure):
+    """csrc/norms.h's ln_args."""
+
+    _fields_ = [("rows", ctypes.c_int64), ("n", ctypes.c_int64), ("x", ctypes.c_void_p), ("gamma", ctypes.c_void_p),
+                ("beta", ctypes.c_void_p), ("y", ctypes.c_void_p), ("eps", ctypes.c_float)]
+
+
+class SoftmaxArgs(ctypes.Structure):
+    """csrc/norms.h's softmax_args."""
+
+    _fields_ = [("rows", ctypes.c_int64), ("n", ctypes.c_int64), ("x", ctypes.c_void_p), ("y", ctypes.c_void_p)]
+
+
 class SwishArgs(ctypes.Structure):
     """csrc/act.h's swish_args."""
 
@@ -133,7 +146,7 @@ def _load() -> ctypes.CDLL | None:
 def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
     for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "qmatmul",
-                 "igemm", "swish", "lstm"):
+                 "igemm", "swish", "lstm", "ln_rows", "softmax_rows"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
