@@ -303,3 +303,55 @@ def test_gated_mlp_silu_folds_into_the_gemm() -> None:
 
     want = ReferenceEvaluator(m).run(None, {"x": x})[0]
     np.testing.assert_allclose(g.run({"x": x})["y"], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("act", ["HardSwish", "HardSigmoid", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Elu", "SiLU",
+                                 "Gelu", "ClipFed"])
+@pytest.mark.parametrize("layout", ["nhwc", "nChw8c"])
+def test_conv_activations_fold_into_onednn_epilogues(act, layout) -> None:
+    """The activation that alone follows a oneDNN Conv (MobileNetV3's HardSwish, MobileNetV2's Clip 0..6,
+    EfficientNet's SiLU) runs in the conv's epilogue: no step of its own, onnxruntime's values; a Clip whose bound
+    is fed at run time stays a step."""
+    import onnxruntime as ort
+
+    from ctxrt.backends.cpu.backend import CpuBackend
+    from ctxrt.backends.cpu.onednn import api
+
+    if not api.available():
+        pytest.skip("oneDNN is not installed")
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.3
+    b = rng.standard_normal(16).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
+    if act.startswith("Clip"):
+        inits += [numpy_helper.from_array(np.array(-0.5, np.float32), "lo"),
+                  numpy_helper.from_array(np.array(6.0, np.float32), "hi")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1])]
+    inputs = [_vi("x", [2, 8, 10, 10])]
+    if act == "SiLU":  # torch's spelling, fused into Swish first
+        nodes += [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"], ["a"])]
+    elif act == "Clip":
+        nodes.append(helper.make_node("Clip", ["c", "lo", "hi"], ["a"]))
+    elif act == "ClipFed":
+        nodes.append(helper.make_node("Clip", ["c", "bound", "hi"], ["a"]))
+        inputs.append(_vi("bound", []))
+    elif act == "Gelu":
+        nodes.append(helper.make_node("Gelu", ["c"], ["a"]))
+    else:
+        attrs = {"LeakyRelu": {"alpha": 0.2}, "Elu": {"alpha": 0.7}, "HardSigmoid": {"alpha": 0.3, "beta": 0.4}}
+        nodes.append(helper.make_node(act, ["c"], ["a"], **attrs.get(act, {})))
+    nodes.append(helper.make_node("MaxPool", ["a"], ["y"], kernel_shape=[2, 2], strides=[2, 2]))
+    m = _model(nodes, inputs, [_vi("y", None)], inits, opset=20)
+    feeds = {"x": rng.standard_normal((2, 8, 10, 10)).astype(np.float32) * 2}
+    if act == "ClipFed":
+        feeds["bound"] = np.array(1.5, np.float32)
+    ctx = ctxrt.compile(m, shapes={k: v.shape for k, v in feeds.items()}, backend=CpuBackend(layout=layout))
+    steps = ctx.graph().compiled.steps
+    conv = next(s for s in steps if s.op == "Conv")
+    fused = act != "ClipFed"
+    assert (conv.attrs.get("activation") is not None) == fused, [(s.op, s.attrs.get("activation")) for s in steps]
+    assert len([s for s in steps if s.op not in ("Conv", "MaxPool", "Reorder")]) == (0 if fused else 1)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = np.empty_like(want)
+    ctx.graph().execute(feeds, {"y": got})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -131,7 +131,7 @@ class CpuBackend:
         computed in float32, channel shuffles fused, then (with oneDNN) layouts assigned and MatMuls' bias,
         residual and activation folded into oneDNN's epilogue."""
         from ctxrt.ir.layouts import PLAIN
-        from ctxrt.ir.passes.fuse_epilogue import FuseMatMulEpilogue
+        from ctxrt.ir.passes.fuse_epilogue import FuseConvActivation, FuseMatMulEpilogue
         from ctxrt.ir.passes.half import ComputeHalfInFloat
         from ctxrt.ir.passes.layout import AssignLayouts
         from ctxrt.ir.passes.qdq import FuseQDQUnits
@@ -152,6 +152,8 @@ class CpuBackend:
 
         graph = AssignLayouts(self.layout, onednn.NAME, set(onednn.LAYOUT_OPS), set(onednn.PLAIN_OPS),
                               supports)(graph).graph
+        graph = FuseConvActivation(onednn.NAME, lambda g, node: onednn.supports(_laid_spec(g, node, probe)))(
+            graph).graph
         return FuseMatMulEpilogue(onednn.NAME, lambda g, node: supports(g, node, PLAIN, PLAIN),
                                   {"Relu", "Gelu", "Swish"})(graph).graph
 
@@ -233,6 +235,17 @@ def _physical_memory() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # not POSIX
         return 0
+
+
+def _laid_spec(graph: IRGraph, node: Node, options: dict[str, Any]) -> NodeSpec:
+    """A node after the layout pass as its kernel will see it: its values' shapes are the stored ones already,
+    its `src_layout` and `dst_layout` attributes say how."""
+    def tensor(name: str) -> TensorSpec | None:
+        return TensorSpec(tuple(graph.values[name].shape), np.dtype(graph.values[name].dtype)) if name else None
+
+    return NodeSpec(node.op, node.name, dict(node.attrs), [tensor(n) for n in node.inputs],
+                    [tensor(n) for n in node.outputs if n], [graph.values[n].const if n else None for n in node.inputs],
+                    graph.opset, options)
 
 
 def _spec(graph: IRGraph, node: Node, src: Layout, dst: Layout, options: dict[str, Any]) -> NodeSpec:

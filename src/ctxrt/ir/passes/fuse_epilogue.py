@@ -11,6 +11,7 @@ post-ops; `supports` is asked again for the fused node, and a fusion it refuses 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from ctxrt.ir.graph import Graph, Node
 from ctxrt.ir.passes.base import Pass, PassResult, check_topological
@@ -76,6 +77,81 @@ class FuseMatMulEpilogue(Pass):
                 {"activation": act.op, "approximate": act.attrs.get("approximate", "none"), **extra}):
             dropped.add(act.name)
         return dropped
+
+    def ensures(self, graph: Graph) -> None:
+        check_topological(graph)
+
+
+def conv_activation(graph: Graph, act: Node) -> dict[str, Any] | None:
+    """The attributes that fold element-wise node `act` into a Conv's epilogue (`activation`, with its parameters
+    as `activation_alpha` and `activation_beta`), or None where it is not one of these (a Clip's bounds must be
+    constants): the activations onnxruntime's FusedConv takes, and HardSwish, Swish, GELU and Elu."""
+    a = act.attrs
+    if act.op in ("Relu", "Sigmoid", "Tanh", "HardSwish"):
+        params = {"HardSwish": (float(a.get("alpha", 1 / 6)), float(a.get("beta", 0.5)))}.get(act.op, (0.0, 0.0))
+    elif act.op == "LeakyRelu":
+        params = (float(a.get("alpha", 0.01)), 0.0)
+    elif act.op == "Elu":
+        params = (float(a.get("alpha", 1.0)), 0.0)
+    elif act.op == "HardSigmoid":
+        params = (float(a.get("alpha", 0.2)), float(a.get("beta", 0.5)))
+    elif act.op == "Swish":
+        params = (float(a.get("alpha", 1.0)), 0.0)
+    elif act.op == "Gelu":
+        return {"activation": "Gelu_tanh" if a.get("approximate", "none") == "tanh" else "Gelu"}
+    elif act.op == "Clip":
+        bounds = []
+        for i, default in ((1, float(a.get("min", -3.4028234663852886e38))),
+                           (2, float(a.get("max", 3.4028234663852886e38)))):
+            name = act.inputs[i] if len(act.inputs) > i else ""
+            if not name:
+                bounds.append(default)
+            elif graph.values[name].is_const and graph.values[name].const.size == 1:
+                bounds.append(float(graph.values[name].const.reshape(-1)[0]))
+            else:
+                return None
+        params = (bounds[0], bounds[1])
+    else:
+        return None
+    return {"activation": act.op, "activation_alpha": params[0], "activation_beta": params[1]}
+
+
+class FuseConvActivation(Pass):
+    """Fold the element-wise activation that alone reads a provider's Conv (the `kernel` attribute) into its
+    epilogue (conv_activation), where `supports` accepts the fused node: HardSwish after MobileNetV3's convs,
+    Swish after EfficientNet's, Clip (ReLU6) after MobileNetV2's run while each output block is in cache, with
+    one launch fewer each. Generic Relu fusion is FuseActivation's, for every backend."""
+
+    def __init__(self, provider: str, supports: Callable[[Graph, Node], bool]) -> None:
+        self.provider, self.supports = provider, supports
+
+    def call(self, graph: Graph) -> PassResult:
+        consumers = graph.consumers()
+        dropped: set[str] = set()
+        for node in graph.nodes:
+            if node.op != "Conv" or node.attrs.get("kernel") != self.provider or "activation" in node.attrs:
+                continue
+            out = node.outputs[0]
+            users = consumers.get(out, [])
+            if len(users) != 1 or out in graph.outputs:
+                continue
+            act = users[0]
+            if act.inputs[0] != out or len(act.outputs) != 1 or \
+                    graph.values[act.outputs[0]].dtype != graph.values[out].dtype:
+                continue
+            extra = conv_activation(graph, act)
+            if extra is None:
+                continue
+            trial = Node(node.op, node.name, list(node.inputs), list(act.outputs), {**node.attrs, **extra})
+            if not self.supports(graph, trial):
+                continue
+            node.outputs, node.attrs = trial.outputs, trial.attrs
+            dropped.add(act.name)
+        if not dropped:
+            return PassResult(graph, False)
+        graph.nodes = [n for n in graph.nodes if n.name not in dropped]
+        graph.prune_values()
+        return PassResult(graph, True)
 
     def ensures(self, graph: Graph) -> None:
         check_topological(graph)

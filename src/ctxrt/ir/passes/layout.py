@@ -33,7 +33,8 @@ from ctxrt.ir.passes.base import Pass, PassResult, check_topological
 
 # Element-wise ops whose output is laid out like their operands.
 UNARY = {"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Softplus", "Tanh", "Erf", "Gelu", "Sqrt", "Exp",
-         "Log", "Neg", "Abs", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Clip", "Identity"}
+         "Log", "Neg", "Abs", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Clip", "Identity", "Swish", "Elu",
+         "Selu", "Mish", "Softsign"}
 BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean"}
 CHANNEL_OPS = {"Concat", "ChannelShuffle"}  # along the channel axis: the attribute follows the layout
 SMALL_INPUT = 8  # channels under which a conv reads its plain input directly (a network's first conv)

@@ -26,6 +26,7 @@ FORWARD_INFERENCE = 96
 CONVOLUTION_DIRECT = 1
 ELTWISE_RELU, ELTWISE_GELU_TANH, ELTWISE_SWISH, ELTWISE_GELU_ERF = 32, 43, 44, 49
 ELTWISE_HARDSIGMOID, ELTWISE_HARDSWISH = 40, 52  # dnnl_alg_kind_t, oneDNN 3.x
+ELTWISE_TANH, ELTWISE_ELU, ELTWISE_LOGISTIC, ELTWISE_CLIP = 33, 34, 41, 46
 POOLING_MAX, POOLING_AVG_INCLUDE, POOLING_AVG_EXCLUDE = 511, 767, 1023
 LRN_ACROSS_CHANNELS = 2815
 SOFTMAX_ACCURATE = 0x30000
@@ -304,7 +305,7 @@ class Attr:
     zero points (argument -> mask) passed at run time as ARG_ATTR_SCALES / ARG_ATTR_ZERO_POINTS | argument."""
 
     def __init__(self, eltwise: int | None = None, add: Desc | None = None, scales: dict[int, int] | None = None,
-                 zero_points: dict[int, int] | None = None, alpha: float = 0.0) -> None:
+                 zero_points: dict[int, int] | None = None, alpha: float = 0.0, beta: float = 0.0) -> None:
         lib = library()
         self.handle, ops = ctypes.c_void_p(), ctypes.c_void_p()
         check(lib.dnnl_primitive_attr_create(ctypes.byref(self.handle)), "attributes")
@@ -321,7 +322,7 @@ class Attr:
                     check(lib.dnnl_post_ops_append_binary(ops, BINARY_ADD, add.handle), "binary add post-op")
                     self.binary_index = 0
                 if eltwise is not None:
-                    check(lib.dnnl_post_ops_append_eltwise(ops, eltwise, alpha, 0.0), "eltwise post-op")
+                    check(lib.dnnl_post_ops_append_eltwise(ops, eltwise, alpha, beta), "eltwise post-op")
                 check(lib.dnnl_primitive_attr_set_post_ops(self.handle, ops), "set post-ops")
             finally:
                 lib.dnnl_post_ops_destroy(ops)

@@ -173,6 +173,15 @@ def _weights_dims(m: int, cg: int, kh: int, kw: int, g: int) -> tuple[int, ...]:
     return (m, cg, kh, kw) if g == 1 else (g, m // g, cg, kh, kw)
 
 
+# a Conv's fused activation (FuseActivation's Relu, FuseConvActivation's others: activation_alpha and _beta are
+# its parameters in oneDNN's terms, LeakyRelu a Relu of negative slope alpha, Clip's bounds alpha and beta)
+CONV_ACTIVATIONS: dict[str | None, int | None] = {
+    None: None, "Relu": api.ELTWISE_RELU, "LeakyRelu": api.ELTWISE_RELU, "Tanh": api.ELTWISE_TANH,
+    "Sigmoid": api.ELTWISE_LOGISTIC, "Elu": api.ELTWISE_ELU, "Clip": api.ELTWISE_CLIP,
+    "HardSigmoid": api.ELTWISE_HARDSIGMOID, "HardSwish": api.ELTWISE_HARDSWISH, "Swish": api.ELTWISE_SWISH,
+    "Gelu": api.ELTWISE_GELU_ERF, "Gelu_tanh": api.ELTWISE_GELU_TANH}
+
+
 def conv(spec: NodeSpec) -> Kernel:
     api.require(f"Conv {spec.name!r}")
     src, dst = _layouts(spec)
@@ -185,7 +194,7 @@ def conv(spec: NodeSpec) -> Kernel:
     if np.dtype(spec.outputs[0].dtype) != np.float32:
         raise UnsupportedOpError(f"Conv {spec.name!r}: oneDNN kernels here are float32 only")
     act = spec.attr("activation")
-    if act not in (None, "Relu"):
+    if act not in CONV_ACTIVATIONS:
         raise UnsupportedOpError(f"Conv {spec.name!r}: fused activation {act!r} is not supported by oneDNN here")
     strides, dil, pb, pe = _window(spec, x, y, (kh, kw))
     has_bias = len(spec.inputs) > 2 and spec.inputs[2] is not None
@@ -194,7 +203,8 @@ def conv(spec: NodeSpec) -> Kernel:
     src_md = api.Desc.make(x, _tag(src, x, dst))
     dst_md = api.Desc.make(y, _tag(dst, y, src))
     bias_md = api.Desc.make((m,), "a") if has_bias else None
-    attr = api.Attr(api.ELTWISE_RELU if act == "Relu" else None, add=dst_md if residual else None)
+    attr = api.Attr(CONV_ACTIVATIONS[act], add=dst_md if residual else None,
+                    alpha=float(spec.attr("activation_alpha", 0.0)), beta=float(spec.attr("activation_beta", 0.0)))
 
     def make(wfmt: int | str, nthr: int | None = None) -> api.Primitive:
         w_md = api.Desc.make(wdims, wfmt)
