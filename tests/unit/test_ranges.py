@@ -113,7 +113,8 @@ def test_a_new_past_length_makes_no_kernel_and_no_tensor(gpt2) -> None:
         s = sess.stats
         assert built[2] == built[-1] == s["range_kernels_built"]  # from the third token (seq 1) on: none made
         assert s["range_specializations"] == TOKENS and s["tensors_created"] == 0
-        assert s["recordings"] == TOKENS  # one launch list per past length
+        # one launch list for the prompt and one for the tokens: a new past length changes only live steps
+        assert s["recordings"] == 2 and s["recordings_reused"] == TOKENS - 2
         # the attention steps are live: one launch each for every past length, its views made when it first meets
         # one (no per-step state per set of dims); a second generation over the same lengths makes none
         runner = next(iter(sess._variants.values())).ranged._extent

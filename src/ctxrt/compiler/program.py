@@ -56,6 +56,13 @@ class TensorInfo:
     def nbytes(self) -> int:
         return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
+    def with_shape(self, shape: tuple[int, ...]) -> TensorInfo:
+        """This tensor at another shape (a range program's IO at new dims): made without the frozen dataclass's
+        per-field checks, ~0.3 us instead of ~1.2 (a decoder's token makes one per IO tensor)."""
+        t = object.__new__(TensorInfo)
+        t.__dict__.update(name=self.name, shape=shape, dtype=self.dtype, mem_type=self.mem_type)
+        return t
+
 
 @dataclass
 class Body:

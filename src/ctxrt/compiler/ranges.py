@@ -84,6 +84,7 @@ class Ranges:
         for where, coeffs in self.entries:
             if where[0] == "I":
                 self._in_axes.setdefault(int(where[1]), {})[int(where[2])] = _expression_of(coeffs, names)
+        self._fixed_axes: tuple[Any, list[tuple[int, list[tuple[int, int]]]]] = (None, [])  # bind's, per inputs
 
     def to_meta(self) -> dict[str, Any]:
         return {"dims": [list(d) for d in self.dims], "readers": [list(r) for r in self.readers],
@@ -104,10 +105,15 @@ class Ranges:
                 raise ShapeError(f"input {inputs[i].name!r} axis {axis} (dim {name!r}) is {d}, outside the range "
                                  f"{lo}..{hi} this program was compiled for")
             values.append(d)
+        of, fixed = self._fixed_axes
+        if of is not inputs:  # per input: its rank and its axes that do not follow the dims, made once
+            fixed = [(len(t.shape), [(a, u) for a, u in enumerate(t.shape) if a not in self._in_axes.get(i, {})])
+                     for i, t in enumerate(inputs)]
+            self._fixed_axes = (inputs, fixed)
         for i, (t, shape) in enumerate(zip(inputs, shapes, strict=True)):  # the axes that do not follow the dims
-            varying = self._in_axes.get(i, {})
-            if shape is None or len(shape) != len(t.shape) or any(
-                    a not in varying and d != u for a, (d, u) in enumerate(zip(shape, t.shape, strict=True))):
+            rank, static = fixed[i]
+            if shape is None or len(shape) != rank or any(shape[a] != u for a, u in static):
+                varying = self._in_axes.get(i, {})
                 want = [varying.get(a, u) for a, u in enumerate(t.shape)]
                 raise ShapeError(f"input {t.name!r} expects shape {want}, got "
                                  f"{None if shape is None else list(shape)}")
@@ -115,6 +121,13 @@ class Ranges:
 
     def evaluate(self, dims: Sequence[int]) -> np.ndarray:
         return self._coeffs @ _monomials(dims)
+
+    def values(self, dims: Sequence[int]) -> list[int]:
+        """evaluate's integers as a list (a run's hot path: the monomials made without a loop over NumPy)."""
+        m = [1]
+        for d in dims:  # bit j of a monomial's index: dims[j] is a factor, as _monomials orders them
+            m += [x * int(d) for x in m]
+        return (self._coeffs @ np.array(m, np.int64)).tolist()
 
     def specialize(self, g: CompiledGraph, dims: Sequence[int], made: Mapping[tuple[int, tuple[int, ...]], Step]
                    ) -> tuple[CompiledGraph, list[int], dict[int, tuple[int, ...]], dict[tuple[int, int], list[Any]]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -64,6 +65,7 @@ class Made:
 
 
 RECORDINGS = 2  # launch lists kept per set of dims, by binding
+_NO_STEPS: Mapping[int, Any] = MappingProxyType({})  # the changed steps of a state with none (one object)
 
 
 class AtDims:
@@ -74,7 +76,7 @@ class AtDims:
                  "kv", "recordings", "vals")
 
     def __init__(self, dims: tuple[int, ...], inputs: list[TensorInfo], outputs: list[TensorInfo],
-                 steps: dict[int, Made], cap: int | None, blas: bool = False) -> None:
+                 steps: Mapping[int, Made], cap: int | None, blas: bool = False) -> None:
         self.dims, self.inputs, self.outputs, self.steps, self.cap = dims, inputs, outputs, steps, cap
         self.blas = blas  # the run's large kernels are BLAS GEMVs: BLAS gets the threads, not only OpenMP
         self.out_info = {t.name: t for t in outputs}
@@ -113,7 +115,7 @@ class ExtentRunner:
                     mask |= m
             groups.setdefault(mask, []).append((k, idx))
         self.groups: dict[int, list[tuple[int, list[int]]]] = groups
-        self.group_cache: dict[int, OrderedDict[tuple[int, ...], tuple[dict[int, Made], int | None]]] = {
+        self.group_cache: dict[int, OrderedDict[tuple[int, ...], tuple[dict[int, Made], int | None, int]]] = {
             m: OrderedDict() for m in groups}
         # steps with a launch maker whose integers are only extents: their refs' axes that follow the dims, by
         # position in the step's values (made without a new Step, _pure)
@@ -165,8 +167,17 @@ class ExtentRunner:
         # outputs of data-dependent size (GroupQueryAttention's present): (name, axis, the scalar of its real size)
         out_index = {t.name: i for i, t in enumerate(g.outputs)}
         self.extents = [(out_index[name], axis, _view(g, r)) for name, (axis, r) in g.compiled.extents.items()]
+        # per input and per output: (axis, index of its value) for each axis that follows the dims
+        io_axes: dict[str, list[list[tuple[int, int]]]] = {"I": [[] for _ in g.inputs], "O": [[] for _ in g.outputs]}
+        for i in g.ranges._io:
+            kind, index, axis = g.ranges.entries[i][0]
+            io_axes[kind][int(index)].append((int(axis), i))
+        self.io_axes = (io_axes["I"], io_axes["O"])
         # launches of the steps that touch IO tensors but do not change, bound to the internal IO buffers
         self.internal_io: list[Any] | None = None
+        self.merged: dict[tuple[int, ...], tuple[list[dict[int, Made]], dict[int, Made]]] = {}  # _at's merges
+        # raw launch lists by their changed steps (the dict a group shares among states): (steps, launches, kv)
+        self.raw_lists: dict[int, tuple[dict[int, Made], list[Any], tuple[int, int] | None]] = {}
         self.kernels_reading: dict[frozenset[str], Step | None] = {}  # kernel_reading's answers
 
     def release(self) -> None:
@@ -175,6 +186,8 @@ class ExtentRunner:
         self.live, self.live_raw, self.states, self.last = {}, {}, OrderedDict(), (None, None)
         self.cache.clear()
         self.group_cache.clear()
+        self.raw_lists.clear()
+        self.merged.clear()
         self.by_shape.clear()
         self.internal_io, self.extents = None, []
 
@@ -284,12 +297,18 @@ class ExtentRunner:
 
     def _at(self, dims: tuple[int, ...]) -> AtDims:
         g, r = self.g, self.g.ranges
-        vals = r.evaluate(dims).tolist()
-        io = {"I": [list(t.shape) for t in g.inputs], "O": [list(t.shape) for t in g.outputs]}
-        for i in r._io:
-            kind, index, axis = r.entries[i][0]
-            io[kind][index][axis] = vals[i]
-        steps: dict[int, Made] = {}
+        vals = r.values(dims)
+        ins, outs = [], []
+        for infos, places, got in ((g.inputs, self.io_axes[0], ins), (g.outputs, self.io_axes[1], outs)):
+            for t, axes in zip(infos, places, strict=True):
+                if not axes:
+                    got.append(t)
+                    continue
+                shape = list(t.shape)
+                for axis, i in axes:
+                    shape[axis] = vals[i]
+                got.append(t.with_shape(tuple(shape)))
+        steps: Mapping[int, Made] = _NO_STEPS
         largest = self.live_work
         for k in self.live_big:  # live steps large at the upper bound: their work at these dims
             if largest is None:
@@ -300,20 +319,29 @@ class ExtentRunner:
                                    [None if x is None else _shaped(x[0], x[1], key) for x in ins_spec],
                                    [_shaped(x[0], x[1], key) for x in outs_spec]))
             largest = None if work is None else max(largest, work)
+        gemv, parts = 0, []
         for mask, members in self.groups_made.items():  # the steps that follow the same dims change together
             if not members:
                 continue
             made = self._group(mask, members, dims, vals)
-            steps.update(made[0])
+            parts.append(made[0])
             largest = None if largest is None or made[1] is None else max(largest, made[1])
-        ins = [TensorInfo(t.name, tuple(s), t.dtype, t.mem_type) for t, s in zip(g.inputs, io["I"], strict=True)]
-        outs = [TensorInfo(t.name, tuple(s), t.dtype, t.mem_type) for t, s in zip(g.outputs, io["O"], strict=True)]
+            gemv = max(gemv, made[2])
+        if len(parts) == 1:
+            steps = parts[0]  # the group's own dict, shared by every state at its values (read only)
+        elif parts:  # the groups' dicts merged, once per combination (so that states can share recordings)
+            key = tuple(id(p) for p in parts)
+            hit = self.merged.get(key)
+            if hit is None or any(a is not b for a, b in zip(hit[0], parts, strict=True)):
+                hit = self.merged[key] = (parts, {k: m for p in parts for k, m in p.items()})
+                while len(self.merged) > PER_STEP:
+                    self.merged.pop(next(iter(self.merged)))
+            steps = hit[1]
         cap = None if largest is None or largest >= SMALL_WORK else 1
         # a decoder's token without the native extension: its GEMMs are GEMVs on NumPy (small_rows), memory-bound,
         # faster on every idle core (768 x 2048: 157 us on one thread, 81 on two); OpenBLAS's threads then spin
         # ~0.1 s, so only when no large oneDNN kernel runs beside them (a prompt's oneDNN GEMMs keep BLAS at one
         # thread; an int4 prompt's dequantized tiles are BLAS GEMMs, Kernel.blas)
-        gemv = max((m.work or 0 for m in steps.values() if m.blas), default=0)
         blas = cap is None and gemv >= SMALL_WORK and self.static_work is not None and all(
             m.blas or m.work is not None and m.work < SMALL_WORK for m in steps.values()) and \
             self.static_work < SMALL_WORK
@@ -322,9 +350,9 @@ class ExtentRunner:
         return st
 
     def _group(self, mask: int, members: list[tuple[int, list[int]]], dims: tuple[int, ...], vals: list[int]
-               ) -> tuple[dict[int, Made], int | None]:
+               ) -> tuple[dict[int, Made], int | None, int]:
         """The steps whose integers follow exactly the dims in `mask`, at these dims (kept per their values),
-        and their largest work."""
+        their largest work, and the largest work of those run by BLAS."""
         cache = self.group_cache[mask]
         key = tuple([d for j, d in enumerate(dims) if mask >> j & 1])
         hit = cache.get(key)
@@ -346,7 +374,7 @@ class ExtentRunner:
             steps[k] = made
             if largest is not None:
                 largest = None if made.work is None else max(largest, made.work)
-        hit = cache[key] = (steps, largest)
+        hit = cache[key] = (steps, largest, max((m.work or 0 for m in steps.values() if m.blas), default=0))
         while len(cache) > PER_STEP:
             cache.popitem(last=False)
         return hit
@@ -464,7 +492,13 @@ class ExtentRunner:
             v = views[r.key]
             return v if v.shape == r.shape else in_place_reshape(v, r.shape)
 
-        if views is st.internal:
+        raw = views is st.internal
+        if raw:
+            hit = self.raw_lists.get(id(st.steps))
+            if hit is not None and hit[0] is st.steps:  # the changed steps' launches on the internal buffers follow
+                st.launches, st.kv, st.bound = hit[1], hit[2], bound  # their own integers: the list of another
+                g.ctx.stats["recordings_reused"] += 1  # state with the same steps (a new past length) serves
+                return
             launches = list(self._internal_base(view))  # unchanged steps' launches: the same at any dims
         else:
             makers = self.makers
@@ -480,7 +514,6 @@ class ExtentRunner:
                 made = self._pure(k, tuple(vals), launch=False) if k in self.pure else \
                     self._make(k, [(self.g.ranges.entries[i][0], st.vals[i]) for i in by_step[k]], launch=False)
                 launches[k] = _nothing if made.step is None else self._launch(made, view)
-        raw = views is st.internal
         for k, made in st.steps.items():
             if made.step is None:
                 launches[k] = _nothing
@@ -497,6 +530,10 @@ class ExtentRunner:
         kept = [launch for launch in ([launches[k] for k in st.steps] if raw else launches)
                 if getattr(launch, "kept_bytes", 0)]
         st.kv = (sum(x.kept_bytes for x in kept), sum(x.appended_bytes for x in kept)) if kept else None
+        if raw:
+            self.raw_lists[id(st.steps)] = (st.steps, launches, st.kv)
+            while len(self.raw_lists) > PER_STEP:
+                self.raw_lists.pop(next(iter(self.raw_lists)))
         g.ctx.stats["recordings"] += 1
 
     def kernel_reading(self, names: set[str]) -> Step | None:
