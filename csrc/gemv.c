@@ -27,7 +27,13 @@
    GELU, whose erf or tanh costs ~10 ns a value) */
 #define GEMV_FINISH_SHARED 8192
 
-enum { GEMV_COLUMNS_NK, GEMV_ROWS_KN, GEMV_FINISH };
+/* A GEMM of 2 .. GEMM_ROWS_MAX rows by W [k, n] (a prompt's few tokens, a small batch) runs on register blocks
+   (gemv_kernel.h, gemm_rows: W read once for every 6 rows, where the GEMV's loop reads it once a row), shared by
+   blocks of 16 columns from GEMM_SHARED_WORK multiply-adds (~10 us on one core) */
+#define GEMM_ROWS_MAX 16
+#define GEMM_SHARED_WORK (1 << 18)
+
+enum { GEMV_COLUMNS_NK, GEMV_ROWS_KN, GEMV_FINISH, GEMM_COLUMNS };
 
 typedef struct {
     const gemv_args *p;

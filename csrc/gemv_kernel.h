@@ -4,7 +4,19 @@
 
 #ifdef GEMV_AVX2
 #include "hsum.h"
+#include "vmath.h"
 #endif
+
+/* y[c0 .. c1 - 1] = act(y[c0 .. c1 - 1]): 8 lanes at a time in the AVX2 copy (GELU's erf: ~10 ns a value
+   scalar, a 1024-wide layer's 10 us) */
+static void NAME(act_row)(float *y, int64_t c0, int64_t c1, int act) {
+    if (!act) return;
+    int64_t j = c0;
+#ifdef GEMV_AVX2
+    for (; j + 8 <= c1; j += 8) _mm256_storeu_ps(y + j, NAME(act8)(_mm256_loadu_ps(y + j), act));
+#endif
+    for (; j < c1; j++) y[j] = gemv_act(y[j], act);
+}
 
 static inline float NAME(dot)(const float *restrict a, const float *restrict w, int64_t k) {
     int64_t i = 0;
@@ -49,6 +61,7 @@ static inline void NAME(dot4)(const float *restrict a, const float *restrict w, 
 
 /* y rows = epilogue(A rows . W^T rows c0 .. c1 - 1), W^T [n, k]: each row of W^T read once, for every row of A */
 static void NAME(gemv_nk)(const gemv_args *p, int64_t c0, int64_t c1) {
+    const int64_t c0_all = c0;
 #ifdef GEMV_AVX2
     for (; c0 + 4 <= c1; c0 += 4) {
         const float *w = p->w + c0 * p->k;
@@ -61,7 +74,7 @@ static void NAME(gemv_nk)(const gemv_args *p, int64_t c0, int64_t c1) {
                 if (p->bias) x += p->bias[c];
                 if (p->residual) x += p->residual[r * p->ldr + c];
                 if (p->accumulate) x += p->y[r * p->ldy + c];
-                p->y[r * p->ldy + c] = p->act ? gemv_act(x, (int)p->act) : x;
+                p->y[r * p->ldy + c] = x;
             }
         }
     }
@@ -73,9 +86,10 @@ static void NAME(gemv_nk)(const gemv_args *p, int64_t c0, int64_t c1) {
             if (p->bias) v += p->bias[c];
             if (p->residual) v += p->residual[r * p->ldr + c];
             if (p->accumulate) v += p->y[r * p->ldy + c];
-            p->y[r * p->ldy + c] = p->act ? gemv_act(v, (int)p->act) : v;
+            p->y[r * p->ldy + c] = v;
         }
     }
+    for (int64_t r = 0; r < p->m; r++) NAME(act_row)(p->y + r * p->ldy, c0_all, c1, (int)p->act);
 }
 
 /* out[r, c - c0] (rows ldo apart) = sum over rows i0 .. i1 - 1 of W [k, n] of A[r, i] W[i, c], for columns
@@ -139,14 +153,89 @@ static void NAME(gemv_finish)(const gemv_args *p, int64_t c0, int64_t c1, const 
 #pragma omp simd
             for (int64_t j = c0; j < c1; j++) y[j] += (b ? b[j] : 0.0f) + (res ? res[j] : 0.0f);
         }
-        if (act == 1) {
-#pragma omp simd
-            for (int64_t j = c0; j < c1; j++) y[j] = y[j] > 0.0f ? y[j] : 0.0f;
-        } else if (act) {
-            for (int64_t j = c0; j < c1; j++) y[j] = gemv_act(y[j], act);
-        }
+        NAME(act_row)(y, c0, c1, act);
     }
 }
+
+
+#ifdef GEMV_AVX2
+/* Y rows r0 .. r0 + RB - 1, columns c0 .. c1 - 1 (c1 - c0 a multiple of 8) = epilogue(A W), W [k, n]: RB rows by
+   16 columns of accumulators in registers, each row of W's block loaded once for the RB rows (a GEMV's kernel
+   reads W once per row of A). The epilogue on the registers: bias, residual (or y, accumulate), activation. */
+/* y[r, col .. col + 7] = act(v + bias + residual (or y itself, accumulate)) */
+static inline void NAME(gemm_store)(const gemv_args *p, int64_t r, int64_t col, __m256 v) {
+    if (p->bias) v = _mm256_add_ps(v, _mm256_loadu_ps(p->bias + col));
+    if (p->residual) v = _mm256_add_ps(v, _mm256_loadu_ps(p->residual + r * p->ldr + col));
+    if (p->accumulate) v = _mm256_add_ps(v, _mm256_loadu_ps(p->y + r * p->ldy + col));
+    _mm256_storeu_ps(p->y + r * p->ldy + col, NAME(act8)(v, (int)p->act));
+}
+
+#define GEMM_BLOCK(RB)                                                                                            \
+    static void NAME(gemm_rows##RB)(const gemv_args *p, int64_t r0, int64_t c0, int64_t c1) {                    \
+        const int64_t k = p->k, n = p->n;                                                                       \
+        const float *a[RB];                                                                                     \
+        _Pragma("GCC unroll 8") for (int i = 0; i < RB; i++) a[i] = p->a + (r0 + i) * p->lda;                                           \
+        for (int64_t c = c0; c < c1; c += 16) {                                                                 \
+            const int two = c + 16 <= c1; /* else one vector of 8 */                                            \
+            __m256 acc[RB][2];                                                                                  \
+            _Pragma("GCC unroll 8") for (int i = 0; i < RB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();                           \
+            const float *w = p->w + c;                                                                          \
+            if (two) {                                                                                          \
+                for (int64_t kk = 0; kk < k; kk++, w += n) {                                                    \
+                    const __m256 b0 = _mm256_loadu_ps(w), b1 = _mm256_loadu_ps(w + 8);                         \
+                    _Pragma("GCC unroll 8") for (int i = 0; i < RB; i++) {                                                              \
+                        const __m256 x = _mm256_broadcast_ss(a[i] + kk);                                        \
+                        acc[i][0] = _mm256_fmadd_ps(x, b0, acc[i][0]);                                          \
+                        acc[i][1] = _mm256_fmadd_ps(x, b1, acc[i][1]);                                          \
+                    }                                                                                           \
+                }                                                                                               \
+            } else {                                                                                            \
+                for (int64_t kk = 0; kk < k; kk++, w += n) {                                                    \
+                    const __m256 b0 = _mm256_loadu_ps(w);                                                       \
+                    _Pragma("GCC unroll 8") for (int i = 0; i < RB; i++)                                                                \
+                        acc[i][0] = _mm256_fmadd_ps(_mm256_broadcast_ss(a[i] + kk), b0, acc[i][0]);             \
+                }                                                                                               \
+            }                                                                                                   \
+            _Pragma("GCC unroll 8") for (int i = 0; i < RB; i++) {                                                                      \
+                NAME(gemm_store)(p, r0 + i, c, acc[i][0]);                                                      \
+                if (two) NAME(gemm_store)(p, r0 + i, c + 8, acc[i][1]);                                         \
+            }                                                                                                   \
+        }                                                                                                       \
+    }
+GEMM_BLOCK(1)
+GEMM_BLOCK(2)
+GEMM_BLOCK(3)
+GEMM_BLOCK(4)
+GEMM_BLOCK(5)
+GEMM_BLOCK(6)
+#undef GEMM_BLOCK
+
+/* Y[:, c0 .. c1 - 1] of a few rows (GEMM_ROWS_MAX), W [k, n]: blocks of 6 rows, the columns past the last multiple
+   of 8 by the GEMV's scalar loop */
+static void NAME(gemm_rows)(const gemv_args *p, int64_t c0, int64_t c1) {
+    const int64_t vec = c0 + (c1 - c0) / 8 * 8;
+    for (int64_t r0 = 0; r0 < p->m; r0 += 6) {
+        switch (p->m - r0 < 6 ? p->m - r0 : 6) {
+        case 1: NAME(gemm_rows1)(p, r0, c0, vec); break;
+        case 2: NAME(gemm_rows2)(p, r0, c0, vec); break;
+        case 3: NAME(gemm_rows3)(p, r0, c0, vec); break;
+        case 4: NAME(gemm_rows4)(p, r0, c0, vec); break;
+        case 5: NAME(gemm_rows5)(p, r0, c0, vec); break;
+        default: NAME(gemm_rows6)(p, r0, c0, vec); break;
+        }
+    }
+    for (int64_t r = 0; r < p->m; r++)  /* the last columns: dot products down W's columns */
+        for (int64_t c = vec; c < c1; c++) {
+            const float *x = p->a + r * p->lda;
+            float v = 0.0f;
+            for (int64_t i = 0; i < p->k; i++) v += x[i] * p->w[i * p->n + c];
+            if (p->bias) v += p->bias[c];
+            if (p->residual) v += p->residual[r * p->ldr + c];
+            if (p->accumulate) v += p->y[r * p->ldy + c];
+            p->y[r * p->ldy + c] = gemv_act(v, (int)p->act);
+        }
+}
+#endif
 
 /* one chunk of a job shared among the pool's threads (gemv_job: its kind says which) */
 static void NAME(gemv_chunk)(const void *arg, int64_t c) {
@@ -155,6 +244,11 @@ static void NAME(gemv_chunk)(const void *arg, int64_t c) {
     const int64_t n = p->n, k = p->k, chunks = j->chunks;
     if (j->kind == GEMV_COLUMNS_NK) {
         NAME(gemv_nk)(p, n * c / chunks, n * (c + 1) / chunks);
+#ifdef GEMV_AVX2
+    } else if (j->kind == GEMM_COLUMNS) {  /* whole blocks of 16 columns each, the last chunk the rest */
+        const int64_t blocks = (n + 15) / 16, b0 = blocks * c / chunks, b1 = blocks * (c + 1) / chunks;
+        NAME(gemm_rows)(p, 16 * b0, 16 * b1 < n ? 16 * b1 : n);
+#endif
     } else if (j->kind == GEMV_FINISH) {  /* the parts of a GEMV_ROWS_KN job added, the epilogue: by columns */
         NAME(gemv_finish)(p, n * c / chunks, n * (c + 1) / chunks, j->parts, j->count);
     } else {  /* rows of W: the first range sums into y, the others into parts, added at the end */
@@ -166,6 +260,24 @@ static void NAME(gemv_chunk)(const void *arg, int64_t c) {
 
 static void NAME(gemv)(const gemv_args *p) {
     const int64_t n = p->n, k = p->k;
+#ifdef GEMV_AVX2
+    if (!p->trans && p->m >= 2 && p->m <= GEMM_ROWS_MAX) {  /* a few rows: register blocks (gemm_rows) */
+        const int granted = p->threads > 1 && p->m * k * n >= GEMM_SHARED_WORK ? ctxrt_pool_begin(p->threads) : 0;
+        if (granted >= 2) {
+            const int64_t blocks = (n + 15) / 16, most = blocks < GEMV_CHUNKS_MAX ? blocks : GEMV_CHUNKS_MAX;
+            int64_t chunks = p->m * k * n / (GEMM_SHARED_WORK / 2);
+            if (chunks < granted) chunks = granted;
+            if (chunks > most) chunks = most;
+            gemv_job j = {p, chunks, chunks, 0, GEMM_COLUMNS};
+            if (chunks >= 2) ctxrt_pool_run(NAME(gemv_chunk), &j, chunks);
+            else NAME(gemm_rows)(p, 0, n);
+            ctxrt_pool_end();
+        } else {
+            NAME(gemm_rows)(p, 0, n);
+        }
+        return;
+    }
+#endif
     const int granted = p->threads > 1 ? ctxrt_pool_begin(p->threads) : 0;
     if (granted >= 2) {
         gemv_job j = {p, 0, 0, 0, GEMV_COLUMNS_NK};

@@ -31,24 +31,7 @@ static inline float NAME(dot)(const float *a, const float *b, int64_t h) {
 #ifdef GQA_AVX2
 #include "hsum.h"
 
-/* e^x for 8 lanes of x <= 0 (a softmax's x - max): Cephes' expf, x = n ln2 + r, a degree-5 polynomial in r, then
-   2^n in the exponent bits; within 2 ulp of expf, x below -87 taken as -87 (e^-87 ~ 1.6e-38, beside the max's 1) */
-static inline __m256 NAME(exp8)(__m256 x) {
-    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);  /* a NaN stays NaN (maxps returns its second operand) */
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
+#include "vmath.h"
 
 /* scores[c] = (q . keys[c]) * scale for c in beg .. end - 1, four keys at a time sharing q's loads (h a multiple
    of 8); returns their largest */

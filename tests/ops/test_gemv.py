@@ -36,7 +36,7 @@ def _reference(a, wkn, bias, residual, act):
 @needs_native
 @pytest.mark.parametrize("trans", [True, False], ids=["NK", "KN"])
 @pytest.mark.parametrize("m,k,n", [(1, 256, 1024), (3, 77, 130), (7, 1024, 96), (1, 33, 5000), (2, 5, 3),
-                                   (1, 300, 4100)])
+                                   (1, 300, 4100), (8, 128, 352), (13, 61, 100), (16, 256, 1031)])
 @pytest.mark.parametrize("nthreads", [1, 2, 3])
 def test_gemv_shapes_and_threads(trans, m, k, n, nthreads, monkeypatch) -> None:
     monkeypatch.setattr(gemv, "THREADED_BYTES", 0)  # every size shared among the threads asked for
@@ -47,6 +47,9 @@ def test_gemv_shapes_and_threads(trans, m, k, n, nthreads, monkeypatch) -> None:
     bias = RNG.standard_normal(n).astype(np.float32)
     y = np.full((m, n), np.nan, np.float32)
     run = gemv.launch(a, w, trans, y, bias)
+    if not gemv.takes(m, trans):  # [N, K] weights at 8 or more rows: oneDNN's or NumPy's GEMM
+        assert run is None
+        return
     monkeypatch.setattr(threads._CURRENT, "idle", nthreads, raising=False)
     run()
     np.testing.assert_allclose(y, _reference(a, wkn, bias, None, None), rtol=1e-4, atol=1e-4 * math.sqrt(k))
@@ -56,9 +59,14 @@ def test_gemv_shapes_and_threads(trans, m, k, n, nthreads, monkeypatch) -> None:
 @pytest.mark.parametrize("trans", [True, False], ids=["NK", "KN"])
 @pytest.mark.parametrize("act", [None, "Relu", "Gelu", "Gelu_tanh", "Swish"])
 @pytest.mark.parametrize("epilogue", ["none", "bias", "residual", "both", "in_place"])
-def test_gemv_epilogues(trans, act, epilogue, monkeypatch) -> None:
+@pytest.mark.parametrize("m", [1, 2, 11])
+def test_gemv_epilogues(trans, act, epilogue, m, monkeypatch) -> None:
+    """Every epilogue on the GEMV (1 row), and where W is [K, N] on the register blocks of a few rows (2, 11:
+    blocks of 6 rows and fewer, 16 and 8 columns, and a scalar tail), shared among the threads."""
+    if not gemv.takes(m, trans):
+        pytest.skip("[N, K] weights at 8 or more rows are oneDNN's or NumPy's")
     monkeypatch.setattr(threads._CURRENT, "idle", 2, raising=False)
-    m, k, n = 2, 512, 640  # 1.25 MiB: shared among the threads
+    k, n = 512, 643  # 1.25 MiB: shared among the threads
     a = RNG.standard_normal((m, k)).astype(np.float32) / 8
     wkn = RNG.standard_normal((k, n)).astype(np.float32) / 8
     w = np.ascontiguousarray(wkn.T) if trans else wkn
@@ -79,7 +87,9 @@ def test_gemv_declines_what_it_cannot_read() -> None:
     assert gemv.launch(a, w, False, y, act="Mish") is None
     assert gemv.launch(np.ones((1, 128), np.float32)[:, ::2], w, False, y) is None
     assert gemv.launch(a, w.astype(np.float64), False, y) is None
-    assert gemv.launch(np.ones((8, 64), np.float32), w, False, np.empty((8, 32), np.float32)) is None
+    assert gemv.launch(np.ones((17, 64), np.float32), w, False, np.empty((17, 32), np.float32)) is None
+    assert gemv.launch(np.ones((8, 64), np.float32), np.ones((32, 64), np.float32), True,
+                       np.empty((8, 32), np.float32)) is None  # [N, K] at 8 rows: a GEMM's business
     both = np.zeros((1, 33), np.float32)
     assert gemv.launch(a, w, False, both[:, 1:], residual=both[:, :32]) is None
     if native.library() is not None:
@@ -128,8 +138,8 @@ def _mlp_model(gelu: str | None):
 @needs_native
 @pytest.mark.parametrize("gelu", [None, "none", "tanh", "silu"])
 def test_range_program_token_steps_run_the_native_gemv(gelu, monkeypatch) -> None:
-    """A range program's steps at 1-7 rows launch the native GEMV (GELU fused where the graph has one) and equal
-    onnxruntime; at 12 rows oneDNN's GEMM runs."""
+    """A range program's steps at 1-7 rows launch the native GEMV (GELU fused where the graph has one), at up to 16
+    rows by [K, N] weights the native GEMM of a few rows, and equal onnxruntime; past that oneDNN's GEMM runs."""
     import onnxruntime as ort
 
     import ctxrt
@@ -138,12 +148,16 @@ def test_range_program_token_steps_run_the_native_gemv(gelu, monkeypatch) -> Non
     model = _mlp_model(gelu).SerializeToString()
     ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     with ctxrt.InferenceSession(model, dim_ranges={"seq": (1, 16)}) as sess:
-        for seq in (1, 3, 7, 12):
+        tb = None
+        for seq in (1, 3, 7, 12, 16, 9):
             x = RNG.standard_normal((1, seq, 256)).astype(np.float32)
             before = len(made)
             np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0], rtol=1e-4,
                                        atol=1e-4)
-            if seq < gemv.ROWS:
+            if tb is None:  # how the program stores the weights: [N, K] ("ba") or [K, N]
+                steps = next(iter(sess._variants.values())).ranged.compiled.steps
+                tb = {s.attrs.get("weights_tag") == "ba" for s in steps if s.op == "MatMul"}.pop()
+            if gemv.takes(seq, tb):
                 assert made[before:] == [True, True], made[before:]  # both GEMMs, native
             else:
                 assert len(made) == before
@@ -219,3 +233,33 @@ def test_fixed_programs_run_their_gemvs_natively(op, monkeypatch) -> None:
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
     assert made and all(made)
     onnx.checker.check_model(onnx.load_from_string(model))
+
+
+@needs_native
+@pytest.mark.parametrize("gelu", [None, "none", "silu"])
+@pytest.mark.parametrize("seq", [8, 16])
+def test_fixed_programs_run_a_few_rows_natively(gelu, seq, monkeypatch) -> None:
+    """A fixed-shape program's oneDNN GEMMs at 8-16 rows by [K, N] weights (a small decoder's prompt) bind the
+    native GEMM of a few rows on the stored weights, with bias, activation and residual fused, equal to
+    onnxruntime; with the extension off, oneDNN's primitive gives the same."""
+    import onnxruntime as ort
+
+    import ctxrt
+    from ctxrt.backends.cpu.onednn import api
+
+    if not api.available():
+        pytest.skip("oneDNN is not installed")
+    made = _counting(monkeypatch)
+    model = _mlp_model(gelu).SerializeToString()
+    x = RNG.standard_normal((1, seq, 256)).astype(np.float32)
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with ctxrt.InferenceSession(model, shapes={"x": [1, seq, 256]}) as sess:
+        got = sess.run(None, {"x": x})[0]
+        steps = next(iter(sess._variants.values())).stages[0].graph.compiled.steps
+        tags = {s.attrs.get("weights_tag") for s in steps if s.op == "MatMul"}
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    if tags == {"ab"}:
+        assert made == [True, True]
+    monkeypatch.setattr(native, "library", lambda: None)
+    with ctxrt.InferenceSession(model, shapes={"x": [1, seq, 256]}) as sess:
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)

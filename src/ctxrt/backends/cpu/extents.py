@@ -117,7 +117,10 @@ def small_rows(step: Any) -> Make | None:
         act = "Gelu_tanh"
     if act == "Swish" and float(a.get("alpha", 1.0)) != 1.0:
         return None
-    if rows >= GEMV_ROWS or step.inputs[0].shape[-1] != k or act not in gemv.ACTIVATIONS:
+    if not gemv.takes(rows, a["weights_tag"] == "ba") or step.inputs[0].shape[-1] != k or \
+            act not in gemv.ACTIVATIONS:
+        return None
+    if rows >= GEMV_ROWS and native.library() is None:  # NumPy's GEMM of a few rows: oneDNN's primitive is faster
         return None
     numpy_act = act in (None, "Relu")  # a GELU costs NumPy 9 passes: without the native GEMV, oneDNN's fused one
     if not numpy_act and native.library() is None:  # is faster (1 x 256 by 256 x 1024: 26 vs 38 us)

@@ -19,6 +19,9 @@ import numpy as np
 from ctxrt.backends.cpu import native, threads
 
 ROWS = 8  # rows of A under which a GEMM runs here (more: a GEMM, oneDNN's or BLAS's)
+# ...and up to which it does where W is stored [K, N]: csrc/gemv.c's register blocks of 6 rows by 16 columns (8
+# x 128 x 352: ~10 us on one core, oneDNN's primitive 15-18 in a decoder's run)
+GEMM_ROWS = 16
 # weights from which a launch shares its columns among the idle cores: 1 x 256 by 256 x 1024 (1 MiB) takes
 # ~80 us on one thread of a 2-core AVX2 VM and ~45 on two; at 64 KiB a fork/join costs what a second core saves
 THREADED_BYTES = 256 << 10
@@ -26,23 +29,30 @@ THREADED_BYTES = 256 << 10
 # fused after the bias and the residual (csrc/gemv.h); Swish: x sigmoid(x), alpha 1
 ACTIVATIONS = {None: 0, "Relu": 1, "Gelu": 2, "Gelu_tanh": 3, "Swish": 4}
 F32 = np.dtype(np.float32)
+SHARED_WORK = 1 << 18  # multiply-adds from which a few rows' GEMM shares its columns (csrc/gemv.c, GEMM_SHARED_WORK)
 
 
 def _fits(x: np.ndarray | None, size: int) -> bool:
     return x is None or x.dtype == F32 and x.size == size and x.flags.c_contiguous
 
 
+def takes(rows: int, trans: bool) -> bool:
+    """Whether a GEMM of `rows` rows by W stored [N, K] (`trans`) or [K, N] runs here (where the extension is)."""
+    return 0 < rows < ROWS or not trans and 0 < rows <= GEMM_ROWS
+
+
 def launch(a: np.ndarray, w: np.ndarray, trans: bool, y: np.ndarray, bias: np.ndarray | None = None,
            residual: np.ndarray | None = None, act: str | None = None) -> Callable[[], None] | None:
     """The launch of y = act(a @ W (+ bias) (+ residual)), W = w ([K, N]) or w.T (`trans`: w is [N, K]), `act`
-    one of ACTIVATIONS, a and y (and the residual) C-contiguous rows; rows of a = its size / K. None where the
-    native library is not there or the arrays do not fit it (the caller then runs NumPy's GEMV)."""
+    one of ACTIVATIONS, a and y (and the residual) C-contiguous rows; rows of a = its size / K (`takes`). None
+    where the native library is not there or the arrays do not fit it (the caller then runs NumPy's or oneDNN's
+    GEMM)."""
     lib = native.library()
     if lib is None or act not in ACTIVATIONS or w.ndim != 2 or not _fits(w, w.size):
         return None
     n, k = w.shape if trans else w.shape[::-1]
     m = a.size // k if k else 0
-    if not 0 < m < ROWS or n == 0 or not (_fits(a, m * k) and _fits(y, m * n) and _fits(residual, m * n)
+    if not takes(m, trans) or n == 0 or not (_fits(a, m * k) and _fits(y, m * n) and _fits(residual, m * n)
                                           and _fits(bias, n)):
         return None
     accumulate = residual is not None and residual.ctypes.data == y.ctypes.data
@@ -54,7 +64,7 @@ def launch(a: np.ndarray, w: np.ndarray, trans: bool, y: np.ndarray, bias: np.nd
                            bias=native.address(bias), residual=native.address(residual), ldr=n, y=y.ctypes.data,
                            ldy=n, accumulate=int(accumulate), act=ACTIVATIONS[act], threads=1)
     ref, call, keep = ctypes.byref(args), lib.ctxrt_gemv, (a, w, y, bias, residual)
-    if w.nbytes < THREADED_BYTES:
+    if w.nbytes < THREADED_BYTES and m * k * n < SHARED_WORK:
         def run(_keep: object = keep) -> None:  # _keep: the arrays the struct points into
             call(ref)
         return run

@@ -4,15 +4,19 @@ no second copy of them exists; only where oneDNN has no fast kernel for that lay
 time into the format it prefers. The bias, a residual add and a Relu or GELU (FuseActivation's,
 FuseMatMulEpilogue's) are post-ops of the primitive. Measured at one thread against NumPy's SGEMM (OpenBLAS) on a
 MiniLM layer's shapes: 128 x 384 by 384 x 1536 1.49 ms vs 2.38, 1536 -> 384 1.40 vs 1.95, 384 -> 384 0.37 vs 0.49.
-A single row (a classifier at batch 1) is a GEMV that NumPy streams as fast: left to NumPy."""
+A single row (a classifier at batch 1) is a GEMV that NumPy streams as fast: left to NumPy. A few rows (gemv.takes)
+by plain weights run csrc/gemv.c's GEMV or register-blocked GEMM on the same weights (_FewRows) where the extension
+is built: 8 x 128 x 352 ~10 us on one core, the primitive's launch 15-18 in a small decoder's run."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from ctxrt.backends.cpu import gemv, native
 from ctxrt.backends.cpu.onednn import api
 from ctxrt.backends.cpu.onednn.kernels import (
     OneDnnKernel,
@@ -109,5 +113,26 @@ def matmul(spec: NodeSpec) -> Kernel:
             constants = {1: prepack(spec.consts[1], (k, n), stored, prim.md(api.Q_WEIGHTS_MD))}
         attrs = {"weights_tag": packed, "weight_shape": [k, n]}
     args = weighted_args(prim, src_md, dst_md, bias_md, attr.binary_index if residual else None)
-    return OneDnnKernel(spec, prim, args, "matmul", attrs, constants, variant=variant_of(spec, make, (k, n), packed),
-                        weights=own)
+    native_act = {("Gelu", "tanh"): "Gelu_tanh"}.get(act, act[0])
+    few = packed in ("ab", "ba") and own is None and native.library() is not None and \
+        gemv.takes(rows, packed == "ba") and native_act in gemv.ACTIVATIONS and \
+        not (act[0] == "Swish" and float(spec.attr("alpha", 1.0)) != 1.0)
+    kernel = (_FewRows if few else OneDnnKernel)(spec, prim, args, "matmul", attrs, constants,
+                                                 variant=variant_of(spec, make, (k, n), packed), weights=own)
+    if few:  # the weights as stored, read by csrc/gemv.c's kernel of a few rows
+        kernel.few = (rows, k, n, packed == "ba", native_act, has_bias, residual)
+    return kernel
+
+
+class _FewRows(OneDnnKernel):
+    """A oneDNN GEMM of a few rows (gemv.takes) by weights stored plain: bound to the native GEMV or register-
+    blocked GEMM (gemv.py) on the same weights and epilogue, the primitive where the arrays do not fit it."""
+
+    few: tuple[int, int, int, bool, str | None, bool, bool]
+
+    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Callable[[], None]:
+        rows, k, n, trans, act, has_bias, residual = self.few
+        run = gemv.launch(ins[0].reshape(rows, k), ins[1].reshape((n, k) if trans else (k, n)), trans,
+                          outs[0].reshape(rows, n), ins[2].reshape(n) if has_bias else None,
+                          ins[3].reshape(rows, n) if residual else None, act)
+        return run if run is not None else super().bind(ins, outs, scratch)

@@ -1,0 +1,75 @@
+/* Vector math for the AVX2 copy of a kernel header (included inside its #pragma GCC target region, once per
+   translation unit: by gqa_kernel.h in csrc/genai.c, by gemv_kernel.h in csrc/gemv.c; NAME(x) names this copy's
+   functions): e^x, erf and the activations a GEMM's epilogue fuses, 8 lanes at a time. */
+
+/* e^x for 8 lanes of x <= 0 (a softmax's x - max): Cephes' expf, x = n ln2 + r, a degree-5 polynomial in r, then
+   2^n in the exponent bits; within 2 ulp of expf, x below -87 taken as -87 (e^-87 ~ 1.6e-38, beside the max's 1) */
+static inline __m256 NAME(exp8)(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);  /* a NaN stays NaN (maxps returns its second operand) */
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* e^t for 8 lanes, as float32 expf gives it: Cephes' expf (exp8) up to 88, e^88 * e^(t - 88) up to 88.72, inf
+   above; below -87 e^-87 (~1e-38 beside 1); NaN kept (minps and maxps return their second operand on a NaN) */
+static inline __m256 NAME(exp8_full)(__m256 t) {
+    const __m256 cap = _mm256_set1_ps(88.0f);
+    const __m256 over = _mm256_cmp_ps(t, _mm256_set1_ps(88.72283935546875f), _CMP_GT_OQ);
+    __m256 e = NAME(exp8)(_mm256_min_ps(cap, t));
+    e = _mm256_mul_ps(e, NAME(exp8)(_mm256_max_ps(_mm256_sub_ps(t, cap), _mm256_setzero_ps())));
+    return _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), over);
+}
+
+/* erf for 8 lanes: the faithfully rounded float approximation of N. Juffa (max error ~1 ulp), a polynomial in x^2
+   up to |x| 0.927734375 and 1 - e^(polynomial in |x|) above, the sign copied back; NaN gives NaN */
+static inline __m256 NAME(erf8)(__m256 a) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256 t = _mm256_andnot_ps(sign, a), s = _mm256_mul_ps(a, a);
+    __m256 r = _mm256_set1_ps(-5.96761703e-4f);  /* |a| <= 0.927734375 */
+    r = _mm256_fmadd_ps(r, s, _mm256_set1_ps(4.99119423e-3f));
+    r = _mm256_fmadd_ps(r, s, _mm256_set1_ps(-2.67681349e-2f));
+    r = _mm256_fmadd_ps(r, s, _mm256_set1_ps(1.12819925e-1f));
+    r = _mm256_fmadd_ps(r, s, _mm256_set1_ps(-3.76125336e-1f));
+    r = _mm256_fmadd_ps(r, s, _mm256_set1_ps(1.28379166e-1f));
+    const __m256 small = _mm256_fmadd_ps(r, a, a);
+    __m256 b = _mm256_fmadd_ps(_mm256_set1_ps(-1.72853470e-5f), t, _mm256_set1_ps(3.83197126e-4f));
+    const __m256 u = _mm256_fmadd_ps(_mm256_set1_ps(-3.88396438e-3f), t, _mm256_set1_ps(2.42546219e-2f));
+    b = _mm256_fmadd_ps(b, s, u);
+    b = _mm256_fmadd_ps(b, t, _mm256_set1_ps(-1.06777877e-1f));
+    b = _mm256_fmadd_ps(b, t, _mm256_set1_ps(-6.34846687e-1f));
+    b = _mm256_fmadd_ps(b, t, _mm256_set1_ps(-1.28717512e-1f));
+    b = _mm256_fmadd_ps(b, t, _mm256_sub_ps(_mm256_setzero_ps(), t));
+    b = _mm256_sub_ps(_mm256_set1_ps(1.0f), NAME(exp8)(b));  /* exp8 holds its argument to >= -87: 1 - ~0 */
+    b = _mm256_or_ps(b, _mm256_and_ps(sign, a));
+    return _mm256_blendv_ps(small, b, _mm256_cmp_ps(t, _mm256_set1_ps(0.927734375f), _CMP_GT_OQ));
+}
+
+/* a fused activation of 8 lanes, as gemv_args.act numbers them: 1 Relu, 2 GELU (erf), 3 GELU (tanh), 4 SiLU */
+static inline __m256 NAME(act8)(__m256 v, int act) {
+    const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
+    switch (act) {
+    case 1: return _mm256_max_ps(v, _mm256_setzero_ps());
+    case 2: return _mm256_mul_ps(_mm256_mul_ps(half, v),
+                                 _mm256_add_ps(one, NAME(erf8)(_mm256_mul_ps(v, _mm256_set1_ps(0.70710678118654752f)))));
+    case 3: {  /* tanh(z) = 1 - 2 / (e^2z + 1); e^2z past 88.72 is inf, tanh 1 */
+        const __m256 z = _mm256_mul_ps(_mm256_set1_ps(0.79788456080286536f),
+                                       _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), v), _mm256_mul_ps(v, v), v));
+        const __m256 e = NAME(exp8_full)(_mm256_add_ps(z, z));
+        const __m256 th = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+        return _mm256_mul_ps(_mm256_mul_ps(half, v), _mm256_add_ps(one, th));
+    }
+    case 4: return _mm256_div_ps(v, _mm256_add_ps(one, NAME(exp8_full)(_mm256_sub_ps(_mm256_setzero_ps(), v))));
+    default: return v;
+    }
+}
