@@ -378,7 +378,7 @@ def gemm(spec: NodeSpec) -> Kernel:
     bias_c = cconst is not None and cscaled.size == spec.outputs[0].shape[-1] and cscaled.ndim <= 2 and \
         cscaled.shape[0] == cscaled.size
     native = not ta and alpha == 1 and bconst is not None and (not has_c or bias_c) and \
-        spec.inputs[0].shape[0] < gemv.ROWS
+        gemv.takes(spec.inputs[0].shape[0], tb)
 
     def bind(i, o, s):
         if native:
@@ -411,7 +411,7 @@ def matmul(spec: NodeSpec) -> Kernel:
     tb = bool(spec.attr("transB", 0))  # B stored [N, K] by the TransposeMatMulWeights pass: an NT GEMM, no copy
     a, b = spec.inputs[0], spec.inputs[1]
     if spec.consts[1] is not None and len(b.shape) == 2 and len(a.shape) >= 1 and \
-            math.prod(a.shape[:-1]) < gemv.ROWS:  # a few rows by constant weights: the native GEMV (gemv.py)
+            gemv.takes(math.prod(a.shape[:-1]), tb):  # a few rows by constant weights: the native GEMV (gemv.py)
         def bind(i, o, s):
             run = gemv.launch(i[0], i[1], tb, o[0])
             if run is not None:
