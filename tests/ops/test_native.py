@@ -213,3 +213,36 @@ def test_the_extension_brings_no_openmp_runtime() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("rows", [3, 300])
+def test_small_softmax_and_layernorm_run_native_rows(rows, monkeypatch) -> None:
+    """A fixed program's small Softmax and LayerNormalization (oneDNN's nodes) run csrc/norms_kernel.h's rows in
+    one call, a large one oneDNN's primitive; both equal onnxruntime, masked rows included."""
+    import onnxruntime as ort
+    from onnx import TensorProto, numpy_helper
+
+    from ctxrt.backends.cpu.onednn import api, kernels
+
+    if native.library() is None or not api.available():
+        pytest.skip("needs the native extension and oneDNN")
+    monkeypatch.setattr(kernels, "NATIVE_ROWS_MAX", 64 * 40)  # 3 rows of 40 natively, 300 rows by oneDNN
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(rng.standard_normal(40).astype(np.float32), n) for n in ("g", "b")]
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["n"], epsilon=1e-4),
+             helper.make_node("Add", ["n", "m"], ["s"]), helper.make_node("Softmax", ["s"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, 40]),
+                                       helper.make_tensor_value_info("m", TensorProto.FLOAT, [rows, 40])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                           helper.make_tensor_value_info("n", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    x = (rng.standard_normal((rows, 40)) * 3 + 1).astype(np.float32)
+    mask = np.where(rng.random((rows, 40)) < 0.25, -np.inf, 0).astype(np.float32)
+    feeds = {"x": x, "m": mask}
+    want = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, feeds)
+    with ctxrt.InferenceSession(m) as sess:
+        got = sess.run(None, feeds)
+        built = [type(k).__name__ for k in next(iter(sess._variants.values())).stages[0].graph._kernels]
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert built.count("_NativeRows") == (2 if rows == 3 else 0), built

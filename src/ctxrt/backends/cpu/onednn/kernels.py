@@ -21,12 +21,13 @@ scratch is not made: the node then runs its first primitive, as before).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.cpu import threads
+from ctxrt.backends.cpu import native, threads
 from ctxrt.backends.cpu.onednn import api
 from ctxrt.backends.kernel import Kernel, NodeSpec
 from ctxrt.errors import CtxrtError, UnsupportedOpError
@@ -365,8 +366,42 @@ def softmax(spec: NodeSpec) -> Kernel:
 
     prim = make()
     reject_reference(prim, spec)
-    return OneDnnKernel(spec, prim, [(api.ARG_SRC, "in", 0, md), (api.ARG_DST, "out", 0, md)], "softmax",
-                        variant=make)
+    small = len(view) == 2 and view[0] * view[1] <= NATIVE_ROWS_MAX and native.library() is not None
+    kernel = (_NativeRows if small else OneDnnKernel)(
+        spec, prim, [(api.ARG_SRC, "in", 0, md), (api.ARG_DST, "out", 0, md)], "softmax", variant=make)
+    if small:
+        kernel.rows = ("ctxrt_softmax_rows", view[0], view[1], None)
+    return kernel
+
+
+# values of a Softmax or LayerNormalization up to which csrc/norms_kernel.h's rows run on one thread, where
+# oneDNN's call costs more than the work (a small decoder's 4 x 8 x 8 attention scores: ~13 us -> ~2)
+NATIVE_ROWS_MAX = 1 << 15
+
+
+class _NativeRows(OneDnnKernel):
+    """A small oneDNN Softmax (along the last axis) or LayerNormalization bound to csrc/norms_kernel.h's row
+    kernel; the primitive where the arrays do not fit it."""
+
+    rows: tuple[str, int, int, float | None]  # (the native function, rows, row length, LayerNorm's epsilon)
+
+    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Callable[[], None]:
+        fn, rows, n, eps = self.rows
+        lib = native.library()
+        arrays = [a for a in (*ins, *outs) if a is not None]
+        if lib is None or not all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays):
+            return super().bind(ins, outs, scratch)
+        x, y = ins[0], outs[0]
+        if eps is None:
+            args: Any = native.SoftmaxArgs(rows=rows, n=n, x=x.ctypes.data, y=y.ctypes.data)
+        else:
+            args = native.LnArgs(rows=rows, n=n, x=x.ctypes.data, gamma=ins[1].ctypes.data,
+                                 beta=native.address(ins[2] if len(ins) > 2 else None), y=y.ctypes.data, eps=eps)
+        ref, call = ctypes.byref(args), getattr(lib, fn)
+
+        def run(_keep: object = arrays) -> None:  # _keep: the arrays the struct points into
+            call(ref)
+        return run
 
 
 # -- pools, LRN, BatchNormalization ---------------------------------------------------------------------------
@@ -514,7 +549,11 @@ def layernorm(spec: NodeSpec) -> Kernel:
     args = [(api.ARG_SRC, "in", 0, md), (api.ARG_DST, "out", 0, md), (api.ARG_SCALE, "in", 1, vec)]
     if has_b:
         args.append((api.ARG_SHIFT, "in", 2, vec))
-    return OneDnnKernel(spec, prim, args, "layernorm", variant=make)
+    small = rows * n <= NATIVE_ROWS_MAX and native.library() is not None
+    kernel = (_NativeRows if small else OneDnnKernel)(spec, prim, args, "layernorm", variant=make)
+    if small:
+        kernel.rows = ("ctxrt_ln_rows", rows, n, float(spec.attr("epsilon", 1e-5)))
+    return kernel
 
 
 def reorder(spec: NodeSpec) -> Kernel:
