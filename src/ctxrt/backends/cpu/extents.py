@@ -178,7 +178,12 @@ def _unary(ufunc: Any) -> Make:
 
 def _where(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     c, x, y, out = ins[0], ins[1], ins[2], outs[0]
-    return lambda: np.copyto(out, np.where(c, x, y))  # NumPy's where has no `out`
+    if out.size and not np.may_share_memory(out, x) and not np.may_share_memory(out, c):
+        def run() -> None:  # NumPy's where has no `out`: y, then x where c (no temporary)
+            np.copyto(out, y)
+            np.copyto(out, x, where=c)
+        return run
+    return lambda: np.copyto(out, np.where(c, x, y))
 
 
 def _matmul(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
@@ -303,11 +308,19 @@ def _trilu(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     diag = np.arange(cols)[None, :] - np.arange(rows)[:, None]  # j - i
     zero_where = np.less if step.attrs.get("upper", 1) else np.greater  # upper: zero j - i < k
     same = x.size and x.ctypes.data == y.ctypes.data
+    masks: dict[int, np.ndarray] = {}  # the positions zeroed, per value of k (a constant in a causal mask)
+    zero = y.dtype.type(0)
 
     def run() -> None:
         if not same:
             np.copyto(y, x)
-        y[..., zero_where(diag, 0 if k is None else int(k.reshape(-1)[0]))] = 0
+        d = 0 if k is None else int(k.reshape(-1)[0])
+        mask = masks.get(d)
+        if mask is None:
+            if len(masks) >= 8:
+                masks.clear()
+            mask = masks[d] = zero_where(diag, d)
+        np.copyto(y, zero, where=mask)
     return run if y.size else _nothing
 
 
