@@ -29,9 +29,11 @@
 
 /* A GEMM of 2 .. GEMM_ROWS_MAX rows by W [k, n] (a prompt's few tokens, a small batch) runs on register blocks
    (gemv_kernel.h, gemm_rows: W read once for every 6 rows, where the GEMV's loop reads it once a row), shared by
-   blocks of 16 columns from GEMM_SHARED_WORK multiply-adds (~10 us on one core) */
+   blocks of 16 columns from GEMM_SHARED_WORK multiply-adds (~30 us on one core: a shared job waits for a chunk
+   a worker claimed, which a busy core can hold for a scheduler slice; a small decoder's 8 x 128 x 352 GEMMs
+   shared at 2^18 ran 2-3x slower beside another process's spinning threads) */
 #define GEMM_ROWS_MAX 16
-#define GEMM_SHARED_WORK (1 << 18)
+#define GEMM_SHARED_WORK (1 << 21)
 
 enum { GEMV_COLUMNS_NK, GEMV_ROWS_KN, GEMV_FINISH, GEMM_COLUMNS };
 

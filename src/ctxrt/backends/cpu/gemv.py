@@ -29,7 +29,7 @@ THREADED_BYTES = 256 << 10
 # fused after the bias and the residual (csrc/gemv.h); Swish: x sigmoid(x), alpha 1
 ACTIVATIONS = {None: 0, "Relu": 1, "Gelu": 2, "Gelu_tanh": 3, "Swish": 4}
 F32 = np.dtype(np.float32)
-SHARED_WORK = 1 << 18  # multiply-adds from which a few rows' GEMM shares its columns (csrc/gemv.c, GEMM_SHARED_WORK)
+SHARED_WORK = 1 << 21  # multiply-adds from which a few rows' GEMM shares its columns (csrc/gemv.c, GEMM_SHARED_WORK)
 
 
 def _fits(x: np.ndarray | None, size: int) -> bool:
