@@ -45,6 +45,87 @@ static void NAME(lstm_recur)(const float *r, const float *h, int64_t hidden, flo
     }
 }
 
+#ifdef GQA_AVX2
+/* g0[j] += R[j] . h0 and g1[j] += R[j] . h1 (two batch rows): four rows of R at a time, each load of R serving
+   both rows, the eight sums in one vector; R is read once for the two rows (hidden a multiple of 8) */
+static void NAME(lstm_recur2)(const float *r, const float *h0, const float *h1, int64_t hidden, float *g0,
+                              float *g1) {
+    const int64_t rows = 4 * hidden;
+    for (int64_t j = 0; j < rows; j += 4) {
+        const float *r0 = r + j * hidden;
+        __m256 s[8];
+        for (int i = 0; i < 8; i++) s[i] = _mm256_setzero_ps();
+        for (int64_t k = 0; k < hidden; k += 8) {
+            const __m256 a = _mm256_loadu_ps(h0 + k), b = _mm256_loadu_ps(h1 + k);
+            for (int i = 0; i < 4; i++) {
+                const __m256 w = _mm256_loadu_ps(r0 + i * hidden + k);
+                s[i] = _mm256_fmadd_ps(a, w, s[i]);
+                s[4 + i] = _mm256_fmadd_ps(b, w, s[4 + i]);
+            }
+        }
+        const __m256 t = NAME(hsum8x8_ps)(s);  /* [h0 . R[j..j+3], h1 . R[j..j+3]] */
+        _mm_storeu_ps(g0 + j, _mm_add_ps(_mm_loadu_ps(g0 + j), _mm256_castps256_ps128(t)));
+        _mm_storeu_ps(g1 + j, _mm_add_ps(_mm_loadu_ps(g1 + j), _mm256_extractf128_ps(t, 1)));
+    }
+}
+
+/* the same for four batch rows: two rows of R at a time, each load of R serving the four rows (R read once for
+   four rows: a step of batch 8 streams R from L2 twice, not four or eight times) */
+static void NAME(lstm_recur4)(const float *r, const float *const h[4], int64_t hidden, float *const g[4]) {
+    const int64_t rows = 4 * hidden;
+    for (int64_t j = 0; j < rows; j += 2) {
+        const float *r0 = r + j * hidden, *r1 = r0 + hidden;
+        __m256 s[8];
+        for (int i = 0; i < 8; i++) s[i] = _mm256_setzero_ps();
+        for (int64_t k = 0; k < hidden; k += 8) {
+            const __m256 w0 = _mm256_loadu_ps(r0 + k), w1 = _mm256_loadu_ps(r1 + k);
+            for (int b = 0; b < 4; b++) {
+                const __m256 x = _mm256_loadu_ps(h[b] + k);
+                s[2 * b] = _mm256_fmadd_ps(x, w0, s[2 * b]);
+                s[2 * b + 1] = _mm256_fmadd_ps(x, w1, s[2 * b + 1]);
+            }
+        }
+        float t[8];
+        _mm256_storeu_ps(t, NAME(hsum8x8_ps)(s));  /* [b0: R[j], R[j+1], b1: ..., b3: ...] */
+        for (int b = 0; b < 4; b++) g[b][j] += t[2 * b], g[b][j + 1] += t[2 * b + 1];
+    }
+}
+#endif
+
+/* the gates of batch row b at step t: c and h updated in place (g holds the step's pre-activations), h copied to Y */
+static void NAME(lstm_gates)(const lstm_args *p, int64_t b, int64_t t) {
+    const int64_t H = p->hidden;
+    float *g = p->work + b * 7 * H, *h = g + 4 * H, *c = h + H;
+    const float *gi = g, *go = g + H, *gf = g + 2 * H, *gc = g + 3 * H;
+    const float *pi = p->peep, *po = p->peep ? p->peep + H : 0, *pf = p->peep ? p->peep + 2 * H : 0;
+    int64_t k = 0;
+#ifdef GQA_AVX2
+    for (; k + 8 <= H; k += 8) {
+        const __m256 cp = _mm256_loadu_ps(c + k);
+        __m256 vi = _mm256_loadu_ps(gi + k), vf = _mm256_loadu_ps(gf + k), vo = _mm256_loadu_ps(go + k);
+        if (pi) {
+            vi = _mm256_fmadd_ps(_mm256_loadu_ps(pi + k), cp, vi);
+            vf = _mm256_fmadd_ps(_mm256_loadu_ps(pf + k), cp, vf);
+        }
+        const __m256 cn = _mm256_add_ps(_mm256_mul_ps(NAME(sigmoid8)(vf), cp),
+                                        _mm256_mul_ps(NAME(sigmoid8)(vi), NAME(tanh8)(_mm256_loadu_ps(gc + k))));
+        if (po) vo = _mm256_fmadd_ps(_mm256_loadu_ps(po + k), cn, vo);
+        _mm256_storeu_ps(c + k, cn);
+        _mm256_storeu_ps(h + k, _mm256_mul_ps(NAME(sigmoid8)(vo), NAME(tanh8)(cn)));
+    }
+#endif
+    for (; k < H; k++) {
+        const float cp = c[k];
+        const float it = NAME(sigmoid1)(gi[k] + (pi ? pi[k] * cp : 0.0f));
+        const float ft = NAME(sigmoid1)(gf[k] + (pf ? pf[k] * cp : 0.0f));
+        const float cn = ft * cp + it * tanhf(gc[k]);
+        const float ot = NAME(sigmoid1)(go[k] + (po ? po[k] * cn : 0.0f));
+        c[k] = cn;
+        h[k] = ot * tanhf(cn);
+    }
+    if (p->y) memcpy(p->y + t * p->y_t + b * p->y_b, h, (size_t)H * sizeof(float));
+}
+
 static void NAME(lstm)(const lstm_args *p) {
     const int64_t H = p->hidden, N = p->batch;
     for (int64_t b = 0; b < N; b++) {
@@ -56,38 +137,26 @@ static void NAME(lstm)(const lstm_args *p) {
     }
     for (int64_t s = 0; s < p->steps; s++) {
         const int64_t t = p->reverse ? p->steps - 1 - s : s;
-        for (int64_t b = 0; b < N; b++) {
-            float *g = p->work + b * 7 * H, *h = g + 4 * H, *c = h + H;
-            memcpy(g, p->xp + t * p->xp_t + b * p->xp_b, (size_t)(4 * H) * sizeof(float));
-            NAME(lstm_recur)(p->r, h, H, g);
-            const float *gi = g, *go = g + H, *gf = g + 2 * H, *gc = g + 3 * H;
-            const float *pi = p->peep, *po = p->peep ? p->peep + H : 0, *pf = p->peep ? p->peep + 2 * H : 0;
-            int64_t k = 0;
+        for (int64_t b = 0; b < N;) {  /* rows b .. b + took - 1: the step's input projection, R h (each row's own
+                                          h, before its gates), then their gates */
+            int64_t took = 1;
 #ifdef GQA_AVX2
-            for (; k + 8 <= H; k += 8) {
-                const __m256 cp = _mm256_loadu_ps(c + k);
-                __m256 vi = _mm256_loadu_ps(gi + k), vf = _mm256_loadu_ps(gf + k), vo = _mm256_loadu_ps(go + k);
-                if (pi) {
-                    vi = _mm256_fmadd_ps(_mm256_loadu_ps(pi + k), cp, vi);
-                    vf = _mm256_fmadd_ps(_mm256_loadu_ps(pf + k), cp, vf);
-                }
-                const __m256 cn = _mm256_add_ps(_mm256_mul_ps(NAME(sigmoid8)(vf), cp),
-                                                _mm256_mul_ps(NAME(sigmoid8)(vi), NAME(tanh8)(_mm256_loadu_ps(gc + k))));
-                if (po) vo = _mm256_fmadd_ps(_mm256_loadu_ps(po + k), cn, vo);
-                _mm256_storeu_ps(c + k, cn);
-                _mm256_storeu_ps(h + k, _mm256_mul_ps(NAME(sigmoid8)(vo), NAME(tanh8)(cn)));
-            }
+            if (H % 8 == 0 && b + 2 <= N) took = b + 4 <= N ? 4 : 2;
 #endif
-            for (; k < H; k++) {
-                const float cp = c[k];
-                const float it = NAME(sigmoid1)(gi[k] + (pi ? pi[k] * cp : 0.0f));
-                const float ft = NAME(sigmoid1)(gf[k] + (pf ? pf[k] * cp : 0.0f));
-                const float cn = ft * cp + it * tanhf(gc[k]);
-                const float ot = NAME(sigmoid1)(go[k] + (po ? po[k] * cn : 0.0f));
-                c[k] = cn;
-                h[k] = ot * tanhf(cn);
+            float *g[4];
+            const float *h[4];
+            for (int64_t i = 0; i < took; i++) {
+                g[i] = p->work + (b + i) * 7 * H, h[i] = g[i] + 4 * H;
+                memcpy(g[i], p->xp + t * p->xp_t + (b + i) * p->xp_b, (size_t)(4 * H) * sizeof(float));
             }
-            if (p->y) memcpy(p->y + t * p->y_t + b * p->y_b, h, (size_t)H * sizeof(float));
+#ifdef GQA_AVX2
+            if (took == 4) NAME(lstm_recur4)(p->r, h, H, g);
+            else if (took == 2) NAME(lstm_recur2)(p->r, h[0], h[1], H, g[0], g[1]);
+            else
+#endif
+                NAME(lstm_recur)(p->r, h[0], H, g[0]);
+            for (int64_t i = 0; i < took; i++) NAME(lstm_gates)(p, b + i, t);
+            b += took;
         }
     }
     for (int64_t b = 0; b < N; b++) {

@@ -343,17 +343,19 @@ def test_context_binary_round_trip_keeps_which_outputs_exist(tmp_path) -> None:
 @pytest.mark.parametrize("hidden", [16, 12])  # 12: the gates' scalar tail
 @pytest.mark.parametrize("layout", [0, 1])
 @pytest.mark.parametrize("direction", DIRECTIONS)
-def test_lstm_at_small_batches_runs_the_native_kernel(direction: str, layout: int, hidden: int, monkeypatch,
-                                                      tmp_path) -> None:
-    """Constant weights, the default activations, 3 batch rows: csrc/genai.c's LSTM runs it (every step's GEMV and
-    gates in one call a direction), with peepholes, initial states and every output, against onnxruntime; its
-    binary loads where the extension is not built (NumPy's cells in the same scratch) with the same outputs."""
+@pytest.mark.parametrize("batch", [3, 7])  # 7: four rows sharing R's loads, then two, then one
+def test_lstm_at_small_batches_runs_the_native_kernel(direction: str, layout: int, hidden: int, batch: int,
+                                                      monkeypatch, tmp_path) -> None:
+    """Constant weights, the default activations, a few batch rows: csrc/genai.c's LSTM runs it (every step's
+    recurrent products and gates in one call a direction), with peepholes, initial states and every output, against
+    onnxruntime; its binary loads where the extension is not built (NumPy's cells in the same scratch) with the same
+    outputs."""
     from ctxrt.backends.cpu import native
 
     if native.library() is None:
         pytest.skip("the native extension is not built")
     d = 2 if direction == "bidirectional" else 1
-    values = arrays("LSTM", 7, 3, 5, hidden, d)
+    values = arrays("LSTM", 7, batch, 5, hidden, d)
     used = ["X", "W", "R", "B", "initial_h", "initial_c", "P"]
     consts = ("W", "R", "B", "P")
     got = run_case("LSTM", values, used, ["Y", "Y_h", "Y_c"], consts, layout=layout, direction=direction)

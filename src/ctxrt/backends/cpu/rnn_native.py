@@ -20,7 +20,7 @@ from ctxrt.backends.cpu.recurrent import INITIAL_C, INITIAL_H, B, P, R, Scratch,
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec
 from ctxrt.ir.canonical import output_slots
 
-ROWS = 4  # batch rows up to which the native kernel runs (per row it streams R once a step; oneDNN's GEMM beyond)
+ROWS = 16  # batch rows up to which the native kernel runs (R read once a step for every two rows; oneDNN beyond)
 MARK = "recurrent"  # node attribute a compile records: "native"
 
 
