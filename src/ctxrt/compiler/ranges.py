@@ -122,13 +122,6 @@ class Ranges:
     def evaluate(self, dims: Sequence[int]) -> np.ndarray:
         return self._coeffs @ _monomials(dims)
 
-    def values(self, dims: Sequence[int]) -> list[int]:
-        """evaluate's integers as a list (a run's hot path: the monomials made without a loop over NumPy)."""
-        m = [1]
-        for d in dims:  # bit j of a monomial's index: dims[j] is a factor, as _monomials orders them
-            m += [x * int(d) for x in m]
-        return (self._coeffs @ np.array(m, np.int64)).tolist()
-
     def specialize(self, g: CompiledGraph, dims: Sequence[int], made: Mapping[tuple[int, tuple[int, ...]], Step]
                    ) -> tuple[CompiledGraph, list[int], dict[int, tuple[int, ...]], dict[tuple[int, int], list[Any]]]:
         """(g's program at these dim values, the index in g of each of its steps, the values of the varying
@@ -195,10 +188,12 @@ def _expression_of(coeffs: Sequence[int], names: Sequence[str]) -> str:
 
 
 def _monomials(dims: Sequence[int]) -> np.ndarray:
-    m = np.ones(1 << len(dims), np.int64)
-    for s in range(1, len(m)):
-        m[s] = math.prod(int(d) for j, d in enumerate(dims) if s >> j & 1)
-    return m
+    """The products of the dims' subsets, subset s at index s (bit j: dims[j] a factor); made in Python lists,
+    not element by element in NumPy (a range program's run evaluates them at every new set of dims)."""
+    m = [1]
+    for d in dims:
+        m += [x * int(d) for x in m]
+    return np.array(m, np.int64)
 
 
 def _apply(step: Step, changes: list[tuple[list[Any], int]], consts: dict[tuple[int, int], list[tuple[int, int]]],

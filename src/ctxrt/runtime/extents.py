@@ -297,7 +297,7 @@ class ExtentRunner:
 
     def _at(self, dims: tuple[int, ...]) -> AtDims:
         g, r = self.g, self.g.ranges
-        vals = r.values(dims)
+        vals = r.evaluate(dims).tolist()
         ins, outs = [], []
         for infos, places, got in ((g.inputs, self.io_axes[0], ins), (g.outputs, self.io_axes[1], outs)):
             for t, axes in zip(infos, places, strict=True):

@@ -9,7 +9,6 @@ shape), and `make(step, ins, outs)` costs about a microsecond per view.
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable
 from typing import Any
 
@@ -112,11 +111,7 @@ def small_rows(step: Any) -> Make | None:
         return None
     k, n = (int(d) for d in a["weight_shape"])
     rows = int(np.prod(step.inputs[0].shape[:-1]))
-    act = a.get("activation")
-    if act == "Gelu" and a.get("approximate", "none") == "tanh":
-        act = "Gelu_tanh"
-    if act == "Swish" and float(a.get("alpha", 1.0)) != 1.0:
-        return None
+    act = gemv.activation(a.get("activation"), a.get("approximate", "none"), a.get("alpha", 1.0))
     if not gemv.takes(rows, a["weights_tag"] == "ba") or step.inputs[0].shape[-1] != k or \
             act not in gemv.ACTIVATIONS:
         return None
@@ -191,28 +186,11 @@ def _matmul(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     return lambda: np.matmul(a, b, out=y)
 
 
-def _rows(lib: Any, fn: str, args: ctypes.Structure, keep: tuple[Any, ...]) -> Launch:
-    """The launch of native kernel `fn` on its argument struct, the arrays it points into kept alive."""
-    ref, call = ctypes.byref(args), getattr(lib, fn)
-
-    def run(_keep: object = keep) -> None:
-        call(ref)
-    return run
-
-
-def _native_rows(*arrays: Any) -> bool:
-    """Float32 C-contiguous arrays (of any size) that a native row kernel can take."""
-    return all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
-
-
 def _softmax(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     x, y = ins[0], outs[0]
     axis = int(step.attrs.get("axis", -1)) % max(x.ndim, 1)
-    lib = native.library()
-    if lib is not None and x.size and axis == x.ndim - 1 and _native_rows(x, y):  # one call (csrc/norms_kernel.h)
-        n = x.shape[-1]
-        args = native.SoftmaxArgs(rows=x.size // n, n=n, x=x.ctypes.data, y=y.ctypes.data)
-        return _rows(lib, "ctxrt_softmax_rows", args, (x, y))
+    if native.library() is not None and x.size and axis == x.ndim - 1 and native.rows_fit(x, y):  # one call
+        return native.softmax_rows(x, y, x.size // x.shape[-1], x.shape[-1])
 
     # the row statistics, made with the launch (a shape's launch is kept): nothing allocated per run
     m = np.empty(x.shape[:axis] + (1,) + x.shape[axis + 1:], y.dtype) if x.ndim else np.empty((), y.dtype)
@@ -237,10 +215,8 @@ def _layer_norm(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     if not x.size:
         return _nothing
     params = [t for t in (scale, bias) if t is not None]
-    if all(t.size == n for t in params) and _native_rows(x, y, *params):
-        args = native.LnArgs(rows=x.size // n, n=n, x=x.ctypes.data, gamma=scale.ctypes.data,
-                             beta=native.address(bias), y=y.ctypes.data, eps=eps)
-        return _rows(native.library(), "ctxrt_ln_rows", args, (x, y, scale, bias))
+    if all(t.size == n for t in params) and native.rows_fit(x, y, *params):
+        return native.ln_rows(x, scale, bias, y, x.size // n, n, eps)
     axes = tuple(range(axis, x.ndim))
 
     def run() -> None:  # broadcast Scale or B: ONNX's definition in float32 (rare: not worth a scratch plan)

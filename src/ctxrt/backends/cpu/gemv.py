@@ -36,6 +36,16 @@ def _fits(x: np.ndarray | None, size: int) -> bool:
     return x is None or x.dtype == F32 and x.size == size and x.flags.c_contiguous
 
 
+def activation(act: str | None, approximate: str = "none", alpha: float = 1.0) -> str | None:
+    """The ACTIVATIONS key of a GEMM node's fused activation (its `activation`, `approximate` and `alpha`
+    attributes); a name not in ACTIVATIONS where this kernel has none (a Swish of alpha other than 1)."""
+    if act == "Gelu" and approximate == "tanh":
+        return "Gelu_tanh"
+    if act == "Swish" and float(alpha) != 1.0:
+        return "Swish (alpha)"
+    return act
+
+
 def takes(rows: int, trans: bool) -> bool:
     """Whether a GEMM of `rows` rows by W stored [N, K] (`trans`) or [K, N] runs here (where the extension is)."""
     return 0 < rows < ROWS or not trans and 0 < rows <= GEMM_ROWS

@@ -170,6 +170,34 @@ def gqa_work_bytes(rows: int, h: int) -> int:
     return MAX_THREADS * (rows + h) * 4
 
 
+def rows_fit(*arrays: np.ndarray) -> bool:
+    """Float32 C-contiguous arrays, which the row kernels (softmax_rows, ln_rows) take."""
+    return all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
+
+
+def _launch(fn: str, args: ctypes.Structure, keep: tuple[Any, ...]) -> Any:
+    """The launch of kernel `fn` on its argument struct, the arrays it points into kept alive."""
+    ref, call = ctypes.byref(args), getattr(library(), fn)
+
+    def run(_keep: object = keep) -> None:
+        call(ref)
+    return run
+
+
+def softmax_rows(x: np.ndarray, y: np.ndarray, rows: int, n: int) -> Any:
+    """The launch of y = softmax(x) over `rows` rows of `n` (csrc/norms_kernel.h); the library must be loaded."""
+    return _launch("ctxrt_softmax_rows", SoftmaxArgs(rows=rows, n=n, x=x.ctypes.data, y=y.ctypes.data), (x, y))
+
+
+def ln_rows(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, y: np.ndarray, rows: int, n: int,
+            eps: float) -> Any:
+    """The launch of LayerNormalization's Y over `rows` rows of `n` (csrc/norms_kernel.h); the library must be
+    loaded."""
+    args = LnArgs(rows=rows, n=n, x=x.ctypes.data, gamma=gamma.ctypes.data, beta=address(beta), y=y.ctypes.data,
+                  eps=eps)
+    return _launch("ctxrt_ln_rows", args, (x, gamma, beta, y))
+
+
 def address(a: np.ndarray | None) -> int | None:
     """The address of an array's first element (None for None), for a struct's pointer field."""
     return None if a is None else a.ctypes.data

@@ -21,7 +21,6 @@ scratch is not made: the node then runs its first primitive, as before).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from collections.abc import Callable
 from typing import Any
 
@@ -370,7 +369,7 @@ def softmax(spec: NodeSpec) -> Kernel:
     kernel = (_NativeRows if small else OneDnnKernel)(
         spec, prim, [(api.ARG_SRC, "in", 0, md), (api.ARG_DST, "out", 0, md)], "softmax", variant=make)
     if small:
-        kernel.rows = ("ctxrt_softmax_rows", view[0], view[1], None)
+        kernel.rows = (True, view[0], view[1], 0.0)
     return kernel
 
 
@@ -383,25 +382,15 @@ class _NativeRows(OneDnnKernel):
     """A small oneDNN Softmax (along the last axis) or LayerNormalization bound to csrc/norms_kernel.h's row
     kernel; the primitive where the arrays do not fit it."""
 
-    rows: tuple[str, int, int, float | None]  # (the native function, rows, row length, LayerNorm's epsilon)
+    rows: tuple[bool, int, int, float]  # (a Softmax, else a LayerNormalization; rows, row length, epsilon)
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Callable[[], None]:
-        fn, rows, n, eps = self.rows
-        lib = native.library()
-        arrays = [a for a in (*ins, *outs) if a is not None]
-        if lib is None or not all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays):
+        softmax, rows, n, eps = self.rows
+        if native.library() is None or not native.rows_fit(*(a for a in (*ins, *outs) if a is not None)):
             return super().bind(ins, outs, scratch)
-        x, y = ins[0], outs[0]
-        if eps is None:
-            args: Any = native.SoftmaxArgs(rows=rows, n=n, x=x.ctypes.data, y=y.ctypes.data)
-        else:
-            args = native.LnArgs(rows=rows, n=n, x=x.ctypes.data, gamma=ins[1].ctypes.data,
-                                 beta=native.address(ins[2] if len(ins) > 2 else None), y=y.ctypes.data, eps=eps)
-        ref, call = ctypes.byref(args), getattr(lib, fn)
-
-        def run(_keep: object = arrays) -> None:  # _keep: the arrays the struct points into
-            call(ref)
-        return run
+        if softmax:
+            return native.softmax_rows(ins[0], outs[0], rows, n)
+        return native.ln_rows(ins[0], ins[1], ins[2] if len(ins) > 2 else None, outs[0], rows, n, eps)
 
 
 # -- pools, LRN, BatchNormalization ---------------------------------------------------------------------------
@@ -552,7 +541,7 @@ def layernorm(spec: NodeSpec) -> Kernel:
     small = rows * n <= NATIVE_ROWS_MAX and native.library() is not None
     kernel = (_NativeRows if small else OneDnnKernel)(spec, prim, args, "layernorm", variant=make)
     if small:
-        kernel.rows = ("ctxrt_ln_rows", rows, n, float(spec.attr("epsilon", 1e-5)))
+        kernel.rows = (False, rows, n, float(spec.attr("epsilon", 1e-5)))
     return kernel
 
 

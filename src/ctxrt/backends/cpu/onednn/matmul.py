@@ -113,10 +113,9 @@ def matmul(spec: NodeSpec) -> Kernel:
             constants = {1: prepack(spec.consts[1], (k, n), stored, prim.md(api.Q_WEIGHTS_MD))}
         attrs = {"weights_tag": packed, "weight_shape": [k, n]}
     args = weighted_args(prim, src_md, dst_md, bias_md, attr.binary_index if residual else None)
-    native_act = {("Gelu", "tanh"): "Gelu_tanh"}.get(act, act[0])
+    native_act = gemv.activation(act[0], act[1], spec.attr("alpha", 1.0))
     few = packed in ("ab", "ba") and own is None and native.library() is not None and \
-        gemv.takes(rows, packed == "ba") and native_act in gemv.ACTIVATIONS and \
-        not (act[0] == "Swish" and float(spec.attr("alpha", 1.0)) != 1.0)
+        gemv.takes(rows, packed == "ba") and native_act in gemv.ACTIVATIONS
     kernel = (_FewRows if few else OneDnnKernel)(spec, prim, args, "matmul", attrs, constants,
                                                  variant=variant_of(spec, make, (k, n), packed), weights=own)
     if few:  # the weights as stored, read by csrc/gemv.c's kernel of a few rows
