@@ -1,16 +1,20 @@
 """Quantized and half-precision models, ctxrt vs onnxruntime, side by side in one run.
 
-Two small networks are built in code (the test suite's, tests/models/small_nets.py: a CNN of 3x3, depthwise and
-1x1 convolutions, and a 2-layer BERT-style encoder) and derived with onnxruntime's own tools: int8 QDQ
-(`quantize_static`, per-channel s8 weights with reduce_range, u8 activations), dynamic int8 (`quantize_dynamic`)
-and float16 (`convert_float_to_float16`). Every (engine, variant) runs `--repeat` times per round, the rounds
+Models (`--models`): ResNet-50 and SqueezeNet (the onnx package's light models with seeded random weights, lifted
+from opset 9 to 13 first, as per-channel quantization needs), MobileNetV3 as torch.onnx.export (dynamo) writes it,
+a MiniLM-L6-shaped BERT (6 layers, hidden 384, sequence 128), and the test suite's two small networks
+(tests/models/small_nets.py: a CNN of 3x3, depthwise and 1x1 convolutions, and a 2-layer BERT-style encoder).
+Each is derived with onnxruntime's own tools: int8 QDQ (`quantize_static` on 8 seeded calibration feeds,
+per-channel s8 weights with reduce_range, u8 activations), dynamic int8 (`quantize_dynamic`) and float16
+(`convert_float_to_float16`, keep_io_types). Every (engine, variant) runs `--repeat` times per round, the rounds
 interleaving all of them; a figure is the median of the rounds' medians. Ratios: ctxrt / onnxruntime for each
-variant, and ctxrt float16 / ctxrt float32. `--threads` caps both engines (1 by default: stable on a shared
+variant, and ctxrt's variant / ctxrt float32. `--threads` caps both engines (1 by default: stable on a shared
 machine). Also printed: the weights section of each variant's context binary and the bytes its kernels hold
 (prepacked or widened weights, `alloc_kernel_bytes`), and the largest difference from onnxruntime's output. Run by
 hand:
 
-    .venv/bin/python bench/bench_quant.py [--models cnn,encoder] [--variants float32,qdq_int8,dynamic_int8,float16]
+    .venv/bin/python bench/bench_quant.py [--models resnet50,squeezenet,mobilenet,bert6,cnn,encoder]
+                                          [--variants float32,qdq_int8,dynamic_int8,float16]
                                           [--repeat 20] [--rounds 7] [--threads 1] [--json]
 """
 
@@ -37,23 +41,78 @@ from ctxrt.compiler import compile_graphs, save_context
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "models"))
 from bench_ops import _median_ms  # noqa: E402
-from small_nets import calibration, cnn, encoder  # noqa: E402
+from small_nets import cnn, encoder  # noqa: E402
 
-MODELS: dict[str, Callable[[], tuple[onnx.ModelProto, tuple[int, ...]]]] = {
-    "cnn": lambda: cnn(32, 56), "encoder": lambda: encoder(128, 512, seq=64, heads=4, layers=2)}
+Feeds = dict[str, np.ndarray]
+
+
+def _small(make: Callable[[], tuple[onnx.ModelProto, tuple[int, ...]]]) -> Callable[[], tuple[object, Callable]]:
+    """A network of small_nets.py: (its ModelProto, feeds by seed) with one input "x"."""
+    def model() -> tuple[object, Callable[[int], Feeds]]:
+        proto, shape = make()
+        return proto, lambda seed: {"x": np.random.default_rng(seed).standard_normal(shape).astype(np.float32)}
+    return model
+
+
+def _light(name: str) -> Callable[[], tuple[object, Callable[[int], Feeds]]]:
+    """A light model of the onnx package with seeded random weights (tests/models/zoo.py)."""
+    import zoo
+
+    return lambda: (zoo.light_model(name), lambda seed: zoo.light_feeds(name, seed=seed))
+
+
+def _mobilenet() -> tuple[object, Callable[[int], Feeds]]:
+    """MobileNetV3 as torch.onnx.export (dynamo) writes it (tests/models/exported.py), batch 1."""
+    import exported
+
+    return exported.exported_model("mobilenet_v3"), lambda seed: exported.exported_feeds("mobilenet_v3", 1, seed)
+
+
+def _bert6() -> tuple[object, Callable[[int], Feeds]]:
+    """A MiniLM-L6-shaped BERT (6 layers, hidden 384, 12 heads, sequence 128), dynamo export."""
+    import zoo
+
+    path = zoo.bert_model(layers=6, hidden=384, heads=12, intermediate=1536, seq=128, vocab=30522,
+                          exporter="dynamo")
+    return path, lambda seed: zoo.bert_feeds(128, batch=1, vocab=30522, pad=0, seed=seed)
+
+
+# name -> () -> (the float32 model: a ModelProto or a path, feeds of a seed)
+MODELS: dict[str, Callable[[], tuple[object, Callable[[int], Feeds]]]] = {
+    "resnet50": _light("resnet50"), "squeezenet": _light("squeezenet"), "mobilenet": _mobilenet, "bert6": _bert6,
+    "cnn": _small(lambda: cnn(32, 56)), "encoder": _small(lambda: encoder(128, 512, seq=64, heads=4, layers=2))}
 VARIANTS = ("float32", "qdq_int8", "dynamic_int8", "float16")
 
 
-def variants(name: str, folder: Path, which: tuple[str, ...] = VARIANTS) -> tuple[dict[str, str], tuple[int, ...]]:
-    model, shape = MODELS[name]()
+def _calibration(feeds: Callable[[int], Feeds], count: int) -> object:
+    """onnxruntime.quantization's calibration reader: `count` seeded feeds (seeds 3, 4, ...)."""
+    class Reader(q.CalibrationDataReader):
+        def __init__(self) -> None:
+            self.data = iter([feeds(3 + i) for i in range(count)])
+
+        def get_next(self) -> Feeds | None:
+            return next(self.data, None)
+    return Reader()
+
+
+def variants(name: str, folder: Path, which: tuple[str, ...] = VARIANTS
+             ) -> tuple[dict[str, str], Callable[[int], Feeds]]:
+    model, feeds = MODELS[name]()
+    model = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 13:  # per-channel QuantizeLinear needs opset 13 (the light models are opset 9): as a user would
+        model = onnx.version_converter.convert_version(model, 13)
     paths = {v: str(folder / f"{name}-{v}.onnx") for v in VARIANTS}
     onnx.save(model, paths["float32"])
-    q.quantize_static(paths["float32"], paths["qdq_int8"], calibration(shape, 16), quant_format=q.QuantFormat.QDQ,
-                      per_channel=True, reduce_range=True, activation_type=q.QuantType.QUInt8,
-                      weight_type=q.QuantType.QInt8)
-    q.quantize_dynamic(paths["float32"], paths["dynamic_int8"], weight_type=q.QuantType.QInt8)
-    onnx.save(convert_float_to_float16(onnx.load(paths["float32"]), keep_io_types=True), paths["float16"])
-    return {v: p for v, p in paths.items() if v in which}, shape
+    if "qdq_int8" in which:
+        q.quantize_static(paths["float32"], paths["qdq_int8"], _calibration(feeds, 8), quant_format=q.QuantFormat.QDQ,
+                          per_channel=True, reduce_range=True, activation_type=q.QuantType.QUInt8,
+                          weight_type=q.QuantType.QInt8)
+    if "dynamic_int8" in which:
+        q.quantize_dynamic(paths["float32"], paths["dynamic_int8"], weight_type=q.QuantType.QInt8)
+    if "float16" in which:
+        onnx.save(convert_float_to_float16(model, keep_io_types=True), paths["float16"])
+    return {v: p for v, p in paths.items() if v in which}, feeds
 
 
 def _memory(path: str, folder: Path) -> tuple[int, int]:
@@ -68,8 +127,8 @@ def _memory(path: str, folder: Path) -> tuple[int, int]:
 def bench(name: str, repeat: int, rounds: int, threads: int, which: tuple[str, ...] = VARIANTS) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        paths, shape = variants(name, folder, which)
-        feeds = {"x": np.random.default_rng(0).standard_normal(shape).astype(np.float32)}
+        paths, make_feeds = variants(name, folder, which)
+        feeds = make_feeds(0)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         runs: dict[tuple[str, str], Callable[[], object]] = {}

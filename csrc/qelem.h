@@ -1,4 +1,4 @@
-/* The argument struct of csrc/qelem.c (mirrored by ctxrt.backends.cpu.native.QAddArgs). */
+/* The argument structs of csrc/qelem.c (mirrored by ctxrt.backends.cpu.native's *Args classes). */
 #ifndef CTXRT_QELEM_H
 #define CTXRT_QELEM_H
 #include <stdint.h>
@@ -43,5 +43,14 @@ typedef struct {            /* MatMulInteger: Y = (A - za) (B - zb) exactly, in 
     int64_t a_signed, b_signed;
     int16_t *a16, *b16;     /* work: m * kp and kp * n int16 (kp: k rounded up to even) */
 } igemm_args;
+
+typedef struct {            /* y rows = lut[x rows]: an 8-bit function of an 8-bit tensor (QLinearConcat's parts) */
+    int64_t rows, cols;     /* rows of `cols` bytes, `ldx` and `ldy` bytes apart */
+    const uint8_t *x;
+    int64_t ldx;
+    uint8_t *y;
+    int64_t ldy;
+    const uint8_t *lut;     /* 256 bytes, indexed by x's byte (int8 values as their two's complement) */
+} lut8_args;
 
 #endif

@@ -211,6 +211,43 @@ def test_qlinear_binary_native_equals_numpy(dt: object, op: str, b_kind: str, ze
     np.testing.assert_array_equal(got, run(model, feeds)[0])
 
 
+@pytest.mark.parametrize("dt", T8, ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("axis", [0, 1, 2, 3])
+@pytest.mark.parametrize("fed", [False, True], ids=["constant parameters", "fed parameters"])
+def test_qlinear_concat_native_equals_numpy(dt: object, axis: int, fed: bool, monkeypatch) -> None:
+    """The native QLinearConcat (a 256-byte table per part, csrc/qelem.c's ctxrt_lut8) gives the NumPy kernel's
+    bytes: every input value, saturation, half-way values, a part whose parameters equal the output's (a copy),
+    along every axis; parameters fed at run time are read at each run (a second run with other scales)."""
+    from ctxrt.backends.cpu import native
+    from ctxrt.backends.cpu.quant import elementwise
+
+    if native.library() is None:
+        pytest.skip("the native extension is not built here")
+    x0 = np.arange(256).astype(np.uint8).view(np.dtype(dt)).reshape(2, 4, 8, 4)  # every value
+    xs = [x0, ints(dt, *[3 if a == axis else d for a, d in enumerate(x0.shape)]), ints(dt, *x0.shape)]
+    params = {"ys": np.float32(0.5), "yz": _zp(dt, 128), "s0": np.float32(0.25), "z0": _zp(dt, 7),
+              "s1": np.float32(0.5), "z1": _zp(dt, 128), "s2": np.float32(3.0), "z2": _zp(dt, 200)}
+    names = ["ys", "yz", "x0", "s0", "z0", "x1", "s1", "z1", "x2", "s2", "z2"]
+    feeds = {f"x{k}": x for k, x in enumerate(xs)}
+    model = qmodel(helper.make_node("QLinearConcat", names, ["y"], domain=MS, axis=axis),
+                   {**feeds, **{k: np.asarray(v) for k, v in params.items()}} if fed else feeds,
+                   {} if fed else params, opset=13)
+    other = {**params, "s0": np.float32(0.125), "ys": np.float32(0.75)}
+    used = []
+    real = elementwise._native_concat
+    monkeypatch.setattr(elementwise, "_native_concat", lambda *args: used.append(real(*args)) or used[-1])
+    runs = [{**feeds, **{k: np.asarray(v) for k, v in p.items()}} for p in (params, other)] if fed else [feeds]
+    sess = ctxrt.InferenceSession(model.SerializeToString())
+    got = [sess.run(None, f)[0] for f in runs]
+    assert used and all(u is not None for u in used)
+    monkeypatch.setattr(elementwise, "_native_concat", lambda *args: None)
+    sess = ctxrt.InferenceSession(model.SerializeToString())
+    for f, g in zip(runs, got, strict=True):
+        np.testing.assert_array_equal(g, sess.run(None, f)[0])
+    if fed:
+        assert not np.array_equal(got[0], got[1])
+
+
 GATHER_BQ = {"4-bit K 64 of 32": (4, (10, 32), 32), "4-bit K 40 of 16, rank 3": (4, (6, 3, 20), 16),
              "8-bit K 48 of 16": (8, (7, 48), 16), "2-bit K 64 of 16": (2, (9, 16), 16),
              "4-bit K 160 of 128": (4, (5, 80), 128)}

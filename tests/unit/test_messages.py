@@ -33,6 +33,22 @@ def test_every_bad_attribute_is_listed_in_one_error_before_planning() -> None:
         assert name in message
 
 
+def test_an_ir3_model_whose_added_initializers_are_not_inputs_runs() -> None:
+    """IR 3 wants every initializer listed as a graph input; onnxruntime.quantization adds zero points and scales
+    to an old (IR 3, opset 9 lifted to 13) model without listing them, and onnxruntime runs the result."""
+    ort = pytest.importorskip("onnxruntime")
+    g = helper.make_graph([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+                           helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", T.FLOAT, [4, 4]),
+                           helper.make_tensor_value_info("s", T.FLOAT, [])],  # listed, as IR 3 wants
+                          [helper.make_tensor_value_info("y", T.FLOAT, [4, 4])],
+                          [numpy_helper.from_array(np.float32(0.1), "s"), numpy_helper.from_array(np.uint8(7), "z")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=3)
+    x = np.linspace(-2, 2, 16, dtype=np.float32).reshape(4, 4)
+    want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(ctxrt.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0], want)
+
+
 def test_a_model_the_checker_rejects_is_reported_as_such(tmp_path, capsys) -> None:
     m = _model([helper.make_node("Relu", ["x"], ["y"], alpha=0.5, name="relu_alpha"),
                 helper.make_node("Neg", ["y"], ["z"])], opset=17)

@@ -16,7 +16,8 @@ def check_model(proto: onnx.ModelProto, unchecked: Iterable[str] = ()) -> None:
 
     The checker runs on a copy whose initializers are empty stubs (it serializes what it checks: a 500 MB
     model took 6 s). Like onnxruntime, graph inputs and outputs declared without an element type or a shape
-    are accepted (the checker wants both on the main graph). `unchecked`: default-domain ops onnx does not define
+    are accepted (the checker wants both on the main graph), and an IR-3 model's initializers need not be graph
+    inputs. `unchecked`: default-domain ops onnx does not define
     but onnxruntime does (SimplifiedLayerNormalization), which the checker would refuse."""
     g = proto.graph
     light = onnx.GraphProto(name=g.name, node=g.node, input=g.input, output=g.output, value_info=g.value_info,
@@ -32,7 +33,9 @@ def check_model(proto: onnx.ModelProto, unchecked: Iterable[str] = ()) -> None:
         if vi.type.WhichOneof("value") in (None, "tensor_type"):
             tt.elem_type = tt.elem_type
             tt.shape.SetInParent()
-    model = onnx.ModelProto(ir_version=proto.ir_version, opset_import=proto.opset_import, graph=light,
+    # IR 3 wants every initializer listed as a graph input; onnxruntime runs IR-3 models whose added initializers
+    # are not (onnxruntime.quantization's zero points and scales in an old model), so they are checked as IR 4
+    model = onnx.ModelProto(ir_version=max(proto.ir_version, 4), opset_import=proto.opset_import, graph=light,
                             functions=proto.functions)
     model.opset_import.add(domain=_UNCHECKED, version=1)
     try:

@@ -117,6 +117,13 @@ class QMatMulArgs(ctypes.Structure):
                 *((f, ctypes.c_void_p) for f in ("bf", "acc", "arow"))]
 
 
+class Lut8Args(ctypes.Structure):
+    """csrc/qelem.h's lut8_args: y rows = lut[x rows] (8 bits to 8 bits)."""
+
+    _fields_ = [("rows", ctypes.c_int64), ("cols", ctypes.c_int64), ("x", ctypes.c_void_p), ("ldx", ctypes.c_int64),
+                ("y", ctypes.c_void_p), ("ldy", ctypes.c_int64), ("lut", ctypes.c_void_p)]
+
+
 class IGemmArgs(ctypes.Structure):
     """csrc/qelem.h's igemm_args."""
 
@@ -146,7 +153,7 @@ def _load() -> ctypes.CDLL | None:
 def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
     for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "qmatmul",
-                 "igemm", "swish", "lstm", "ln_rows", "softmax_rows"):
+                 "igemm", "swish", "lstm", "ln_rows", "softmax_rows", "lut8"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]

@@ -209,7 +209,10 @@ def qlinear_leaky_relu(spec: NodeSpec) -> Kernel:
 
 
 def qlinear_concat(spec: NodeSpec) -> Kernel:
-    """Y = concat(quantize(dequantize(X_i))) along `axis`; inputs Y_scale, Y_zp, then (X_i, scale_i, zp_i)."""
+    """Y = concat(quantize(dequantize(X_i))) along `axis`; inputs Y_scale, Y_zp, then (X_i, scale_i, zp_i). Where
+    the extension is built, each part is one pass through a 256-byte table of its requantization (csrc/qelem.c,
+    ctxrt_lut8; a copy where the parameters agree), made with the NumPy path's float32 operations: the same
+    bytes."""
     yt = np.dtype(spec.outputs[0].dtype)
     if yt not in EIGHT_BIT or (len(spec.inputs) - 2) % 3:
         raise fail(spec, f"output type {yt} with {len(spec.inputs)} inputs is not supported")
@@ -233,6 +236,9 @@ def qlinear_concat(spec: NodeSpec) -> Kernel:
             plan.append((ins[i].reshape(pre, n, post), _param(ins, spec, i + 1), _param(ins, spec, i + 2), t,
                          y3[:, off:off + n]))
             off += n
+        fast = _native_concat(spec, plan, ys, yz, lo, hi)
+        if fast is not None:
+            return fast
 
         def run() -> None:
             for x, s, z, t, yv in plan:
@@ -242,6 +248,49 @@ def qlinear_concat(spec: NodeSpec) -> Kernel:
                 quantize_into(t, yz, lo, hi, yv)
         return run
     return Bound(make, (biggest * 4,))
+
+
+def _requantized(xt: np.dtype, s: Any, z: Any, ys: Any, yz: Any, lo: Any, hi: Any, yt: np.dtype,
+                 table: np.ndarray) -> None:
+    """table[b] = QLinearConcat's value of the 8-bit value whose byte is b, computed as its NumPy path does."""
+    x = np.arange(256, dtype=np.uint8).view(xt)
+    t = np.empty(256, F32)
+    _center(x, z, t)
+    np.multiply(t, s, out=t)
+    np.divide(t, ys, out=t)
+    quantize_into(t, yz, lo, hi, table.view(yt))
+
+
+def _native_concat(spec: NodeSpec, plan: list[tuple], ys: Any, yz: Any, lo: Any, hi: Any) -> Launch | None:
+    """QLinearConcat's parts through ctxrt_lut8 (None without the extension or for strided parts). The tables are
+    made once where every parameter is a constant, else at each run from the parameters' current values."""
+    lib = native.library()
+    if lib is None or not all(x.flags.c_contiguous and yv.strides[2] == 1 and yv.strides[1] == yv.shape[2]
+                              for x, _, _, _, yv in plan):
+        return None
+    yt = np.dtype(spec.outputs[0].dtype)
+    tables = np.zeros((len(plan), 256), np.uint8)
+    calls = []
+    for j, (x, _, _, _, yv) in enumerate(plan):
+        pre, n, post = x.shape
+        calls.append(native.Lut8Args(rows=pre, cols=n * post, x=x.ctypes.data, ldx=n * post, y=yv.ctypes.data,
+                                     ldy=yv.strides[0], lut=tables[j].ctypes.data))
+    refs, call = [ctypes.byref(a) for a in calls], lib.ctxrt_lut8
+    fixed = all(i < len(spec.consts) and spec.consts[i] is not None
+                for i in range(len(spec.inputs)) if given(spec, i) and (i < 2 or (i - 2) % 3))
+
+    def fill() -> None:
+        for j, (x, s, z, _, _) in enumerate(plan):
+            _requantized(x.dtype, s, z, ys, yz, lo, hi, yt, tables[j])
+    if fixed:
+        fill()
+
+    def run(_keep: object = (plan, calls, tables)) -> None:
+        if not fixed:
+            fill()
+        for ref in refs:
+            call(ref)
+    return run
 
 
 def qlinear_softmax(spec: NodeSpec) -> Kernel:
