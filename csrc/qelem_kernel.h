@@ -320,3 +320,38 @@ static void NAME(minmax)(const float *restrict x, int64_t n, float *out) {
     out[0] = nan ? NAN : lo;
     out[1] = nan ? NAN : hi;
 }
+
+#define AFFINE_LOOP(TX, TY, A, B)                                                                           \
+    _Pragma("omp simd") for (int64_t c = 0; c < p->cols; c++) {                                             \
+        float t = nearbyintf((float)x[c] * (A) + (B));                                                       \
+        t = t > lo ? t : lo;                                                                                 \
+        t = t < hi ? t : hi;                                                                                 \
+        y[c] = (TY)t;                                                                                        \
+    }
+
+#define AFFINE_BODY(TX, TY)                                                                                 \
+    {                                                                                                        \
+        const float lo = p->y_signed ? -128.0f : 0.0f, hi = p->y_signed ? 127.0f : 255.0f;                 \
+        for (int64_t r = 0; r < p->rows; r++) {                                                              \
+            const TX *restrict x = (const TX *)p->x + r * p->ldx;                                           \
+            TY *restrict y = (TY *)p->y + r * p->ldy;                                                        \
+            if (p->per == 2) {                                                                               \
+                const float *restrict a = p->a, *restrict b = p->b;                                          \
+                AFFINE_LOOP(TX, TY, a[c], b[c])                                                              \
+            } else {                                                                                         \
+                const float a = p->a[r % p->channels], b = p->b[r % p->channels];                           \
+                AFFINE_LOOP(TX, TY, a, b)                                                                    \
+            }                                                                                                \
+        }                                                                                                    \
+    }
+
+/* y = saturate(round_half_even(x a + b)) per channel, the multiply and the add rounded apart (NumPy's order) */
+static void NAME(affine8)(const affine8_args *p) {
+    if (p->x_signed && p->y_signed) AFFINE_BODY(int8_t, int8_t)
+    else if (p->x_signed) AFFINE_BODY(int8_t, uint8_t)
+    else if (p->y_signed) AFFINE_BODY(uint8_t, int8_t)
+    else AFFINE_BODY(uint8_t, uint8_t)
+}
+
+#undef AFFINE_BODY
+#undef AFFINE_LOOP

@@ -130,3 +130,120 @@ def test_units_that_cannot_run_as_integers_keep_float_semantics(case: str) -> No
     assert np.abs(got[0] - want[0]).max() <= 0.1 * 1.001
     if case != "bias on the grid":  # float semantics: the same as onnxruntime's float Conv, to rounding
         np.testing.assert_allclose(got[-1], want[-1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["same parameters", "other parameters"])
+@pytest.mark.parametrize("dt", [np.uint8, np.int8], ids=["u8", "s8"])
+def test_dequantize_then_quantize_runs_on_the_integers(tmp_path: Path, same: bool, dt: object) -> None:
+    """DequantizeLinear -> Dropout -> QuantizeLinear (Dropout gone at inference): an Identity of the integers with the
+    same parameters, a requantization through a table (a one-part QLinearConcat) with others; no float in between.
+    The same bytes as onnxruntime's unoptimized float path."""
+    zp = (lambda v: np.array(v if dt == np.uint8 else v - 128, dt))
+    s2, z2 = (np.float32(0.05), zp(100)) if same else (np.float32(0.0371), zp(37))
+    inits = {"s1": np.float32(0.05), "z1": zp(100), "s2": s2, "z2": z2}
+    n = helper.make_node
+    nodes = [n("QuantizeLinear", ["x", "s1", "z1"], ["q1"]), n("DequantizeLinear", ["q1", "s1", "z1"], ["d1"]),
+             n("Dropout", ["d1"], ["dr"]), n("QuantizeLinear", ["dr", "s2", "z2"], ["q2"]),
+             n("DequantizeLinear", ["q2", "s2", "z2"], ["y"])]
+    graph = helper.make_graph(nodes, "requantize", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 5])],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    path = tmp_path / "requantize.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    ops = _ops(str(path), CpuBackend(onednn=False))
+    assert ops == Counter({"QuantizeLinear": 1, "DequantizeLinear": 1, **({} if same else {"QLinearConcat": 1})}), ops
+    x = np.linspace(-8, 8, 80, dtype=np.float32).reshape(2, 8, 5)
+    np.testing.assert_array_equal(ctxrt.InferenceSession(str(path)).run(None, {"x": x})[0], _ort(str(path), {"x": x}))
+
+
+def _unit_model(tmp: Path, nodes: list, inits: dict, shape: tuple[int, ...], extra_inputs: tuple[str, ...] = ()
+                ) -> str:
+    graph = helper.make_graph(nodes, "unit", [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(shape))
+                                              for n in ("x", *extra_inputs)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    path = tmp / "unit.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), str(path))  # 20: Gelu
+    return str(path)
+
+
+def _quantized_op(op_nodes: list, dt: object, zy: int = 128, inputs: tuple[str, ...] = ("x",)) -> tuple[list, dict]:
+    """Q -> DQ of each input, the op's nodes (reading d_<input>, writing "f"), Q -> DQ to "y"."""
+    zp = (lambda v: np.array(v if dt == np.uint8 else v - 128, dt))
+    inits = {"s1": np.float32(0.04), "z1": zp(120), "s2": np.float32(0.03), "z2": zp(zy)}
+    n = helper.make_node
+    nodes = [node for i in inputs for node in (n("QuantizeLinear", [i, "s1", "z1"], [f"q_{i}"]),
+                                                 n("DequantizeLinear", [f"q_{i}", "s1", "z1"], [f"d_{i}"]))]
+    return nodes + op_nodes + [n("QuantizeLinear", ["f", "s2", "z2"], ["q2"]),
+                               n("DequantizeLinear", ["q2", "s2", "z2"], ["y"])], inits
+
+
+def _same_without_native(path: str, feeds: dict, monkeypatch) -> np.ndarray:
+    """The output with the native kernels, checked equal to NumPy's."""
+    from ctxrt.backends.cpu import native
+
+    got = ctxrt.InferenceSession(path).run(None, feeds)[0]
+    monkeypatch.setattr(native, "library", lambda: None)
+    np.testing.assert_array_equal(ctxrt.InferenceSession(path).run(None, feeds)[0], got)
+    return got
+
+
+LOOKUPS = {"Relu": ({}, {}), "Clip": ({}, {"lo": np.float32(-0.5), "hi": np.float32(1.5)}),
+           "HardSwish": ({}, {}), "Tanh": ({}, {}), "Gelu": ({"approximate": "tanh"}, {}), "Elu": ({"alpha": 0.7}, {})}
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8], ids=["u8", "s8"])
+@pytest.mark.parametrize("op", LOOKUPS)
+def test_elementwise_units_run_as_tables(tmp_path: Path, op: str, dt: object, monkeypatch) -> None:
+    """DequantizeLinear -> element-wise op -> QuantizeLinear: one QLinearLookup (a 256-byte table made from the
+    unit's float computation), within a step of onnxruntime's float unit; native and NumPy give the same bytes."""
+    attrs, consts = LOOKUPS[op]
+    node = helper.make_node(op, ["d_x", *consts], ["f"], **attrs)
+    nodes, inits = _quantized_op([node], dt)
+    path = _unit_model(tmp_path, nodes, {**inits, **consts}, (2, 3, 7, 9))
+    assert _ops(path, CpuBackend(onednn=False)) == Counter({"QuantizeLinear": 1, "QLinearLookup": 1,
+                                                             "DequantizeLinear": 1})
+    x = np.random.default_rng(3).standard_normal((2, 3, 7, 9)).astype(np.float32) * 3
+    got = _same_without_native(path, {"x": x}, monkeypatch)
+    assert np.abs(got - _ort(path, {"x": x})).max() <= 0.03 * 1.001
+
+
+@pytest.mark.parametrize("dt", [np.uint8, np.int8], ids=["u8", "s8"])
+@pytest.mark.parametrize("quantized_scale", [False, True], ids=["float scale", "int8 scale"])
+def test_batch_norm_unit_runs_as_an_affine_map_per_channel(tmp_path: Path, dt: object, quantized_scale: bool,
+                                                            monkeypatch) -> None:
+    """DequantizeLinear -> BatchNormalization -> QuantizeLinear (a quantized model whose BatchNormalization was not
+    folded; the quantizer makes its scale an int8 weight): y = round(x a + b) per channel, channels first and (after
+    an int8 convolution, oneDNN's layouts) channels last; within a step of onnxruntime; native and NumPy agree."""
+    rng = np.random.default_rng(6)
+    c = 8
+    consts = {"g": rng.uniform(0.5, 1.5, c).astype(np.float32), "b": rng.uniform(-1, 1, c).astype(np.float32),
+              "mu": rng.uniform(-1, 1, c).astype(np.float32), "var": rng.uniform(0.5, 1.5, c).astype(np.float32)}
+    n = helper.make_node
+    pre = []
+    if quantized_scale:
+        gs = np.abs(consts["g"]).max() / 127
+        consts["gq"], consts["gs"] = np.rint(consts.pop("g") / gs).astype(np.int8), np.float32(gs)
+        pre = [n("DequantizeLinear", ["gq", "gs"], ["g"])]
+    nodes, inits = _quantized_op(pre + [n("BatchNormalization", ["d_x", "g", "b", "mu", "var"], ["f"])], dt)
+    path = _unit_model(tmp_path, nodes, {**inits, **consts}, (2, c, 5, 6))
+    assert _ops(path, CpuBackend(onednn=False))["QLinearLookup"] == 1
+    x = rng.standard_normal((2, c, 5, 6)).astype(np.float32) * 2
+    got = _same_without_native(path, {"x": x}, monkeypatch)
+    assert np.abs(got - _ort(path, {"x": x})).max() <= 0.03 * 1.001
+
+
+@pytest.mark.parametrize("zy", [0, 7], ids=["zero point at the minimum", "zero point above it"])
+def test_add_then_relu_fuses_where_saturation_is_the_relu(tmp_path: Path, zy: int) -> None:
+    """DequantizeLinear x 2 -> Add -> Relu -> QuantizeLinear (a ResNet's residual): QLinearAdd where the output's
+    zero point is its type's minimum (0 quantizes there, negatives saturate to it), else float."""
+    n = helper.make_node
+    nodes, inits = _quantized_op([n("Add", ["d_x", "d_r"], ["sum"]), n("Relu", ["sum"], ["f"])], np.uint8, zy,
+                                 ("x", "r"))
+    path = _unit_model(tmp_path, nodes, inits, (2, 3, 4, 5), ("r",))
+    ops = _ops(path, CpuBackend(onednn=False))
+    assert (ops["QLinearAdd"], ops["Relu"]) == ((1, 0) if zy == 0 else (0, 1)), ops
+    rng = np.random.default_rng(8)
+    feeds = {k: rng.standard_normal((2, 3, 4, 5)).astype(np.float32) * 2 for k in ("x", "r")}
+    got = ctxrt.InferenceSession(path).run(None, feeds)[0]
+    assert np.abs(got - _ort(path, feeds)).max() <= 0.03 * 1.001

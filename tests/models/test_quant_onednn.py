@@ -12,7 +12,7 @@ from __future__ import annotations
 import harness  # tests/ops is on sys.path (tests/conftest.py)
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 from quant_helpers import MS, assert_ints, ints, ort_outputs, qmodel
 
 import ctxrt
@@ -97,3 +97,76 @@ def test_asymmetric_weights_stay_with_numpy() -> None:
              "bs": np.float32(0.01), "bz": np.int8(3), "ys": np.float32(0.3), "yz": np.uint8(100)}
     _, algorithms = _run(qmodel(node, {"a": a}, inits), {"a": a}, onednn=True)
     assert not any(a.startswith("onednn") for a in algorithms), algorithms
+
+
+def _fire_net() -> tuple[object, tuple[int, ...]]:
+    """A SqueezeNet-style float model: a 3-channel stem conv, MaxPool, a fire module (squeeze 1x1, expand 1x1 and
+    3x3, Concat along channels), Dropout, a BatchNormalization not folded, a 1x1 conv, a residual Add,
+    GlobalAveragePool, Gemm."""
+    rng = np.random.default_rng(5)
+    n = helper.make_node
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+
+    inits = {"w0": w(16, 3, 3, 3), "b0": w(16), "ws": w(8, 16, 1, 1), "bs": w(8), "we1": w(12, 8, 1, 1),
+             "be1": w(12), "we3": w(12, 8, 3, 3), "be3": w(12), "wc": w(24, 24, 1, 1), "bc": w(24),
+             "wf": w(10, 24), "bf": w(10), "bn_g": rng.uniform(0.5, 1.5, 24).astype(np.float32),
+             "bn_b": w(24), "bn_m": w(24), "bn_v": rng.uniform(0.5, 1.5, 24).astype(np.float32)}
+    nodes = [n("Conv", ["x", "w0", "b0"], ["c0"], strides=[2, 2], pads=[1, 1, 1, 1]), n("Relu", ["c0"], ["r0"]),
+             n("MaxPool", ["r0"], ["p0"], kernel_shape=[3, 3], strides=[2, 2]),
+             n("Conv", ["p0", "ws", "bs"], ["cs"]), n("Relu", ["cs"], ["rs"]),
+             n("Conv", ["rs", "we1", "be1"], ["ce1"]), n("Relu", ["ce1"], ["re1"]),
+             n("Conv", ["rs", "we3", "be3"], ["ce3"], pads=[1, 1, 1, 1]), n("Relu", ["ce3"], ["re3"]),
+             n("Concat", ["re1", "re3"], ["cat"], axis=1), n("Dropout", ["cat"], ["drop"]),
+             n("BatchNormalization", ["drop", "bn_g", "bn_b", "bn_m", "bn_v"], ["bn"]),
+             n("Conv", ["bn", "wc", "bc"], ["cc"]), n("Add", ["cc", "cat"], ["sum"]),
+             n("GlobalAveragePool", ["sum"], ["g"]), n("Flatten", ["g"], ["f"]),
+             n("Gemm", ["f", "wf", "bf"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "fire", [helper.make_tensor_value_info("x", 1, [1, 3, 33, 33])],
+                              [helper.make_tensor_value_info("y", 1, [1, 10])],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), (1, 3, 33, 33)
+
+
+def test_qdq_cnn_stays_channels_last_between_int8_ops(tmp_path) -> None:
+    """A QDQ SqueezeNet-style model (onnxruntime's quantize_static, per channel): its 8-bit activations stay NHWC
+    from the first int8 conv to the global pool (QLinearConv, MaxPool, QLinearConcat along channels, QLinearAdd,
+    QLinearGlobalAveragePool, the BatchNormalization unit's QLinearLookup), no Reorder between them; the
+    DequantizeLinear -> QuantizeLinear left where Dropout was is gone; outputs as the NumPy kernels' (plain NCHW)
+    within one step, and as onnxruntime's."""
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime import quantization as q
+    from small_nets import calibration
+
+    model, shape = _fire_net()
+    src, path = tmp_path / "fire.onnx", tmp_path / "fire-qdq.onnx"
+    onnx.save(model, str(src))
+    q.quantize_static(str(src), str(path), calibration(shape), quant_format=q.QuantFormat.QDQ, per_channel=True,
+                      reduce_range=True, activation_type=q.QuantType.QUInt8, weight_type=q.QuantType.QInt8)
+    ctx = ctxrt.compile(str(path), backend=CpuBackend(onednn=True))
+    try:
+        g = ctx.graph()
+        steps = g.compiled.steps
+        ops = [s.op for s in steps]
+        assert "Reorder" not in ops and "DequantizeLinear" in ops and ops.count("QuantizeLinear") == 1, ops
+        laid = {s.op: s.attrs for s in steps if s.attrs.get("src_layout") == "nhwc" or s.attrs.get("axis") == 3
+                or s.attrs.get("channels_last")}
+        assert {"QLinearConv", "MaxPool", "QLinearConcat", "QLinearGlobalAveragePool", "QLinearLookup"} <= set(laid), ops
+        convs = [s for s in steps if s.op == "QLinearConv"]
+        assert all(s.algorithm.startswith("onednn:int8") for s in convs)
+        assert [s.attrs["src_layout"] for s in convs] == ["nchw"] + ["nhwc"] * (len(convs) - 1)
+        x = np.random.default_rng(4).standard_normal(shape).astype(np.float32)
+        got = g.run({"x": x})["y"]
+    finally:
+        ctx.free()
+    quantized = onnx.load(str(path))
+    last = next(nd for nd in quantized.graph.node if nd.output[0] == "y")  # the output's DequantizeLinear
+    step = float(next(numpy_helper.to_array(i) for i in quantized.graph.initializer if i.name == last.input[1]))
+    numpy, _ = _run(quantized, {"x": x}, onednn=False)
+    assert np.abs(got - numpy).max() <= step * 1.001
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.abs(got - want).max() <= step * 1.001

@@ -121,7 +121,16 @@ class Lut8Args(ctypes.Structure):
     """csrc/qelem.h's lut8_args: y rows = lut[x rows] (8 bits to 8 bits)."""
 
     _fields_ = [("rows", ctypes.c_int64), ("cols", ctypes.c_int64), ("x", ctypes.c_void_p), ("ldx", ctypes.c_int64),
-                ("y", ctypes.c_void_p), ("ldy", ctypes.c_int64), ("lut", ctypes.c_void_p)]
+                ("y", ctypes.c_void_p), ("ldy", ctypes.c_int64), ("lut", ctypes.c_void_p), ("tables", ctypes.c_int64),
+                ("per", ctypes.c_int64)]
+
+
+class Affine8Args(ctypes.Structure):
+    """csrc/qelem.h's affine8_args: y = saturate(round(x a + b)) per channel, 8 bits to 8 bits."""
+
+    _fields_ = [("rows", ctypes.c_int64), ("cols", ctypes.c_int64), ("x", ctypes.c_void_p), ("ldx", ctypes.c_int64),
+                ("y", ctypes.c_void_p), ("ldy", ctypes.c_int64), ("a", ctypes.c_void_p), ("b", ctypes.c_void_p),
+                *((f, ctypes.c_int64) for f in ("channels", "per", "x_signed", "y_signed"))]
 
 
 class IGemmArgs(ctypes.Structure):
@@ -153,7 +162,7 @@ def _load() -> ctypes.CDLL | None:
 def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
     for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "qmatmul",
-                 "igemm", "swish", "lstm", "ln_rows", "softmax_rows", "lut8"):
+                 "igemm", "swish", "lstm", "ln_rows", "softmax_rows", "lut8", "affine8"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
@@ -182,7 +191,7 @@ def rows_fit(*arrays: np.ndarray) -> bool:
     return all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
 
 
-def _launch(fn: str, args: ctypes.Structure, keep: tuple[Any, ...]) -> Any:
+def launch(fn: str, args: ctypes.Structure, keep: tuple[Any, ...]) -> Any:
     """The launch of kernel `fn` on its argument struct, the arrays it points into kept alive."""
     ref, call = ctypes.byref(args), getattr(library(), fn)
 
@@ -193,7 +202,7 @@ def _launch(fn: str, args: ctypes.Structure, keep: tuple[Any, ...]) -> Any:
 
 def softmax_rows(x: np.ndarray, y: np.ndarray, rows: int, n: int) -> Any:
     """The launch of y = softmax(x) over `rows` rows of `n` (csrc/norms_kernel.h); the library must be loaded."""
-    return _launch("ctxrt_softmax_rows", SoftmaxArgs(rows=rows, n=n, x=x.ctypes.data, y=y.ctypes.data), (x, y))
+    return launch("ctxrt_softmax_rows", SoftmaxArgs(rows=rows, n=n, x=x.ctypes.data, y=y.ctypes.data), (x, y))
 
 
 def ln_rows(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, y: np.ndarray, rows: int, n: int,
@@ -202,7 +211,7 @@ def ln_rows(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, y: np.nda
     loaded."""
     args = LnArgs(rows=rows, n=n, x=x.ctypes.data, gamma=gamma.ctypes.data, beta=address(beta), y=y.ctypes.data,
                   eps=eps)
-    return _launch("ctxrt_ln_rows", args, (x, gamma, beta, y))
+    return launch("ctxrt_ln_rows", args, (x, gamma, beta, y))
 
 
 def address(a: np.ndarray | None) -> int | None:

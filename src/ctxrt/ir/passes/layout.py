@@ -12,7 +12,13 @@ made once per value. Graph inputs and outputs stay plain. Rules, in graph order:
   where it has fewer than 8 channels (a network's first conv) and the provider has a kernel for that, else
   through a reorder;
 - a value of one pixel per image (e.g. GlobalAveragePool's output) is stored identically in `L` and plain:
-  it is always kept plain, so it never needs a reorder.
+  it is always kept plain, so it never needs a reorder;
+- 8-bit activations (a QDQ model's, after ir/passes/qdq.py) flow the same way, through QLinearConv and MaxPool
+  (provider nodes) and the quantized ops that do not care where channels are: QLinearAdd and QLinearMul of
+  same-shape operands, QLinearConcat along channels, QLinearGlobalAveragePool (its `channels_last`), ctxrt's
+  QLinearLookup (its tables' `axis`), and per-tensor QuantizeLinear / DequantizeLinear around a float island — when
+  `L` is
+  channels-last (a blocked `L` keeps them plain).
 
 The chosen nodes get `kernel` (the provider's name), `src_layout` and `dst_layout` attributes; values in `L`
 get their stored shape (ctxrt/ir/layouts.py). Ops the provider runs on plain tensors (MatMul, Gemm, Softmax) get only
@@ -22,6 +28,7 @@ arena space like any tensor, and `ctxrt inspect --kernels` lists them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -37,6 +44,12 @@ UNARY = {"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Softplus",
          "Selu", "Mish", "Softsign"}
 BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean"}
 CHANNEL_OPS = {"Concat", "ChannelShuffle"}  # along the channel axis: the attribute follows the layout
+# onnxruntime's quantized ops (com.microsoft) that run channels-last unchanged: element-wise ones over two
+# same-shape operands (inputs 0 and 3), a concatenation along channels (inputs 2, 5, ...), a global pool
+QUANT_BINARY = {"QLinearAdd", "QLinearMul"}
+QUANT_LAID = QUANT_BINARY | {"QLinearConcat", "QLinearGlobalAveragePool", "QLinearLookup"}
+CONVS = {"Conv", "QLinearConv"}
+ACTIVATION_TYPES = {np.dtype(np.float32), np.dtype(np.uint8), np.dtype(np.int8)}
 SMALL_INPUT = 8  # channels under which a conv reads its plain input directly (a network's first conv)
 
 # supports(graph, node, src, dst): the provider runs `node` reading input 0 in `src`, writing `dst`.
@@ -80,13 +93,15 @@ class _Assign:
 
     # -- helpers -------------------------------------------------------------------------------------------
     def is_act(self, name: str) -> bool:
-        """A 4-D float32 activation (not a constant)."""
+        """A 4-D float32 or 8-bit activation (not a constant); 8-bit ones only where L is channels-last."""
         v = self.graph.values.get(name) if name else None
-        return v is not None and not v.is_const and len(self.logical[name]) == 4 and np.dtype(v.dtype) == np.float32
+        if v is None or v.is_const or len(self.logical[name]) != 4 or np.dtype(v.dtype) not in ACTIVATION_TYPES:
+            return False
+        return np.dtype(v.dtype) == np.float32 or self.L.channels_last and not self.L.block
 
     def can_take_l(self, name: str) -> bool:
         """Whether some consumer of `name` could read it in L (by op kind; lookahead of one node)."""
-        return any(c.op in self.p.ops or c.op in UNARY or c.op in BINARY or c.op in CHANNEL_OPS
+        return any(c.op in self.p.ops or c.op in UNARY or c.op in BINARY or c.op in CHANNEL_OPS or c.op in QUANT_LAID
                    for c in self.consumers.get(name, []))
 
     def convert(self, name: str, to: Layout) -> str:
@@ -146,12 +161,53 @@ class _Assign:
             self.emit(node, L)
         elif node.op in BINARY and len(ins) == 2 and self.per_channel_in_l(node):
             pass  # emitted by per_channel_in_l
-        elif node.op in CHANNEL_OPS and self.channel_op_in_l(node):
+        elif node.op in CHANNEL_OPS and self.channel_op_in_l(node, list(range(len(ins)))):
             self.set_inputs(node, dict.fromkeys(range(len(ins)), L))
             node.attrs = {**node.attrs, "axis": L.channel_axis}
             self.emit(node, L)
+        elif node.op in QUANT_LAID and self.quant_in_l(node):
+            pass  # emitted by quant_in_l
+        elif node.op in ("QuantizeLinear", "DequantizeLinear") and self.is_act(x) and self.lay[x] is L \
+                and self.is_act(node.outputs[0]) and self.per_tensor(node):
+            self.emit(node, L)  # element-wise: a float island between integer ops stays in L
         else:
             self.plain(node)
+
+    def per_tensor(self, node: Node) -> bool:
+        """A QuantizeLinear or DequantizeLinear whose scale and zero point are one constant value each."""
+        params = [self.graph.values.get(n) for n in node.inputs[1:3] if n]
+        return not node.attrs.get("block_size") and all(v is not None and v.is_const and math.prod(v.shape) == 1
+                                                        for v in params)
+
+    def quant_in_l(self, node: Node) -> bool:
+        """One of onnxruntime's quantized ops (QUANT_LAID) run on its 8-bit operands in L, where most of them are
+        in L already (QLinearGlobalAveragePool: where its input is)."""
+        L, ins, y = self.L, node.inputs, node.outputs[0]
+        if node.op in QUANT_BINARY:
+            pos = [0, 3]
+            if len(ins) < 4 or not all(self.is_act(ins[i]) for i in pos) or \
+                    len({self.logical[ins[i]] for i in pos} | {self.logical[y]}) != 1 or \
+                    not any(self.lay[ins[i]] is L for i in pos):
+                return False
+        elif node.op == "QLinearConcat":
+            pos = list(range(2, len(ins), 3))
+            if not self.channel_op_in_l(node, pos):
+                return False
+            node.attrs = {**node.attrs, "axis": L.channel_axis}
+        elif node.op == "QLinearLookup":  # ctxrt's (ir/passes/qdq.py): tables per channel along `axis`, or one
+            pos = [0]
+            if self.lay[ins[0]] is not L or not self.is_act(ins[0]):
+                return False
+            if node.attrs.get("axis", -1) != -1:
+                node.attrs = {**node.attrs, "axis": L.channel_axis}
+        else:  # QLinearGlobalAveragePool: [N, H, W, C] in, [N, 1, 1, C] out (the same bytes as plain)
+            pos = [0]
+            if self.lay[ins[0]] is not L or not self.is_act(ins[0]) or node.attrs.get("channels_last", 0):
+                return False
+            node.attrs = {**node.attrs, "channels_last": 1}
+        self.set_inputs(node, dict.fromkeys(pos, L))
+        self.emit(node, L)
+        return True
 
     def spatial_mean(self, node: Node) -> bool:
         x, y = node.inputs[0], node.outputs[0]
@@ -189,14 +245,16 @@ class _Assign:
         self.emit(node, L)
         return True
 
-    def channel_op_in_l(self, node: Node) -> bool:
-        L, ins = self.L, node.inputs
+    def channel_op_in_l(self, node: Node, positions: list[int]) -> bool:
+        """A Concat (QLinearConcat) along channels or a ChannelShuffle whose inputs at `positions` are mostly in L."""
+        L, ins = self.L, [node.inputs[i] for i in positions]
         y = node.outputs[0]
-        if not all(self.is_act(n) and L.fits(self.logical[n]) for n in ins) or not L.fits(self.logical[y]):
+        if not all(self.is_act(n) and L.fits(self.logical[n]) for n in ins) or not self.is_act(y) or \
+                not L.fits(self.logical[y]):
             return False
         if node.op == "ChannelShuffle" and L.block:
             return False  # a block mixes channels of several groups
-        if node.op == "Concat" and node.attrs.get("axis") not in (1, -3):
+        if node.op in ("Concat", "QLinearConcat") and node.attrs.get("axis") not in (1, -3):
             return False
         return sum(self.lay[n] is L for n in ins) * 2 >= len(ins)  # most inputs are in L already
 
@@ -205,7 +263,7 @@ class _Assign:
         dst = PLAIN if same_bytes(self.logical[y], L) else L
         if self.lay[x] is L:
             candidates = [L]
-        elif node.op == "Conv" and self.can_take_l(y) and L.fits(self.logical[y]):
+        elif node.op in CONVS and self.can_take_l(y) and L.fits(self.logical[y]):
             candidates = [PLAIN, L] if self.logical[x][1] < SMALL_INPUT else [L]
         else:
             candidates = []
@@ -213,6 +271,8 @@ class _Assign:
                     and self.p.supports(self.graph, node, c, dst)), None)
         if src is None:
             self.plain(node)
+            if node.op in self.p.plain_ops and self.p.supports(self.graph, node, PLAIN, PLAIN):
+                node.attrs = {**node.attrs, "kernel": self.p.provider}  # the provider's kernel, on plain tensors
             return
         residual = {3: dst} if node.op == "Conv" and node.attrs.get("residual") and len(node.inputs) > 3 else {}
         self.set_inputs(node, {0: src, **residual})

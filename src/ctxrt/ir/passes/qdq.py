@@ -8,11 +8,17 @@ against the op types it applies to (onnxruntime's qdq_selector_action_transforme
 - weighted (Conv -> QLinearConv, MatMul -> QLinearMatMul, Gemm -> QGemm): activations per tensor, constant weights
   per tensor or per output channel; a float bias becomes the int32 bias at scale x_scale * w_scale, only where it
   lies on that grid (the quantizer's DequantizeLinear of an int32 bias, folded by the frontend);
-- binary (Add, Mul -> QLinearAdd, QLinearMul), unary (Sigmoid, LeakyRelu, AveragePool, GlobalAveragePool -> their
+- binary (Add, Mul, a Sum of two -> QLinearAdd, QLinearMul; an Add -> Relu whose QuantizeLinear's zero point is
+  its type's minimum -> QLinearAdd, the Relu implied by saturation), unary (Sigmoid, LeakyRelu, AveragePool, GlobalAveragePool -> their
   QLinear op; 8-bit only), variadic (Concat -> QLinearConcat; 8-bit only); not Softmax: onnxruntime's
   QLinearSoftmax scales by floor(1 / y_scale), which is not the unit's float semantics;
 - drop (MaxPool and data movement): with the same scale and zero point on both sides the op commutes with the
-  quantization and runs on the integers as they are.
+  quantization and runs on the integers as they are;
+- lookup (element-wise float ops, `LOOKUP`, of 8-bit values -> ctxrt's QLinearLookup): the unit's float
+  computation made once at compile time into a 256-byte table, one lookup per value at run time; a
+  BatchNormalization as an affine map per channel (y = round(x a + b), within a step of the float unit);
+- requantize (a QuantizeLinear of a DequantizeLinear's output, e.g. around a Dropout removed at inference): an
+  Identity of the integers, or with other parameters a one-part QLinearConcat (one table lookup per value).
 
 A unit qualifies when its op's float output goes only to one QuantizeLinear with a scalar constant scale, every
 quantized input comes from a DequantizeLinear whose scale and zero point are constants, and the integer types are
@@ -27,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ctxrt.ir.canonical import PARAM_INPUTS
 from ctxrt.ir.graph import Graph, Node, Value
 from ctxrt.ir.passes.base import Pass, PassResult, check_topological
 from ctxrt.ir.passes.eliminate import EliminateDead
@@ -60,6 +67,7 @@ class _Match:
         self.producers = graph.producers()
         self.consumers = graph.consumers()
         self.zeros: dict[str, str] = {}
+        self.dropped: set[int] = set()  # nodes an action replaced besides its op and its QuantizeLinear
 
     def const(self, name: str) -> np.ndarray | None:
         return self.graph.const(name) if name else None
@@ -116,14 +124,16 @@ class _Match:
         if len([o for o in node.outputs if o]) != 1 or out in self.graph.outputs or len(readers) != 1:
             return None
         q = readers[0]
-        if q.op != "QuantizeLinear" or q.inputs[0] != out or not self.scalar(q.inputs[1]):
-            return None
+        return q if q.inputs[0] == out and self.per_tensor(q) else None
+
+    def per_tensor(self, q: Node) -> bool:
+        """A QuantizeLinear per tensor with constant parameters, to 8 or 16 bits."""
+        if q.op != "QuantizeLinear" or not self.scalar(q.inputs[1]):
+            return False
         zp = q.inputs[2] if len(q.inputs) > 2 else ""
         if self.graph.values[q.inputs[1]].dtype != np.float32 or (zp and not self.scalar(zp)):
-            return None
-        if np.dtype(self.graph.values[q.outputs[0]].dtype) not in INTS or q.attrs.get("output_dtype"):
-            return None
-        return q
+            return False
+        return np.dtype(self.graph.values[q.outputs[0]].dtype) in INTS and not q.attrs.get("output_dtype")
 
     def same(self, a: Quant, b: Quant) -> bool:
         def eq(x: str, y: str) -> bool:
@@ -214,12 +224,35 @@ def _gemm(m: _Match, node: Node) -> Node | None:
 
 def _binary(op: str) -> Action:
     def action(m: _Match, node: Node) -> Node | None:
+        if len(node.inputs) != 2:  # (a Sum of two)
+            return None
         unit = _unit(m, node, (0, 1))
         if unit is None:
-            return None
+            return _add_relu(m, node) if op == "QLinearAdd" else None
         a, b = unit.ins[0], unit.ins[1]
         return _node(unit, op, [a.x, a.scale, a.zp, b.x, b.scale, b.zp, unit.out.scale, unit.out.zp], {}, MS)
     return action
+
+
+def _add_relu(m: _Match, node: Node) -> Node | None:
+    """DequantizeLinear x 2 -> Add (or Sum) -> Relu -> QuantizeLinear whose zero point is its type's minimum (a
+    ResNet's residual; the quantizer puts no QuantizeLinear between): QLinearAdd, the Relu implied by saturation
+    (quantization is monotonic, and 0 quantizes to the minimum). The Relu and the QuantizeLinear go."""
+    readers = m.consumers.get(node.outputs[0], [])
+    if len(readers) != 1 or readers[0].op != "Relu" or node.outputs[0] in m.graph.outputs:
+        return None
+    relu = readers[0]
+    unit = _unit(m, relu, (), ints=EIGHT)
+    ins = [m.dequantized(n) for n in node.inputs]
+    if unit is None or any(q is None or np.dtype(m.graph.values[q.x].dtype) not in EIGHT for q in ins):
+        return None
+    yt = np.dtype(m.graph.values[unit.out.x].dtype)
+    if m.const(unit.out.zp).reshape(()) != np.iinfo(yt).min:
+        return None
+    m.dropped.update((id(relu), id(unit.q)))
+    a, b = ins
+    return Node("QLinearAdd", node.name, [a.x, a.scale, a.zp, b.x, b.scale, b.zp, unit.out.scale, unit.out.zp],
+                [unit.out.x], {UNIT: f"{node.op}+Relu"}, MS)
 
 
 def _unary(op: str, keep: tuple[str, ...] = ()) -> Action:
@@ -252,6 +285,104 @@ def _drop(m: _Match, node: Node) -> Node | None:
                 node.domain)
 
 
+# element-wise float ops a unit of 8-bit values runs as a 256-byte table (BatchNormalization: one per channel)
+LOOKUP = {"BatchNormalization", "Relu", "Clip", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu", "Celu", "Softplus",
+          "Softsign", "Gelu", "Mish", "Erf", "Sqrt", "Exp", "Log", "Neg", "Abs", "Round", "Floor", "Ceil",
+          "ThresholdedRelu"}
+
+
+def _lookup(m: _Match, node: Node) -> Node | None:
+    """DequantizeLinear -> element-wise op -> QuantizeLinear of 8-bit values as QLinearLookup (ctxrt's): the unit's
+    float computation (onnx.reference's kernel) run once, at compile time, on the 256 values an input byte can
+    dequantize to, quantized as QuantizeLinear does; at run time one table lookup per value
+    (backends/cpu/quant/elementwise.py). A BatchNormalization: its affine form."""
+    unit = _unit(m, node, (0,), ints=EIGHT)
+    if unit is None:
+        return None
+    x, out = unit.ins[0], unit.out
+    # the other inputs: constants, or DequantizeLinear of constants (the quantizer's int8 BatchNormalization scale)
+    consts = {n: m.const(n) if m.const(n) is not None else m.dequantized_const(n) for n in node.inputs[1:] if n}
+    shape = tuple(m.graph.values[x.x].shape)
+    per_channel = node.op == "BatchNormalization"
+    if any(c is None for c in consts.values()) or per_channel and (len(shape) < 2 or node.attrs.get("training_mode")):
+        return None
+    if not per_channel and any(c.size != 1 for c in consts.values()):
+        return None
+    if per_channel:  # y = x a + b per channel (a table per channel would be read scattered, channels last)
+        return _affine(m, node, consts, x, out)
+    xt, yt = np.dtype(m.graph.values[x.x].dtype), np.dtype(m.graph.values[out.x].dtype)
+    values = (np.arange(256, dtype=np.uint8).view(xt).astype(np.float32) - m.const(x.zp).astype(np.float32)) \
+        * m.const(x.scale).astype(np.float32)  # DequantizeLinear's arithmetic
+    y = _evaluate(node, consts, values, m.graph.opset).astype(np.float32).reshape(1, 256)
+    lo, hi = np.iinfo(yt).min, np.iinfo(yt).max
+    with np.errstate(invalid="ignore", over="ignore"):
+        t = np.rint(y / m.const(out.scale).astype(np.float32)) + m.const(out.zp).astype(np.float32)
+    if np.isnan(t).any():
+        return None  # a NaN would saturate to an integer the float unit does not give
+    tables = np.clip(t, lo, hi).astype(yt).view(np.uint8)
+    name = f"{out.x}#lookup"
+    m.graph.values[name] = Value(name, np.dtype(np.uint8), tables.shape, np.ascontiguousarray(tables))
+    return Node("QLinearLookup", node.name, [x.x, name], [out.x], {"axis": -1, UNIT: node.op}, "ctxrt")
+
+
+def _affine(m: _Match, node: Node, consts: dict[str, np.ndarray], x: Quant, out: Quant) -> Node | None:
+    """A BatchNormalization unit as QLinearLookup's affine form: dequantization, normalization and quantization
+    folded into a and b per channel (float64, then float32): within a step of the float unit, not its bytes."""
+    f = {k: np.asarray(consts[n], np.float64).reshape(-1) for k, n in zip("sbmv", node.inputs[1:5], strict=True)}
+    sx, zx = float(m.const(x.scale).reshape(())), float(m.const(x.zp).reshape(()))
+    sy, zy = float(m.const(out.scale).reshape(())), float(m.const(out.zp).reshape(()))
+    g = f["s"] / np.sqrt(f["v"] + float(node.attrs.get("epsilon", 1e-5)))
+    ab = np.stack([sx * g / sy, (f["b"] - f["m"] * g - zx * sx * g) / sy + zy]).astype(np.float32)
+    if not np.isfinite(ab).all():
+        return None
+    name = f"{out.x}#affine"
+    m.graph.values[name] = Value(name, np.dtype(np.float32), ab.shape, ab)
+    return Node("QLinearLookup", node.name, [x.x, "", name], [out.x], {"axis": 1, UNIT: node.op}, "ctxrt")
+
+
+def _evaluate(node: Node, consts: dict[str, np.ndarray], x: np.ndarray, opset: int) -> np.ndarray:
+    """The node's output for input 0 = x, its other inputs the constants given, by onnx.reference."""
+    import onnx
+    from onnx import helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    known = set(onnx.defs.get_schema(node.op, opset, "").attributes)  # not the attributes ctxrt's passes add
+    attrs = {k: v for k, v in node.attrs.items() if k in known}
+    inputs = ["x", *node.inputs[1:]]
+    consts = dict(consts)
+    for pos, key in PARAM_INPUTS.get(node.op, {}).items():  # Clip's bounds: the frontend made them attributes
+        if key in node.attrs and node.attrs[key] is not None:
+            inputs += [""] * (pos + 1 - len(inputs))
+            inputs[pos] = f"param{pos}"
+            consts[inputs[pos]] = np.asarray(node.attrs[key], np.float32)
+    graph = helper.make_graph(
+        [helper.make_node(node.op, inputs, ["y"], **attrs)], "lookup",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(c, n) for n, c in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return np.asarray(ReferenceEvaluator(model).run(None, {"x": x})[0])
+
+
+def _requantize(m: _Match, q: Node) -> Node | None:
+    """A QuantizeLinear of a DequantizeLinear's output (what is left of DQ -> Dropout -> Q once Dropout is gone, or
+    between two units kept apart): an Identity of the integers where both quantizations are the same, else the
+    requantization as a one-part QLinearConcat (a 256-byte table, backends/cpu/quant/elementwise.py). It replaces
+    the QuantizeLinear; the DequantizeLinear goes where nothing else reads it."""
+    a = m.dequantized(q.inputs[0]) if m.per_tensor(q) else None
+    if a is None:
+        return None
+    yt, xt = np.dtype(m.graph.values[q.outputs[0]].dtype), np.dtype(m.graph.values[a.x].dtype)
+    out = Quant(q.outputs[0], q.inputs[1], m.zero_point(q, yt))
+    if m.same(a, out):
+        return Node("Identity", q.name, [a.x], [out.x], {UNIT: "requantize"})
+    rank = len(m.graph.values[a.x].shape)
+    if xt != yt or xt not in EIGHT or rank == 0:
+        return None
+    return Node("QLinearConcat", q.name, [out.scale, out.zp, a.x, a.scale, a.zp], [out.x],
+                {"axis": 1 if rank > 1 else 0, UNIT: "requantize"}, MS)
+
+
 DROP = ("MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Expand", "Tile",
         "DepthToSpace", "SpaceToDepth", "Identity")
 RULES: dict[str, Action] = {
@@ -259,8 +390,8 @@ RULES: dict[str, Action] = {
     "Add": _binary("QLinearAdd"), "Mul": _binary("QLinearMul"),
     "Sigmoid": _unary("QLinearSigmoid"), "LeakyRelu": _unary("QLinearLeakyRelu", ("alpha",)),
     "AveragePool": _unary("QLinearAveragePool", ("*",)), "GlobalAveragePool": _unary("QLinearGlobalAveragePool"),
-    "Concat": _concat,
-    **dict.fromkeys(DROP, _drop),
+    "Concat": _concat, "QuantizeLinear": _requantize, "Sum": _binary("QLinearAdd"),
+    **dict.fromkeys(DROP, _drop), **dict.fromkeys(LOOKUP, _lookup),
 }
 
 
@@ -276,7 +407,9 @@ class FuseQDQUnits(Pass):
             fused = rule(m, node) if rule is not None and node.outputs else None
             if fused is not None:
                 replaced[id(node)] = fused
-                dropped.add(id(m.consumers[node.outputs[0]][0]))
+                if node.op != "QuantizeLinear":  # a unit's op: its QuantizeLinear goes with it
+                    dropped.add(id(m.consumers[node.outputs[0]][0]))
+        dropped |= m.dropped
         if not replaced:
             return PassResult(graph, False)
         graph.nodes = [replaced.get(id(n), n) for n in graph.nodes if id(n) not in dropped]

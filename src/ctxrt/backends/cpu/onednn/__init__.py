@@ -12,9 +12,11 @@ NAME = "onednn"  # the `kernel` attribute of the nodes it runs
 # Ops it runs in the layout the pass chooses (channels-last or blocked), and ops it runs on plain tensors.
 LAYOUT_OPS: dict[str, KernelFactory] = {
     "Conv": kernels.conv, "MaxPool": kernels.maxpool, "AveragePool": kernels.avgpool,
-    "GlobalAveragePool": kernels.global_avgpool, "LRN": kernels.lrn, "BatchNormalization": kernels.batchnorm}
+    "GlobalAveragePool": kernels.global_avgpool, "LRN": kernels.lrn, "BatchNormalization": kernels.batchnorm,
+    "QLinearConv": int8.qconv}
 # Not LogSoftmax: oneDNN's log is off by up to 1.2e-4 relative near 0 (onnxruntime's, NumPy's: 1e-7).
-# The integer ops of QDQ units (int8.py) too: their tensors stay NCHW, the int8 conv reorders inside its launch.
+# The integer GEMMs of QDQ units (int8.py) too; QLinearConv is in both: NHWC between int8 convs, NCHW where
+# the layout pass leaves its input or output plain (int8.py reorders those sides inside its launch).
 PLAIN_OPS: dict[str, KernelFactory] = {"MatMul": matmul.matmul, "Gemm": matmul.matmul, "Softmax": kernels.softmax,
                                        "LayerNormalization": kernels.layernorm, "QLinearMatMul": int8.qmatmul,
                                        "QGemm": int8.qmatmul, "QLinearConv": int8.qconv}

@@ -6,9 +6,10 @@ int32 bias going in as float at scale x_scale * w_scale, where oneDNN 3.x adds i
 
 The weights stay in the binary as the model gives them (int8, ONNX's layout): oneDNN's int8 weights formats carry
 compensation data and have no portable tag, so each kernel prepacks them when it is built, into memory of its own
-(kernel-private bytes, the weights' size). Convolutions read and write NCHW tensors, as the integer ops around
-them do: oneDNN's int8 convolutions run in NHWC (on NCHW it has only its reference kernel), so the kernel reorders
-its input into planned scratch and its output back, in the same launch.
+(kernel-private bytes, the weights' size). oneDNN's int8 convolutions run in NHWC (on NCHW it has only its reference
+kernel): the layout pass (ir/passes/layout.py) keeps a QDQ model's 8-bit activations NHWC between them; an input or
+output left NCHW (a network's first convolution reads the quantized image as given) is reordered into planned
+scratch or out of it in the same launch.
 
 oneDNN on AVX2 without VNNI sums pairs of u8 x s8 products in saturating int16 (as onnxruntime's kernels do there):
 without VNNI these kernels take weights in [-64, 64] only (reduce_range's 7-bit weights), where the sums are exact;
@@ -25,9 +26,10 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.cpu.onednn import api
-from ctxrt.backends.cpu.onednn.kernels import OneDnnKernel, _window, create, reject_reference, reorder_maker
+from ctxrt.backends.cpu.onednn.kernels import OneDnnKernel, _layouts, _window, create, reject_reference, reorder_maker
 from ctxrt.backends.kernel import Kernel, NodeSpec
 from ctxrt.errors import UnsupportedOpError
+from ctxrt.ir.layouts import PLAIN
 
 _TYPES = {np.dtype(np.uint8): api.U8, np.dtype(np.int8): api.S8}
 _SCALE, _ZP = api.ARG_ATTR_SCALES, api.ARG_ATTR_ZERO_POINTS
@@ -151,35 +153,46 @@ def qmatmul(spec: NodeSpec) -> Kernel:
 
 
 class Int8Conv(Kernel):
-    """An int8 convolution over NCHW tensors: the input reordered to NHWC in scratch, the primitive, its NHWC output
-    reordered into the node's output; each step a OneDnnKernel over scratch, so each runs its variant for the run's
-    thread count."""
+    """An int8 convolution whose input or output is NCHW: that side reordered from or to NHWC in scratch around the
+    primitive; each step a OneDnnKernel (None: that side is NHWC already, the layout pass's choice), so each runs
+    its variant for the run's thread count."""
 
-    def __init__(self, into: OneDnnKernel, conv: OneDnnKernel, back: OneDnnKernel, nbytes: tuple[int, int]) -> None:
+    def __init__(self, into: OneDnnKernel | None, conv: OneDnnKernel, back: OneDnnKernel | None,
+                 nbytes: tuple[int, int]) -> None:
         self.into, self.conv, self.back = into, conv, back
         self.scratch = (*nbytes, *conv.scratch)
         self.algorithm = conv.algorithm
         self.attrs = conv.attrs
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Callable[[], None]:
-        src, dst = scratch[0], scratch[1]
-        into = self.into.bind([ins[0]], [src], [])
+        src = scratch[0] if self.into is not None else ins[0]
+        dst = scratch[1] if self.back is not None else outs[0]
         conv = self.conv.bind([src], [dst], scratch[2:])
-        back = self.back.bind([dst], [outs[0]], [])
+        steps = [k.bind([a], [b], []) for k, a, b in ((self.into, ins[0], src), (self.back, dst, outs[0]))
+                 if k is not None]
+        if not steps:
+            return conv
+        into = steps[0] if self.into is not None else None
+        back = steps[-1] if self.back is not None else None
 
         def run() -> None:
-            into()
+            if into is not None:
+                into()
             conv()
-            back()
+            if back is not None:
+                back()
         return run
 
 
 def qconv(spec: NodeSpec) -> Kernel:
-    """QLinearConv, 2-D, with constant int8 weights."""
+    """QLinearConv, 2-D, with constant int8 weights; its input and output NCHW or (the layout pass's `src_layout`,
+    `dst_layout`) NHWC, where the primitive runs."""
     api.require(f"QLinearConv {spec.name!r}")
-    x, y = tuple(spec.inputs[0].shape), tuple(spec.outputs[0].shape)
-    if len(x) != 4 or spec.attr("channels_last", 0):
-        raise UnsupportedOpError(f"QLinearConv {spec.name!r}: oneDNN here runs 2-D convolutions over NCHW")
+    src, dst = _layouts(spec)
+    if len(spec.inputs[0].shape) != 4 or spec.attr("channels_last", 0) or any(
+            lay.block or not (lay is PLAIN or lay.channels_last) for lay in (src, dst)):
+        raise UnsupportedOpError(f"QLinearConv {spec.name!r}: oneDNN here runs 2-D convolutions over NCHW or NHWC")
+    x, y = src.logical(tuple(spec.inputs[0].shape)), dst.logical(tuple(spec.outputs[0].shape))
     at = {"x": 0, "x_scale": 1, "x_zp": 2, "w": 3, "w_scale": 4, "w_zp": 5, "y_scale": 6, "y_zp": 7, "bias": 8}
     m, cg, kh, kw = spec.inputs[3].shape
     g = int(spec.attr("group", 1))
@@ -210,11 +223,18 @@ def qconv(spec: NodeSpec) -> Kernel:
             *extra]
     conv = OneDnnKernel(spec, prim, args, "int8_conv", variant=make)
     conv.held = held
-    kernels = []
-    for a, b in (("x", "src"), ("dst", "y")):
+    kernels: list[OneDnnKernel | None] = []
+    # a plain side of one pixel per image holds NHWC's bytes already
+    for a, b, plain in (("x", "src", src is PLAIN and x[2] * x[3] > 1), ("dst", "y", dst is PLAIN and y[2] * y[3] > 1)):
+        if not plain:
+            kernels.append(None)
+            continue
         mk = reorder_maker(spec, mds[a], mds[b])
         kernels.append(OneDnnKernel(spec, mk(), [(api.ARG_FROM, "in", 0, mds[a]), (api.ARG_TO, "out", 0, mds[b])],
                                     "reorder", variant=mk))
-    if any(k.scratch for k in kernels):
+    if any(k is not None and k.scratch for k in kernels):
         raise UnsupportedOpError(f"QLinearConv {spec.name!r}: oneDNN's NHWC reorders here would need a scratchpad")
-    return Int8Conv(kernels[0], conv, kernels[1], (mds["src"].nbytes, mds["dst"].nbytes))
+    into, back = kernels
+    if into is None and back is None:
+        return conv
+    return Int8Conv(into, conv, back, (mds["src"].nbytes if into else 0, mds["dst"].nbytes if back else 0))

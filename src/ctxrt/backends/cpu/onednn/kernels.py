@@ -28,7 +28,7 @@ import numpy as np
 
 from ctxrt.backends.cpu import native, threads
 from ctxrt.backends.cpu.onednn import api
-from ctxrt.backends.kernel import Kernel, NodeSpec
+from ctxrt.backends.kernel import Kernel, NodeSpec, TensorSpec
 from ctxrt.errors import CtxrtError, UnsupportedOpError
 from ctxrt.ir.layouts import LAYOUTS, PLAIN, Layout
 from ctxrt.ir.memo import memo
@@ -36,6 +36,17 @@ from ctxrt.ir.memo import memo
 
 def _layouts(spec: NodeSpec) -> tuple[Layout, Layout]:
     return LAYOUTS[spec.attr("src_layout", PLAIN.name)], LAYOUTS[spec.attr("dst_layout", PLAIN.name)]
+
+
+_DATA_TYPES = {np.dtype(np.float32): api.F32, np.dtype(np.uint8): api.U8, np.dtype(np.int8): api.S8}
+
+
+def data_type(spec: NodeSpec, t: TensorSpec) -> int:
+    """oneDNN's data type of a float32 or 8-bit tensor (MaxPool and reorders of a QDQ model's activations)."""
+    dt = _DATA_TYPES.get(np.dtype(t.dtype))
+    if dt is None:
+        raise UnsupportedOpError(f"{spec.op} {spec.name!r}: oneDNN here takes float32 and 8-bit tensors, got {t.dtype}")
+    return dt
 
 
 def _tag(layout: Layout, logical: tuple[int, ...], other: Layout) -> str:
@@ -403,7 +414,10 @@ def _pool(spec: NodeSpec, alg: int, kernel: tuple[int, int] | None = None) -> Ke
     given = list((spec.attr("pads") or [0, 0, 0, 0])[2:])
     if alg == api.POOLING_AVG_INCLUDE and spec.attr("auto_pad", "NOTSET") == "NOTSET" and pe != given:
         raise UnsupportedOpError(f"AveragePool {spec.name!r}: count_include_pad with ceil_mode is left to NumPy")
-    src_md, dst_md = api.Desc.make(x, _tag(src, x, dst)), api.Desc.make(y, _tag(dst, y, src))
+    dt = data_type(spec, spec.inputs[0])
+    if dt != api.F32 and alg != api.POOLING_MAX:
+        raise UnsupportedOpError(f"{spec.op} {spec.name!r}: oneDNN here averages float32 tensors only")
+    src_md, dst_md = api.Desc.make(x, _tag(src, x, dst), dt), api.Desc.make(y, _tag(dst, y, src), dt)
 
     def make(nthr: int | None = None) -> api.Primitive:
         return create(spec, "pooling_forward", api.FORWARD_INFERENCE, alg, src_md.handle, dst_md.handle,
@@ -550,7 +564,8 @@ def reorder(spec: NodeSpec) -> Kernel:
     api.require(f"Reorder {spec.name!r}")
     src, dst = LAYOUTS[spec.attr("from")], LAYOUTS[spec.attr("to")]
     x = src.logical(spec.inputs[0].shape)
-    src_md, dst_md = api.Desc.make(x, src.tag), api.Desc.make(x, dst.tag)
+    dt = data_type(spec, spec.inputs[0])
+    src_md, dst_md = api.Desc.make(x, src.tag, dt), api.Desc.make(x, dst.tag, dt)
     make = reorder_maker(spec, src_md, dst_md)
     return OneDnnKernel(spec, make(), [(api.ARG_FROM, "in", 0, src_md), (api.ARG_TO, "out", 0, dst_md)], "reorder",
                         variant=make)

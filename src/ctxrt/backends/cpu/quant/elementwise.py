@@ -274,7 +274,7 @@ def _native_concat(spec: NodeSpec, plan: list[tuple], ys: Any, yz: Any, lo: Any,
     for j, (x, _, _, _, yv) in enumerate(plan):
         pre, n, post = x.shape
         calls.append(native.Lut8Args(rows=pre, cols=n * post, x=x.ctypes.data, ldx=n * post, y=yv.ctypes.data,
-                                     ldy=yv.strides[0], lut=tables[j].ctypes.data))
+                                     ldy=yv.strides[0], lut=tables[j].ctypes.data, tables=1, per=0))
     refs, call = [ctypes.byref(a) for a in calls], lib.ctxrt_lut8
     fixed = all(i < len(spec.consts) and spec.consts[i] is not None
                 for i in range(len(spec.inputs)) if given(spec, i) and (i < 2 or (i - 2) % 3))
@@ -322,5 +322,86 @@ def qlinear_softmax(spec: NodeSpec) -> Kernel:
     return Bound(make, (size(shape) * 4, *inner.scratch))
 
 
-KERNELS = {"QLinearAdd": qlinear_add, "QLinearMul": qlinear_mul, "QLinearSigmoid": qlinear_sigmoid,
+def qlinear_lookup(spec: NodeSpec) -> Kernel:
+    """ctxrt's QLinearLookup (made by ir/passes/qdq.py from a QDQ unit of an element-wise op): 8-bit x to 8-bit y
+    through 256-byte tables (input 1: [count, 256], one per channel along `axis`, the stored channel axis, or one
+    for all), or (input 2: [2, C] float32, a BatchNormalization) y = saturate(round_half_even(x a_c + b_c)) per
+    channel. Native where the extension is built (csrc/qelem.c ctxrt_lut8, ctxrt_affine8: the NumPy path's float32
+    operations in its order, the same bytes), else NumPy."""
+    x, y = spec.inputs[0], spec.outputs[0]
+    xt, yt = np.dtype(x.dtype), np.dtype(y.dtype)
+    if xt not in EIGHT_BIT or yt not in EIGHT_BIT or tuple(x.shape) != tuple(y.shape):
+        raise fail(spec, "8-bit input and output of one shape are needed")
+    consts = list(spec.consts) + [None] * 3
+    table, affine = consts[1], consts[2]
+    if affine is not None:
+        if affine.dtype != np.float32 or affine.ndim != 2 or affine.shape[0] != 2:
+            raise fail(spec, "its affine map must be a constant [2, channels] of float32")
+        count = affine.shape[1]
+    elif table is None or table.dtype != np.uint8 or table.ndim != 2 or table.shape[1] != 256:
+        raise fail(spec, "its tables must be a constant [count, 256] of bytes")
+    else:
+        count = table.shape[0]
+    shape = tuple(x.shape)
+    axis = int(spec.attr("axis", -1))
+    axis = axis % len(shape) if count > 1 else -1
+    if count > 1 and shape[axis] != count:
+        raise fail(spec, f"{count} tables for {shape[axis]} channels")
+    last = axis == len(shape) - 1
+    rows = size(shape[:axis + 1]) if count > 1 and not last else size(shape[:-1]) if last else 1
+    cols = size(shape) // rows if rows else 0
+    per = 0 if count == 1 else 2 if last else 1
+    fast = native.library() is not None
+    channel = np.arange(cols if last else rows, dtype=np.int64) % count  # of each column (row)
+    if affine is not None:
+        return _affine(xt, yt, affine, rows, cols, per, channel, fast)
+    # NumPy's path: the flat table index of each value, x plus its table's offset (per row or per column)
+    base = None if count == 1 else (channel * 256).astype(np.int32)[None, :] if last else \
+        (channel * 256).astype(np.int32)[:, None]
+
+    def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        xb, yb = ins[0].reshape(rows, cols).view(np.uint8), outs[0].reshape(rows, cols).view(np.uint8)
+        if fast and xb.flags.c_contiguous and yb.flags.c_contiguous:
+            args = native.Lut8Args(rows=rows, cols=cols, x=xb.ctypes.data, ldx=cols, y=yb.ctypes.data, ldy=cols,
+                                   lut=table.ctypes.data, tables=count, per=per)
+            return native.launch("ctxrt_lut8", args, (xb, yb, table))
+        flat = table.reshape(-1)
+        if base is None:
+            return lambda: np.take(flat, xb, out=yb)
+        at = scratch_view(scratch[0], (rows, cols), np.dtype(np.int32))
+
+        def run() -> None:
+            np.add(xb, base, out=at)
+            np.take(flat, at, out=yb)
+        return run
+    return Bound(make, () if fast or count == 1 else (size(shape) * 4,))
+
+
+def _affine(xt: np.dtype, yt: np.dtype, affine: np.ndarray, rows: int, cols: int, per: int, channel: np.ndarray,
+            fast: bool) -> Kernel:
+    """QLinearLookup's affine form: y = saturate(round_half_even(x a + b)), a and b of each value's channel."""
+    a, b = (np.ascontiguousarray(affine[i]) for i in (0, 1))
+    # NumPy's path: a and b along the columns (channels last) or down the rows
+    wide = (a[channel][None, :], b[channel][None, :]) if per == 2 else (a[channel][:, None], b[channel][:, None])
+    lo, hi = limits(yt)
+
+    def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        xb, yb = ins[0].reshape(rows, cols), outs[0].reshape(rows, cols)
+        if fast and xb.flags.c_contiguous and yb.flags.c_contiguous:
+            args = native.Affine8Args(rows=rows, cols=cols, x=xb.ctypes.data, ldx=cols, y=yb.ctypes.data, ldy=cols,
+                                      a=a.ctypes.data, b=b.ctypes.data, channels=a.size, per=max(per, 1),
+                                      x_signed=int(xt == np.int8), y_signed=int(yt == np.int8))
+            return native.launch("ctxrt_affine8", args, (xb, yb, a, b))
+        t = scratch_view(scratch[0], (rows, cols), F32)
+
+        def run() -> None:
+            np.copyto(t, xb, casting="unsafe")
+            np.multiply(t, wide[0], out=t)
+            np.add(t, wide[1], out=t)
+            quantize_into(t, None, lo, hi, yb)
+        return run
+    return Bound(make, () if fast else (rows * cols * 4,))
+
+
+KERNELS = {"QLinearLookup": qlinear_lookup, "QLinearAdd": qlinear_add, "QLinearMul": qlinear_mul, "QLinearSigmoid": qlinear_sigmoid,
            "QLinearLeakyRelu": qlinear_leaky_relu, "QLinearConcat": qlinear_concat, "QLinearSoftmax": qlinear_softmax}
