@@ -134,11 +134,17 @@ def test_units_that_cannot_run_as_integers_keep_float_semantics(case: str) -> No
 
 @pytest.mark.parametrize("same", [True, False], ids=["same parameters", "other parameters"])
 @pytest.mark.parametrize("dt", [np.uint8, np.int8], ids=["u8", "s8"])
+def _zero_point(dt: object, value: int) -> np.ndarray:
+    """`value` as a uint8 zero point, or shifted by -128 as an int8 one."""
+    return np.array(value if dt == np.uint8 else value - 128, dt)
+
+
 def test_dequantize_then_quantize_runs_on_the_integers(tmp_path: Path, same: bool, dt: object) -> None:
     """DequantizeLinear -> Dropout -> QuantizeLinear (Dropout gone at inference): an Identity of the integers with the
     same parameters, a requantization through a table (a one-part QLinearConcat) with others; no float in between.
     The same bytes as onnxruntime's unoptimized float path."""
-    zp = (lambda v: np.array(v if dt == np.uint8 else v - 128, dt))
+    def zp(v: int) -> np.ndarray:
+        return _zero_point(dt, v)
     s2, z2 = (np.float32(0.05), zp(100)) if same else (np.float32(0.0371), zp(37))
     inits = {"s1": np.float32(0.05), "z1": zp(100), "s2": s2, "z2": z2}
     n = helper.make_node
@@ -169,7 +175,8 @@ def _unit_model(tmp: Path, nodes: list, inits: dict, shape: tuple[int, ...], ext
 
 def _quantized_op(op_nodes: list, dt: object, zy: int = 128, inputs: tuple[str, ...] = ("x",)) -> tuple[list, dict]:
     """Q -> DQ of each input, the op's nodes (reading d_<input>, writing "f"), Q -> DQ to "y"."""
-    zp = (lambda v: np.array(v if dt == np.uint8 else v - 128, dt))
+    def zp(v: int) -> np.ndarray:
+        return _zero_point(dt, v)
     inits = {"s1": np.float32(0.04), "z1": zp(120), "s2": np.float32(0.03), "z2": zp(zy)}
     n = helper.make_node
     nodes = [node for i in inputs for node in (n("QuantizeLinear", [i, "s1", "z1"], [f"q_{i}"]),

@@ -153,7 +153,8 @@ def test_qdq_cnn_stays_channels_last_between_int8_ops(tmp_path) -> None:
         assert "Reorder" not in ops and "DequantizeLinear" in ops and ops.count("QuantizeLinear") == 1, ops
         laid = {s.op: s.attrs for s in steps if s.attrs.get("src_layout") == "nhwc" or s.attrs.get("axis") == 3
                 or s.attrs.get("channels_last")}
-        assert {"QLinearConv", "MaxPool", "QLinearConcat", "QLinearGlobalAveragePool", "QLinearLookup"} <= set(laid), ops
+        assert {"QLinearConv", "MaxPool", "QLinearConcat", "QLinearGlobalAveragePool",
+                "QLinearLookup"} <= set(laid), ops
         convs = [s for s in steps if s.op == "QLinearConv"]
         assert all(s.algorithm.startswith("onednn:int8") for s in convs)
         assert [s.attrs["src_layout"] for s in convs] == ["nchw"] + ["nhwc"] * (len(convs) - 1)

@@ -403,5 +403,6 @@ def _affine(xt: np.dtype, yt: np.dtype, affine: np.ndarray, rows: int, cols: int
     return Bound(make, () if fast else (rows * cols * 4,))
 
 
-KERNELS = {"QLinearLookup": qlinear_lookup, "QLinearAdd": qlinear_add, "QLinearMul": qlinear_mul, "QLinearSigmoid": qlinear_sigmoid,
+KERNELS = {"QLinearLookup": qlinear_lookup, "QLinearAdd": qlinear_add, "QLinearMul": qlinear_mul,
+           "QLinearSigmoid": qlinear_sigmoid,
            "QLinearLeakyRelu": qlinear_leaky_relu, "QLinearConcat": qlinear_concat, "QLinearSoftmax": qlinear_softmax}
