@@ -162,7 +162,7 @@ def test_dequantize_then_quantize_runs_on_the_integers(tmp_path: Path, same: boo
     np.testing.assert_array_equal(ctxrt.InferenceSession(str(path)).run(None, {"x": x})[0], _ort(str(path), {"x": x}))
 
 
-def _unit_model(tmp: Path, nodes: list, inits: dict, shape: tuple[int, ...], extra_inputs: tuple[str, ...] = ()
+def _op_model(tmp: Path, nodes: list, inits: dict, shape: tuple[int, ...], extra_inputs: tuple[str, ...] = ()
                 ) -> str:
     graph = helper.make_graph(nodes, "unit", [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(shape))
                                               for n in ("x", *extra_inputs)],
@@ -207,7 +207,7 @@ def test_elementwise_units_run_as_tables(tmp_path: Path, op: str, dt: object, mo
     attrs, consts = LOOKUPS[op]
     node = helper.make_node(op, ["d_x", *consts], ["f"], **attrs)
     nodes, inits = _quantized_op([node], dt)
-    path = _unit_model(tmp_path, nodes, {**inits, **consts}, (2, 3, 7, 9))
+    path = _op_model(tmp_path, nodes, {**inits, **consts}, (2, 3, 7, 9))
     assert _ops(path, CpuBackend(onednn=False)) == Counter({"QuantizeLinear": 1, "QLinearLookup": 1,
                                                              "DequantizeLinear": 1})
     x = np.random.default_rng(3).standard_normal((2, 3, 7, 9)).astype(np.float32) * 3
@@ -233,7 +233,7 @@ def test_batch_norm_unit_runs_as_an_affine_map_per_channel(tmp_path: Path, dt: o
         consts["gq"], consts["gs"] = np.rint(consts.pop("g") / gs).astype(np.int8), np.float32(gs)
         pre = [n("DequantizeLinear", ["gq", "gs"], ["g"])]
     nodes, inits = _quantized_op(pre + [n("BatchNormalization", ["d_x", "g", "b", "mu", "var"], ["f"])], dt)
-    path = _unit_model(tmp_path, nodes, {**inits, **consts}, (2, c, 5, 6))
+    path = _op_model(tmp_path, nodes, {**inits, **consts}, (2, c, 5, 6))
     assert _ops(path, CpuBackend(onednn=False))["QLinearLookup"] == 1
     x = rng.standard_normal((2, c, 5, 6)).astype(np.float32) * 2
     got = _same_without_native(path, {"x": x}, monkeypatch)
@@ -247,7 +247,7 @@ def test_add_then_relu_fuses_where_saturation_is_the_relu(tmp_path: Path, zy: in
     n = helper.make_node
     nodes, inits = _quantized_op([n("Add", ["d_x", "d_r"], ["sum"]), n("Relu", ["sum"], ["f"])], np.uint8, zy,
                                  ("x", "r"))
-    path = _unit_model(tmp_path, nodes, inits, (2, 3, 4, 5), ("r",))
+    path = _op_model(tmp_path, nodes, inits, (2, 3, 4, 5), ("r",))
     ops = _ops(path, CpuBackend(onednn=False))
     assert (ops["QLinearAdd"], ops["Relu"]) == ((1, 0) if zy == 0 else (0, 1)), ops
     rng = np.random.default_rng(8)

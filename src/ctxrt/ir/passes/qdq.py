@@ -10,8 +10,8 @@ against the op types it applies to (onnxruntime's qdq_selector_action_transforme
   lies on that grid (the quantizer's DequantizeLinear of an int32 bias, folded by the frontend);
 - binary (Add, Mul, a Sum of two -> QLinearAdd, QLinearMul; an Add -> Relu whose QuantizeLinear's zero point is
   its type's minimum -> QLinearAdd, the Relu implied by saturation), unary (Sigmoid, LeakyRelu, AveragePool,
-  GlobalAveragePool -> their QLinear op; 8-bit only), variadic (Concat -> QLinearConcat; 8-bit only); not Softmax: onnxruntime's
-  QLinearSoftmax scales by floor(1 / y_scale), which is not the unit's float semantics;
+  GlobalAveragePool -> their QLinear op; 8-bit only), variadic (Concat -> QLinearConcat; 8-bit only); not Softmax:
+  onnxruntime's QLinearSoftmax scales by floor(1 / y_scale), which is not the unit's float semantics;
 - drop (MaxPool and data movement): with the same scale and zero point on both sides the op commutes with the
   quantization and runs on the integers as they are;
 - lookup (element-wise float ops, `LOOKUP`, of 8-bit values -> ctxrt's QLinearLookup): the unit's float
