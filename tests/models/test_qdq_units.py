@@ -132,13 +132,13 @@ def test_units_that_cannot_run_as_integers_keep_float_semantics(case: str) -> No
         np.testing.assert_allclose(got[-1], want[-1], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("same", [True, False], ids=["same parameters", "other parameters"])
-@pytest.mark.parametrize("dt", [np.uint8, np.int8], ids=["u8", "s8"])
 def _zero_point(dt: object, value: int) -> np.ndarray:
     """`value` as a uint8 zero point, or shifted by -128 as an int8 one."""
     return np.array(value if dt == np.uint8 else value - 128, dt)
 
 
+@pytest.mark.parametrize("same", [True, False], ids=["same parameters", "other parameters"])
+@pytest.mark.parametrize("dt", [np.uint8, np.int8], ids=["u8", "s8"])
 def test_dequantize_then_quantize_runs_on_the_integers(tmp_path: Path, same: bool, dt: object) -> None:
     """DequantizeLinear -> Dropout -> QuantizeLinear (Dropout gone at inference): an Identity of the integers with the
     same parameters, a requantization through a table (a one-part QLinearConcat) with others; no float in between.
