@@ -8,7 +8,8 @@ typedef struct {
     const void *a, *b;      /* 8-bit integers (int8 or uint8, `is_signed`); b NULL: `fixed` instead */
     const float *fixed;     /* B_scale (B - B_zp) computed once ([n], or [period] repeated along y), or NULL */
     int64_t period;         /* fixed's (or QLinearMul's b's) length where it repeats (1: one value; a bias along
-                               the last axis), else 0 */
+                               the last axis, or QLinearMul's b of one value per channel of a channels-last
+                               tensor), else 0 */
     void *y;
     float sa, za, sb, zb, sc, zc;  /* scales and zero points (0 where absent) */
     int64_t is_signed;

@@ -81,6 +81,17 @@ static void NAME(dequantize)(const linear8_args *p) {
         if (p->period == 1) {                                                                                \
             const float bb = (float)b[0] - zb;                                                               \
             QMUL_LOOP(T, bb)                                                                                 \
+        } else if (p->period > 1) { /* B repeated along the last axis (a squeeze-and-excitation scale, NHWC) */ \
+            for (int64_t r = 0; r < p->n; r += p->period) {                                                  \
+                const T *restrict ar = a + r;                                                                \
+                T *restrict yr = y + r;                                                                      \
+                _Pragma("omp simd") for (int64_t j = 0; j < p->period; j++) {                               \
+                    float t = nearbyintf((((float)ar[j] - za) * ((float)b[j] - zb)) * m) + zc;               \
+                    t = t > lo ? t : lo;                                                                     \
+                    t = t < hi ? t : hi;                                                                     \
+                    yr[j] = (T)t;                                                                            \
+                }                                                                                            \
+            }                                                                                                \
         } else {                                                                                             \
             QMUL_LOOP(T, ((float)b[i] - zb))                                                                 \
         }                                                                                                    \

@@ -179,25 +179,25 @@ def test_matmul_nbits_keeps_weights_packed() -> None:
 
 @pytest.mark.parametrize("dt", T8, ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
-@pytest.mark.parametrize("b_kind", ["fed", "const", "bias", "scalar"])
+@pytest.mark.parametrize("b_kind", ["fed", "fed row", "const", "bias", "scalar"])
 @pytest.mark.parametrize("zero_points", [True, False])
 def test_qlinear_binary_native_equals_numpy(dt: object, op: str, b_kind: str, zero_points: bool,
                                             monkeypatch) -> None:
     """The native QLinearAdd / QLinearMul (csrc/qelem.c) run the NumPy kernel's float32 operations in the same
     order: the same bytes, saturation and half-way values included (scales chosen so that many results land on .5).
-    Native where B has the output's shape, or is a constant (QLinearAdd: also a bias along the last axis;
-    QLinearMul: also one value)."""
+    Native where B has the output's shape, one value, or one per position of the last axis (QLinearAdd: a
+    constant bias; QLinearMul: fed too, a squeeze-and-excitation scale in channels-last)."""
     from ctxrt.backends.cpu import native
     from ctxrt.backends.cpu.quant import elementwise
 
     if native.library() is None:
         pytest.skip("the native extension is not built here")
-    b_shape = {"bias": (257,), "scalar": ()}.get(b_kind, (64, 257))
+    b_shape = {"bias": (257,), "fed row": (257,), "scalar": ()}.get(b_kind, (64, 257))
     a, b = ints(dt, 64, 257), ints(dt, *b_shape)
     inits = {"as": np.float32(0.5), "az": _zp(dt, 7), "bs": np.float32(0.25), "bz": _zp(dt, 200),
              "cs": np.float32(0.5 if op == "QLinearAdd" else 8.0), "cz": _zp(dt, 130)}
     names = ["a", "as", "az", "b", "bs", "bz", "cs", "cz"] if zero_points else ["a", "as", "", "b", "bs", "", "cs"]
-    b_const = b_kind != "fed"
+    b_const = not b_kind.startswith("fed")
     feeds = {"a": a} if b_const else {"a": a, "b": b}
     model = qmodel(helper.make_node(op, names, ["c"], domain=MS), feeds,
                    {**inits, **({"b": b} if b_const else {})}, opset=13)
@@ -205,7 +205,7 @@ def test_qlinear_binary_native_equals_numpy(dt: object, op: str, b_kind: str, ze
     real = elementwise._native_add
     monkeypatch.setattr(elementwise, "_native_add", lambda *args: used.append(real(*args)) or used[-1])
     got = run(model, feeds)[0]
-    declined = op == "QLinearMul" and b_kind == "bias"
+    declined = op == "QLinearAdd" and b_kind == "fed row"  # a fed B repeated along rows: QLinearMul only
     assert used and all((u is None) == declined for u in used)
     monkeypatch.setattr(elementwise, "_native_add", lambda *args: None)
     np.testing.assert_array_equal(got, run(model, feeds)[0])
@@ -239,7 +239,8 @@ def test_qlinear_concat_native_equals_numpy(dt: object, axis: int, fed: bool, mo
     runs = [{**feeds, **{k: np.asarray(v) for k, v in p.items()}} for p in (params, other)] if fed else [feeds]
     sess = ctxrt.InferenceSession(model.SerializeToString())
     got = [sess.run(None, f)[0] for f in runs]
-    assert used and all(u is not None for u in used)
+    declined = op == "QLinearAdd" and b_kind == "fed row"  # a fed B repeated along rows: QLinearMul only
+    assert used and all((u is None) == declined for u in used)
     monkeypatch.setattr(elementwise, "_native_concat", lambda *args: None)
     sess = ctxrt.InferenceSession(model.SerializeToString())
     for f, g in zip(runs, got, strict=True):

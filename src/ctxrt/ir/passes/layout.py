@@ -185,9 +185,11 @@ class _Assign:
         L, ins, y = self.L, node.inputs, node.outputs[0]
         if node.op in QUANT_BINARY:
             pos = [0, 3]
-            if len(ins) < 4 or not all(self.is_act(ins[i]) for i in pos) or \
-                    len({self.logical[ins[i]] for i in pos} | {self.logical[y]}) != 1 or \
-                    not any(self.lay[ins[i]] is L for i in pos):
+            if len(ins) < 4 or not all(self.is_act(ins[i]) for i in pos):
+                return False
+            if len({self.logical[ins[i]] for i in pos} | {self.logical[y]}) != 1:
+                return self.per_channel_in_l(node, pos)
+            if not any(self.lay[ins[i]] is L for i in pos):
                 return False
         elif node.op == "QLinearConcat":
             pos = list(range(2, len(ins), 3))
@@ -217,20 +219,22 @@ class _Assign:
         return (node.attrs.get("keepdims", 1) == 1 and axes is not None
                 and sorted(int(a) % 4 for a in axes) == [2, 3] and len(axes) == 2)
 
-    def per_channel_in_l(self, node: Node) -> bool:
+    def per_channel_in_l(self, node: Node, pos: tuple[int, int] | list[int] = (0, 1)) -> bool:
         """A value in channels-last L times (plus, ...) a per-channel one (a squeeze-and-excitation block's
-        scale, [N, C, 1, 1], [1, C, 1, 1] or [C, 1, 1]): run in L, the per-channel operand viewed as [N, 1, 1, C]
-        (the same bytes; a Reshape the planner aliases), instead of a reorder of the large one to plain and back."""
-        L, (a, b) = self.L, node.inputs
+        scale, [N, C, 1, 1], [1, C, 1, 1] or [C, 1, 1]; the operands at `pos`): run in L, the per-channel operand
+        viewed as [N, 1, 1, C] (the same bytes; a Reshape the planner aliases), instead of a reorder of the large
+        one to plain and back."""
+        L, (a, b) = self.L, [node.inputs[i] for i in pos]
         if not L.channels_last or L.block:
             return False
         big = 0 if self.is_act(a) and self.lay[a] is L else 1 if self.is_act(b) and self.lay[b] is L else None
         if big is None:
             return False
-        x, c = node.inputs[big], node.inputs[1 - big]
+        x, c = (a, b) if big == 0 else (b, a)
         n, ch, _, _ = self.logical[x]
         v = self.graph.values.get(c)
-        if v is None or np.dtype(v.dtype) != np.float32 or self.lay.get(c, PLAIN) is not PLAIN:
+        if v is None or np.dtype(v.dtype) != np.dtype(self.graph.values[x].dtype) or \
+                self.lay.get(c, PLAIN) is not PLAIN:
             return False
         shape = tuple(self.logical[c]) if c in self.logical else tuple(v.shape)
         if shape not in ((n, ch, 1, 1), (1, ch, 1, 1), (ch, 1, 1)) or self.logical[node.outputs[0]] != self.logical[x]:
@@ -241,7 +245,9 @@ class _Assign:
             self.graph.values[view] = Value(view, v.dtype, (lead, 1, 1, ch))
             self.logical[view], self.lay[view] = (lead, 1, 1, ch), PLAIN
             self.nodes.append(Node("Reshape", f"{view}/reshape", [c], [view], {"shape": [lead, 1, 1, ch]}))
-        node.inputs = [x, view] if big == 0 else [view, x]
+        inputs = list(node.inputs)
+        inputs[pos[0]], inputs[pos[1]] = (x, view) if big == 0 else (view, x)
+        node.inputs = inputs
         self.emit(node, L)
         return True
 

@@ -99,7 +99,8 @@ def _binary(spec: NodeSpec, mul: bool) -> Kernel:
 
 def _native_add(a: np.ndarray, b: np.ndarray, y: np.ndarray, fixed: np.ndarray | None, params: list[Any],
                 mul: bool = False) -> Launch | None:
-    """QLinearAdd (QLinearMul: `mul`) of 8-bit tensors of y's shape (or B fixed; for QLinearMul B one value) on the
+    """QLinearAdd (QLinearMul: `mul`) of 8-bit tensors of y's shape (or B fixed; for QLinearMul B one value, or one
+    per channel along the last axis) on the
     native kernel (csrc/qelem.c: the same float32 operations in the same order as `run` below, one pass instead of
     eight); None where it does not apply."""
     lib = native.library()
@@ -110,6 +111,9 @@ def _native_add(a: np.ndarray, b: np.ndarray, y: np.ndarray, fixed: np.ndarray |
     period = 0
     if mul and b.size == 1 and b.dtype == y.dtype:
         period = 1  # one value of B (an attention's scale)
+    elif mul and y.ndim and b.dtype == y.dtype and b.size == y.shape[-1] > 1 and b.shape[-1] == b.size and \
+            b.flags.c_contiguous and b.ndim <= y.ndim and b.shape != y.shape:
+        period = b.size  # one value per channel of a channels-last tensor (a squeeze-and-excitation scale)
     elif fixed is not None:
         if fixed.dtype != F32 or not fixed.flags.c_contiguous:
             return None
