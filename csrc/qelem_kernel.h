@@ -23,6 +23,12 @@
             for (int64_t r0 = 0; r0 < p->n; r0 += m) QADD_LOOP(T, r0, m, fixed[i - r0])                      \
         } else if (fixed) {                                                                                  \
             QADD_LOOP(T, 0, p->n, fixed[i])                                                                  \
+        } else if (p->period == 1) {                                                                         \
+            const float b0 = ((float)b[0] - zb) * sb;                                                        \
+            QADD_LOOP(T, 0, p->n, b0)                                                                        \
+        } else if (p->period) { /* B along the last axis (an attention mask over heads and rows) */          \
+            const int64_t m = p->period;                                                                     \
+            for (int64_t r0 = 0; r0 < p->n; r0 += m) QADD_LOOP(T, r0, m, ((float)b[i - r0] - zb) * sb)      \
         } else {                                                                                             \
             QADD_LOOP(T, 0, p->n, ((float)b[i] - zb) * sb)                                                   \
         }                                                                                                    \

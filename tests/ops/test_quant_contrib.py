@@ -185,8 +185,8 @@ def test_qlinear_binary_native_equals_numpy(dt: object, op: str, b_kind: str, ze
                                             monkeypatch) -> None:
     """The native QLinearAdd / QLinearMul (csrc/qelem.c) run the NumPy kernel's float32 operations in the same
     order: the same bytes, saturation and half-way values included (scales chosen so that many results land on .5).
-    Native where B has the output's shape, one value, or one per position of the last axis (QLinearAdd: a
-    constant bias; QLinearMul: fed too, a squeeze-and-excitation scale in channels-last)."""
+    Native where B has the output's shape, one value, or one per position of the last axis (fed or constant: an
+    attention mask, a bias, a squeeze-and-excitation scale in channels-last)."""
     from ctxrt.backends.cpu import native
     from ctxrt.backends.cpu.quant import elementwise
 
@@ -205,8 +205,7 @@ def test_qlinear_binary_native_equals_numpy(dt: object, op: str, b_kind: str, ze
     real = elementwise._native_add
     monkeypatch.setattr(elementwise, "_native_add", lambda *args: used.append(real(*args)) or used[-1])
     got = run(model, feeds)[0]
-    declined = op == "QLinearAdd" and b_kind == "fed row"  # a fed B repeated along rows: QLinearMul only
-    assert used and all((u is None) == declined for u in used)
+    assert used and all(u is not None for u in used)
     monkeypatch.setattr(elementwise, "_native_add", lambda *args: None)
     np.testing.assert_array_equal(got, run(model, feeds)[0])
 

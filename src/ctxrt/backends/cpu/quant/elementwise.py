@@ -99,22 +99,16 @@ def _binary(spec: NodeSpec, mul: bool) -> Kernel:
 
 def _native_add(a: np.ndarray, b: np.ndarray, y: np.ndarray, fixed: np.ndarray | None, params: list[Any],
                 mul: bool = False) -> Launch | None:
-    """QLinearAdd (QLinearMul: `mul`) of 8-bit tensors of y's shape (or B fixed; for QLinearMul B one value, or one
-    per channel along the last axis) on the
-    native kernel (csrc/qelem.c: the same float32 operations in the same order as `run` below, one pass instead of
-    eight); None where it does not apply."""
+    """QLinearAdd (QLinearMul: `mul`) of 8-bit tensors of y's shape, or B one value or one per position of the
+    last axis (QLinearAdd: also B fixed, a constant) on the native kernel (csrc/qelem.c: the same float32
+    operations in the same order as `run` below, one pass instead of eight); None where it does not apply."""
     lib = native.library()
     if lib is None or y.dtype not in (np.dtype(np.int8), np.dtype(np.uint8)) or a.dtype != y.dtype:
         return None
     if not (a.shape == y.shape and a.flags.c_contiguous and y.flags.c_contiguous):
         return None
     period = 0
-    if mul and b.size == 1 and b.dtype == y.dtype:
-        period = 1  # one value of B (an attention's scale)
-    elif mul and y.ndim and b.dtype == y.dtype and b.size == y.shape[-1] > 1 and b.shape[-1] == b.size and \
-            b.flags.c_contiguous and b.ndim <= y.ndim and b.shape != y.shape:
-        period = b.size  # one value per channel of a channels-last tensor (a squeeze-and-excitation scale)
-    elif fixed is not None:
+    if fixed is not None:
         if fixed.dtype != F32 or not fixed.flags.c_contiguous:
             return None
         if fixed.size == 1 and fixed.shape != y.shape:  # one value
@@ -125,8 +119,14 @@ def _native_add(a: np.ndarray, b: np.ndarray, y: np.ndarray, fixed: np.ndarray |
                     fixed.ndim > y.ndim:
                 return None
             period = last
-    elif not (b.shape == y.shape and b.dtype == y.dtype and b.flags.c_contiguous):
+    elif b.dtype != y.dtype or not b.flags.c_contiguous:
         return None
+    elif b.size == 1 and b.shape != y.shape:
+        period = 1  # one value of B (an attention's scale)
+    elif b.shape != y.shape:  # B along the last axis: a mask over heads and rows, a per-channel scale (NHWC)
+        if not y.ndim or b.size != y.shape[-1] or b.shape[-1] != b.size or b.ndim > y.ndim:
+            return None
+        period = b.size
     args = native.QAddArgs(n=y.size, a=a.ctypes.data, b=None if fixed is not None else b.ctypes.data,
                            fixed=native.address(fixed), period=period, y=y.ctypes.data,
                            is_signed=int(y.dtype == np.int8), mul=int(mul))
