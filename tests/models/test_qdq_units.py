@@ -254,3 +254,41 @@ def test_add_then_relu_fuses_where_saturation_is_the_relu(tmp_path: Path, zy: in
     feeds = {k: rng.standard_normal((2, 3, 4, 5)).astype(np.float32) * 2 for k in ("x", "r")}
     got = ctxrt.InferenceSession(path).run(None, feeds)[0]
     assert np.abs(got - _ort(path, feeds)).max() <= 0.03 * 1.001
+
+
+def test_gelu_chain_runs_as_one_table(tmp_path: Path, monkeypatch) -> None:
+    """DequantizeLinear -> Div by sqrt(2) -> Erf -> QuantizeLinear (an exported BERT's GELU, whose Div and Erf the
+    quantizer leaves in float): one QLinearLookup; within a step of onnxruntime; native and NumPy agree."""
+    n = helper.make_node
+    nodes, inits = _quantized_op([n("Div", ["d_x", "sqrt2"], ["half"]), n("Erf", ["half"], ["f"])], np.uint8)
+    path = _op_model(tmp_path, nodes, {**inits, "sqrt2": np.float32(np.sqrt(2))}, (2, 16, 24))
+    assert _ops(path, CpuBackend(onednn=False)) == Counter({"QuantizeLinear": 1, "QLinearLookup": 1,
+                                                             "DequantizeLinear": 1})
+    x = np.random.default_rng(2).standard_normal((2, 16, 24)).astype(np.float32) * 2
+    got = _same_without_native(path, {"x": x}, monkeypatch)
+    assert np.abs(got - _ort(path, {"x": x})).max() <= 0.03 * 1.001
+
+
+@pytest.mark.parametrize("per_axis", [False, True], ids=["per tensor", "per column"])
+def test_quantized_embedding_gathers_integer_rows(tmp_path: Path, per_axis: bool) -> None:
+    """Gather from DequantizeLinear(int8 table): the rows gathered as integers, then dequantized (no float copy of
+    the table at each run); the same values as onnxruntime."""
+    rng = np.random.default_rng(9)
+    table = rng.integers(-128, 128, (1000, 64)).astype(np.int8)
+    scale = rng.uniform(0.01, 0.02, 64 if per_axis else 1).astype(np.float32)
+    inits = {"table": table, "scale": scale if per_axis else scale.reshape(())}
+    axis = {"axis": 1} if per_axis else {}
+    nodes = [helper.make_node("DequantizeLinear", ["table", "scale"], ["embedding"], **axis),
+             helper.make_node("Gather", ["embedding", "ids"], ["y"])]
+    graph = helper.make_graph(nodes, "embed", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 7])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 7, 64])],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    path = tmp_path / "embed.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    graphs, _ = compile_graphs([(str(path), None, "main")], CpuBackend(onednn=False))
+    steps = graphs[0].steps
+    assert [s.op for s in steps] == ["Gather", "DequantizeLinear"]
+    assert steps[0].inputs[0].dtype == "|i1" and steps[1].inputs[0].shape == (2, 7, 64)
+    ids = rng.integers(0, 1000, (2, 7))
+    np.testing.assert_array_equal(ctxrt.InferenceSession(str(path)).run(None, {"ids": ids})[0],
+                                  _ort(str(path), {"ids": ids}))

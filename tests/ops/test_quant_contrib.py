@@ -274,3 +274,26 @@ def test_gather_block_quantized(case: str, zero_points: bool, dt: object) -> Non
     assert got.shape == want.shape == (2, 3, *shape[1:-1], k) and got.dtype == np.dtype(dt)
     np.testing.assert_array_equal(got, want)
     assert not got[1, 2].any()  # out of range: zeros
+
+
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+def test_qlinear_binary_with_a_scalar_first_operand_is_native(op: str, monkeypatch) -> None:
+    """A one-value A (the quantizer's GELU: Mul(0.5, x)) against a full B: the operands swapped for the native
+    kernel (+ and x commute exactly in IEEE arithmetic), the NumPy kernel's bytes."""
+    from ctxrt.backends.cpu import native
+    from ctxrt.backends.cpu.quant import elementwise
+
+    if native.library() is None:
+        pytest.skip("the native extension is not built here")
+    b = ints(np.uint8, 64, 257)
+    inits = {"a": np.uint8(200), "as": np.float32(0.5), "az": np.uint8(7), "bs": np.float32(0.25),
+             "bz": np.uint8(100), "cs": np.float32(0.5), "cz": np.uint8(130)}
+    model = qmodel(helper.make_node(op, ["a", "as", "az", "b", "bs", "bz", "cs", "cz"], ["c"], domain=MS),
+                   {"b": b}, inits, opset=13)
+    used = []
+    real = elementwise._native_add
+    monkeypatch.setattr(elementwise, "_native_add", lambda *args: used.append(real(*args)) or used[-1])
+    got = run(model, {"b": b})[0]
+    assert used[-1] is not None
+    monkeypatch.setattr(elementwise, "_native_add", lambda *args: None)
+    np.testing.assert_array_equal(got, run(model, {"b": b})[0])

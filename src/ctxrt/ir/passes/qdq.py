@@ -17,6 +17,7 @@ against the op types it applies to (onnxruntime's qdq_selector_action_transforme
 - lookup (element-wise float ops, `LOOKUP`, of 8-bit values -> ctxrt's QLinearLookup): the unit's float
   computation made once at compile time into a 256-byte table, one lookup per value at run time; a
   BatchNormalization as an affine map per channel (y = round(x a + b), within a step of the float unit);
+- gather (a Gather from a DequantizeLinear of a constant table): the integer rows gathered, then dequantized;
 - requantize (a QuantizeLinear of a DequantizeLinear's output, e.g. around a Dropout removed at inference): an
   Identity of the integers, or with other parameters a one-part QLinearConcat (one table lookup per value).
 
@@ -113,7 +114,7 @@ class _Match:
             return None
         x, scale = self.const(d.inputs[0]), self.const(d.inputs[1])
         zp = self.const(d.inputs[2]) if len(d.inputs) > 2 and d.inputs[2] else np.zeros((), np.int64)
-        if x is None or scale is None or zp is None or x.ndim != 1 or scale.size not in (1, x.size):
+        if x is None or scale is None or zp is None or x.ndim > 1 or scale.size not in (1, x.size):
             return None
         return ((x.astype(np.float32) - zp.astype(np.float32).reshape(-1)) * scale.reshape(-1)).astype(np.float32)
 
@@ -142,7 +143,7 @@ class _Match:
             self.graph.values[a.x].dtype == self.graph.values[b.x].dtype
 
 
-Action = Callable[[_Match, Unit], Node | None]
+Action = Callable[[_Match, Node], Node | list[Node] | None]
 
 
 def _unit(m: _Match, node: Node, quantized: tuple[int, ...], weights: dict[int, int] | None = None,
@@ -288,32 +289,59 @@ def _drop(m: _Match, node: Node) -> Node | None:
 # element-wise float ops a unit of 8-bit values runs as a 256-byte table (BatchNormalization: one per channel)
 LOOKUP = {"BatchNormalization", "Relu", "Clip", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu", "Celu", "Softplus",
           "Softsign", "Gelu", "Mish", "Erf", "Sqrt", "Exp", "Log", "Neg", "Abs", "Round", "Floor", "Ceil",
-          "ThresholdedRelu"}
+          "ThresholdedRelu", "Sigmoid", "LeakyRelu"}
+# and with one operand a constant of one value, as links of a chain (GELU's x / sqrt(2) -> Erf)
+ARITH = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}
+CHAIN = (LOOKUP - {"BatchNormalization"}) | ARITH
+CHAIN_MAX = 8
 
 
 def _lookup(m: _Match, node: Node) -> Node | None:
-    """DequantizeLinear -> element-wise op -> QuantizeLinear of 8-bit values as QLinearLookup (ctxrt's): the unit's
-    float computation (onnx.reference's kernel) run once, at compile time, on the 256 values an input byte can
-    dequantize to, quantized as QuantizeLinear does; at run time one table lookup per value
-    (backends/cpu/quant/elementwise.py). A BatchNormalization: its affine form."""
-    unit = _unit(m, node, (0,), ints=EIGHT)
-    if unit is None:
+    """DequantizeLinear -> element-wise ops -> QuantizeLinear of 8-bit values (a chain of CHAIN ops, each one's
+    other operands constants of one value) as QLinearLookup (ctxrt's): the chain's float computation
+    (onnx.reference's kernels) run once, at compile time, on the 256 values an input byte can dequantize to,
+    quantized as QuantizeLinear does; at run time one table lookup per value (backends/cpu/quant/elementwise.py).
+    A BatchNormalization alone: its affine form."""
+    consts = {n: m.const(n) if m.const(n) is not None else m.dequantized_const(n) for n in node.inputs if n}
+    at = [i for i, n in enumerate(node.inputs) if n and consts[n] is None]  # the activation operand
+    if len(at) != 1 or (node.op in ARITH and at[0] > 1) or (node.op not in ARITH and at[0] != 0):
         return None
-    x, out = unit.ins[0], unit.out
-    # the other inputs: constants, or DequantizeLinear of constants (the quantizer's int8 BatchNormalization scale)
-    consts = {n: m.const(n) if m.const(n) is not None else m.dequantized_const(n) for n in node.inputs[1:] if n}
-    shape = tuple(m.graph.values[x.x].shape)
-    per_channel = node.op == "BatchNormalization"
-    if any(c is None for c in consts.values()) or per_channel and (len(shape) < 2 or node.attrs.get("training_mode")):
+    x = m.dequantized(node.inputs[at[0]])
+    if x is None or np.dtype(m.graph.values[x.x].dtype) not in EIGHT:
         return None
-    if not per_channel and any(c.size != 1 for c in consts.values()):
+    if node.op == "BatchNormalization":
+        q = m.quantized(node)
+        shape = tuple(m.graph.values[x.x].shape)
+        if q is None or np.dtype(m.graph.values[q.outputs[0]].dtype) not in EIGHT or len(shape) < 2 or \
+                node.attrs.get("training_mode"):
+            return None
+        out = Quant(q.outputs[0], q.inputs[1], m.zero_point(q, np.dtype(m.graph.values[q.outputs[0]].dtype)))
+        return _affine(m, node, consts, x, out)  # (a table per channel would be read scattered, channels last)
+    chain, q = [node], m.quantized(node)
+    while q is None and len(chain) < CHAIN_MAX:  # follow the only reader while it is an element-wise link
+        out = chain[-1].outputs[0]
+        readers = m.consumers.get(out, [])
+        if len(readers) != 1 or out in m.graph.outputs or len([o for o in chain[-1].outputs if o]) != 1:
+            return None
+        link = readers[0]
+        if link.op not in CHAIN or link.inputs.count(out) != 1:
+            return None
+        for n in link.inputs:
+            if n and n != out:
+                consts[n] = m.const(n) if m.const(n) is not None else m.dequantized_const(n)
+        chain.append(link)
+        q = m.quantized(link)
+    if q is None or any(consts[n] is None or consts[n].size != 1 for c in chain for n in c.inputs
+                        if n and n in consts and n != node.inputs[at[0]]):
         return None
-    if per_channel:  # y = x a + b per channel (a table per channel would be read scattered, channels last)
-        return _affine(m, node, consts, x, out)
-    xt, yt = np.dtype(m.graph.values[x.x].dtype), np.dtype(m.graph.values[out.x].dtype)
+    xt, yt = np.dtype(m.graph.values[x.x].dtype), np.dtype(m.graph.values[q.outputs[0]].dtype)
+    if yt not in EIGHT:
+        return None
+    out = Quant(q.outputs[0], q.inputs[1], m.zero_point(q, yt))
     values = (np.arange(256, dtype=np.uint8).view(xt).astype(np.float32) - m.const(x.zp).astype(np.float32)) \
         * m.const(x.scale).astype(np.float32)  # DequantizeLinear's arithmetic
-    y = _evaluate(node, consts, values, m.graph.opset).astype(np.float32).reshape(1, 256)
+    y = _evaluate(chain, node.inputs[at[0]], {k: v for k, v in consts.items() if v is not None}, values,
+                  m.graph.opset).astype(np.float32).reshape(1, 256)
     lo, hi = np.iinfo(yt).min, np.iinfo(yt).max
     with np.errstate(invalid="ignore", over="ignore"):
         t = np.rint(y / m.const(out.scale).astype(np.float32)) + m.const(out.zp).astype(np.float32)
@@ -322,7 +350,16 @@ def _lookup(m: _Match, node: Node) -> Node | None:
     tables = np.clip(t, lo, hi).astype(yt).view(np.uint8)
     name = f"{out.x}#lookup"
     m.graph.values[name] = Value(name, np.dtype(np.uint8), tables.shape, np.ascontiguousarray(tables))
-    return Node("QLinearLookup", node.name, [x.x, name], [out.x], {"axis": -1, UNIT: node.op}, "ctxrt")
+    m.dropped.update(id(c) for c in chain[1:])
+    m.dropped.add(id(q))
+    return Node("QLinearLookup", node.name, [x.x, name], [out.x],
+                {"axis": -1, UNIT: "+".join(c.op for c in chain)}, "ctxrt")
+
+
+def _arith(op: str) -> Action:
+    """Add or Mul: a unit of two quantized operands (QLinearAdd/Mul; Add -> Relu too), else a chain's lookup."""
+    binary = _binary(op)
+    return lambda m, node: binary(m, node) or _lookup(m, node)
 
 
 def _affine(m: _Match, node: Node, consts: dict[str, np.ndarray], x: Quant, out: Quant) -> Node | None:
@@ -340,28 +377,31 @@ def _affine(m: _Match, node: Node, consts: dict[str, np.ndarray], x: Quant, out:
     return Node("QLinearLookup", node.name, [x.x, "", name], [out.x], {"axis": 1, UNIT: node.op}, "ctxrt")
 
 
-def _evaluate(node: Node, consts: dict[str, np.ndarray], x: np.ndarray, opset: int) -> np.ndarray:
-    """The node's output for input 0 = x, its other inputs the constants given, by onnx.reference."""
+def _evaluate(chain: list[Node], x_name: str, consts: dict[str, np.ndarray], x: np.ndarray, opset: int
+              ) -> np.ndarray:
+    """The chain's last output for its input `x_name` = x, the other inputs the constants given, by onnx.reference."""
     import onnx
     from onnx import helper, numpy_helper
     from onnx.reference import ReferenceEvaluator
 
-    known = set(onnx.defs.get_schema(node.op, opset, "").attributes)  # not the attributes ctxrt's passes add
-    attrs = {k: v for k, v in node.attrs.items() if k in known}
-    inputs = ["x", *node.inputs[1:]]
-    consts = dict(consts)
-    for pos, key in PARAM_INPUTS.get(node.op, {}).items():  # Clip's bounds: the frontend made them attributes
-        if key in node.attrs and node.attrs[key] is not None:
-            inputs += [""] * (pos + 1 - len(inputs))
-            inputs[pos] = f"param{pos}"
-            consts[inputs[pos]] = np.asarray(node.attrs[key], np.float32)
+    consts, nodes = dict(consts), []
+    for node in chain:
+        known = set(onnx.defs.get_schema(node.op, opset, "").attributes)  # not the attributes ctxrt's passes add
+        attrs = {k: v for k, v in node.attrs.items() if k in known}
+        inputs = list(node.inputs)
+        for pos, key in PARAM_INPUTS.get(node.op, {}).items():  # Clip's bounds: the frontend made them attributes
+            if key in node.attrs and node.attrs[key] is not None:
+                inputs += [""] * (pos + 1 - len(inputs))
+                inputs[pos] = f"{node.name}/param{pos}"
+                consts[inputs[pos]] = np.asarray(node.attrs[key], np.float32)
+        nodes.append(helper.make_node(node.op, inputs, list(node.outputs[:1]), **attrs))
+    used = {n for node in nodes for n in node.input}
     graph = helper.make_graph(
-        [helper.make_node(node.op, inputs, ["y"], **attrs)], "lookup",
-        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(x.shape))],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(c, n) for n, c in consts.items()])
+        nodes, "lookup", [helper.make_tensor_value_info(x_name, onnx.TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info(chain[-1].outputs[0], onnx.TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.asarray(c), n) for n, c in consts.items() if n in used and n != x_name])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    return np.asarray(ReferenceEvaluator(model).run(None, {"x": x})[0])
+    return np.asarray(ReferenceEvaluator(model).run(None, {x_name: x})[0])
 
 
 def _requantize(m: _Match, q: Node) -> Node | None:
@@ -383,21 +423,43 @@ def _requantize(m: _Match, q: Node) -> Node | None:
                 {"axis": 1 if rank > 1 else 0, UNIT: "requantize"}, MS)
 
 
+def _gather(m: _Match, node: Node) -> list[Node] | None:
+    """Gather from a DequantizeLinear of a constant table (a quantized embedding): the rows gathered as integers,
+    then dequantized: never the whole table in float at each run (BERT-6's 30522 x 384 words: ~4 ms and 45 MiB).
+    Per tensor, or per axis along the table's last axis gathering along the first."""
+    d = m.producers.get(node.inputs[0])
+    if d is None or d.op != "DequantizeLinear" or len(d.inputs) < 2 or d.attrs.get("block_size"):
+        return None
+    table = m.const(d.inputs[0])
+    scale = m.const(d.inputs[1])
+    if table is None or scale is None or np.dtype(table.dtype) not in INTS or table.ndim < 1:
+        return None
+    axis, dq_attrs = int(node.attrs.get("axis", 0)) % table.ndim, {}
+    if scale.size != 1:
+        if int(d.attrs.get("axis", 1)) % table.ndim != table.ndim - 1 or axis != 0 or table.ndim < 2:
+            return None
+        dq_attrs["axis"] = -1
+    out = node.outputs[0]
+    rows = f"{out}#rows"
+    m.graph.values[rows] = Value(rows, np.dtype(table.dtype), tuple(m.graph.values[out].shape))
+    return [Node("Gather", node.name, [d.inputs[0], *node.inputs[1:]], [rows], dict(node.attrs), node.domain),
+            Node("DequantizeLinear", f"{d.name}/rows", [rows, *d.inputs[1:]], [out], dq_attrs)]
+
+
 DROP = ("MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Expand", "Tile",
         "DepthToSpace", "SpaceToDepth", "Identity")
 RULES: dict[str, Action] = {
     "Conv": _conv, "MatMul": _matmul, "Gemm": _gemm,
-    "Add": _binary("QLinearAdd"), "Mul": _binary("QLinearMul"),
-    "Sigmoid": _unary("QLinearSigmoid"), "LeakyRelu": _unary("QLinearLeakyRelu", ("alpha",)),
+    **dict.fromkeys(CHAIN, _lookup), "Add": _arith("QLinearAdd"), "Mul": _arith("QLinearMul"),
     "AveragePool": _unary("QLinearAveragePool", ("*",)), "GlobalAveragePool": _unary("QLinearGlobalAveragePool"),
     "Concat": _concat, "QuantizeLinear": _requantize, "Sum": _binary("QLinearAdd"),
-    **dict.fromkeys(DROP, _drop), **dict.fromkeys(LOOKUP, _lookup),
+    **dict.fromkeys(DROP, _drop), "BatchNormalization": _lookup, "Gather": _gather,
 }
 
 
 class FuseQDQUnits(Pass):
     def call(self, graph: Graph) -> PassResult:
-        if not any(n.op == "QuantizeLinear" for n in graph.nodes):
+        if not any(n.op in ("QuantizeLinear", "DequantizeLinear") for n in graph.nodes):
             return PassResult(graph, False)
         m = _Match(graph)
         replaced: dict[int, Node] = {}
@@ -407,12 +469,13 @@ class FuseQDQUnits(Pass):
             fused = rule(m, node) if rule is not None and node.outputs else None
             if fused is not None:
                 replaced[id(node)] = fused
-                if node.op != "QuantizeLinear":  # a unit's op: its QuantizeLinear goes with it
+                if node.op not in ("QuantizeLinear", "Gather"):  # a unit's op: its QuantizeLinear goes with it
                     dropped.add(id(m.consumers[node.outputs[0]][0]))
         dropped |= m.dropped
         if not replaced:
             return PassResult(graph, False)
-        graph.nodes = [replaced.get(id(n), n) for n in graph.nodes if id(n) not in dropped]
+        nodes = [replaced.get(id(n), n) for n in graph.nodes if id(n) not in dropped]
+        graph.nodes = [k for n in nodes for k in (n if isinstance(n, list) else [n])]
         graph = EliminateDead()(graph).graph
         return PassResult(graph, True)
 

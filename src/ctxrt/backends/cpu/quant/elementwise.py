@@ -67,7 +67,10 @@ def _binary(spec: NodeSpec, mul: bool) -> Kernel:
         sc, zc = _param(ins, spec, 6), _param(ins, spec, 7)
         ta, tb = scratch_view(scratch[0], shape, F32), scratch_view(scratch[1], shape, F32)
         m = scratch_view(scratch[2], (), F32)
-        fast = _native_add(a, b, y, None if mul else fixed, [_param(ins, spec, i) for i in (1, 2, 4, 5, 6, 7)], mul)
+        params = [_param(ins, spec, i) for i in (1, 2, 4, 5, 6, 7)]
+        fast = _native_add(a, b, y, None if mul else fixed, params, mul)
+        if fast is None and fixed is None and b.shape == y.shape != a.shape:  # A the smaller: the operands swapped
+            fast = _native_add(b, a, y, None, [*params[2:4], *params[0:2], *params[4:]], mul)  # (+, x: commutative)
         if fast is not None:
             return fast
         if fixed is not None and not mul:  # B_scale (B - B_zp) made once: a bias, a constant residual
@@ -123,8 +126,9 @@ def _native_add(a: np.ndarray, b: np.ndarray, y: np.ndarray, fixed: np.ndarray |
         return None
     elif b.size == 1 and b.shape != y.shape:
         period = 1  # one value of B (an attention's scale)
-    elif b.shape != y.shape:  # B along the last axis: a mask over heads and rows, a per-channel scale (NHWC)
-        if not y.ndim or b.size != y.shape[-1] or b.shape[-1] != b.size or b.ndim > y.ndim:
+    elif b.shape != y.shape:  # B along the last axes: a mask over heads (and rows), a per-channel scale (NHWC)
+        inner = tuple(b.shape[next((i for i, d in enumerate(b.shape) if d != 1), b.ndim):])
+        if not inner or b.ndim > y.ndim or tuple(y.shape[y.ndim - len(inner):]) != inner:
             return None
         period = b.size
     args = native.QAddArgs(n=y.size, a=a.ctypes.data, b=None if fixed is not None else b.ctypes.data,
