@@ -1,4 +1,4 @@
-/* The argument struct of csrc/gemv.c (mirrored by ctxrt.backends.cpu.native.GemvArgs). */
+/* The argument structs of csrc/gemv.c (mirrored by ctxrt.backends.cpu.native.GemvArgs, ActArgs). */
 #ifndef CTXRT_GEMV_H
 #define CTXRT_GEMV_H
 #include <stdint.h>
@@ -18,5 +18,12 @@ typedef struct {
     int64_t act;            /* after the bias and the residual: 0 none, 1 Relu, 2 GELU (erf), 3 GELU (tanh), 4 SiLU */
     int64_t threads;        /* threads sharing the work, the caller's included (1: the caller's only) */
 } gemv_args;
+
+typedef struct {            /* y = act(x) over n floats (y may be x): an activation op on its own (GELU) */
+    int64_t n;
+    const float *x;
+    float *y;
+    int64_t act;            /* as gemv_args.act */
+} act_args;
 
 #endif

@@ -133,6 +133,12 @@ class Affine8Args(ctypes.Structure):
                 *((f, ctypes.c_int64) for f in ("channels", "per", "x_signed", "y_signed"))]
 
 
+class ActArgs(ctypes.Structure):
+    """csrc/gemv.h's act_args: y = act(x) over n floats (the codes of gemv.ACTIVATIONS)."""
+
+    _fields_ = [("n", ctypes.c_int64), ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("act", ctypes.c_int64)]
+
+
 class IGemmArgs(ctypes.Structure):
     """csrc/qelem.h's igemm_args."""
 
@@ -162,7 +168,7 @@ def _load() -> ctypes.CDLL | None:
 def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
     for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "qmatmul",
-                 "igemm", "swish", "lstm", "ln_rows", "softmax_rows", "lut8", "affine8"):
+                 "igemm", "swish", "lstm", "ln_rows", "softmax_rows", "lut8", "affine8", "act"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
