@@ -130,3 +130,38 @@ int ctxrt_affine8(const affine8_args *p) {
     else affine8_c(p);
     return 0;
 }
+
+#define SUM8_BODY(T)                                                                                        \
+    for (int64_t o = 0; o < p->outer; o++) {                                                                 \
+        const T *x = (const T *)p->x + o * p->count * p->inner;                                             \
+        int32_t *y = p->y + o * p->inner;                                                                    \
+        if (p->inner == 1) {                                                                                 \
+            int32_t t = 0;                                                                                   \
+            for (int64_t c = 0; c < p->count; c++) t += x[c];                                                \
+            y[0] = t;                                                                                        \
+            continue;                                                                                        \
+        }                                                                                                    \
+        for (int64_t i = 0; i < p->inner; i++) y[i] = 0;                                                     \
+        for (int64_t c = 0; c < p->count; c++)                                                               \
+            for (int64_t i = 0; i < p->inner; i++) y[i] += x[c * p->inner + i];                              \
+    }
+
+/* y[o, i] = sum over c of x[o, c, i], 8-bit x summed exactly in int32 (count < 2^31 / 255); then, q given, the
+   global average pool's requantization: the float64 difference (exact) rounded to float32, times xs / (ys count)
+   in float32, rounded half to even, offset, saturated */
+int ctxrt_sum8(const sum8_args *p) {
+    if (p->is_signed) { SUM8_BODY(int8_t) }
+    else { SUM8_BODY(uint8_t) }
+    if (!p->q) return 0;
+    const float mult = p->xs / (p->ys * (float)p->count);
+    const float lo = p->q_signed ? -128.0f : 0.0f, hi = p->q_signed ? 127.0f : 255.0f;
+    const double shift = (double)p->xz * (double)p->count;
+    for (int64_t j = 0; j < p->outer * p->inner; j++) {
+        float t = nearbyintf((float)((double)p->y[j] - shift) * mult) + p->yz;
+        t = t > lo ? t : lo;
+        t = t < hi ? t : hi;
+        if (p->q_signed) ((int8_t *)p->q)[j] = (int8_t)t;
+        else ((uint8_t *)p->q)[j] = (uint8_t)t;
+    }
+    return 0;
+}

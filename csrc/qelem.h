@@ -71,4 +71,16 @@ typedef struct {            /* y = saturate(round_half_even(x a[ch] + b[ch])): 8
     int64_t x_signed, y_signed;
 } affine8_args;
 
+typedef struct {            /* y[o, i] = sum over c of x[o, c, i]: 8-bit values summed exactly in int32 (a global
+                               average pool's sums, channels first: inner 1; channels last: inner C) */
+    int64_t outer, count, inner;
+    const void *x;
+    int32_t *y;
+    int64_t is_signed;
+    void *q;                /* NULL, or QLinearGlobalAveragePool's output [outer, inner]: saturate(round((y - count
+                               xz) xs / (ys count)) + yz), as backends/cpu/quant/pool.py computes it */
+    float xs, xz, ys, yz;
+    int64_t q_signed;
+} sum8_args;
+
 #endif

@@ -139,6 +139,14 @@ class ActArgs(ctypes.Structure):
     _fields_ = [("n", ctypes.c_int64), ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("act", ctypes.c_int64)]
 
 
+class Sum8Args(ctypes.Structure):
+    """csrc/qelem.h's sum8_args: y[o, i] = sum over c of x[o, c, i], 8 bits into int32."""
+
+    _fields_ = [*((f, ctypes.c_int64) for f in ("outer", "count", "inner")), ("x", ctypes.c_void_p),
+                ("y", ctypes.c_void_p), ("is_signed", ctypes.c_int64), ("q", ctypes.c_void_p),
+                *((f, ctypes.c_float) for f in ("xs", "xz", "ys", "yz")), ("q_signed", ctypes.c_int64)]
+
+
 class IGemmArgs(ctypes.Structure):
     """csrc/qelem.h's igemm_args."""
 
@@ -168,7 +176,7 @@ def _load() -> ctypes.CDLL | None:
 def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
     for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "qmatmul",
-                 "igemm", "swish", "lstm", "ln_rows", "softmax_rows", "lut8", "affine8", "act"):
+                 "igemm", "swish", "lstm", "ln_rows", "softmax_rows", "lut8", "affine8", "act", "sum8"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]

@@ -446,6 +446,17 @@ def _gather(m: _Match, node: Node) -> list[Node] | None:
             Node("DequantizeLinear", f"{d.name}/rows", [rows, *d.inputs[1:]], [out], dq_attrs)]
 
 
+def _spatial_mean(m: _Match, node: Node) -> Node | None:
+    """ReduceMean over H and W of a 4-D tensor, kept 4-D (a squeeze-and-excitation block's): the unit as
+    QLinearGlobalAveragePool."""
+    shape = m.graph.values[node.inputs[0]].shape
+    axes = node.attrs.get("axes")
+    if len(shape) != 4 or node.attrs.get("keepdims", 1) != 1 or axes is None or \
+            sorted(int(a) % 4 for a in axes) != [2, 3] or len([n for n in node.inputs if n]) != 1:
+        return None
+    return _unary("QLinearGlobalAveragePool")(m, node)
+
+
 DROP = ("MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Expand", "Tile",
         "DepthToSpace", "SpaceToDepth", "Identity")
 RULES: dict[str, Action] = {
@@ -453,7 +464,7 @@ RULES: dict[str, Action] = {
     **dict.fromkeys(CHAIN, _lookup), "Add": _arith("QLinearAdd"), "Mul": _arith("QLinearMul"),
     "AveragePool": _unary("QLinearAveragePool", ("*",)), "GlobalAveragePool": _unary("QLinearGlobalAveragePool"),
     "Concat": _concat, "QuantizeLinear": _requantize, "Sum": _binary("QLinearAdd"),
-    **dict.fromkeys(DROP, _drop), "BatchNormalization": _lookup, "Gather": _gather,
+    **dict.fromkeys(DROP, _drop), "BatchNormalization": _lookup, "Gather": _gather, "ReduceMean": _spatial_mean,
 }
 
 
