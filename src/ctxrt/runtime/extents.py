@@ -77,7 +77,7 @@ class AtDims:
     and the launch list recorded for one IO binding."""
 
     __slots__ = ("dims", "inputs", "outputs", "out_info", "steps", "cap", "blas", "bound", "internal", "launches",
-                 "kv", "recordings", "vals")
+                 "kv", "recordings", "vals", "resolved")
 
     def __init__(self, dims: tuple[int, ...], inputs: list[TensorInfo], outputs: list[TensorInfo],
                  steps: Mapping[int, Made], cap: int | None, blas: bool = False) -> None:
@@ -93,6 +93,9 @@ class AtDims:
         # torch export's generation: a step's presents are the next step's pasts) records each once
         self.recordings: OrderedDict[tuple[MemHandle | None, ...], tuple[list[Any], Any]] = OrderedDict()
         self.vals: list[int] = []  # the integers of the program at these dims (ExtentRunner.live reads them)
+        # (launches, the same with each live launch replaced by its launch at these dims): what runs, made once
+        # per recording a state uses (a recording is shared by states whose live steps differ)
+        self.resolved: tuple[list[Any], list[Any]] | None = None
 
 
 class ExtentRunner:
@@ -262,8 +265,8 @@ class ExtentRunner:
                 got.append(ndarray(tuple(shape), dtype, array, offset))
             return got
 
-        def launch() -> None:
-            vals = runner.vals
+        def at(vals: list[int]) -> Any:
+            """The step's launch at the program's integers `vals` (made on first need)."""
             key = tuple([vals[i] for i in idx])
             run = made.get(key)
             if run is None:
@@ -273,7 +276,11 @@ class ExtentRunner:
                 stats["range_live_launches_made"] += 1
                 if len(made) > LIVE_KEPT:
                     made.popitem(last=False)
-            run()
+            return run
+
+        def launch() -> None:
+            at(runner.vals)()
+        launch.at = at  # type: ignore[attr-defined]  # a state resolves its live launches once (AtDims.resolved)
         return launch
 
     # -- dims ------------------------------------------------------------------------------------------
@@ -590,7 +597,12 @@ class ExtentRunner:
                     while len(st.recordings) > RECORDINGS:
                         st.recordings.popitem(last=False)
             self.vals = st.vals  # what the live launches read
-            run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, st.launches, st.cap, st.blas)
+            resolved = st.resolved
+            if resolved is None or resolved[0] is not st.launches:
+                vals = st.vals
+                resolved = st.resolved = (st.launches, [
+                    launch.at(vals) if hasattr(launch, "at") else launch for launch in st.launches])
+            run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, resolved[1], st.cap, st.blas)
             if st.kv is not None:  # a KV cache appended in place: what its Concats did not copy, and did
                 ctx.stats["kv_bytes_kept_in_place"] += st.kv[0]
                 ctx.stats["kv_bytes_appended"] += st.kv[1]
