@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrt.cli_args import UsageError, model_kind, naming, not_an_input, output_file
+from ctxrt.format.weights import bytes_by_type
 
 
 def _binaries(path: str) -> list[tuple[str, str | bytes]]:
@@ -36,6 +37,7 @@ def inspect_report(meta: dict[str, Any]) -> dict[str, Any]:
         "device": device.get("device", meta["hardware"]), "driver": device.get("driver", ""),
         "producer": meta["producer"], "source_models": meta["source_models"],
         "weights_size": meta["weights_size"], "spillfill_size": meta["max_spillfill_size"],
+        "weights_by_type": bytes_by_type((e[0], e[1], e[2]) for e in meta.get("weights", {}).values()),
         "alignment": meta["alignment"], "tuning": meta["tuning"],
         "graphs": [{"name": g["name"], "spillfill_size": g["spillfill_size"], "lower_bound": g["lower_bound"],
                     "io_bytes": g["io_bytes"], "inputs": g["inputs"], "outputs": g["outputs"],
@@ -125,6 +127,9 @@ def _print_inspect(name: str, report: dict[str, Any]) -> None:
           f"({report['device']}{driver}), made by {report['producer']} from {', '.join(report['source_models'])}")
     print(f"weights {report['weights_size'] / mib:.2f} MiB, max spill-fill {report['spillfill_size'] / mib:.2f} "
           f"MiB, buffer start alignment {report['alignment']}")
+    if report["weights_by_type"]:
+        print("weights by storage type: " + ", ".join(f"{t} {n / mib:.2f} MiB"
+                                                      for t, n in report["weights_by_type"].items()))
     tuning = report["tuning"]
     if tuning.get("kernels") and "tuning_report" not in report:  # --tuning prints the whole table instead
         print(f"tuned: {len(tuning['kernels'])} kernels for {tuning['device'].get('device', '?')} "

@@ -170,3 +170,12 @@ def test_context_binary_keeps_quantized_weights(tmp_path: Path, name: str, kind:
         dtypes = {entry[2] for entry in meta["weights"].values()}
     assert sizes_out["quantized"] <= ratio * sizes_out["float"], sizes_out
     assert dtypes & {"|i1", "|u1", "int4", "uint4"}, dtypes
+    # the memory accounting says so: by storage type, in the context's stats and in `ctxrt inspect`
+    with ctxrt.context_from_binary(tmp_path / "quantized.ctx") as ctx:
+        by_type = ctx.weights_by_type()
+        integers = sum(n for t, n in by_type.items() if t in ("int8", "uint8", "int4", "uint4"))
+        assert integers >= 0.6 * sum(by_type.values()), by_type  # (4-bit blocks of 16: a float scale each)
+        assert all(ctx.stats[f"weights_bytes_{t}"] == n for t, n in by_type.items())
+    from ctxrt.cli_inspect import inspect_report
+
+    assert inspect_report(ctxrt.read_metadata(tmp_path / "quantized.ctx"))["weights_by_type"] == by_type

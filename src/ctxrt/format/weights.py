@@ -9,8 +9,9 @@ its weights the same way wherever they live. A context may also read weights kep
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -122,3 +123,22 @@ def stored_form(e: WeightEntry) -> tuple[tuple[int, ...], np.dtype]:
 def view(raw: np.ndarray, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     """A weight's stored bytes as kernels read them: the typed array, or for a 4-bit type the packed bytes."""
     return raw if dtypes.is_4bit(dtype) else raw.view(dtype).reshape(shape)
+
+
+def bytes_by_type(entries: Iterable[tuple[Any, int, str]]) -> dict[str, int]:
+    """Bytes of weights by storage type ("float32", "int8", ...; a 4-bit weight is stored packed in uint8), each
+    distinct place (its `where` key: an offset, or (segment, offset)) counted once: entries (where, nbytes, dtype)."""
+    seen: dict[Any, tuple[int, str]] = {}
+    for where, nbytes, dtype in entries:
+        seen.setdefault(where, (int(nbytes), _type_name(dtype)))
+    out: dict[str, int] = {}
+    for nbytes, name in seen.values():
+        out[name] = out.get(name, 0) + nbytes
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def _type_name(dtype: str) -> str:
+    try:
+        return np.dtype(dtype).name
+    except TypeError:  # ctxrt's own names (4-bit types: ctxrt.dtypes)
+        return str(dtype)

@@ -20,6 +20,7 @@ from ctxrt.backends.kernel import held_constants_bytes
 from ctxrt.compiler.program import CONST, CompiledGraph
 from ctxrt.errors import LifecycleError, RegistrationError
 from ctxrt.format import weights as wts
+from ctxrt.format.weights import bytes_by_type
 from ctxrt.mapped import region
 from ctxrt.runtime.graph import Graph, io_buffer_layout
 from ctxrt.runtime.memhandle import MemHandle, check_descriptor, handle_key
@@ -235,6 +236,8 @@ class Context:
         be = self.backend
         self._place_weights()
         self.stats["weights_bytes"] = sum(int(seg.nbytes) for seg in self._segments)
+        for kind, nbytes in self.weights_by_type().items():  # int8 weights stay int8 (docs/quantization.md)
+            self.stats[f"weights_bytes_{kind}"] = nbytes
         self.stats["weights_mapped_bytes"] = sum(self.mapped_weights().values())
         self.stats["weights_prepacked_bytes"] = self._prepacked_bytes()
         if "spillfill" in self._registered:
@@ -297,6 +300,11 @@ class Context:
     def mapped_weights(self) -> dict[int, int]:
         """(id of each weights segment read in place from a model's external data file -> its bytes)."""
         return {id(seg): int(seg.nbytes) for seg in self._segments if region(seg) is not None}
+
+    def weights_by_type(self) -> dict[str, int]:
+        """Bytes of this context's weights by storage type ("float32", "int8", "float16", ...), each stored weight
+        counted once (also as `stats["weights_bytes_<type>"]`)."""
+        return bytes_by_type(((e.segment, e.offset), e.nbytes, e.dtype) for e in self._table.values())
 
     def memory(self) -> dict[str, int]:
         """Bytes this context holds, by category: `weights` (the weights section, memory-mapped from the binary
