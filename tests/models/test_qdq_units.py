@@ -292,3 +292,19 @@ def test_quantized_embedding_gathers_integer_rows(tmp_path: Path, per_axis: bool
     ids = rng.integers(0, 1000, (2, 7))
     np.testing.assert_array_equal(ctxrt.InferenceSession(str(path)).run(None, {"ids": ids})[0],
                                   _ort(str(path), {"ids": ids}))
+
+
+def test_a_chain_whose_constant_raises_the_rank_stays_float(tmp_path: Path) -> None:
+    """x (2, 3) + c (1, 1, 1) is (1, 2, 3): not an element-wise map of x in place, so no table; it runs as the
+    float unit and matches onnxruntime."""
+    n = helper.make_node
+    nodes, inits = _quantized_op([n("Add", ["d_x", "c"], ["f"])], np.uint8)
+    graph = helper.make_graph(nodes, "rank", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3])],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in
+                               {**inits, "c": np.full((1, 1, 1), 0.5, np.float32)}.items()])
+    path = tmp_path / "rank.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert "QLinearLookup" not in _ops(str(path), CpuBackend(onednn=False))
+    x = np.linspace(-3, 3, 6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(ctxrt.InferenceSession(str(path)).run(None, {"x": x})[0], _ort(str(path), {"x": x}))

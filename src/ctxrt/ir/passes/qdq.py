@@ -335,8 +335,8 @@ def _lookup(m: _Match, node: Node) -> Node | None:
                         if n and n in consts and n != node.inputs[at[0]]):
         return None
     xt, yt = np.dtype(m.graph.values[x.x].dtype), np.dtype(m.graph.values[q.outputs[0]].dtype)
-    if yt not in EIGHT:
-        return None
+    if yt not in EIGHT or tuple(m.graph.values[q.outputs[0]].shape) != tuple(m.graph.values[x.x].shape):
+        return None  # (a constant of one value that broadcasts to a higher rank: not element-wise in place)
     out = Quant(q.outputs[0], q.inputs[1], m.zero_point(q, yt))
     values = (np.arange(256, dtype=np.uint8).view(xt).astype(np.float32) - m.const(x.zp).astype(np.float32)) \
         * m.const(x.scale).astype(np.float32)  # DequantizeLinear's arithmetic
