@@ -57,6 +57,7 @@ static inline float gemv_act(float v, int act) {
         const float c = erfcf(v * -0.70710678118654752f);
         return c == 0.0f ? 0.0f : 0.5f * v * c;  /* v -> -inf: 0, not -inf x 0 */
     }
+    case 6: return erff(v);
     default: return v;
     }
 }

@@ -98,7 +98,8 @@ static inline __m256 NAME(erfc8)(__m256 x, __m256 dx) {
 }
 
 /* a fused activation of 8 lanes, as gemv_args.act numbers them: 1 Relu, 2 GELU (erf), 3 GELU (tanh), 4 SiLU,
-   5 GELU as x erfc(-x / sqrt 2) / 2 (the GELU op's: relative accuracy kept in the negative tail) */
+   5 GELU as x erfc(-x / sqrt 2) / 2 (the GELU op's: relative accuracy kept in the negative tail), 6 erf (the Erf
+   op's) */
 static inline __m256 NAME(act8)(__m256 v, int act) {
     const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
     switch (act) {
@@ -122,6 +123,7 @@ static inline __m256 NAME(act8)(__m256 v, int act) {
         /* erfc 0 (v -> -inf): 0, not -inf x 0 */
         return _mm256_andnot_ps(_mm256_cmp_ps(c, _mm256_setzero_ps(), _CMP_EQ_OQ), _mm256_mul_ps(_mm256_mul_ps(half, v), c));
     }
+    case 6: return NAME(erf8)(v);
     default: return v;
     }
 }

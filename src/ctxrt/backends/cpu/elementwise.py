@@ -239,16 +239,13 @@ def _in_float32(spec: NodeSpec, block: Callable[..., None], temps: tuple[Any, ..
     return Blocked(spec, converted, (np.float32, *temps), _QUIET)
 
 
-def erf(spec: NodeSpec) -> Kernel:
-    return _in_float32(spec, functools.partial(_erf32, _table("erf")), _TEMPS)
+class NativeAct(Blocked):
+    """An activation of float32 tensors in one native pass (csrc/gemv.c ctxrt_act, 8 lanes at a time, N. Juffa's
+    erf and erfc): GELU as x erfc(-x / sqrt 2) / 2, relative accuracy kept in the negative tail where
+    onnxruntime's 1 + erf cancels, and Erf (BERT-6's six GELUs of 128 x 1536, or a float16 model's unfused Erfs:
+    ~7-8 ms in the NumPy blocks); the blocks where the extension is not built."""
 
-
-class NativeGelu(Blocked):
-    """GELU of float32 tensors in one native pass (csrc/gemv.c ctxrt_act: x erfc(-x / sqrt 2) / 2 with N. Juffa's
-    erfc, 8 lanes at a time, relative accuracy kept in the negative tail, where onnxruntime's 1 + erf cancels;
-    BERT-6's six GELUs of 128 x 1536 ~8 ms in the NumPy blocks); the blocks where the extension is not built."""
-
-    act: int
+    act: int  # csrc/vmath.h act8's code
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         from ctxrt.backends.cpu import native
@@ -261,15 +258,22 @@ class NativeGelu(Blocked):
                              (x, y))
 
 
+def _native_act(spec: NodeSpec, block: Callable[..., None], act: int) -> Kernel:
+    kernel = NativeAct(spec, block, _TEMPS, _QUIET)
+    kernel.act = act
+    return kernel
+
+
+def erf(spec: NodeSpec) -> Kernel:
+    block = functools.partial(_erf32, _table("erf"))
+    return _native_act(spec, block, 6) if _float(spec) == np.float32 else _in_float32(spec, block, _TEMPS)
+
+
 def gelu(spec: NodeSpec) -> Kernel:
     approx = spec.attr("approximate", "none")
     if approx == "none":
         block = functools.partial(_gelu32, _table("gelu"), _zeros((CHUNK,), np.dtype(np.float32)))
-        if _float(spec) == np.float32:
-            kernel = NativeGelu(spec, block, _TEMPS, _QUIET)
-            kernel.act = 5  # csrc/vmath.h act8's GELU by erfc
-            return kernel
-        return _in_float32(spec, block, _TEMPS)
+        return _native_act(spec, block, 5) if _float(spec) == np.float32 else _in_float32(spec, block, _TEMPS)
     if approx != "tanh":
         raise _fail(spec, f"approximate={approx!r}")
     f32 = np.float32
