@@ -153,3 +153,24 @@ def test_gather_from_a_large_half_table_runs_on_the_table_as_stored() -> None:
     finally:
         ctx.free()
     np.testing.assert_array_equal(got, np.maximum(table[feeds["ids"]], 0))
+
+
+@pytest.mark.parametrize("keep_io_types", [False, True])
+def test_a_float16_models_exported_gelu_is_fused(keep_io_types: bool) -> None:
+    """x * 0.5 * (1 + Erf(x / sqrt 2)) in a float16 model (its sqrt 2 rounded to float16, 1.4140625): fused into
+    one Gelu once computed in float32 (no Erf left), within float16 precision of onnxruntime."""
+    rng = np.random.default_rng(7)
+    n = helper.make_node
+    inits = [numpy_helper.from_array(rng.standard_normal((32, 64)).astype(np.float32) * 0.2, "w"),
+             numpy_helper.from_array(np.float32(np.sqrt(2)), "sqrt2"), numpy_helper.from_array(np.float32(1), "one"),
+             numpy_helper.from_array(np.float32(0.5), "half")]
+    nodes = [n("MatMul", ["x", "w"], ["h"]), n("Div", ["h", "sqrt2"], ["s"]), n("Erf", ["s"], ["e"]),
+             n("Add", ["e", "one"], ["p"]), n("Mul", ["half", "p"], ["q"]), n("Mul", ["h", "q"], ["y"])]
+    graph = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 64])], inits)
+    model = _half(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), keep_io_types)
+    graphs, _ = compile_graphs([(model, None, "main")], get_backend("cpu"))
+    ops = [s.op for s in graphs[0].steps]
+    assert "Erf" not in ops and ("Gelu" in ops or any(s.attrs.get("activation") == "Gelu" for s in graphs[0].steps))
+    feeds = _feeds((8, 32), half=not keep_io_types)
+    _close(ctxrt.InferenceSession(model.SerializeToString()).run(None, feeds)[0], _ort(model, feeds))

@@ -132,13 +132,17 @@ class CpuBackend:
         residual and activation folded into oneDNN's epilogue."""
         from ctxrt.ir.layouts import PLAIN
         from ctxrt.ir.passes.fuse_epilogue import FuseConvActivation, FuseMatMulEpilogue
+        from ctxrt.ir.passes.fuse_gelu import FuseGelu
         from ctxrt.ir.passes.half import ComputeHalfInFloat
         from ctxrt.ir.passes.layout import AssignLayouts
         from ctxrt.ir.passes.qdq import FuseQDQUnits
         from ctxrt.ir.passes.shuffle import FuseChannelShuffle
 
         graph = FuseQDQUnits()(graph).graph  # DequantizeLinear -> op -> QuantizeLinear as integer kernels
-        graph = ComputeHalfInFloat()(graph).graph  # no half-precision arithmetic here: float32 inside
+        half = ComputeHalfInFloat()(graph)  # no half-precision arithmetic here: float32 inside
+        graph = half.graph
+        if half.modified:  # a float16 model's GELU, which the generic pass did not see through its Casts
+            graph = FuseGelu()(graph).graph
         graph = FuseChannelShuffle()(graph).graph
         if not self.onednn:
             return graph
