@@ -91,35 +91,19 @@ int ctxrt_qadd(const qadd_args *p) {
     return 0;
 }
 
-#define LUT8_BLOCK 64
-
-/* y rows = lut[x rows]: a requantization (or any function) of 8-bit values as 256-byte tables (one, one per row,
-   or one per column), computed by the caller; a copy where the one table is the identity (QLinearConcat's part
-   whose parameters are the output's) */
+/* y rows = lut[x rows]: a requantization (or any function) of 8-bit values as a 256-byte table, computed by the
+   caller; a copy where the table is the identity (QLinearConcat's part whose parameters are the output's) */
 int ctxrt_lut8(const lut8_args *p) {
-    int identity = p->per == 0;
+    int identity = 1;
     for (int v = 0; v < 256 && identity; v++) identity = p->lut[v] == v;
-    if (p->per == 2) { /* a table per column: LUT8_BLOCK columns at a time over every row, so that their tables
-                          (LUT8_BLOCK x 256 bytes) stay in L1 (all 256 of a ResNet's: 64 KiB, ~4x slower) */
-        for (int64_t c0 = 0; c0 < p->cols; c0 += LUT8_BLOCK) {
-            const int64_t c1 = c0 + LUT8_BLOCK < p->cols ? c0 + LUT8_BLOCK : p->cols;
-            for (int64_t r = 0; r < p->rows; r++) {
-                const uint8_t *x = p->x + r * p->ldx;
-                uint8_t *y = p->y + r * p->ldy;
-                for (int64_t c = c0; c < c1; c++) y[c] = p->lut[c * 256 + x[c]];
-            }
-        }
-        return 0;
-    }
     for (int64_t r = 0; r < p->rows; r++) {
         const uint8_t *x = p->x + r * p->ldx;
         uint8_t *y = p->y + r * p->ldy;
         if (identity) {
             memcpy(y, x, (size_t)p->cols);
-        } else {
-            const uint8_t *lut = p->lut + (p->per == 1 ? (r % p->tables) * 256 : 0);
-            for (int64_t c = 0; c < p->cols; c++) y[c] = lut[x[c]];
+            continue;
         }
+        for (int64_t c = 0; c < p->cols; c++) y[c] = p->lut[x[c]];
     }
     return 0;
 }

@@ -45,17 +45,14 @@ typedef struct {            /* MatMulInteger: Y = (A - za) (B - zb) exactly, in 
     int16_t *a16, *b16;     /* work: m * kp and kp * n int16 (kp: k rounded up to even) */
 } igemm_args;
 
-typedef struct {            /* y rows = lut[x rows]: an 8-bit function of an 8-bit tensor (QLinearConcat's parts,
-                               a QDQ unit's element-wise op as a table per channel) */
+typedef struct {            /* y rows = lut[x rows]: an 8-bit function of an 8-bit tensor (a QDQ unit's element-wise
+                               ops, QLinearConcat's parts) */
     int64_t rows, cols;     /* rows of `cols` bytes, `ldx` and `ldy` bytes apart */
     const uint8_t *x;
     int64_t ldx;
     uint8_t *y;
     int64_t ldy;
-    const uint8_t *lut;     /* tables of 256 bytes, indexed by x's byte (int8 values as their two's complement) */
-    int64_t tables;         /* how many (1: one for every value) */
-    int64_t per;            /* 0: one table; 1: row r reads table r % tables; 2: column c reads table c (cols ==
-                               tables: a channels-last tensor's pixels) */
+    const uint8_t *lut;     /* 256 bytes, indexed by x's byte (int8 values as their two's complement) */
 } lut8_args;
 
 typedef struct {            /* y = saturate(round_half_even(x a[ch] + b[ch])): 8 bits to 8 bits, an affine map per

@@ -121,8 +121,7 @@ class Lut8Args(ctypes.Structure):
     """csrc/qelem.h's lut8_args: y rows = lut[x rows] (8 bits to 8 bits)."""
 
     _fields_ = [("rows", ctypes.c_int64), ("cols", ctypes.c_int64), ("x", ctypes.c_void_p), ("ldx", ctypes.c_int64),
-                ("y", ctypes.c_void_p), ("ldy", ctypes.c_int64), ("lut", ctypes.c_void_p), ("tables", ctypes.c_int64),
-                ("per", ctypes.c_int64)]
+                ("y", ctypes.c_void_p), ("ldy", ctypes.c_int64), ("lut", ctypes.c_void_p)]
 
 
 class Affine8Args(ctypes.Structure):
@@ -134,7 +133,7 @@ class Affine8Args(ctypes.Structure):
 
 
 class ActArgs(ctypes.Structure):
-    """csrc/gemv.h's act_args: y = act(x) over n floats (the codes of gemv.ACTIVATIONS)."""
+    """csrc/gemv.h's act_args: y = act(x) over n floats (`act`: csrc/vmath.h act8's codes)."""
 
     _fields_ = [("n", ctypes.c_int64), ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("act", ctypes.c_int64)]
 

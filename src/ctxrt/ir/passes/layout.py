@@ -15,10 +15,9 @@ made once per value. Graph inputs and outputs stay plain. Rules, in graph order:
   it is always kept plain, so it never needs a reorder;
 - 8-bit activations (a QDQ model's, after ir/passes/qdq.py) flow the same way, through QLinearConv and MaxPool
   (provider nodes) and the quantized ops that do not care where channels are: QLinearAdd and QLinearMul of
-  same-shape operands, QLinearConcat along channels, QLinearGlobalAveragePool (its `channels_last`), ctxrt's
-  QLinearLookup (its tables' `axis`), and per-tensor QuantizeLinear / DequantizeLinear around a float island — when
-  `L` is
-  channels-last (a blocked `L` keeps them plain).
+  same-shape operands (or one per-channel operand), QLinearConcat along channels, QLinearGlobalAveragePool (its
+  `channels_last`), ctxrt's QLinearLookup (its affine map's `axis`), and per-tensor QuantizeLinear /
+  DequantizeLinear around a float island — when `L` is channels-last (a blocked `L` keeps them plain).
 
 The chosen nodes get `kernel` (the provider's name), `src_layout` and `dst_layout` attributes; values in `L`
 get their stored shape (ctxrt/ir/layouts.py). Ops the provider runs on plain tensors (MatMul, Gemm, Softmax) get only
@@ -196,7 +195,7 @@ class _Assign:
             if not self.channel_op_in_l(node, pos):
                 return False
             node.attrs = {**node.attrs, "axis": L.channel_axis}
-        elif node.op == "QLinearLookup":  # ctxrt's (ir/passes/qdq.py): tables per channel along `axis`, or one
+        elif node.op == "QLinearLookup":  # ctxrt's (ir/passes/qdq.py): one table, or an affine map per channel
             pos = [0]
             if self.lay[ins[0]] is not L or not self.is_act(ins[0]):
                 return False

@@ -9,12 +9,12 @@ against the op types it applies to (onnxruntime's qdq_selector_action_transforme
   per tensor or per output channel; a float bias becomes the int32 bias at scale x_scale * w_scale, only where it
   lies on that grid (the quantizer's DequantizeLinear of an int32 bias, folded by the frontend);
 - binary (Add, Mul, a Sum of two -> QLinearAdd, QLinearMul; an Add -> Relu whose QuantizeLinear's zero point is
-  its type's minimum -> QLinearAdd, the Relu implied by saturation), unary (Sigmoid, LeakyRelu, AveragePool,
-  GlobalAveragePool -> their QLinear op; 8-bit only), variadic (Concat -> QLinearConcat; 8-bit only); not Softmax:
+  its type's minimum -> QLinearAdd, the Relu implied by saturation), unary (AveragePool, GlobalAveragePool, a
+  ReduceMean over H and W -> their QLinear op; 8-bit only), variadic (Concat -> QLinearConcat; 8-bit only); not Softmax:
   onnxruntime's QLinearSoftmax scales by floor(1 / y_scale), which is not the unit's float semantics;
 - drop (MaxPool and data movement): with the same scale and zero point on both sides the op commutes with the
   quantization and runs on the integers as they are;
-- lookup (element-wise float ops, `LOOKUP`, of 8-bit values -> ctxrt's QLinearLookup): the unit's float
+- lookup (a chain of element-wise float ops, `CHAIN`, of 8-bit values -> ctxrt's QLinearLookup): the unit's float
   computation made once at compile time into a 256-byte table, one lookup per value at run time; a
   BatchNormalization as an affine map per channel (y = round(x a + b), within a step of the float unit);
 - gather (a Gather from a DequantizeLinear of a constant table): the integer rows gathered, then dequantized;
@@ -106,9 +106,14 @@ class _Match:
                 return None
         return Quant(x, scale, self.zero_point(d, xt))
 
+    def value(self, name: str) -> np.ndarray | None:
+        """The constant `name`, or the float32 value of a DequantizeLinear of a constant 1-D (or scalar) tensor."""
+        c = self.const(name)
+        return c if c is not None else self.dequantized_const(name)
+
     def dequantized_const(self, name: str) -> np.ndarray | None:
-        """The float32 value of a DequantizeLinear of a constant 1-D integer tensor (an int32 bias the frontend did
-        not fold), or None."""
+        """The float32 value of a DequantizeLinear of a constant 1-D or scalar integer tensor (an int32 bias the
+        frontend did not fold, a BatchNormalization scale the quantizer made int8), or None."""
         d = self.producers.get(name)
         if d is None or d.op != "DequantizeLinear" or len(d.inputs) < 2:
             return None
@@ -286,7 +291,7 @@ def _drop(m: _Match, node: Node) -> Node | None:
                 node.domain)
 
 
-# element-wise float ops a unit of 8-bit values runs as a 256-byte table (BatchNormalization: one per channel)
+# element-wise float ops a unit of 8-bit values runs as a 256-byte table (BatchNormalization: an affine map)
 LOOKUP = {"BatchNormalization", "Relu", "Clip", "HardSigmoid", "HardSwish", "Tanh", "Elu", "Selu", "Celu", "Softplus",
           "Softsign", "Gelu", "Mish", "Erf", "Sqrt", "Exp", "Log", "Neg", "Abs", "Round", "Floor", "Ceil",
           "ThresholdedRelu", "Sigmoid", "LeakyRelu"}
@@ -302,7 +307,7 @@ def _lookup(m: _Match, node: Node) -> Node | None:
     (onnx.reference's kernels) run once, at compile time, on the 256 values an input byte can dequantize to,
     quantized as QuantizeLinear does; at run time one table lookup per value (backends/cpu/quant/elementwise.py).
     A BatchNormalization alone: its affine form."""
-    consts = {n: m.const(n) if m.const(n) is not None else m.dequantized_const(n) for n in node.inputs if n}
+    consts = {n: m.value(n) for n in node.inputs if n}
     at = [i for i, n in enumerate(node.inputs) if n and consts[n] is None]  # the activation operand
     if len(at) != 1 or (node.op in ARITH and at[0] > 1) or (node.op not in ARITH and at[0] != 0):
         return None
@@ -326,9 +331,7 @@ def _lookup(m: _Match, node: Node) -> Node | None:
         link = readers[0]
         if link.op not in CHAIN or link.inputs.count(out) != 1:
             return None
-        for n in link.inputs:
-            if n and n != out:
-                consts[n] = m.const(n) if m.const(n) is not None else m.dequantized_const(n)
+        consts.update((n, m.value(n)) for n in link.inputs if n and n != out)
         chain.append(link)
         q = m.quantized(link)
     if q is None or any(consts[n] is None or consts[n].size != 1 for c in chain for n in c.inputs

@@ -168,12 +168,8 @@ class Int8Conv(Kernel):
         src = scratch[0] if self.into is not None else ins[0]
         dst = scratch[1] if self.back is not None else outs[0]
         conv = self.conv.bind([src], [dst], scratch[2:])
-        steps = [k.bind([a], [b], []) for k, a, b in ((self.into, ins[0], src), (self.back, dst, outs[0]))
-                 if k is not None]
-        if not steps:
-            return conv
-        into = steps[0] if self.into is not None else None
-        back = steps[-1] if self.back is not None else None
+        into = self.into.bind([ins[0]], [src], []) if self.into is not None else None
+        back = self.back.bind([dst], [outs[0]], []) if self.back is not None else None
 
         def run() -> None:
             if into is not None:

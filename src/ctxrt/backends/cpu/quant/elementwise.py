@@ -258,11 +258,15 @@ def qlinear_concat(spec: NodeSpec) -> Kernel:
     return Bound(make, (biggest * 4,))
 
 
+_BYTES = np.arange(256, dtype=np.uint8)  # every byte: the inputs of a 256-entry table (read only)
+_BYTES.flags.writeable = False
+
+
 def _requantized(xt: np.dtype, s: Any, z: Any, ys: Any, yz: Any, lo: Any, hi: Any, yt: np.dtype,
-                 table: np.ndarray) -> None:
-    """table[b] = QLinearConcat's value of the 8-bit value whose byte is b, computed as its NumPy path does."""
-    x = np.arange(256, dtype=np.uint8).view(xt)
-    t = np.empty(256, F32)
+                 table: np.ndarray, t: np.ndarray) -> None:
+    """table[b] = QLinearConcat's value of the 8-bit value whose byte is b, computed as its NumPy path does (t: 256
+    float32 of work)."""
+    x = _BYTES.view(xt)
     _center(x, z, t)
     np.multiply(t, s, out=t)
     np.divide(t, ys, out=t)
@@ -282,18 +286,20 @@ def _native_concat(spec: NodeSpec, plan: list[tuple], ys: Any, yz: Any, lo: Any,
     for j, (x, _, _, _, yv) in enumerate(plan):
         pre, n, post = x.shape
         calls.append(native.Lut8Args(rows=pre, cols=n * post, x=x.ctypes.data, ldx=n * post, y=yv.ctypes.data,
-                                     ldy=yv.strides[0], lut=tables[j].ctypes.data, tables=1, per=0))
+                                     ldy=yv.strides[0], lut=tables[j].ctypes.data))
     refs, call = [ctypes.byref(a) for a in calls], lib.ctxrt_lut8
     fixed = all(i < len(spec.consts) and spec.consts[i] is not None
                 for i in range(len(spec.inputs)) if given(spec, i) and (i < 2 or (i - 2) % 3))
 
+    work = np.empty(256, F32)  # (parameters fed at run time refill the tables at each run: nothing allocated)
+
     def fill() -> None:
         for j, (x, s, z, _, _) in enumerate(plan):
-            _requantized(x.dtype, s, z, ys, yz, lo, hi, yt, tables[j])
+            _requantized(x.dtype, s, z, ys, yz, lo, hi, yt, tables[j], work)
     if fixed:
         fill()
 
-    def run(_keep: object = (plan, calls, tables)) -> None:
+    def run(_keep: object = (plan, calls, tables, work)) -> None:
         if not fixed:
             fill()
         for ref in refs:
@@ -331,81 +337,65 @@ def qlinear_softmax(spec: NodeSpec) -> Kernel:
 
 
 def qlinear_lookup(spec: NodeSpec) -> Kernel:
-    """ctxrt's QLinearLookup (made by ir/passes/qdq.py from a QDQ unit of an element-wise op): 8-bit x to 8-bit y
-    through 256-byte tables (input 1: [count, 256], one per channel along `axis`, the stored channel axis, or one
-    for all), or (input 2: [2, C] float32, a BatchNormalization) y = saturate(round_half_even(x a_c + b_c)) per
-    channel. Native where the extension is built (csrc/qelem.c ctxrt_lut8, ctxrt_affine8: the NumPy path's float32
-    operations in its order, the same bytes), else NumPy."""
+    """ctxrt's QLinearLookup (made by ir/passes/qdq.py from a QDQ unit of element-wise ops): 8-bit x to 8-bit y
+    through a 256-byte table (input 1: [1, 256]), or (input 2: [2, C] float32, a BatchNormalization) y =
+    saturate(round_half_even(x a_c + b_c)), channels along `axis` (the stored channel axis). Native where the
+    extension is built (csrc/qelem.c ctxrt_lut8, ctxrt_affine8: the NumPy path's float32 operations in its order,
+    the same bytes), else NumPy."""
     x, y = spec.inputs[0], spec.outputs[0]
     xt, yt = np.dtype(x.dtype), np.dtype(y.dtype)
     if xt not in EIGHT_BIT or yt not in EIGHT_BIT or tuple(x.shape) != tuple(y.shape):
         raise fail(spec, "8-bit input and output of one shape are needed")
-    consts = list(spec.consts) + [None] * 3
-    table, affine = consts[1], consts[2]
+    table, affine = (spec.consts[i] if i < len(spec.consts) else None for i in (1, 2))
     if affine is not None:
-        if affine.dtype != np.float32 or affine.ndim != 2 or affine.shape[0] != 2:
-            raise fail(spec, "its affine map must be a constant [2, channels] of float32")
-        count = affine.shape[1]
-    elif table is None or table.dtype != np.uint8 or table.ndim != 2 or table.shape[1] != 256:
-        raise fail(spec, "its tables must be a constant [count, 256] of bytes")
-    else:
-        count = table.shape[0]
-    shape = tuple(x.shape)
-    axis = int(spec.attr("axis", -1))
-    axis = axis % len(shape) if count > 1 else -1
-    if count > 1 and shape[axis] != count:
-        raise fail(spec, f"{count} tables for {shape[axis]} channels")
-    last = axis == len(shape) - 1
-    rows = size(shape[:axis + 1]) if count > 1 and not last else size(shape[:-1]) if last else 1
-    cols = size(shape) // rows if rows else 0
-    per = 0 if count == 1 else 2 if last else 1
+        return _affine(spec, xt, yt, affine)
+    if table is None or table.dtype != np.uint8 or table.shape != (1, 256):
+        raise fail(spec, "its table must be a constant [1, 256] of bytes")
+    n = size(x)
     fast = native.library() is not None
-    channel = np.arange(cols if last else rows, dtype=np.int64) % count  # of each column (row)
-    if affine is not None:
-        return _affine(xt, yt, affine, rows, cols, per, channel, fast)
-    # NumPy's path: the flat table index of each value, x plus its table's offset (per row or per column)
-    base = None if count == 1 else (channel * 256).astype(np.int32)[None, :] if last else \
-        (channel * 256).astype(np.int32)[:, None]
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
-        xb, yb = ins[0].reshape(rows, cols).view(np.uint8), outs[0].reshape(rows, cols).view(np.uint8)
+        xb, yb = ins[0].reshape(-1).view(np.uint8), outs[0].reshape(-1).view(np.uint8)
         if fast and xb.flags.c_contiguous and yb.flags.c_contiguous:
-            args = native.Lut8Args(rows=rows, cols=cols, x=xb.ctypes.data, ldx=cols, y=yb.ctypes.data, ldy=cols,
-                                   lut=table.ctypes.data, tables=count, per=per)
+            args = native.Lut8Args(rows=1, cols=n, x=xb.ctypes.data, ldx=n, y=yb.ctypes.data, ldy=n,
+                                   lut=table.ctypes.data)
             return native.launch("ctxrt_lut8", args, (xb, yb, table))
         flat = table.reshape(-1)
-        if base is None:
-            return lambda: np.take(flat, xb, out=yb)
-        at = scratch_view(scratch[0], (rows, cols), np.dtype(np.int32))
-
-        def run() -> None:
-            np.add(xb, base, out=at)
-            np.take(flat, at, out=yb)
-        return run
-    return Bound(make, () if fast or count == 1 else (size(shape) * 4,))
+        return lambda: np.take(flat, xb, out=yb)
+    return Bound(make)
 
 
-def _affine(xt: np.dtype, yt: np.dtype, affine: np.ndarray, rows: int, cols: int, per: int, channel: np.ndarray,
-            fast: bool) -> Kernel:
-    """QLinearLookup's affine form: y = saturate(round_half_even(x a + b)), a and b of each value's channel."""
+def _affine(spec: NodeSpec, xt: np.dtype, yt: np.dtype, affine: np.ndarray) -> Kernel:
+    """QLinearLookup's affine form: y = saturate(round_half_even(x a + b)), a and b of each value's channel: rows of
+    one channel (channels first: row r is channel r % C) or rows of all channels (channels last)."""
+    if affine.dtype != np.float32 or affine.ndim != 2 or affine.shape[0] != 2:
+        raise fail(spec, "its affine map must be a constant [2, channels] of float32")
+    shape, count = tuple(spec.inputs[0].shape), affine.shape[1]
+    axis = int(spec.attr("axis", -1)) % len(shape)
+    if count > 1 and shape[axis] != count:
+        raise fail(spec, f"{count} channels' affine maps for {shape[axis]} channels")
+    last = axis == len(shape) - 1 and count > 1  # (per column, a[c]: only with one map per channel)
+    rows = 1 if count == 1 else size(shape[:-1]) if last else size(shape[:axis + 1])  # (one channel: one row)
+    cols = size(shape) // rows if rows else 0
     a, b = (np.ascontiguousarray(affine[i]) for i in (0, 1))
-    # NumPy's path: a and b along the columns (channels last) or down the rows
-    wide = (a[channel][None, :], b[channel][None, :]) if per == 2 else (a[channel][:, None], b[channel][:, None])
+    fast = native.library() is not None
     lo, hi = limits(yt)
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         xb, yb = ins[0].reshape(rows, cols), outs[0].reshape(rows, cols)
         if fast and xb.flags.c_contiguous and yb.flags.c_contiguous:
             args = native.Affine8Args(rows=rows, cols=cols, x=xb.ctypes.data, ldx=cols, y=yb.ctypes.data, ldy=cols,
-                                      a=a.ctypes.data, b=b.ctypes.data, channels=a.size, per=max(per, 1),
+                                      a=a.ctypes.data, b=b.ctypes.data, channels=count, per=2 if last else 1,
                                       x_signed=int(xt == np.int8), y_signed=int(yt == np.int8))
             return native.launch("ctxrt_affine8", args, (xb, yb, a, b))
         t = scratch_view(scratch[0], (rows, cols), F32)
+        channel = np.arange(cols if last else rows) % count  # of each column (row)
+        wa, wb = (v[channel][None, :] if last else v[channel][:, None] for v in (a, b))
 
         def run() -> None:
             np.copyto(t, xb, casting="unsafe")
-            np.multiply(t, wide[0], out=t)
-            np.add(t, wide[1], out=t)
+            np.multiply(t, wa, out=t)
+            np.add(t, wb, out=t)
             quantize_into(t, None, lo, hi, yb)
         return run
     return Bound(make, () if fast else (rows * cols * 4,))
