@@ -89,7 +89,7 @@ int ctxrt_gemv(const gemv_args *p) {
     return 0;
 }
 
-/* y = act(x) over n floats, 8 lanes at a time in the AVX2 copy (GELU's erf: N. Juffa's, csrc/vmath.h). Returns 0. */
+/* y = act(x) over n floats, 8 lanes at a time in the AVX2 copy (erf, erfc: N. Juffa's, csrc/vmath.h). Returns 0. */
 int ctxrt_act(const act_args *p) {
     if (p->y != p->x) memmove(p->y, p->x, (size_t)p->n * sizeof(float));
     if (avx2()) act_row_avx2(p->y, 0, p->n, (int)p->act);

@@ -19,11 +19,11 @@ typedef struct {
     int64_t threads;        /* threads sharing the work, the caller's included (1: the caller's only) */
 } gemv_args;
 
-typedef struct {            /* y = act(x) over n floats (y may be x): an activation op on its own (GELU) */
+typedef struct {            /* y = act(x) over n floats (y may be x): an activation op on its own (Gelu, Erf) */
     int64_t n;
     const float *x;
     float *y;
-    int64_t act;            /* as gemv_args.act */
+    int64_t act;            /* csrc/vmath.h act8's codes: gemv_args.act's, 5 GELU by erfc, 6 erf */
 } act_args;
 
 #endif

@@ -17,8 +17,8 @@ def check_model(proto: onnx.ModelProto, unchecked: Iterable[str] = ()) -> None:
     The checker runs on a copy whose initializers are empty stubs (it serializes what it checks: a 500 MB
     model took 6 s). Like onnxruntime, graph inputs and outputs declared without an element type or a shape
     are accepted (the checker wants both on the main graph), and an IR-3 model's initializers need not be graph
-    inputs. `unchecked`: default-domain ops onnx does not define
-    but onnxruntime does (SimplifiedLayerNormalization), which the checker would refuse."""
+    inputs. `unchecked`: default-domain ops onnx does not define but onnxruntime does (SimplifiedLayerNormalization),
+    which the checker would refuse."""
     g = proto.graph
     light = onnx.GraphProto(name=g.name, node=g.node, input=g.input, output=g.output, value_info=g.value_info,
                             sparse_initializer=g.sparse_initializer)
