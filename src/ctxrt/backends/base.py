@@ -87,4 +87,6 @@ class Backend(Protocol):
 
     # Optional: `threads(num_threads)` -> a context manager entered around each run that holds the host's
     # thread pools to `num_threads` (None: a default the backend chooses). Backends without host pools omit it;
-    # `lower(graph, options)` -> the backend's own IR passes, run last before kernels are chosen.
+    # `lower(graph, options)` -> the backend's own IR passes, run last before kernels are chosen;
+    # `batch(launches)` -> the list `run` replays for these recorded launches, merged where the backend can (the
+    # CPU's runs of native launches as one call each).

@@ -600,8 +600,8 @@ class ExtentRunner:
             resolved = st.resolved
             if resolved is None or resolved[0] is not st.launches:
                 vals = st.vals
-                resolved = st.resolved = (st.launches, [
-                    launch.at(vals) if hasattr(launch, "at") else launch for launch in st.launches])
+                resolved = st.resolved = (st.launches, batched(ctx.backend, [
+                    launch.at(vals) if hasattr(launch, "at") else launch for launch in st.launches]))
             run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, resolved[1], st.cap, st.blas)
             if st.kv is not None:  # a KV cache appended in place: what its Concats did not copy, and did
                 ctx.stats["kv_bytes_kept_in_place"] += st.kv[0]
@@ -613,6 +613,12 @@ class ExtentRunner:
                 info = st.outputs[index]
                 shapes[info.name] = info.shape[:axis] + (int(size),) + info.shape[axis + 1:]
             return shapes
+
+
+def batched(backend: Any, launches: list[Any]) -> list[Any]:
+    """The list a run replays for these launches: merged by the backend where it can (`batch`), else as they are."""
+    batch = getattr(backend, "batch", None)
+    return list(launches) if batch is None else batch(launches)
 
 
 def run_recorded(ctx: Any, inputs: Mapping[str, Any], outputs: Mapping[str, Any], ins: list[TensorInfo],

@@ -16,7 +16,7 @@ from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, TensorSpec, leads
 from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Ref, Step, TensorInfo
 from ctxrt.compiler.ranges import filled
 from ctxrt.errors import FormatError, LifecycleError, RegistrationError, ShapeError
-from ctxrt.runtime.extents import AtDims, ExtentRunner, binding, run_recorded, same_binding
+from ctxrt.runtime.extents import AtDims, ExtentRunner, batched, binding, run_recorded, same_binding
 from ctxrt.runtime.memhandle import MemHandle
 from ctxrt.runtime.partition import HostSteps
 from ctxrt.runtime.work import SMALL_WORK, blas_run, step_work, thread_cap
@@ -77,6 +77,7 @@ class Graph:
         self._output_names = {t.name for t in self.outputs}
         self._kernels: list[Kernel] = []
         self._launches: list[Launch | None] = []
+        self._plan: list[Launch] = []  # what a run replays: the launches as the backend batches them
         self._views: dict[str, Any] = {}  # IO name -> the tensor the IO launches are bound to
         self._internal: dict[str, Any] = {}  # IO name -> internal IO buffer view (raw runs)
         self._bound: tuple[MemHandle | None, ...] | None = None  # IO bindings the launches are recorded for
@@ -242,6 +243,7 @@ class Graph:
                        for name, h in zip(self._io_order, bound, strict=True)}
         for k in self._io_steps:
             self._launches[k] = self._bind_step(k)
+        self._plan = batched(ctx.backend, self._launches)
         self._bound = bound
         ctx.stats["recordings"] += 1
         if self._parent is None:  # a range program's children share its kernels: counted once, by the parent
@@ -434,7 +436,7 @@ class Graph:
         with ctx.lock:
             if not same_binding(self._bound, self.inputs, self.outputs, inputs, outputs):  # pinned: replay
                 self._record(binding(self.inputs, self.outputs, inputs, outputs))  # re-record the IO launches
-            run_recorded(ctx, inputs, outputs, self.inputs, self.outputs, self._internal, self._launches,
+            run_recorded(ctx, inputs, outputs, self.inputs, self.outputs, self._internal, self._plan,
                          self.thread_cap, self._blas)
             if not self._extents:
                 return _NO_SHAPES
@@ -461,6 +463,7 @@ class Graph:
     def _release(self) -> None:
         """Drop everything that reaches the context's memory (the view maker holds its weights and arena)."""
         self._launches, self._views, self._internal, self._kernels, self._bound = [], {}, {}, [], None
+        self._plan = []
         self._host, self._extents = None, []
         if self._extent is not None:
             self._extent.release()

@@ -8,7 +8,6 @@ max(x, 0) and a function of min(x, 0) so no mask is needed and NaN propagates as
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import numpy as np
@@ -144,11 +143,7 @@ class _Swish(Blocked):
         if lib is None or not self.float32 or not (x.flags.c_contiguous and y.flags.c_contiguous):
             return super().bind(ins, outs, scratch)
         args = native.SwishArgs(n=x.size, x=x.ctypes.data, y=y.ctypes.data, alpha=self.alpha)
-        ref, fn = ctypes.byref(args), lib.ctxrt_swish
-
-        def run(_keep: Any = (x, y)) -> None:
-            fn(ref)
-        return run
+        return native.launch("ctxrt_swish", args, (x, y))
 
 
 class _PRelu(Kernel):

@@ -207,6 +207,13 @@ class CpuBackend:
             for launch in launches:
                 launch()
 
+    @staticmethod
+    def batch(launches: list[Callable[[], None]]) -> list[Callable[[], None]]:
+        """What `run` replays: each run of native launches as one call (backends/cpu/strided.py)."""
+        from ctxrt.backends.cpu import strided
+
+        return strided.batch(launches)
+
     def sync(self) -> None:
         """NumPy kernels are done when their launch returns."""
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ctxrt.backends.cpu import strided
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
 from ctxrt.errors import UnsupportedOpError
 
@@ -70,8 +71,8 @@ _UNARY: dict[str, np.ufunc] = {
 
 def unary_kernel(f: np.ufunc) -> Kernel:
     def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
-        x, y = ins[0], outs[0]
-        return lambda: f(x, out=y)
+        y = outs[0]
+        return strided.ufunc(f, y, operands(ins[:1], y)[0])
     return BoundKernel(make)
 
 
@@ -298,7 +299,7 @@ def ufunc_kernel(f: np.ufunc) -> Kernel:
     def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
         y = outs[0]
         a, b = operands(ins, y)
-        return lambda: f(a, b, out=y)
+        return strided.ufunc(f, y, a, b)  # natively for float32 Add, Sub, Mul, Div
     return BoundKernel(make)
 
 

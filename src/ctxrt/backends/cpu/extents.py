@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.cpu import gemv, native
+from ctxrt.backends.cpu import gemv, native, strided
+from ctxrt.backends.cpu.shape import concat_launch
 from ctxrt.backends.kernel import Launch, leads
 from ctxrt.errors import CtxrtError, RegistrationError
 
@@ -159,20 +160,21 @@ def in_place_reshape(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 def _binary(ufunc: Any) -> Make:
     def make(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
-        a, b, y = ins[0], ins[1], outs[0]
-        return lambda: ufunc(a, b, out=y)
+        return strided.ufunc(ufunc, outs[0], ins[0], ins[1])
     return make
 
 
 def _unary(ufunc: Any) -> Make:
     def make(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
-        x, y = ins[0], outs[0]
-        return lambda: ufunc(x, out=y)
+        return strided.ufunc(ufunc, outs[0], ins[0])
     return make
 
 
 def _where(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     c, x, y, out = ins[0], ins[1], ins[2], outs[0]
+    fast = strided.where(out, c, x, y)
+    if fast is not None:
+        return fast
     if out.size and not np.may_share_memory(out, x) and not np.may_share_memory(out, c):
         def run() -> None:  # NumPy's where has no `out`: y, then x where c (no temporary)
             np.copyto(out, y)
@@ -235,19 +237,22 @@ def _concat(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
         # of one tensor, Tensor.window): only the new rows are written
         rows = xs[0].shape[axis]
         tail, rest = y[(slice(None),) * axis + (slice(rows, None),)], xs[1:]
-        run = (lambda: np.copyto(tail, rest[0])) if len(rest) == 1 else \
-            (lambda: np.concatenate(rest, axis=axis, out=tail))
+        made = strided.copy(tail, rest[0]) if len(rest) == 1 else concat_launch(rest, tail, axis)
+
+        def run() -> None:  # its own function: the counts below are this view's
+            made()
+        if getattr(made, "native", None) is not None:
+            run.native = made.native  # type: ignore[attr-defined]
         run.kept_bytes = xs[0].nbytes  # type: ignore[attr-defined]  counted per run (runtime/extents.py)
         run.appended_bytes = tail.nbytes  # type: ignore[attr-defined]
         return run
-    return lambda: np.concatenate(xs, axis=axis, out=y)
+    return concat_launch(xs, y, axis)
 
 
 def _transpose(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     rank = ins[0].ndim
     perm = [int(p) % rank for p in step.attrs.get("perm") or range(rank - 1, -1, -1)]
-    src, y = ins[0].transpose(perm), outs[0]
-    return lambda: np.copyto(y, src)
+    return strided.copy(outs[0], ins[0].transpose(perm))
 
 
 def _slice(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
@@ -258,13 +263,11 @@ def _slice(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     index = [slice(None)] * ins[0].ndim
     for start, end, axis, s in zip(starts, ends, axes, steps, strict=True):
         index[int(axis) % ins[0].ndim] = slice(int(start), int(end), int(s))
-    src, y = ins[0][tuple(index)], outs[0]
-    return lambda: np.copyto(y, src)
+    return strided.copy(outs[0], ins[0][tuple(index)])
 
 
 def _expand(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
-    x, y = ins[0], outs[0]
-    return lambda: np.copyto(y, x)  # copyto broadcasts like ONNX Expand
+    return strided.copy(outs[0], np.broadcast_to(ins[0], outs[0].shape))  # ONNX Expand broadcasts as NumPy
 
 
 def _copy(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
@@ -274,7 +277,7 @@ def _copy(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     src = x.reshape(y.shape)
     if src.size and src.ctypes.data == y.ctypes.data:
         return _nothing  # aliased by the planner
-    return lambda: np.copyto(y, src)
+    return strided.copy(y, src)
 
 
 def _trilu(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
@@ -335,6 +338,9 @@ def _reduce_sum(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
 
 def _nothing() -> None:
     pass
+
+
+_nothing.native = []  # type: ignore[attr-defined]  nothing to call in a batch
 
 
 _VIEWS: dict[str, Make] = {"Transpose": _transpose, "Slice": _slice, "Expand": _expand,

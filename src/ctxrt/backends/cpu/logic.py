@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from ctxrt import dtypes
+from ctxrt.backends.cpu import strided
 from ctxrt.backends.cpu.elementwise import BoundKernel, operands, ufunc_kernel, unary_kernel
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
 from ctxrt.errors import UnsupportedOpError
@@ -60,6 +61,9 @@ def where(spec: NodeSpec) -> Kernel:
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         y = outs[0]
         c, a, b = operands(ins, y)
+        fast = strided.where(y, c, a, b)  # one native pass (in place too: element for element)
+        if fast is not None:
+            return fast
         if b is y:
             return lambda: np.copyto(y, a, where=c)
         if a is y:  # in place on the true branch: fill in the false branch where the condition fails

@@ -155,6 +155,32 @@ class IGemmArgs(ctypes.Structure):
                 ("b16", ctypes.c_void_p)]
 
 
+EW_RANK = 6  # csrc/strided.h
+
+
+class EwArgs(ctypes.Structure):
+    """csrc/strided.h's ew_args: y = op(a, b) element by element, each operand by its strides (in elements)."""
+
+    _fields_ = [("op", ctypes.c_int64), ("rank", ctypes.c_int64), ("size", ctypes.c_int64),
+                ("shape", ctypes.c_int64 * EW_RANK), ("y", ctypes.c_void_p), ("a", ctypes.c_void_p),
+                ("b", ctypes.c_void_p), ("c", ctypes.c_void_p),
+                *((f, ctypes.c_int64 * EW_RANK) for f in ("ys", "as_", "bs", "cs"))]
+
+
+class BatchArgs(ctypes.Structure):
+    """csrc/strided.h's batch_args: n native launches (function, argument struct) run in order in one call."""
+
+    _fields_ = [("n", ctypes.c_int64), ("fns", ctypes.c_void_p), ("args", ctypes.c_void_p),
+                ("failed", ctypes.c_int64)]
+
+
+class DnnlArgs(ctypes.Structure):
+    """csrc/strided.h's dnnl_args: dnnl_primitive_execute's arguments, for a oneDNN primitive's native launch."""
+
+    _fields_ = [("execute", ctypes.c_void_p), ("primitive", ctypes.c_void_p), ("stream", ctypes.c_void_p),
+                ("nargs", ctypes.c_int64), ("args", ctypes.c_void_p)]
+
+
 def library() -> ctypes.CDLL | None:
     """The native library, loaded once; None where it was not built or CTXRT_NATIVE=0."""
     if "lib" not in _STATE:
@@ -175,7 +201,8 @@ def _load() -> ctypes.CDLL | None:
 def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
     for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "qmatmul",
-                 "igemm", "swish", "lstm", "ln_rows", "softmax_rows", "lut8", "affine8", "act", "sum8"):
+                 "igemm", "swish", "lstm", "ln_rows", "softmax_rows", "lut8", "affine8", "act", "sum8", "ew",
+                 "batch", "dnnl"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
@@ -204,12 +231,23 @@ def rows_fit(*arrays: np.ndarray) -> bool:
     return all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
 
 
+def function(fn: str) -> int:
+    """The address of the library's function `fn` (for a batch of native launches: backends/cpu/strided.py)."""
+    addresses = _STATE.setdefault("addresses", {})
+    if fn not in addresses:
+        addresses[fn] = ctypes.cast(getattr(library(), fn), ctypes.c_void_p).value
+    return addresses[fn]
+
+
 def launch(fn: str, args: ctypes.Structure, keep: tuple[Any, ...]) -> Any:
-    """The launch of kernel `fn` on its argument struct, the arrays it points into kept alive."""
+    """The launch of kernel `fn` on its argument struct, the arrays it points into kept alive. Its `native` lists
+    the (function, argument struct) addresses it calls, for a batch of launches run in one call
+    (backends/cpu/strided.py)."""
     ref, call = ctypes.byref(args), getattr(library(), fn)
 
     def run(_keep: object = keep) -> None:
         call(ref)
+    run.native = [(function(fn), ctypes.addressof(args))]  # type: ignore[attr-defined]
     return run
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ctxrt.backends.cpu import strided
 from ctxrt.backends.cpu.elementwise import BoundKernel
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
 from ctxrt.errors import UnsupportedOpError
@@ -30,8 +31,7 @@ def _axis(spec: NodeSpec, axis: int, rank: int) -> int:
 def _copy_from(view: Callable[[np.ndarray], np.ndarray]) -> Kernel:
     """A kernel copying `view(x)` (a view of input 0 made at bind time) into the output."""
     def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
-        src, y = view(ins[0]), outs[0]
-        return lambda: np.copyto(y, src)
+        return strided.copy(outs[0], view(ins[0]))
     return BoundKernel(make)
 
 
@@ -86,12 +86,8 @@ def split(spec: NodeSpec) -> Kernel:
     bounds = np.cumsum([0] + sizes).tolist()
 
     def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
-        pairs = [(ins[0][(slice(None),) * axis + (slice(bounds[k], bounds[k + 1]),)], y) for k, y in enumerate(outs)]
-
-        def run() -> None:
-            for src, y in pairs:
-                np.copyto(y, src)
-        return run
+        return strided.chain([strided.copy(y, ins[0][(slice(None),) * axis + (slice(bounds[k], bounds[k + 1]),)])
+                              for k, y in enumerate(outs)])
     return BoundKernel(make)
 
 
@@ -99,9 +95,19 @@ def concat(spec: NodeSpec) -> Kernel:
     axis = _axis(spec, int(spec.attr("axis")), len(spec.outputs[0].shape))
 
     def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
-        xs, y = list(ins), outs[0]
-        return lambda: np.concatenate(xs, axis=axis, out=y)
+        return concat_launch(list(ins), outs[0], axis)
     return BoundKernel(make)
+
+
+def concat_launch(xs: list[Any], y: np.ndarray, axis: int) -> Launch:
+    """y = the xs along `axis`: a native copy per part where they fit, else NumPy's concatenate."""
+    parts, start = [], 0
+    for x in xs:
+        parts.append(strided.copy(y[(slice(None),) * axis + (slice(start, start + x.shape[axis]),)], x))
+        start += x.shape[axis]
+    if all(getattr(p, "native", None) is not None for p in parts):
+        return strided.chain(parts)
+    return lambda: np.concatenate(xs, axis=axis, out=y)
 
 
 def _index_kernel(spec: NodeSpec, gather: Any, idx_pos: int = 1, per_data: Any = None) -> Kernel:

@@ -10,7 +10,6 @@ mean/inv_std_var outputs run the native kernel where it was built (csrc/genai.c:
 
 from __future__ import annotations
 
-import ctypes
 import math
 from typing import Any
 
@@ -167,11 +166,7 @@ def _rms_launch(rows: int, n: int, eps: float, x: np.ndarray, skip: np.ndarray |
     args = native.RmsArgs(rows=rows, n=n, x=x.ctypes.data, skip=native.address(skip), skip_stride=skip_stride,
                           bias=native.address(bias), gamma=gamma.ctypes.data, sum=native.address(total),
                           y=y.ctypes.data, eps=eps)
-    ref, fn = ctypes.byref(args), native.library().ctxrt_rms_rows
-
-    def run(_keep: Any = arrays) -> None:
-        fn(ref)
-    return run
+    return native.launch("ctxrt_rms_rows", args, tuple(arrays))
 
 
 KERNELS = {

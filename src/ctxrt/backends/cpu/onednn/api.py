@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ctxrt.backends.cpu import native
 from ctxrt.errors import CtxrtError, UnsupportedOpError
 
 # dnnl_types.h (oneDNN 3.2)
@@ -366,6 +367,11 @@ class Primitive:
             status = execute(handle, strm, n, packed)
             if status:
                 check(status, f"{keep[0].what} execution")
+        if native.library() is not None:  # a native launch: a batch calls dnnl_primitive_execute directly
+            trampoline = native.DnnlArgs(execute=ctypes.cast(execute, ctypes.c_void_p).value, primitive=handle.value,
+                                         stream=strm.value, nargs=n, args=ctypes.addressof(packed))
+            run.native = [(native.function("ctxrt_dnnl"), ctypes.addressof(trampoline))]  # type: ignore[attr-defined]
+            run.trampoline = trampoline  # type: ignore[attr-defined]  (kept alive with the launch)
         return run
 
     def __del__(self) -> None:

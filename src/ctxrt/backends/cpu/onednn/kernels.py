@@ -127,13 +127,17 @@ class OneDnnKernel(Kernel):
         table: dict[int, Callable[[], None]] = {self.threads: first}
         now = threads.openmp_now
 
-        def run() -> None:
-            n = now()
+        def pick(n: int) -> Callable[[], None]:
             fn = table.get(n)
             if fn is None:
                 prim = self.variant(n)
                 fn = table[n] = first if prim is None else launch(prim)
-            fn()
+            return fn
+
+        def run() -> None:
+            pick(now())()
+        if getattr(first, "native", None) is not None:  # in a batch: the variant of the run's OpenMP threads
+            run.native_at = lambda key: pick(key[0]).native  # type: ignore[attr-defined]
         return run
 
     def _memory(self, arg: int, md: api.Desc, address: int) -> api.Memory:

@@ -228,11 +228,7 @@ def _native_igemm(spec: NodeSpec) -> Kernel | None:
                                 za=ins[2].ctypes.data if given(spec, 2) else None,
                                 zb=ins[3].ctypes.data if given(spec, 3) else None, zb_count=zb_count,
                                 a_signed=a_signed, b_signed=b_signed, a16=a16.ctypes.data, b16=b16.ctypes.data)
-        ref, call = ctypes.byref(args), native.library().ctxrt_igemm
-
-        def run(_keep: Any = (arrays, a16, b16, args)) -> None:  # _keep: what the struct points into
-            call(ref)
-        return run
+        return native.launch("ctxrt_igemm", args, (arrays, a16, b16))
     return Bound(make, (m * kp * 2, kp * n * 2), "native_int16")
 
 

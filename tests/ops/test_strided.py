@@ -1,0 +1,119 @@
+"""csrc/strided.c through backends/cpu/strided.py: copies of transposed, sliced (negative steps too) and broadcast
+views, float32 arithmetic with NumPy's broadcasting, Where, in place, against NumPy's bytes; a batch of native
+launches runs them in order, and a failing one raises its own error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ctxrt.backends.cpu import native, strided
+
+needs_native = pytest.mark.skipif(native.library() is None, reason="the native extension is not built here")
+RNG = np.random.default_rng(7)
+
+
+def _native(launch) -> bool:
+    return getattr(launch, "native", None) is not None
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.float16, np.uint8, np.bool_])
+def test_copies_of_views(dtype) -> None:
+    x = (RNG.standard_normal((2, 3, 4, 5)) * 10).astype(dtype)
+    views = [x.transpose(0, 2, 1, 3), x.transpose(3, 1, 0, 2), x[:, 1:, ::2, ::-1], x[::-1, :, 3:0:-2],
+             x[:, :1], np.broadcast_to(x[:, :1, :, :1], (2, 3, 4, 5)), x]
+    for v in views:
+        y = np.zeros(v.shape, dtype)
+        launch = strided.copy(y, v)
+        assert _native(launch)
+        launch()
+        np.testing.assert_array_equal(y, v)
+
+
+@needs_native
+@pytest.mark.parametrize("f", [np.add, np.subtract, np.multiply, np.divide])
+@pytest.mark.parametrize("shapes", [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((2, 3, 4), (3, 1)),
+                                    ((1, 4), (3, 1)), ((2, 1, 4, 1), (1, 3, 1, 5)), ((5,), ()), ((), (7,)),
+                                    ((1, 2, 1, 3, 1, 2, 1, 2), (2, 1, 2, 1, 2, 1, 2, 1))])
+def test_arithmetic_broadcasts_as_numpy(f, shapes) -> None:
+    a = RNG.standard_normal(shapes[0]).astype(np.float32)
+    b = RNG.standard_normal(shapes[1]).astype(np.float32)
+    b[b == 0] = 1
+    want = f(a, b)
+    y = np.empty(want.shape, np.float32)
+    launch = strided.ufunc(f, y, a, b)
+    launch()
+    np.testing.assert_array_equal(y, want)
+    # rank 8 with no mergeable dims would pass csrc/strided.h's EW_RANK: NumPy's launch then
+    assert _native(launch) == (len(shapes[0]) < 8)
+
+
+@needs_native
+def test_in_place_and_special_values() -> None:
+    a = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 1e38, 3.0], np.float32)
+    b = np.array([np.inf, 1.0, 2.0, -0.0, 0.0, 1e38, 0.0], np.float32)
+    with np.errstate(all="ignore"):
+        for f in (np.add, np.subtract, np.multiply, np.divide):
+            want = f(a, b)
+            y = a.copy()
+            launch = strided.ufunc(f, y, y, b)  # in place on the first operand
+            assert _native(launch)
+            launch()
+            np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
+    y = a.copy()
+    strided.ufunc(np.negative, y, y)()
+    np.testing.assert_array_equal(y.view(np.uint32), (-a).view(np.uint32))
+
+
+@needs_native
+def test_overlap_other_than_element_for_element_falls_back() -> None:
+    x = np.arange(12, dtype=np.float32)
+    launch = strided.copy(x[1:], x[:-1])  # a shifted overlap: NumPy buffers it
+    assert not _native(launch)
+    launch()
+    np.testing.assert_array_equal(x, np.r_[0, np.arange(11)].astype(np.float32))
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.bool_])
+def test_where(dtype) -> None:
+    c = RNG.random((2, 1, 4)) > 0.5
+    a = RNG.integers(-5, 5, (3, 4)).astype(dtype)
+    b = RNG.integers(-5, 5, (2, 3, 1)).astype(dtype)
+    want = np.where(c, a, b)
+    y = np.empty(want.shape, dtype)
+    launch = strided.where(y, c, a, b)
+    assert launch is not None and _native(launch)
+    launch()
+    np.testing.assert_array_equal(y, want)
+
+
+@needs_native
+def test_batch_runs_in_order_and_raises_the_failing_launch() -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    t, u = np.empty((3, 2), np.float32), np.empty((3, 2), np.float32)
+    calls = []
+    python = lambda: calls.append(u.copy())  # noqa: E731
+    launches = [strided.copy(t, x.T), strided.ufunc(np.multiply, u, t, t), python,
+                strided.ufunc(np.add, u, u, t), strided.ufunc(np.negative, u, u)]
+    plan = strided.batch(launches)
+    assert [type(p).__name__ for p in plan] == ["Batch", "function", "Batch"]
+    for p in plan:
+        p()
+    np.testing.assert_array_equal(calls[0], x.T * x.T)
+    np.testing.assert_array_equal(u, -(x.T * x.T + x.T))
+
+    bad = native.EwArgs(op=99, rank=1, size=4)
+    bad.shape[0] = 1
+    failing = native.launch("ctxrt_ew", bad, ())
+    seen = []
+
+    def raising() -> None:
+        seen.append(1)
+        raise RuntimeError("the launch's own error")
+    raising.native = failing.native
+    plan = strided.batch([strided.copy(t, x.T), raising])
+    with pytest.raises(RuntimeError, match="own error"):
+        plan[0]()
+    assert seen == [1]
