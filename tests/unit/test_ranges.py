@@ -334,7 +334,7 @@ def test_gemms_at_few_rows_and_the_heap_after_a_compile(monkeypatch) -> None:
             few = {m.step.inputs[0].shape[0] for m in made if m.kernel is None}
             tag = {m.step.attrs.get("weights_tag") for m in made}.pop()
             trans = tag == "ba"
-            if tag not in ("ab", "ba"):  # weights blocked as oneDNN prefers them (AVX-512): its primitives at every size
+            if tag not in ("ab", "ba"):  # blocked as oneDNN prefers them (AVX-512): its primitives at every size
                 assert not few
             else:
                 assert few == {1, 2, 5} | ({8} if native.library() is not None and gemv.takes(8, trans) else set())
