@@ -11,12 +11,11 @@ returns None and the caller keeps NumPy's GEMV.
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable
 
 import numpy as np
 
-from ctxrt.backends.cpu import native, threads
+from ctxrt.backends.cpu import native
 
 ROWS = 8  # rows of A under which a GEMM runs here (more: a GEMM, oneDNN's or BLAS's)
 # ...and up to which it does where W is stored [K, N]: csrc/gemv.c's register blocks of 6 rows by 16 columns (8
@@ -73,14 +72,7 @@ def launch(a: np.ndarray, w: np.ndarray, trans: bool, y: np.ndarray, bias: np.nd
     args = native.GemvArgs(m=m, k=k, n=n, a=a.ctypes.data, lda=k, w=w.ctypes.data, trans=int(trans),
                            bias=native.address(bias), residual=native.address(residual), ldr=n, y=y.ctypes.data,
                            ldy=n, accumulate=int(accumulate), act=ACTIVATIONS[act], threads=1)
-    ref, call, keep = ctypes.byref(args), lib.ctxrt_gemv, (a, w, y, bias, residual)
+    keep = (a, w, y, bias, residual)
     if w.nbytes < THREADED_BYTES and m * k * n < SHARED_WORK:
-        def run(_keep: object = keep) -> None:  # _keep: the arrays the struct points into
-            call(ref)
-        return run
-    idle, most = threads.idle_now, native.MAX_THREADS
-
-    def run_shared(_keep: object = keep) -> None:
-        args.threads = min(idle(), most)
-        call(ref)
-    return run_shared
+        return native.launch("ctxrt_gemv", args, keep)
+    return native.threaded_launch("ctxrt_gemv", args, keep)

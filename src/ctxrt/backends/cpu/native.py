@@ -251,6 +251,29 @@ def launch(fn: str, args: ctypes.Structure, keep: tuple[Any, ...]) -> Any:
     return run
 
 
+def threaded_launch(fn: str, args: ctypes.Structure, keep: tuple[Any, ...], most: int = MAX_THREADS) -> Any:
+    """The launch of kernel `fn` whose struct's `threads` is the run's idle cores (threads.idle_now, at most
+    `most`), set as it runs; in a batch, a copy of the struct per count (`native_at`)."""
+    from ctxrt.backends.cpu import threads
+
+    ref, call, idle = ctypes.byref(args), getattr(library(), fn), threads.idle_now
+    copies: dict[int, ctypes.Structure] = {}
+
+    def run(_keep: object = keep) -> None:
+        args.threads = min(idle() or 1, most)
+        call(ref)
+
+    def native_at(key: tuple[int, int]) -> list[tuple[int, int]]:
+        count = min(key[1] or 1, most)
+        copy = copies.get(count)
+        if copy is None:
+            copy = copies[count] = type(args).from_buffer_copy(args)
+            copy.threads = count
+        return [(function(fn), ctypes.addressof(copy))]
+    run.native_at = native_at  # type: ignore[attr-defined]
+    return run
+
+
 def softmax_rows(x: np.ndarray, y: np.ndarray, rows: int, n: int) -> Any:
     """The launch of y = softmax(x) over `rows` rows of `n` (csrc/norms_kernel.h); the library must be loaded."""
     return launch("ctxrt_softmax_rows", SoftmaxArgs(rows=rows, n=n, x=x.ctypes.data, y=y.ctypes.data), (x, y))

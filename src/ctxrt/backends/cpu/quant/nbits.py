@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.cpu import native, threads
+from ctxrt.backends.cpu import native
 from ctxrt.backends.cpu.quant.common import F32, Bound, dtype_of, fail, given, size
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
 
@@ -218,12 +218,7 @@ def _native4(spec: NodeSpec, lib: Any, m: int, k: int, n: int, block: int, zp_mo
         args.zpf = ins[3].ctypes.data
     if given(spec, 5):
         args.bias = ins[5].ctypes.data
-    ref, call, now = ctypes.byref(args), lib.ctxrt_nbits4_matmul, threads.idle_now
-
-    def run(_keep: Any = views) -> None:  # _keep: the arrays whose memory the struct points to
-        args.threads = min(now() or 1, native.MAX_THREADS)
-        call(ref)
-    return run
+    return native.threaded_launch("ctxrt_nbits4_matmul", args, tuple(views))
 
 
 def gather_block_quantized(spec: NodeSpec) -> Kernel:
