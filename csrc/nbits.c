@@ -122,9 +122,12 @@ const char *ctxrt_isa(void) {
     return "c";
 }
 
+extern PyMethodDef ctxrt_strided_methods[];  /* csrc/strided.c: helpers Python calls directly */
+
 static struct PyModuleDef native_module = {
     PyModuleDef_HEAD_INIT, "_native",
-    "ctxrt's native kernels, called through ctypes (ctxrt.backends.cpu.native)", -1, NULL, NULL, NULL, NULL, NULL,
+    "ctxrt's native kernels, called through ctypes (ctxrt.backends.cpu.native)", -1, ctxrt_strided_methods, NULL,
+    NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&native_module); }

@@ -95,7 +95,7 @@ class AtDims:
         self.vals: list[int] = []  # the integers of the program at these dims (ExtentRunner.live reads them)
         # (launches, the same with each live launch replaced by its launch at these dims): what runs, made once
         # per recording a state uses (a recording is shared by states whose live steps differ)
-        self.resolved: tuple[list[Any], list[Any]] | None = None
+        self.resolved: list[Any] | None = None  # [the recording, its launches as run, runs of it]
 
 
 class ExtentRunner:
@@ -600,8 +600,11 @@ class ExtentRunner:
             resolved = st.resolved
             if resolved is None or resolved[0] is not st.launches:
                 vals = st.vals
-                resolved = st.resolved = (st.launches, batched(ctx.backend, [
-                    launch.at(vals) if hasattr(launch, "at") else launch for launch in st.launches]))
+                resolved = st.resolved = [st.launches, [
+                    launch.at(vals) if hasattr(launch, "at") else launch for launch in st.launches], 0]
+            resolved[2] += 1
+            if resolved[2] == BATCH_AT:
+                resolved[1] = batched(ctx.backend, resolved[1], g._batches)
             run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, resolved[1], st.cap, st.blas)
             if st.kv is not None:  # a KV cache appended in place: what its Concats did not copy, and did
                 ctx.stats["kv_bytes_kept_in_place"] += st.kv[0]
@@ -615,10 +618,17 @@ class ExtentRunner:
             return shapes
 
 
-def batched(backend: Any, launches: list[Any]) -> list[Any]:
-    """The list a run replays for these launches: merged by the backend where it can (`batch`), else as they are."""
+# The run of a set of dims (and recording) from which its launches are batched (CpuBackend.batch): a GPT-2 token's
+# ~10 batches at new dims cost ~0.4 ms to list, more than they save in one run; a generation meets each past length
+# once, the next generations again.
+BATCH_AT = 3
+
+
+def batched(backend: Any, launches: list[Any], cache: dict[Any, Any]) -> list[Any]:
+    """The list a run replays for these launches: merged by the backend where it can (`batch`, serving runs it
+    merged before from `cache`), else as they are."""
     batch = getattr(backend, "batch", None)
-    return list(launches) if batch is None else batch(launches)
+    return list(launches) if batch is None else batch(launches, cache)
 
 
 def run_recorded(ctx: Any, inputs: Mapping[str, Any], outputs: Mapping[str, Any], ins: list[TensorInfo],

@@ -78,6 +78,7 @@ class Graph:
         self._kernels: list[Kernel] = []
         self._launches: list[Launch | None] = []
         self._plan: list[Launch] = []  # what a run replays: the launches as the backend batches them
+        self._batches: dict[Any, Any] = {}  # the backend's merged runs of launches, by their launches
         self._views: dict[str, Any] = {}  # IO name -> the tensor the IO launches are bound to
         self._internal: dict[str, Any] = {}  # IO name -> internal IO buffer view (raw runs)
         self._bound: tuple[MemHandle | None, ...] | None = None  # IO bindings the launches are recorded for
@@ -243,7 +244,7 @@ class Graph:
                        for name, h in zip(self._io_order, bound, strict=True)}
         for k in self._io_steps:
             self._launches[k] = self._bind_step(k)
-        self._plan = batched(ctx.backend, self._launches)
+        self._plan = batched(ctx.backend, self._launches, self._batches)
         self._bound = bound
         ctx.stats["recordings"] += 1
         if self._parent is None:  # a range program's children share its kernels: counted once, by the parent
@@ -463,7 +464,7 @@ class Graph:
     def _release(self) -> None:
         """Drop everything that reaches the context's memory (the view maker holds its weights and arena)."""
         self._launches, self._views, self._internal, self._kernels, self._bound = [], {}, {}, [], None
-        self._plan = []
+        self._plan, self._batches = [], {}
         self._host, self._extents = None, []
         if self._extent is not None:
             self._extent.release()

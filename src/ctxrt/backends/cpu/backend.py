@@ -208,11 +208,12 @@ class CpuBackend:
                 launch()
 
     @staticmethod
-    def batch(launches: list[Callable[[], None]]) -> list[Callable[[], None]]:
-        """What `run` replays: each run of native launches as one call (backends/cpu/strided.py)."""
+    def batch(launches: list[Callable[[], None]], cache: dict[Any, Any] | None = None) -> list[Callable[[], None]]:
+        """What `run` replays: each run of native launches as one call (backends/cpu/strided.py); `cache`, a dict
+        the caller keeps, serves runs of launches batched before."""
         from ctxrt.backends.cpu import strided
 
-        return strided.batch(launches)
+        return strided.batch(launches, cache)
 
     def sync(self) -> None:
         """NumPy kernels are done when their launch returns."""

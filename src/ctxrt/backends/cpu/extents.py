@@ -172,15 +172,14 @@ def _unary(ufunc: Any) -> Make:
 
 def _where(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     c, x, y, out = ins[0], ins[1], ins[2], outs[0]
-    fast = strided.where(out, c, x, y)
-    if fast is not None:
-        return fast
     if out.size and not np.may_share_memory(out, x) and not np.may_share_memory(out, c):
         def run() -> None:  # NumPy's where has no `out`: y, then x where c (no temporary)
             np.copyto(out, y)
             np.copyto(out, x, where=c)
-        return run
-    return lambda: np.copyto(out, np.where(c, x, y))
+    else:
+        def run() -> None:
+            np.copyto(out, np.where(c, x, y))
+    return strided.where(out, c, x, y, run)
 
 
 def _matmul(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
@@ -241,8 +240,7 @@ def _concat(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
 
         def run() -> None:  # its own function: the counts below are this view's
             made()
-        if getattr(made, "native", None) is not None:
-            run.native = made.native  # type: ignore[attr-defined]
+        run.native_at = lambda key: strided.natives(made, key)  # type: ignore[attr-defined]
         run.kept_bytes = xs[0].nbytes  # type: ignore[attr-defined]  counted per run (runtime/extents.py)
         run.appended_bytes = tail.nbytes  # type: ignore[attr-defined]
         return run

@@ -57,27 +57,28 @@ def cast(spec: NodeSpec) -> Kernel:
     return BoundKernel(make)
 
 
+def _where_numpy(y: np.ndarray, c: np.ndarray, a: np.ndarray, b: np.ndarray, scratch: list[Any]) -> Launch:
+    if b is y:
+        return lambda: np.copyto(y, a, where=c)
+    if a is y:  # in place on the true branch: fill in the false branch where the condition fails
+        nc = scratch_view(scratch[0], c.shape, np.bool_)
+
+        def run_a() -> None:
+            np.logical_not(c, out=nc)
+            np.copyto(y, b, where=nc)
+        return run_a
+
+    def run() -> None:
+        np.copyto(y, b)
+        np.copyto(y, a, where=c)
+    return run
+
+
 def where(spec: NodeSpec) -> Kernel:
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         y = outs[0]
         c, a, b = operands(ins, y)
-        fast = strided.where(y, c, a, b)  # one native pass (in place too: element for element)
-        if fast is not None:
-            return fast
-        if b is y:
-            return lambda: np.copyto(y, a, where=c)
-        if a is y:  # in place on the true branch: fill in the false branch where the condition fails
-            nc = scratch_view(scratch[0], c.shape, np.bool_)
-
-            def run_a() -> None:
-                np.logical_not(c, out=nc)
-                np.copyto(y, b, where=nc)
-            return run_a
-
-        def run() -> None:
-            np.copyto(y, b)
-            np.copyto(y, a, where=c)
-        return run
+        return strided.where(y, c, a, b, _where_numpy(y, c, a, b, scratch))  # one native pass where it fits
     return BoundKernel(make, (max(1, int(np.prod(spec.inputs[0].shape))),))
 
 

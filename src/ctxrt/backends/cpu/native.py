@@ -190,9 +190,10 @@ def library() -> ctypes.CDLL | None:
 
 def _load() -> ctypes.CDLL | None:
     try:
-        path = importlib.import_module("ctxrt._native").__file__
-        lib = ctypes.CDLL(path)
+        module = importlib.import_module("ctxrt._native")
+        lib = ctypes.CDLL(module.__file__)
         _declare(lib)
+        _STATE["ew_args"] = module.ew_args  # csrc/strided.c's struct maker, called directly
     except (ImportError, OSError, TypeError, AttributeError):  # AttributeError: a build of other sources
         return None
     return lib
@@ -229,6 +230,12 @@ def gqa_work_bytes(rows: int, h: int) -> int:
 def rows_fit(*arrays: np.ndarray) -> bool:
     """Float32 C-contiguous arrays, which the row kernels (softmax_rows, ln_rows) take."""
     return all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
+
+
+def ew_args(op: int, y: Any, a: Any, b: Any, c: Any) -> tuple[bytearray, int] | None:
+    """csrc/strided.c's ew_args for these views: (the struct's bytes, its address), or None where they do not fit;
+    the library must be loaded."""
+    return _STATE["ew_args"](op, y, a, b, c)
 
 
 def function(fn: str) -> int:
@@ -270,7 +277,7 @@ def threaded_launch(fn: str, args: ctypes.Structure, keep: tuple[Any, ...], most
             copy = copies[count] = type(args).from_buffer_copy(args)
             copy.threads = count
         return [(function(fn), ctypes.addressof(copy))]
-    run.native_at = native_at  # type: ignore[attr-defined]
+    run.native_at, run.keyed = native_at, True  # type: ignore[attr-defined]
     return run
 
 

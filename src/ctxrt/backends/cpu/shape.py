@@ -101,13 +101,13 @@ def concat(spec: NodeSpec) -> Kernel:
 
 def concat_launch(xs: list[Any], y: np.ndarray, axis: int) -> Launch:
     """y = the xs along `axis`: a native copy per part where they fit, else NumPy's concatenate."""
-    parts, start = [], 0
-    for x in xs:
-        parts.append(strided.copy(y[(slice(None),) * axis + (slice(start, start + x.shape[axis]),)], x))
-        start += x.shape[axis]
-    if all(getattr(p, "native", None) is not None for p in parts):
-        return strided.chain(parts)
-    return lambda: np.concatenate(xs, axis=axis, out=y)
+    def parts() -> Launch:
+        out, start = [], 0
+        for x in xs:
+            out.append(strided.copy(y[(slice(None),) * axis + (slice(start, start + x.shape[axis]),)], x))
+            start += x.shape[axis]
+        return strided.chain(out)
+    return strided.deferred(lambda: np.concatenate(xs, axis=axis, out=y), parts)
 
 
 def _index_kernel(spec: NodeSpec, gather: Any, idx_pos: int = 1, per_data: Any = None) -> Kernel:

@@ -26,113 +26,125 @@ _ARITH = {np.add: 1, np.subtract: 2, np.multiply: 3, np.divide: 4, np.negative: 
 _SIZES = (1, 2, 4, 8)
 
 
-def _strides(y: np.ndarray, xs: Sequence[np.ndarray]) -> tuple[list[int], list[list[int]]] | None:
-    """y's shape with its size-1 dims dropped and contiguous runs merged, and each array's strides over it in
-    elements (0 where an input broadcasts); None where a view does not fit the native loop."""
-    arrays = [y]
-    for x in xs:
-        try:
-            v = np.broadcast_to(x, y.shape)
-        except ValueError:
-            return None
-        if np.may_share_memory(v, y) and (v.ctypes.data != y.ctypes.data or any(
-                s != t for s, t, n in zip(v.strides, y.strides, y.shape, strict=True) if n > 1)):
-            return None  # overlapping the output other than element for element: NumPy buffers it
-        arrays.append(v)
-    for a in arrays:
-        size = a.dtype.itemsize
-        if a.ctypes.data % size or any(s % size for s in a.strides):
-            return None
-    dims: list[tuple[int, list[int]]] = []
-    for i, n in enumerate(y.shape):
-        if n == 1:
-            continue
-        st = [a.strides[i] // a.dtype.itemsize for a in arrays]
-        if dims and all(p == s * n for p, s in zip(dims[-1][1], st, strict=True)):
-            dims[-1] = (dims[-1][0] * n, st)
-        else:
-            dims.append((n, st))
-    if len(dims) > native.EW_RANK:
-        return None
-    if not dims:
-        dims = [(1, [0] * len(arrays))]
-    return [n for n, _ in dims], [[st[j] for _, st in dims] for j in range(len(arrays))]
+class _Ew:
+    """A launch of csrc/strided.c's op on views: NumPy's (`fallback`) when called alone (one call either way), its
+    native call (the struct made in C, ~1 us) when a batch first asks (`native_at`)."""
+
+    __slots__ = ("op", "y", "xs", "c", "fallback", "made", "pairs")
+
+    def __init__(self, op: int, y: np.ndarray, xs: Sequence[np.ndarray], c: np.ndarray | None,
+                 fallback: Launch) -> None:
+        self.op, self.y, self.xs, self.c, self.fallback, self.made, self.pairs = op, y, xs, c, fallback, None, None
+
+    def __call__(self) -> None:
+        self.fallback()
+
+    def native_at(self, key: Any = None) -> list[tuple[int, int]] | None:
+        if self.made is None:
+            xs = self.xs
+            self.made = native.ew_args(self.op, self.y, xs[0], xs[1] if len(xs) > 1 else None, self.c) or ()
+            self.pairs = [(native.function("ctxrt_ew"), self.made[1])] if self.made else None
+        return self.pairs
 
 
-def _ew(op: int, y: np.ndarray, xs: Sequence[np.ndarray], c: np.ndarray | None = None) -> Launch | None:
-    """The native launch of csrc/strided.c's op on these views, or None."""
-    if native.library() is None:
-        return None
-    if y.size == 0:
-        return _empty
-    plan = _strides(y, [*xs, *([] if c is None else [c])])
-    if plan is None:
-        return None
-    shape, strides = plan  # [y, *xs, c]
-    pad = [1] * (native.EW_RANK - len(shape))
-    zeros = [0] * native.EW_RANK
-    args = native.EwArgs(op=op, rank=len(shape), size=y.dtype.itemsize, y=y.ctypes.data, a=xs[0].ctypes.data,
-                         b=xs[1].ctypes.data if len(xs) > 1 else None, c=None if c is None else c.ctypes.data)
-    args.shape[:] = shape + pad
-    args.ys[:] = strides[0] + [0] * len(pad)
-    args.as_[:] = strides[1] + [0] * len(pad)
-    args.bs[:] = strides[2] + [0] * len(pad) if len(xs) > 1 else zeros
-    args.cs[:] = strides[-1] + [0] * len(pad) if c is not None else zeros
-    return native.launch("ctxrt_ew", args, (y, *xs, c))
-
-
-def _empty() -> None:
-    pass
-
-
-_empty.native = []  # type: ignore[attr-defined]
+def _ew(op: int, y: np.ndarray, xs: Sequence[np.ndarray], c: np.ndarray | None, fallback: Launch) -> Launch:
+    return fallback if native.library() is None else _Ew(op, y, xs, c, fallback)
 
 
 def copy(y: np.ndarray, src: np.ndarray) -> Launch:
     """y = src (a view of an input: transposed, sliced, broadcast), natively where it fits, else NumPy's copyto."""
+    fallback = lambda: np.copyto(y, src)  # noqa: E731
     if src.dtype == y.dtype and y.dtype.itemsize in _SIZES and y.dtype.kind in "biuf":
-        fast = _ew(COPY, y, [src])
-        if fast is not None:
-            return fast
-    return lambda: np.copyto(y, src)
+        return _ew(COPY, y, [src], None, fallback)
+    return fallback
 
 
 def ufunc(f: np.ufunc, y: np.ndarray, *xs: np.ndarray) -> Launch:
     """f(*xs, out=y) with NumPy's broadcasting: natively for float32 Add, Sub, Mul, Div and Neg."""
+    fallback = lambda: f(*xs, out=y)  # noqa: E731
     op = _ARITH.get(f)
     if op is not None and y.dtype == np.float32 and all(x.dtype == np.float32 for x in xs):
-        fast = _ew(op, y, xs)
-        if fast is not None:
-            return fast
-    return lambda: f(*xs, out=y)
+        return _ew(op, y, xs, None, fallback)
+    return fallback
 
 
-def where(y: np.ndarray, c: np.ndarray, a: np.ndarray, b: np.ndarray) -> Launch | None:
-    """y = c ? a : b natively, or None where the views do not fit (the caller runs NumPy's)."""
+def where(y: np.ndarray, c: np.ndarray, a: np.ndarray, b: np.ndarray, fallback: Launch) -> Launch:
+    """y = c ? a : b, natively where the views fit, else `fallback` (the caller's NumPy launch)."""
     if c.dtype != np.bool_ or not (a.dtype == b.dtype == y.dtype) or y.dtype.itemsize not in _SIZES:
-        return None
-    return _ew(WHERE, y, [a, b], c)
+        return fallback
+    return _ew(WHERE, y, [a, b], c, fallback)
+
+
+class _Deferred:
+    """A launch that runs `fallback` when called alone and, when a batch first asks, the native calls of the launch
+    `make()` returns (a Concat's part copies: made only for a run that is batched)."""
+
+    __slots__ = ("fallback", "make", "pairs")
+
+    def __init__(self, fallback: Launch, make: Callable[[], Launch]) -> None:
+        self.fallback, self.make, self.pairs = fallback, make, ()
+
+    def __call__(self) -> None:
+        self.fallback()
+
+    def native_at(self, key: Any = None) -> list[tuple[int, int]] | None:
+        if self.pairs == ():
+            self.pairs = natives(self.make(), key)
+        return self.pairs
+
+
+def deferred(fallback: Launch, make: Callable[[], Launch]) -> Launch:
+    """`fallback`, or where the native kernels are built a launch running it alone and `make()`'s native calls in a
+    batch."""
+    return fallback if native.library() is None else _Deferred(fallback, make)
+
+
+class _Chain:
+    """Launches run in order as one (a Concat's or Split's parts); native where each of them is."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+
+    def __call__(self) -> None:
+        for launch in self.parts:
+            launch()
+
+    def native_at(self, key: Any = None) -> list[tuple[int, int]] | None:
+        out: list[tuple[int, int]] = []
+        for p in self.parts:
+            got = natives(p, key)
+            if got is None:
+                return None
+            out.extend(got)
+        return out
 
 
 def chain(launches: Sequence[Launch]) -> Launch:
-    """One launch running these in order (a Concat's parts); native when all of them are."""
+    """One launch running these in order; native in a batch where every one of them is."""
     parts = list(launches)
+    return parts[0] if len(parts) == 1 else _Chain(parts)
 
-    def run() -> None:
-        for launch in parts:
-            launch()
-    if all(getattr(p, "native", None) is not None for p in parts):
-        run.native = [pair for p in parts for pair in p.native]  # type: ignore[attr-defined]
-    return run
+
+def natives(launch: Any, key: Any) -> list[tuple[int, int]] | None:
+    """The (function, struct) calls a launch stands for at a run's thread counts `key`, or None (a Python launch)."""
+    at = getattr(launch, "native_at", None)
+    return at(key) if at is not None else getattr(launch, "native", None)
 
 
 def is_native(launch: Any) -> bool:
+    """Whether a launch may stand for native calls (`natives` says at the first batch run)."""
     return getattr(launch, "native", None) is not None or hasattr(launch, "native_at")
 
 
-def batch(launches: Sequence[Any]) -> list[Any]:
-    """The launches with each run of two or more native ones (`native` lists, or `native_at(key)` for one whose
-    call depends on the run's thread counts) replaced by one Batch."""
+MAX_KEPT = 4096  # Batches a cache keeps (a range program's states share most of their runs of launches)
+
+
+def batch(launches: Sequence[Any], cache: dict[tuple[int, ...], Batch] | None = None) -> list[Any]:
+    """The launches with each run of two or more that may be native (`native` lists, or `native_at(key)`) replaced
+    by one Batch; `cache` (the graph's) gives the Batch already made for the same launches (a range program's
+    states at other dims: only the runs around their own launches are new)."""
     if native.library() is None:
         return list(launches)
     out: list[Any] = []
@@ -142,7 +154,15 @@ def batch(launches: Sequence[Any]) -> list[Any]:
             run.append(launch)
             continue
         if len(run) > 1:
-            out.append(Batch(run))
+            key = tuple(map(id, run))  # the Batch holds the launches: their ids stay theirs
+            made = None if cache is None else cache.get(key)
+            if made is None:
+                made = Batch(run)
+                if cache is not None:
+                    if len(cache) >= MAX_KEPT:
+                        del cache[next(iter(cache))]
+                    cache[key] = made
+            out.append(made)
         else:
             out.extend(run)
         run = []
@@ -152,38 +172,58 @@ def batch(launches: Sequence[Any]) -> list[Any]:
 
 
 class Batch:
-    """Native launches run in order by one `ctxrt_batch` call. The (function, struct) table is made once per
-    (OpenMP threads, idle cores) of a run: a oneDNN primitive made for that thread count, a GEMV sharing that many
-    cores. Where a launch fails, it runs again through Python, which raises its error."""
+    """Launches run in order, each run of native ones by one `ctxrt_batch` call. The calls are listed once per
+    (OpenMP threads, idle cores) of a run where a launch depends on them (`keyed`: a oneDNN primitive made for that
+    thread count, a GEMV sharing that many cores). Where a native call fails, its launch runs again through Python,
+    which raises its error."""
 
     MAX_TABLES = 16
 
     def __init__(self, launches: list[Any]) -> None:
         self.launches = launches
-        self.dynamic = any(hasattr(launch, "native_at") for launch in launches)
-        self.tables: dict[Any, tuple[Any, ...]] = {}
-        self.call = native.library().ctxrt_batch
+        self.keyed = any(getattr(launch, "keyed", False) for launch in launches)
+        self.tables: dict[Any, list[Any]] = {}
 
-    def _table(self, key: Any) -> tuple[Any, ...]:
+    def _table(self, key: Any) -> list[Any]:
+        """The run as a list of Python launches and (struct ref, struct, owner per call, keep...) native segments."""
+        call = native.library().ctxrt_batch
+        steps: list[Any] = []
         pairs: list[tuple[int, int]] = []
         owners: list[int] = []
+
+        def flush() -> None:
+            if pairs:
+                fns = (ctypes.c_void_p * len(pairs))(*[f for f, _ in pairs])
+                args = (ctypes.c_void_p * len(pairs))(*[a for _, a in pairs])
+                b = native.BatchArgs(n=len(pairs), fns=ctypes.addressof(fns), args=ctypes.addressof(args))
+                steps.append((call, ctypes.byref(b), b, list(owners), fns, args))
+                pairs.clear()
+                owners.clear()
         for k, launch in enumerate(self.launches):
-            got = launch.native_at(key) if hasattr(launch, "native_at") else launch.native
-            pairs.extend(got)
-            owners.extend([k] * len(got))
-        n = len(pairs)
-        fns = (ctypes.c_void_p * max(n, 1))(*[f for f, _ in pairs])
-        args = (ctypes.c_void_p * max(n, 1))(*[a for _, a in pairs])
-        b = native.BatchArgs(n=n, fns=ctypes.addressof(fns), args=ctypes.addressof(args))
+            got = natives(launch, key)
+            if got is None:
+                flush()
+                steps.append(launch)
+            else:
+                pairs.extend(got)
+                owners.extend([k] * len(got))
+        flush()
         if len(self.tables) >= self.MAX_TABLES:
             self.tables.clear()
-        table = self.tables[key] = (ctypes.byref(b), b, owners, fns, args)
-        return table
+        self.tables[key] = steps
+        return steps
 
     def __call__(self) -> None:
-        key = (threads.openmp_now(), threads.idle_now()) if self.dynamic else None
-        table = self.tables.get(key) or self._table(key)
-        if self.call(table[0]):
-            k = table[2][table[1].failed]
-            for launch in self.launches[k:]:  # the failed one raises its error; else the rest run as launches
-                launch()
+        key = (threads.openmp_now(), threads.idle_now()) if self.keyed else None
+        steps = self.tables.get(key)
+        if steps is None:
+            steps = self._table(key)
+        for step in steps:
+            if step.__class__ is tuple:
+                if step[0](step[1]):
+                    k = step[3][step[2].failed]
+                    for launch in self.launches[k:]:  # the failed one raises its error; else the rest run
+                        launch()
+                    return
+            else:
+                step()

@@ -138,6 +138,7 @@ class OneDnnKernel(Kernel):
             pick(now())()
         if getattr(first, "native", None) is not None:  # in a batch: the variant of the run's OpenMP threads
             run.native_at = lambda key: pick(key[0]).native  # type: ignore[attr-defined]
+            run.keyed = True  # type: ignore[attr-defined]
         return run
 
     def _memory(self, arg: int, md: api.Desc, address: int) -> api.Memory:
