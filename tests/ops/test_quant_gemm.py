@@ -262,6 +262,37 @@ def test_matmul_integer_native_is_exact(m: int, k: int, n: int, types: tuple[obj
     np.testing.assert_array_equal(g.run({"a": a, "b": b})["y"], want.astype(np.int32))
 
 
+@pytest.mark.parametrize("zero_point", ["none", "constant", "input"])
+@pytest.mark.parametrize("m,k,n", [(128, 384, 1536), (5, 33, 7), (1, 1, 1)])
+def test_matmul_integer_by_constant_weights_on_vnni_is_exact(zero_point: str, m: int, k: int, n: int) -> None:
+    """A dynamically quantized model's MatMulInteger (u8 A, its zero point a run-time input; constant s8 B) runs on
+    oneDNN's int8 matmul where the CPU has VNNI (exact int32 sums there), else on the native int16-pair GEMM; both
+    give the exact products at the types' extremes."""
+    import ctxrt
+    from ctxrt.backends.cpu.onednn import api
+
+    rng = np.random.default_rng(m + k + n)
+    a = rng.integers(0, 256, (1, m, k)).astype(np.uint8)
+    b = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    a[0, 0, :], b[:, 0] = 255, -128  # the largest products
+    za = np.array(0 if zero_point == "none" else 7, np.uint8)
+    feeds = {"a": a, **({"az": za} if zero_point == "input" else {})}
+    inits = {"b": b, **({"az": za} if zero_point == "constant" else {})}
+    names = ["a", "b", *(["az"] if zero_point != "none" else [])]
+    model = qmodel(helper.make_node("MatMulInteger", names, ["y"]), feeds, inits, opset=10)
+    g = ctxrt.compile(model).graph()
+    [algorithm] = [kern.algorithm for s, kern in zip(g.compiled.steps, g._kernels, strict=True)
+                   if s.op == "MatMulInteger"]
+    vnni = api.available() and api.has_vnni()
+    assert algorithm.startswith("onednn:int8_matmul") == vnni, algorithm
+    want = (a.astype(np.int64) - za.astype(np.int64)) @ b.astype(np.int64)
+    for _ in range(2):  # the zero point copied into the primitive's value at each run
+        np.testing.assert_array_equal(g.run(feeds)["y"], want.astype(np.int32))
+        za = np.array(200, np.uint8) if zero_point == "input" else za
+        feeds = {"a": a, **({"az": za} if zero_point == "input" else {})}
+        want = (a.astype(np.int64) - za.astype(np.int64)) @ b.astype(np.int64)
+
+
 def test_matmul_integer_native_declines_sums_past_int32() -> None:
     """K |A - za| |B - zb| of 2^31 or more (u8 by s8 without zero points: 255 x 128 a product): the float64 GEMM,
     not the int32 kernel."""

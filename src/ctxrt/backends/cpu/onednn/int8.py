@@ -152,6 +152,71 @@ def qmatmul(spec: NodeSpec) -> Kernel:
     return kernel
 
 
+class _IntegerMatMul(OneDnnKernel):
+    """MatMulInteger on oneDNN's u8 x s8 -> s32 matmul: A's zero point (a run-time input, u8) copied as int32 into
+    the held value the primitive reads before each launch."""
+
+    zp_input: int | None = None  # input position of A's run-time zero point
+
+    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Callable[[], None]:
+        run = super().bind(ins, outs, scratch)
+        if self.zp_input is None:
+            return run
+        src, dst = ins[self.zp_input].reshape(-1), self.held[1]
+
+        def launch() -> None:
+            dst[0] = src[0]
+            run()
+        return launch
+
+
+def matmul_integer(spec: NodeSpec) -> Kernel:
+    """MatMulInteger of u8 A by constant s8 B (zero point 0) where oneDNN has VNNI: its int32 sums of u8 x s8
+    products are exact there (without VNNI it sums pairs in saturating int16: csrc/qelem.c's exact GEMM runs
+    instead). A's zero point per tensor, a constant or a run-time input (DynamicQuantizeLinear's)."""
+    api.require(f"{spec.op} {spec.name!r}")
+    what = f"{spec.op} {spec.name!r}"
+    a = spec.inputs[0]
+    w = spec.consts[1] if len(spec.consts) > 1 else None
+    if not api.has_vnni():
+        raise UnsupportedOpError(f"{what}: without VNNI oneDNN's int8 sums saturate: the exact native GEMM runs")
+    if np.dtype(a.dtype) != np.uint8 or w is None or w.dtype != np.int8 or w.ndim != 2 or len(a.shape) < 2 or \
+            a.shape[-1] != w.shape[0] or np.dtype(spec.outputs[0].dtype) != np.int32:
+        raise UnsupportedOpError(f"{what}: oneDNN here multiplies u8 activations by constant 2-D s8 weights")
+    wzp = spec.consts[3] if len(spec.consts) > 3 else None
+    if len(spec.inputs) > 3 and spec.inputs[3] is not None and (wzp is None or np.any(wzp)):
+        raise UnsupportedOpError(f"{what}: oneDNN int8 kernels need symmetric weights (zero point 0)")
+    has_zp = len(spec.inputs) > 2 and spec.inputs[2] is not None
+    if has_zp and math.prod(spec.inputs[2].shape) != 1:
+        raise UnsupportedOpError(f"{what}: A's zero point must be per tensor")
+    k, n = (int(d) for d in w.shape)
+    if k * 255 * 128 >= 2**31:  # its int32 sums of A B (A's zero point subtracted after) could wrap
+        raise UnsupportedOpError(f"{what}: K = {k}: int32 sums could overflow")
+    rows = math.prod(a.shape[:-1])
+    src_md, dst_md = api.Desc.make((rows, k), "ab", api.U8), api.Desc.make((rows, n), "ab", api.S32)
+    attr = api.Attr(zero_points={api.ARG_SRC: 0} if has_zp else None)
+
+    def make(nthr: int | None = None) -> api.Primitive:
+        w_md = api.Desc.make((k, n), api.TAG_ANY, api.S8)
+        return create(spec, "matmul", src_md.handle, w_md.handle, None, dst_md.handle, attr=attr, nthr=nthr)
+
+    prim = make()
+    reject_reference(prim, spec)
+    w_md = prim.md(api.Q_WEIGHTS_MD)
+    packed = np.zeros(0, np.int8) if spec.options.get("probe") else _prepack(w, (k, n), "ab", w_md)
+    zp = np.zeros(1, np.int32)
+    const_zp = spec.consts[2] if has_zp and len(spec.consts) > 2 else None
+    if const_zp is not None:
+        zp[0] = int(const_zp.reshape(-1)[0])
+    args = [(api.ARG_SRC, "in", 0, src_md), (api.ARG_WEIGHTS, "held", 0, w_md), (api.ARG_DST, "out", 0, dst_md)]
+    if has_zp:
+        args.append((_ZP | api.ARG_SRC, "held", 1, api.Desc.make((1,), "a", api.S32)))
+    kernel = _IntegerMatMul(spec, prim, args, "int8_matmul", variant=make)
+    kernel.held = [packed, zp]
+    kernel.zp_input = 2 if has_zp and const_zp is None else None
+    return kernel
+
+
 class Int8Conv(Kernel):
     """An int8 convolution whose input or output is NCHW: that side reordered from or to NHWC in scratch around the
     primitive; each step a OneDnnKernel (None: that side is NHWC already, the layout pass's choice), so each runs
