@@ -125,3 +125,36 @@ def test_batch_runs_in_order_and_raises_the_failing_launch() -> None:
     with pytest.raises(RuntimeError, match="own error"):  # the native call fails: its launch runs again, raising
         plan[0]()
     assert seen == [1]
+
+
+@needs_native
+def test_a_graph_of_small_ops_runs_in_batches_as_onnxruntime() -> None:
+    """Transposes, slices, broadcast arithmetic, Where and Concat of a compiled graph: replayed as batches (fewer
+    entries than launches), the same outputs as onnxruntime run after run."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    import ctxrt
+
+    m = RNG.random((1, 1, 6, 6)) > 0.3
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 1, 3]),
+             helper.make_node("Add", ["t", "bias"], ["a"]),
+             helper.make_node("Mul", ["a", "t"], ["p"]),
+             helper.make_node("Neg", ["p"], ["n"]),
+             helper.make_node("Slice", ["n", "starts", "ends", "axes"], ["s"]),
+             helper.make_node("Where", ["mask", "s", "minus"], ["w"]),
+             helper.make_node("Concat", ["w", "s"], ["y"], axis=-1)]
+    inits = {"bias": RNG.standard_normal(8).astype(np.float32), "starts": np.array([0], np.int64),
+             "ends": np.array([6], np.int64), "axes": np.array([3], np.int64), "mask": m,
+             "minus": np.array([-1e9], np.float32)}
+    graph = helper.make_graph(nodes, "small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    x = RNG.standard_normal((1, 6, 4, 8)).astype(np.float32)
+    want = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with ctxrt.compile(model) as ctx:
+        g = ctx.graph()
+        for _ in range(3):
+            np.testing.assert_array_equal(g.run({"x": x})["y"], want)
+        assert any(isinstance(p, strided.Batch) for p in g._plan) and len(g._plan) < len(g._launches)

@@ -3,10 +3,11 @@ one call from Python (csrc/strided.c; docs/cpu.md, "Native kernels").
 
 A decoder of hidden 128 runs ~150 copies, transposes, slices, additions and selections a token on tensors of a few
 KiB: NumPy's dispatch costs 1-2 us each, more than the work. Here a copy (Transpose, Slice, Expand, Concat's parts),
-a float32 Add/Sub/Mul/Div/Neg or a Where is a `ctxrt_ew` call on the views' strides, made at bind time; and
-`batch` turns each run of consecutive launches that have a `native` list (these, the other native kernels, oneDNN's
-primitives) into one `ctxrt_batch` call. Where the extension is not built, or a view does not fit (another dtype,
-an output overlapping an input other than element for element), the launch is NumPy's, as before.
+a float32 Add/Sub/Mul/Div/Neg or a Where stands for a `ctxrt_ew` call on the views' strides, and `batch` turns each
+run of consecutive launches that have native calls (these, the other native kernels, oneDNN's primitives) into one
+`ctxrt_batch` call. Called alone, such a launch runs NumPy's code (one call either way); where the extension is not
+built, or a view does not fit (another dtype, an output overlapping an input other than element for element), it
+runs NumPy's code in the batch too.
 """
 
 from __future__ import annotations
