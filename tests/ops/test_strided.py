@@ -158,3 +158,35 @@ def test_a_graph_of_small_ops_runs_in_batches_as_onnxruntime() -> None:
         for _ in range(3):
             np.testing.assert_array_equal(g.run({"x": x})["y"], want)
         assert any(isinstance(p, strided.Batch) for p in g._plan) and len(g._plan) < len(g._launches)
+
+
+@needs_native
+def test_alternating_bindings_keep_no_batches_of_the_launches_replaced() -> None:
+    """A graph re-recorded for handles that alternate (ping-pong buffers) replays its launches batched; the batches
+    of the IO launches it replaced are dropped, not kept with the views they were bound to."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    import ctxrt
+
+    b, c = RNG.standard_normal(8).astype(np.float32), RNG.standard_normal((4, 8)).astype(np.float32)
+    nodes = [helper.make_node("Add", ["x", "b"], ["s"]), helper.make_node("Neg", ["s"], ["n"]),
+             helper.make_node("Mul", ["n", "c"], ["y"])]
+    graph = helper.make_graph(nodes, "io", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
+                              [numpy_helper.from_array(b, "b"), numpy_helper.from_array(c, "c")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    with ctxrt.compile(model, io_mem_type="memhandle") as ctx:
+        be = ctx.backend
+        buf = be.alloc_shared(4 * 128, 64)
+        handles = [ctx.mem_register(buf, k * 128, (4, 8), np.float32) for k in range(4)]
+        views = [be.view(buf, k * 128, (4, 8), np.float32) for k in range(4)]
+        g = ctx.graph()
+        for k in range(20):
+            x = RNG.standard_normal((4, 8)).astype(np.float32)
+            i = 2 * (k % 2)
+            views[i][...] = x
+            g.execute({"x": handles[i]}, {"y": handles[i + 1]})
+            np.testing.assert_array_equal(views[i + 1], -(x + b) * c)
+            if k == 1:
+                kept = len(g._batches)
+        assert kept and len(g._batches) == kept

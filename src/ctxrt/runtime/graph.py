@@ -242,8 +242,11 @@ class Graph:
                 self._internal[name] = ctx.backend.view(buf, off, info.shape, info.dtype)
         self._views = {name: (h.view if h is not None else self._internal[name])
                        for name, h in zip(self._io_order, bound, strict=True)}
+        old = {id(self._launches[k]) for k in self._io_steps}
         for k in self._io_steps:
             self._launches[k] = self._bind_step(k)
+        # the batches of the launches replaced are never met again: dropped (they hold the views bound before)
+        self._batches = {key: b for key, b in self._batches.items() if old.isdisjoint(key)}
         self._plan = batched(ctx.backend, self._launches, self._batches)
         self._bound = bound
         ctx.stats["recordings"] += 1

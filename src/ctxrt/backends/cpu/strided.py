@@ -139,7 +139,7 @@ def is_native(launch: Any) -> bool:
     return getattr(launch, "native", None) is not None or hasattr(launch, "native_at")
 
 
-MAX_KEPT = 4096  # Batches a cache keeps (a range program's states share most of their runs of launches)
+MAX_KEPT = 1024  # Batches a cache keeps (a range program's states share most of their runs of launches)
 
 
 def batch(launches: Sequence[Any], cache: dict[tuple[int, ...], Batch] | None = None) -> list[Any]:
