@@ -190,3 +190,26 @@ def test_alternating_bindings_keep_no_batches_of_the_launches_replaced() -> None
             if k == 1:
                 kept = len(g._batches)
         assert kept and len(g._batches) == kept
+
+
+@needs_native
+def test_a_concats_part_copies_live_as_long_as_its_batch() -> None:
+    """A Concat's part copies are made when a batch first lists it: their structs stay alive with it (freed, their
+    memory reused by other objects, the batch would run garbage: a flaky wrong result seen under load)."""
+    import gc
+
+    from ctxrt.backends.cpu.shape import concat_launch
+
+    xs = [RNG.standard_normal((2, k, 3)).astype(np.float32) for k in (1, 4, 2)]
+    y = np.zeros((2, 7, 3), np.float32)
+    z = np.empty((2, 7, 3), np.float32)
+    plan = strided.batch([concat_launch(xs, y, 1), strided.ufunc(np.negative, z, y)])
+    plan[0]()  # lists the calls: the part copies made now
+    gc.collect()
+    # freed structs' blocks reused by structs that copy nothing (op COPY, rank 1, size 4, no elements)
+    junk = [bytearray(np.array([0, 1, 4] + [0] * 34, np.int64).tobytes()) for _ in range(4000)]
+    y[...] = 0
+    plan[0]()
+    np.testing.assert_array_equal(y, np.concatenate(xs, axis=1))
+    np.testing.assert_array_equal(z, -y)
+    del junk

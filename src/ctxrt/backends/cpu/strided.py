@@ -80,17 +80,18 @@ class _Deferred:
     """A launch that runs `fallback` when called alone and, when a batch first asks, the native calls of the launch
     `make()` returns (a Concat's part copies: made only for a run that is batched)."""
 
-    __slots__ = ("fallback", "make", "pairs")
+    __slots__ = ("fallback", "make", "made", "pairs")
 
     def __init__(self, fallback: Launch, make: Callable[[], Launch]) -> None:
-        self.fallback, self.make, self.pairs = fallback, make, ()
+        self.fallback, self.make, self.made, self.pairs = fallback, make, None, ()
 
     def __call__(self) -> None:
         self.fallback()
 
     def native_at(self, key: Any = None) -> list[tuple[int, int]] | None:
         if self.pairs == ():
-            self.pairs = natives(self.make(), key)
+            self.made = self.make()  # held: its structs are what the pairs point to
+            self.pairs = natives(self.made, key)
         return self.pairs
 
 
