@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 import ctxrt
-from ctxrt.backends.cpu import onednn
+from ctxrt.backends.cpu import onednn, strided
 from ctxrt.backends.cpu.onednn import api as onednn_api
 from ctxrt.backends.cpu.registry import KERNELS
 from ctxrt.backends.cpu.threads import ThreadScope
@@ -211,8 +211,6 @@ class CpuBackend:
     def batch(launches: list[Callable[[], None]], cache: dict[Any, Any] | None = None) -> list[Callable[[], None]]:
         """What `run` replays: each run of native launches as one call (backends/cpu/strided.py); `cache`, a dict
         the caller keeps, serves runs of launches batched before."""
-        from ctxrt.backends.cpu import strided
-
         return strided.batch(launches, cache)
 
     def sync(self) -> None:

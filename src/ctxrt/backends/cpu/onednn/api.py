@@ -164,23 +164,24 @@ def describe() -> str | None:
     return f"oneDNN {v.major}.{v.minor}.{v.patch} ({_ISA.get(isa, hex(isa))})"
 
 
-def has_avx512() -> bool:
-    """Whether oneDNN's kernels here run AVX-512 (avx512_core or later: its effective ISA's 0x20 bit)."""
+def _isa() -> int:
+    """oneDNN's effective CPU ISA (its dnnl_cpu_isa_t bits), 0 where it is not installed."""
     lib = library()
     if lib is None:
-        return False
+        return 0
     lib.dnnl_get_effective_cpu_isa.restype = ctypes.c_int
-    return bool(lib.dnnl_get_effective_cpu_isa() & 0x20)
+    return int(lib.dnnl_get_effective_cpu_isa())
+
+
+def has_avx512() -> bool:
+    """Whether oneDNN's kernels here run AVX-512 (avx512_core or later: the ISA's 0x20 bit)."""
+    return bool(_isa() & 0x20)
 
 
 def has_vnni() -> bool:
     """Whether oneDNN's int8 kernels here have VNNI (exact int32 sums of u8 x s8 products); without it they sum
     pairs of products in saturating int16 (exact while |weights| <= 64, onnxruntime's reduce_range)."""
-    lib = library()
-    if lib is None:
-        return False
-    lib.dnnl_get_effective_cpu_isa.restype = ctypes.c_int
-    isa = lib.dnnl_get_effective_cpu_isa()
+    isa = _isa()
     return isa in (0xF, 0x1F) or bool(isa & 0x40)
 
 

@@ -162,10 +162,10 @@ class _IntegerMatMul(OneDnnKernel):
         run = super().bind(ins, outs, scratch)
         if self.zp_input is None:
             return run
-        src, dst = ins[self.zp_input].reshape(-1), self.held[1]
+        src, dst = ins[self.zp_input].reshape(1), self.held[1]
 
         def launch() -> None:
-            dst[0] = src[0]
+            np.copyto(dst, src)  # u8 -> int32, no scalar object made per run
             run()
         return launch
 
