@@ -83,8 +83,8 @@ static void where_row(char *y, const uint8_t *c, const char *a, const char *b, i
 }
 
 int ctxrt_ew(const ew_args *p) {
+    if (p->rank < 1 || p->rank > EW_RANK) return 1;
     const int64_t r = p->rank, last = r - 1, size = p->size, n = p->shape[last];
-    if (r < 1 || r > EW_RANK) return 1;
     for (int64_t d = 0; d < r; d++)
         if (p->shape[d] <= 0) return 0;
     arith_row arith = NULL;
