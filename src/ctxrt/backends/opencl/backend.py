@@ -65,10 +65,12 @@ class OpenCLBackend:
         return f"OpenCLBackend({self.info.index}: {self.info.name}, {mode})"
 
     def lower(self, graph: Any, options: Any) -> Any:
-        """The OpenCL backend's own pass, last before kernels are chosen: MatMuls' bias, residual and Relu/Gelu
-        folded into the GEMM's epilogue."""
+        """The OpenCL backend's own passes, last before kernels are chosen: QDQ units fused into integer ops (as on
+        the CPU), then MatMuls' bias, residual and Relu/Gelu folded into the GEMM's epilogue."""
         from ctxrt.backends.opencl.gemm import fold_epilogues
+        from ctxrt.ir.passes.qdq import FuseQDQUnits
 
+        graph = FuseQDQUnits()(graph).graph  # DequantizeLinear -> op -> QuantizeLinear as integer kernels
         return fold_epilogues(graph, self)
 
     # -- memory --------------------------------------------------------------------------------------
