@@ -10,12 +10,13 @@ per-channel s8 weights with reduce_range, u8 activations), dynamic int8 (`quanti
 interleaving all of them; a figure is the median of the rounds' medians. Ratios: ctxrt / onnxruntime for each
 variant, and ctxrt's variant / ctxrt float32. `--threads` caps both engines (1 by default: stable on a shared
 machine). Also printed: the weights section of each variant's context binary and the bytes its kernels hold
-(prepacked or widened weights, `alloc_kernel_bytes`), and the largest difference from onnxruntime's output. Run by
-hand:
+(prepacked or widened weights, `alloc_kernel_bytes`), and the largest difference from onnxruntime's output.
+`--backend opencl` runs ctxrt's side on the OpenCL device (onnxruntime stays on its CPU provider) and adds the
+steps that ran on the device and the weight bytes uploaded to it. Run by hand:
 
     .venv/bin/python bench/bench_quant.py [--models resnet50,squeezenet,mobilenet,bert6,cnn,encoder]
                                           [--variants float32,qdq_int8,dynamic_int8,float16]
-                                          [--repeat 20] [--rounds 7] [--threads 1] [--json]
+                                          [--repeat 20] [--rounds 7] [--threads 1] [--backend cpu|opencl] [--json]
 """
 
 from __future__ import annotations
@@ -115,16 +116,23 @@ def variants(name: str, folder: Path, which: tuple[str, ...] = VARIANTS
     return {v: p for v, p in paths.items() if v in which}, feeds
 
 
-def _memory(path: str, folder: Path) -> tuple[int, int]:
-    """(weights section bytes of the context binary, bytes the loaded kernels hold)."""
-    backend = get_backend("cpu")
+def _memory(path: str, folder: Path, backend_name: str = "cpu") -> dict[str, object]:
+    """The weights section of the context binary, the bytes the loaded kernels hold, and on OpenCL the weight bytes
+    uploaded to the device and the steps that run there (of all steps)."""
+    backend = get_backend(backend_name)
     graphs, weights = compile_graphs([(path, None, "main")], backend)
     binary = save_context(folder / (Path(path).stem + ".ctx"), graphs, weights, backend, [path])
-    with ctxrt.context_from_binary(binary) as ctx:
-        return ctxrt.read_metadata(binary)["weights_size"], int(ctx.stats["alloc_kernel_bytes"])
+    with ctxrt.context_from_binary(binary, backend=backend_name) as ctx:
+        g = ctx.graph()
+        on_device = sum(p["steps"] for p in g.partitions if p["backend"] != "cpu")
+        return {"weights_bytes": ctxrt.read_metadata(binary)["weights_size"],
+                "kernel_bytes": int(ctx.stats["alloc_kernel_bytes"]),
+                "uploaded_bytes": int(ctx.stats["weights_uploaded_bytes"]),
+                "device_steps": f"{on_device}/{sum(p['steps'] for p in g.partitions)}"}
 
 
-def bench(name: str, repeat: int, rounds: int, threads: int, which: tuple[str, ...] = VARIANTS) -> list[dict]:
+def bench(name: str, repeat: int, rounds: int, threads: int, which: tuple[str, ...] = VARIANTS,
+          backend: str = "cpu") -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         paths, make_feeds = variants(name, folder, which)
@@ -134,13 +142,13 @@ def bench(name: str, repeat: int, rounds: int, threads: int, which: tuple[str, .
         runs: dict[tuple[str, str], Callable[[], object]] = {}
         diffs, memory = {}, {}
         for v, path in paths.items():
-            mine = ctxrt.InferenceSession(path, sess_options=options)
+            mine = ctxrt.InferenceSession(path, backend, sess_options=options)
             theirs = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
             runs[(v, "ctxrt")] = lambda s=mine: s.run(None, feeds)
             runs[(v, "onnxruntime")] = lambda s=theirs: s.run(None, feeds)
             diffs[v] = float(np.abs(mine.run(None, feeds)[0].astype(np.float32)
                                     - theirs.run(None, feeds)[0].astype(np.float32)).max())
-            memory[v] = _memory(path, folder)
+            memory[v] = _memory(path, folder, backend)
         times: dict[tuple[str, str], list[float]] = {k: [] for k in runs}
         for _ in range(rounds):
             for key, fn in runs.items():
@@ -152,8 +160,7 @@ def bench(name: str, repeat: int, rounds: int, threads: int, which: tuple[str, .
         a, b = ms[(v, "ctxrt")], ms[(v, "onnxruntime")]
         rows.append({"model": name, "variant": v, "ctxrt_ms": round(a, 3), "onnxruntime_ms": round(b, 3),
                      "ctxrt/ort": round(a / b, 2), "ctxrt/ctxrt_f32": round(a / ms[("float32", "ctxrt")], 2),
-                     "max_abs_diff": float(f"{diffs[v]:.2e}"), "weights_bytes": memory[v][0],
-                     "kernel_bytes": memory[v][1]})
+                     "max_abs_diff": float(f"{diffs[v]:.2e}"), **memory[v]})
     return rows
 
 
@@ -164,18 +171,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="float32 must be among them")
+    parser.add_argument("--backend", default="cpu", help="ctxrt's backend: cpu or opencl[:N]")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     which = tuple(args.variants.split(","))
-    rows = [r for name in args.models.split(",") for r in bench(name, args.repeat, args.rounds, args.threads, which)]
+    rows = [r for name in args.models.split(",")
+            for r in bench(name, args.repeat, args.rounds, args.threads, which, args.backend)]
     if args.json:
         print(json.dumps(rows))
         return
-    print("| model | variant | ctxrt ms | onnxruntime ms | ctxrt / ort | ctxrt / ctxrt f32 | max abs diff | "
-          "weights bytes | kernel bytes |\n|---|---|---|---|---|---|---|---|---|")
+    device = args.backend != "cpu"
+    extra = " uploaded bytes | steps on device |" if device else ""
+    print(f"| model | variant | ctxrt ms | onnxruntime ms | ctxrt / ort | ctxrt / ctxrt f32 | max abs diff | "
+          f"weights bytes | kernel bytes |{extra}\n|---|---|---|---|---|---|---|---|---|{'---|---|' if device else ''}")
     for r in rows:
+        more = f" {r['uploaded_bytes']} | {r['device_steps']} |" if device else ""
         print(f"| {r['model']} | {r['variant']} | {r['ctxrt_ms']} | {r['onnxruntime_ms']} | {r['ctxrt/ort']} | "
-              f"{r['ctxrt/ctxrt_f32']} | {r['max_abs_diff']} | {r['weights_bytes']} | {r['kernel_bytes']} |")
+              f"{r['ctxrt/ctxrt_f32']} | {r['max_abs_diff']} | {r['weights_bytes']} | {r['kernel_bytes']} |{more}")
 
 
 if __name__ == "__main__":
