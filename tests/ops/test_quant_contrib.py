@@ -204,10 +204,10 @@ def test_qlinear_binary_native_equals_numpy(dt: object, op: str, b_kind: str, ze
     used = []
     real = elementwise._native_add
     monkeypatch.setattr(elementwise, "_native_add", lambda *args: used.append(real(*args)) or used[-1])
-    got = run(model, feeds)[0]
+    got = harness.run_ctxrt(model, feeds, "cpu")[0]
     assert used and all(u is not None for u in used)
     monkeypatch.setattr(elementwise, "_native_add", lambda *args: None)
-    np.testing.assert_array_equal(got, run(model, feeds)[0])
+    np.testing.assert_array_equal(got, harness.run_ctxrt(model, feeds, "cpu")[0])
 
 
 @pytest.mark.parametrize("dt", T8, ids=lambda t: np.dtype(t).name)
@@ -293,7 +293,7 @@ def test_qlinear_binary_with_a_scalar_first_operand_is_native(op: str, monkeypat
     used = []
     real = elementwise._native_add
     monkeypatch.setattr(elementwise, "_native_add", lambda *args: used.append(real(*args)) or used[-1])
-    got = run(model, {"b": b})[0]
+    got = harness.run_ctxrt(model, {"b": b}, "cpu")[0]
     assert used[-1] is not None
     monkeypatch.setattr(elementwise, "_native_add", lambda *args: None)
-    np.testing.assert_array_equal(got, run(model, {"b": b})[0])
+    np.testing.assert_array_equal(got, harness.run_ctxrt(model, {"b": b}, "cpu")[0])

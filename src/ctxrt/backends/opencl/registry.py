@@ -16,13 +16,17 @@ from ctxrt.backends.opencl import (
     norm,
     norm_layer,
     pool,
+    quant_conv,
+    quant_gemm,
+    quant_ops,
     reduce,
     shape_ops,
     window,
 )
 
 KERNELS: dict[str, Callable[..., Kernel]] = {}
-for _module in (elementwise, gemm, conv, window, pool, norm, reduce, norm_layer, shape_ops, concat, gather):
+for _module in (elementwise, gemm, conv, window, pool, norm, reduce, norm_layer, shape_ops, concat, gather, quant_conv,
+                quant_gemm, quant_ops):
     _dup = KERNELS.keys() & _module.KERNELS.keys()
     assert not _dup, f"ops registered twice: {_dup}"
     KERNELS.update(_module.KERNELS)
