@@ -1,4 +1,4 @@
-"""QLinearConv and ConvInteger on OpenCL (quant_conv.py, kernels/qconv.cl): every case asserts that the node ran on
+"""QLinearConv and ConvInteger on OpenCL (quant/conv.py, kernels/qconv.cl): every case asserts that the node ran on
 the device, matches the NumPy backend bit for bit and onnxruntime within one quantization step (where onnxruntime
 has a kernel for the types), at odd channel counts and sizes, with zero points on both operands, per-tensor and
 per-channel parameters, groups, depthwise, strides, asymmetric pads, dilations and saturation. Then: a context
@@ -21,7 +21,7 @@ import ctxrt
 from ctxrt.backends import get_backend
 from ctxrt.backends.kernel import NodeSpec, TensorSpec
 from ctxrt.backends.opencl.backend import OpenCLBackend
-from ctxrt.backends.opencl.quant_conv import QConv, QDepthwise
+from ctxrt.backends.opencl.quant.conv import QConv, QDepthwise
 from ctxrt.cli import main as cli
 from ctxrt.tuning.profiler import Bench
 

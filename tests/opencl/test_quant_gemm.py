@@ -1,4 +1,4 @@
-"""OpenCL integer matrix products (backends/opencl/quant_gemm.py, kernels/qgemm.cl): QLinearMatMul, QGemm,
+"""OpenCL integer matrix products (backends/opencl/quant/gemm.py, kernels/qgemm.cl): QLinearMatMul, QGemm,
 MatMulInteger, MatMulIntegerToFloat.
 
 Each case asserts that the node ran on the device (a node that silently fell back to the CPU would pass without
@@ -26,7 +26,7 @@ from quant_helpers import MS, assert_ints, ints, ort_outputs, qmodel
 import ctxrt
 from ctxrt.backends import get_backend
 from ctxrt.backends.kernel import NodeSpec, TensorSpec
-from ctxrt.backends.opencl.quant_gemm import QGemmKernel
+from ctxrt.backends.opencl.quant.gemm import QGemmKernel
 from ctxrt.compiler import compile_graphs, save_context
 from ctxrt.tuning.profiler import Bench
 

@@ -1,4 +1,4 @@
-"""OpenCL kernels of the quantized ops (quant_ops.py, kernels/quant.cl): QuantizeLinear, DequantizeLinear,
+"""OpenCL kernels of the quantized ops (quant/ops.py, kernels/quant.cl): QuantizeLinear, DequantizeLinear,
 DynamicQuantizeLinear, QLinearAdd/Mul, QLinearLookup (made by the QDQ pass), QLinearConcat, the quantized pools and
 MaxPool of integers; and that data movement of int8 tensors runs on the device.
 
@@ -18,7 +18,7 @@ from quant_helpers import MS, assert_ints, ints, ort_outputs, qmodel
 import ctxrt
 from ctxrt.backends import get_backend
 from ctxrt.backends.kernel import NodeSpec, TensorSpec
-from ctxrt.backends.opencl import quant_ops
+from ctxrt.backends.opencl.quant import ops as quant_ops
 
 pytestmark = pytest.mark.usefixtures("opencl")
 U8, I8, U16, I16 = np.uint8, np.int8, np.uint16, np.int16

@@ -16,13 +16,13 @@ from ctxrt.backends.opencl import (
     norm,
     norm_layer,
     pool,
-    quant_conv,
-    quant_gemm,
-    quant_ops,
     reduce,
     shape_ops,
     window,
 )
+from ctxrt.backends.opencl.quant import conv as quant_conv
+from ctxrt.backends.opencl.quant import gemm as quant_gemm
+from ctxrt.backends.opencl.quant import ops as quant_ops
 
 KERNELS: dict[str, Callable[..., Kernel]] = {}
 for _module in (elementwise, gemm, conv, window, pool, norm, reduce, norm_layer, shape_ops, concat, gather, quant_conv,
