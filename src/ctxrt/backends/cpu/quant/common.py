@@ -125,3 +125,20 @@ def dequantize_into(x: Any, zp: Any, scale: Any, out: np.ndarray) -> None:
     else:
         np.copyto(out, x, casting="unsafe")
     np.multiply(out, scale, out=out)
+
+
+def centred_span(spec: NodeSpec, i: int, zp: int | None = None) -> int:
+    """The largest |x - zero point| of input i's integer type (a float A, DynamicQuantizeMatMul's: uint8's): with
+    a constant zero point (or none: 0) the distance from it to the type's ends (int8 weights centred on 0: 128),
+    else the type's whole width."""
+    dt = np.dtype(spec.inputs[i].dtype)
+    if dt.kind == "f":
+        return 255
+    lo, hi = dtypes.int_range(dt)
+    if zp is not None and given(spec, zp):
+        z = spec.consts[zp] if zp < len(spec.consts) else None
+        if z is None:
+            return hi - lo  # computed at run time: anywhere in the range
+        values = np.asarray(z).astype(np.int64).reshape(-1)
+        return int(max(np.abs(values - lo).max(), np.abs(hi - values).max())) if values.size else hi - lo
+    return max(abs(lo), abs(hi))  # no zero point: 0

@@ -25,6 +25,7 @@ from ctxrt.backends.cpu.quant.common import (
     WIDE_INTS,
     Bound,
     Requant,
+    centred_span,
     dtype_of,
     fail,
     given,
@@ -33,7 +34,6 @@ from ctxrt.backends.cpu.quant.common import (
     size,
 )
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
-from ctxrt.dtypes import int_range
 
 _BLOCK_BYTES = 4 << 20  # float64 bytes of one block of B's columns
 Epilogue = Callable[[np.ndarray, int, int, tuple[int, ...]], None]  # (acc block, n0, n1, batch index)
@@ -58,7 +58,7 @@ class Shapes:
         # float32 sums are exact while every partial sum stays within 2^24: K * |A - a_zp| * |B - b_zp| (and nothing
         # `added` to the accumulator, QGemm's C); BLAS's SGEMM is twice DGEMM's speed
         za, zb = _ZERO_POINTS.get(spec.op.rsplit(".", 1)[-1], (None, None))
-        span = self.k * _span(spec, ia, za) * _span(spec, ib, zb)
+        span = self.k * centred_span(spec, ia, za) * centred_span(spec, ib, zb)
         self.acc = F32 if span <= 2**24 and not added else F64
         self.algorithm = "int_gemm_f32" if self.acc == F32 else "int_gemm_f64"
         size = self.acc.itemsize
@@ -156,23 +156,6 @@ _ZERO_POINTS = {"MatMulInteger": (2, 3), "QLinearMatMul": (2, 5), "QGemm": (2, 5
                 "DynamicQuantizeMatMul": (None, 3)}
 
 
-def _span(spec: NodeSpec, i: int, zp: int | None = None) -> int:
-    """The largest |x - zero point| of input i's integer type (a float A, DynamicQuantizeMatMul's: uint8's): with
-    a constant zero point (or none: 0) the distance from it to the type's ends (int8 weights centred on 0: 128),
-    else the type's whole width."""
-    dt = np.dtype(spec.inputs[i].dtype)
-    if dt.kind == "f":
-        return 255
-    lo, hi = int_range(dt)
-    if zp is not None and given(spec, zp):
-        z = spec.consts[zp] if zp < len(spec.consts) else None
-        if z is None:
-            return hi - lo  # computed at run time: anywhere in the range
-        values = np.asarray(z).astype(np.int64).reshape(-1)
-        return int(max(np.abs(values - lo).max(), np.abs(hi - values).max())) if values.size else hi - lo
-    return max(abs(lo), abs(hi))  # no zero point: 0
-
-
 def _centered(x: np.ndarray, zp: np.ndarray | None, out: np.ndarray) -> None:
     """out = x - zp in out's float type: the integers converted first (a cast inside the subtraction would be
     buffered by NumPy's iterator, an allocation per launch), then the zero point subtracted."""
@@ -213,7 +196,7 @@ def _native_igemm(spec: NodeSpec) -> Kernel | None:
     if given(spec, 2) and size(spec.inputs[2]) != 1 or given(spec, 3) and size(spec.inputs[3]) not in (1, b[1]):
         return None
     m, k, n = math.prod(a[:-1]), int(a[-1]), int(b[1])
-    if k * _span(spec, 0, 2) * _span(spec, 1, 3) >= 2**31 or 0 in (m, k, n):
+    if k * centred_span(spec, 0, 2) * centred_span(spec, 1, 3) >= 2**31 or 0 in (m, k, n):
         return None
     kp = k + (k & 1)
     zb_count = size(spec.inputs[3]) if given(spec, 3) else 0

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.cpu.quant.gemm import _span
+from ctxrt.backends.cpu.quant.common import centred_span
 from ctxrt.backends.kernel import Launch, NodeSpec
 from ctxrt.backends.opencl.gemm import MAX_BATCH_RANK, _batch_strides, _collapse_batch
 from ctxrt.backends.opencl.kernel import ClKernel, Space
@@ -190,7 +190,7 @@ class QGemmKernel(ClKernel):
         # every partial sum of the int32 accumulator is exact
         za = at["a_z"] if self._given("a_z") else None
         zb = at["b_z"] if self._given("b_z") else None
-        product = _span(spec, at["a"], za) * _span(spec, at["b"], zb)  # the largest |product|
+        product = centred_span(spec, at["a"], za) * centred_span(spec, at["b"], zb)  # the largest |product|
         if self.K * product >= _LIMIT:
             raise _decline(spec, f"K = {self.K}: int32 sums could overflow")
         # float32 sums (twice the int32 rate on CPUs' vector units) of chunks of K whose partial sums stay exact
