@@ -68,6 +68,7 @@ def _case(op: str):
         "LeakyRelu": (helper.make_node("LeakyRelu", ["a"], ["y"], alpha=0.2), {"a": rand(3, 5, 7)}),
         "HardSigmoid": (helper.make_node("HardSigmoid", ["a"], ["y"], alpha=0.3, beta=0.4),
                         {"a": rand(3, 5, 7, low=-4, high=4)}),
+        "HardSwish": (helper.make_node("HardSwish", ["a"], ["y"]), {"a": rand(3, 5, 7, low=-5, high=5)}),
         "Clip": None,  # needs constant bounds: below
         "Not": (helper.make_node("Not", ["a"], ["y"]), {"a": bools["a"]}),
         "Cast": (helper.make_node("Cast", ["a"], ["y"], to=onnx.TensorProto.INT64),

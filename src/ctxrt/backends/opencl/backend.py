@@ -66,11 +66,18 @@ class OpenCLBackend:
 
     def lower(self, graph: Any, options: Any) -> Any:
         """The OpenCL backend's own passes, last before kernels are chosen: QDQ units fused into integer ops (as on
-        the CPU), then MatMuls' bias, residual and Relu/Gelu folded into the GEMM's epilogue."""
+        the CPU), half precision computed in float32 (half weights stay half: the kernels read them with
+        vload_half), then MatMuls' bias, residual and Relu/Gelu folded into the GEMM's epilogue."""
         from ctxrt.backends.opencl.gemm import fold_epilogues
+        from ctxrt.ir.passes.fuse_gelu import FuseGelu
+        from ctxrt.ir.passes.half import ComputeHalfInFloat
         from ctxrt.ir.passes.qdq import FuseQDQUnits
 
         graph = FuseQDQUnits()(graph).graph  # DequantizeLinear -> op -> QuantizeLinear as integer kernels
+        half = ComputeHalfInFloat()(graph)  # float16/bfloat16 computed in float32, half weights read as stored
+        graph = half.graph
+        if half.modified:  # a float16 model's GELU, which the generic pass did not see through its Casts
+            graph = FuseGelu()(graph).graph
         return fold_epilogues(graph, self)
 
     # -- memory --------------------------------------------------------------------------------------

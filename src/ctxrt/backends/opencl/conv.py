@@ -7,6 +7,9 @@ The weights are prepacked at compile time, [M, C, KH, KW] -> [G][KH * KW][C][M /
 contiguous: the kernel loads them as vectors), stored in the context binary in place of the originals (the same
 bytes) and recorded in the node's attributes (`kernel`, `weight_shape`), so a loaded context reads them as they
 are. Run-time (non-constant) weights are declined: such a node runs in a CPU partition.
+
+A float16 (or bfloat16) model's weights, which ir/passes/half.py leaves half (the node's `widen`), are prepacked
+as they are, half, and read as float (WTYPE: kernels/halfload.clh); everything else is float32.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.kernel import Launch, NodeSpec
-from ctxrt.backends.opencl.kernel import ClKernel, Space
+from ctxrt.backends.opencl.kernel import ClKernel, Space, weight_type
 from ctxrt.backends.opencl.spatial import Window, conv_shape, decline, epilogue, float_type, window
 from ctxrt.backends.opencl.window import WindowKernel
 
@@ -25,6 +28,7 @@ PACKED = "opencl_conv"  # the `kernel` attribute of a node whose weights are pre
 
 class Conv(ClKernel):
     source = "conv.cl"
+    half_inputs = (1,)
     space = Space(
         params={"RM": (1, 2, 4, 8, 16), "RN": (1, 2, 4, 8, 16, 32, 64), "WM": (1, 2, 3, 4, 5, 6, 8),
                 "WN": (1, 2, 3, 4, 6, 8, 12, 16), "VW": (1, 2, 4, 8, 16), "LOCAL": (0, 1), "TK": (8, 16, 32)},
@@ -55,6 +59,7 @@ class Conv(ClKernel):
         self.win: Window = window(spec, tuple(wshape[2:]))
         super().__init__(spec, backend, params)
         self.T = float_type(self, spec)
+        self.wtype = weight_type(spec, 1, self.T)
         self.has_bias, self.residual, self.relu = epilogue(spec)
         if spec.attr("kernel") == PACKED:
             return  # input 1 holds the prepacked weights
@@ -84,6 +89,8 @@ class Conv(ClKernel):
     def defines(self) -> dict[str, Any]:
         d = {"T": self.T, "KH": self.win.kh, "KW": self.win.kw, "PADDED": int(self.win.padded),
              "HAS_BIAS": int(self.has_bias), "RESIDUAL": int(self.residual), "RELU": int(self.relu), **self.params}
+        if self.wtype:
+            d["WTYPE"] = self.wtype
         if self.T == "double":
             d["FP64"] = 1
         return d

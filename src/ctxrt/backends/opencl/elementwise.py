@@ -4,6 +4,10 @@ The ops, their arity and the dtype kinds they take are read from the table's `#d
 an ONNX op maps to a table entry by name (a few choose by attribute: Gelu's approximation, Cast to bool).
 Shapes are collapsed (adjacent dims merged where every input is contiguous across them), then each input
 is read at the output's index, as one broadcast element, or through strides.
+
+float16 and bfloat16 tensors (a float16 model's edges and the half weights ir/passes/half.py leaves to a node's
+`widen`) are computed as float: read with vload_half (or as a float's high bits) and stored rounded to nearest
+even; so Cast to and from them runs here. Arithmetic in half (cl_khr_fp16) is not used.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.kernel import Launch, NodeSpec
-from ctxrt.backends.opencl.kernel import ClKernel, Space
+from ctxrt.backends.opencl.kernel import HALF_TYPES, ClKernel, Space
 from ctxrt.backends.opencl.program import source
 from ctxrt.errors import UnsupportedOpError
 
@@ -70,6 +74,8 @@ def _params(spec: NodeSpec, dt: np.dtype) -> tuple[Any, Any]:
         return dt.type(np.float32(spec.attr("alpha", 0.01))), dt.type(0)
     if spec.op == "HardSigmoid":
         return dt.type(np.float32(spec.attr("alpha", 0.2))), dt.type(np.float32(spec.attr("beta", 0.5)))
+    if spec.op == "HardSwish":  # x HardSigmoid(x) with alpha 1/6, beta 0.5 (no attributes)
+        return dt.type(np.float32(1 / 6)), dt.type(0.5)
     return dt.type(0), dt.type(0)
 
 
@@ -98,8 +104,13 @@ def collapse(out: tuple[int, ...], ins: list[tuple[int, ...]]) -> tuple[list[int
     return dims, strides
 
 
+def _kind(dtype: Any) -> str:
+    return "f" if np.dtype(dtype) in HALF_TYPES else np.dtype(dtype).kind
+
+
 class Elementwise(ClKernel):
     source = SOURCE
+    half_inputs = range(3)  # any half input is read as float
     space = Space(
         params={"VW": (1, 2, 4, 8), "WGS": (32, 64, 128, 256)},
         # PoCL vectorises a work-group's work-items (not a loop inside one: VW 4 made Sigmoid 5x slower):
@@ -116,7 +127,7 @@ class Elementwise(ClKernel):
             raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: no OpenCL element-wise kernel for "
                                      f"{len(ins)} inputs")
         for k, (t, allowed) in enumerate(zip(ins, kinds, strict=True)):
-            if np.dtype(t.dtype).kind not in allowed:
+            if _kind(t.dtype) not in allowed:
                 raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: input {k} dtype {np.dtype(t.dtype)} "
                                          "has no OpenCL kernel")
         out = spec.outputs[0]
@@ -130,15 +141,27 @@ class Elementwise(ClKernel):
         self.modes = [0 if st == contiguous else 1 if not any(st) else 2 for st in strides]
         self.dims, self.strides = dims, strides
         self.entry = entry
-        self.types = [self.cl_type(t.dtype) for t in ins]
-        self.out_type = self.cl_type(out.dtype)
-        self.p = _params(spec, np.dtype(out.dtype))
+        dts = [np.dtype(t.dtype) for t in [*ins, out]]
+        if any(d in HALF_TYPES for d in dts) and np.dtype(np.float64) in dts:
+            raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: float64 with half precision (rounded twice "
+                                     "through float)")
+        self.halves = [HALF_TYPES.get(d, 0) for d in dts]  # H0.. and HO: 1 float16, 2 bfloat16
+        self.types = [self._type(d) for d in dts[:-1]]
+        self.out_type = self._type(dts[-1])
+        self.p = _params(spec, np.dtype(np.float32) if self.halves[-1] else dts[-1])
+
+    def _type(self, dt: np.dtype) -> str:
+        """The OpenCL type a tensor is computed in: float for half precision."""
+        return "float" if dt in HALF_TYPES else self.cl_type(dt)
 
     def defines(self) -> dict[str, Any]:
         d: dict[str, Any] = {"OP": f"OP_{self.entry}", "NIN": len(self.types), "TO": self.out_type,
                              "RANK": max(1, len(self.dims)), **self.params}
         for k, (t, m) in enumerate(zip(self.types, self.modes, strict=True)):
             d[f"T{k}"], d[f"M{k}"] = t, m
+        for k, h in enumerate(self.halves):
+            if h:
+                d["HO" if k == len(self.types) else f"H{k}"] = h
         if "double" in (*self.types, self.out_type):
             d["FP64"] = 1
         elif self.entry in ("Erf", "Gelu"):

@@ -1,6 +1,8 @@
 """Gemm and MatMul (batched, broadcast over batch dims, as attention needs) on one register-tiled kernel
 (kernels/gemm.cl) with alpha/beta, the bias, a residual and a fused Relu or Gelu in its epilogue (a MatMul's
-bias, residual and activation are folded into it by `OpenCLBackend.lower`: FuseMatMulEpilogue)."""
+bias, residual and activation are folded into it by `OpenCLBackend.lower`: FuseMatMulEpilogue). A float16 model's
+constant B, which ir/passes/half.py leaves half (the node's `widen`), is read as it is stored, as float (WTYPE:
+kernels/halfload.clh)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.kernel import Launch, NodeSpec, TensorSpec
-from ctxrt.backends.opencl.kernel import ClKernel, Space
+from ctxrt.backends.opencl.kernel import WIDEN, ClKernel, Space, weight_type
 from ctxrt.errors import UnsupportedOpError
 from ctxrt.ir.graph import Graph as IRGraph
 from ctxrt.ir.graph import Node
@@ -46,6 +48,7 @@ def _collapse_batch(batch: tuple[int, ...], sa: list[int], sb: list[int]) -> tup
 
 class Gemm(ClKernel):
     source = "gemm.cl"
+    half_inputs = (1,)  # B: a float16 model's weights
     space = Space(
         params={"TM": (1, 2, 4, 8, 16, 32, 64, 128), "TN": (8, 16, 32, 64, 128), "TK": (8, 16, 32),
                 "WM": (1, 2, 4, 8), "WN": (1, 2, 4, 8), "LOCAL": (0, 1), "KV": (1, 4, 8, 16), "VN": (1, 4, 8, 16)},
@@ -74,12 +77,15 @@ class Gemm(ClKernel):
     def __init__(self, spec: NodeSpec, backend: Any, params: Any = None) -> None:
         self._shape(spec)  # the problem first: constraints are checked against it
         super().__init__(spec, backend, params)
-        dts = {np.dtype(t.dtype) for t in spec.inputs if t is not None} | {np.dtype(spec.outputs[0].dtype)}
+        halves = spec.attr(WIDEN) or ()
+        dts = {np.dtype(t.dtype) for i, t in enumerate(spec.inputs) if t is not None and i not in halves}
+        dts.add(np.dtype(spec.outputs[0].dtype))
         if len(dts) != 1 or next(iter(dts)).kind != "f":
             raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: the OpenCL GEMM takes one float dtype, "
                                      f"got {sorted(map(str, dts))}")
         self.dtype = next(iter(dts))
         self.T = self.cl_type(self.dtype)
+        self.wtype = weight_type(spec, 1, self.T)
         act = spec.attr("activation")
         if act == "Gelu":
             act = "GeluTanh" if spec.attr("approximate", "none") == "tanh" else "Gelu"
@@ -137,6 +143,8 @@ class Gemm(ClKernel):
     def defines(self) -> dict[str, Any]:
         d = {"T": self.T, "A_T": int(self.a_t), "B_T": int(self.b_t), "HAS_C": int(self.has_c),
              "HAS_R": int(self.residual is not None), "ACT": self.act, **self.params}
+        if self.wtype:
+            d["WTYPE"] = self.wtype
         if self.T == "double":
             d["FP64"] = 1
         return d

@@ -26,12 +26,13 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from ctxrt import dtypes
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec
 from ctxrt.backends.opencl.device import DeviceInfo
 from ctxrt.backends.opencl.program import ProgramKey
@@ -102,6 +103,24 @@ class Space:
 CL_TYPES = {"float32": "float", "float64": "double", "int8": "char", "uint8": "uchar", "int16": "short",
             "uint16": "ushort", "int32": "int", "uint32": "uint", "int64": "long", "uint64": "ulong",
             "bool": "uchar"}
+# Half-precision constants a node reads (ir/passes/half.py lists them in its `widen` attribute): no kernel computes
+# in half (that needs cl_khr_fp16); a kernel that reads such inputs as stored, as float (vload_half, halfload.clh's
+# WTYPE), names them in `half_inputs`; any other node with a `widen` attribute is declined (runs on the CPU, which
+# widens them). Bytes of half are never read as float.
+WIDEN = "widen"  # as ir/passes/half.py writes it
+HALF_TYPES = {np.dtype(np.float16): 1, dtypes.BFLOAT16: 2}  # halfload.clh's WTYPE of each half dtype
+
+
+def weight_type(spec: NodeSpec, index: int, t: str) -> int:
+    """How a kernel computing in OpenCL type `t` reads input `index` (halfload.clh's WTYPE): 0 as `t`, 1 float16,
+    2 bfloat16 (a half constant the node lists in `widen`, read as float)."""
+    if index not in (spec.attr(WIDEN) or ()):
+        return 0
+    dt = np.dtype(spec.inputs[index].dtype)
+    if dt not in HALF_TYPES or t != "float":
+        raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: no OpenCL kernel for {dt} input {index} with "
+                                 f"{t} arithmetic")
+    return HALF_TYPES[dt]
 
 
 class ClKernel(Kernel):
@@ -109,10 +128,15 @@ class ClKernel(Kernel):
 
     source: ClassVar[str]
     space: ClassVar[Space]
+    half_inputs: ClassVar[Container[int]] = ()  # inputs it reads as half where the node's `widen` lists them
 
     def __init__(self, spec: NodeSpec, backend: OpenCLBackend, params: Params | None = None) -> None:
         self.spec = spec
         self.backend = backend
+        halves = [i for i in spec.attr(WIDEN) or () if i not in self.half_inputs]
+        if halves:
+            raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: OpenCL {type(self).__name__} does not read "
+                                     f"the half-precision constant inputs {halves}")
         self.params: dict[str, Any] = (self.space.default(backend.info, self.variant()) if params is None
                                        else dict(params))
         why = self.space.why_invalid(self.params, self.problem(), backend.info)

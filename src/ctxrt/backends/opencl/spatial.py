@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ctxrt.backends.kernel import NodeSpec
-from ctxrt.backends.opencl.kernel import ClKernel
+from ctxrt.backends.opencl.kernel import WIDEN, ClKernel
 from ctxrt.errors import UnsupportedOpError
 
 LIMIT = 1 << 31  # the kernels index elements with 32-bit ints
@@ -105,8 +105,11 @@ def epilogue(spec: NodeSpec) -> tuple[bool, bool, bool]:
 
 
 def float_type(kernel: ClKernel, spec: NodeSpec) -> str:
-    """The OpenCL type of a float node whose tensors all have one dtype."""
-    dts = {np.dtype(t.dtype) for t in [*spec.inputs, *spec.outputs] if t is not None}
+    """The OpenCL type of a float node whose tensors all have one dtype, but for the half constants it reads as
+    stored (the node's `widen`: kernel.py's `weight_type`)."""
+    halves = set(spec.attr(WIDEN) or ())
+    dts = {np.dtype(t.dtype) for i, t in enumerate(spec.inputs) if t is not None and i not in halves}
+    dts |= {np.dtype(t.dtype) for t in spec.outputs if t is not None}
     if len(dts) != 1 or next(iter(dts)).kind != "f":
         raise decline(spec, f"dtypes {sorted(map(str, dts))} (one float dtype)")
     return kernel.cl_type(next(iter(dts)))

@@ -2,8 +2,9 @@
 depthwise Conv (one input channel per group: MobileNet's and ShuffleNet's 3x3 convs, where an implicit GEMM would
 have a single row per group), MaxPool and AveragePool, 1-D and 2-D. Depthwise convs take the bias, residual and
 Relu epilogue, any stride, padding, dilation and channel multiplier, and read their weights as they are (constant
-or not). Pools take ceil_mode (the output shape the frontend resolved) and count_include_pad; MaxPool's Indices
-output and dilated AveragePools run in a CPU partition."""
+or not; a float16 model's half weights, the node's `widen`, as half: kernels/halfload.clh). Pools take ceil_mode
+(the output shape the frontend resolved) and count_include_pad; MaxPool's Indices output and dilated AveragePools
+run in a CPU partition."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.kernel import Launch, NodeSpec
-from ctxrt.backends.opencl.kernel import ClKernel, Space
+from ctxrt.backends.opencl.kernel import ClKernel, Space, weight_type
+from ctxrt.backends.opencl.quant.ops import INT_MAXPOOL
 from ctxrt.backends.opencl.spatial import Window, conv_shape, decline, epilogue, float_type, window
 
 OPS = {"Conv": 0, "MaxPool": 1, "AveragePool": 2}  # OP_CONV, OP_MAX, OP_AVG in window.cl
@@ -20,6 +22,7 @@ OPS = {"Conv": 0, "MaxPool": 1, "AveragePool": 2}  # OP_CONV, OP_MAX, OP_AVG in 
 
 class WindowKernel(ClKernel):
     source = "window.cl"
+    half_inputs = (1,)  # a depthwise Conv's weights
     space = Space(
         params={"VW": (1, 2, 4, 8, 16), "RY": (1, 2, 4, 8), "WX": (1, 2, 4, 8, 16, 32, 64), "WY": (1, 2, 4, 8, 16)},
         # PoCL: vectors of 8 columns x 8 rows per work-item, one work-item per work-group; 4 columns where rows
@@ -48,6 +51,7 @@ class WindowKernel(ClKernel):
         self.win: Window = window(spec, kernel)
         super().__init__(spec, backend, params)
         self.T = float_type(self, spec)
+        self.wtype = weight_type(spec, 1, self.T)
         self.ends = self._end_pads()
 
     def variant(self) -> str:
@@ -73,6 +77,8 @@ class WindowKernel(ClKernel):
              **self.params}
         if self.op == OPS["Conv"]:
             d.update(HAS_BIAS=int(self.has_bias), RESIDUAL=int(self.residual), RELU=int(self.relu))
+            if self.wtype:
+                d["WTYPE"] = self.wtype
         if self.op == OPS["AveragePool"]:
             d["INCLUDE_PAD"] = int(bool(self.spec.attr("count_include_pad", 0)))
         if self.T == "double":
@@ -96,7 +102,10 @@ class WindowKernel(ClKernel):
         return self.launch(self.kernel("window", *args), gsize, (p["WX"], p["WY"], 1))
 
 
-def _pool(spec: NodeSpec, backend: Any) -> WindowKernel:
+def _pool(spec: NodeSpec, backend: Any) -> ClKernel:
+    """Float pools here; a MaxPool of integers (a QDQ unit's, left on the integers) is quant/ops.py's."""
+    if spec.op == "MaxPool" and np.dtype(spec.inputs[0].dtype).kind in "iu":
+        return INT_MAXPOOL(spec, backend)
     return WindowKernel(spec, backend)
 
 

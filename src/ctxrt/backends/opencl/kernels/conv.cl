@@ -16,8 +16,9 @@
  * not stored (LOCAL=1).
  *
  * Build options: T (float, double), KH KW (the window), PADDED (0: every tap of every window is inside the
- * input, so no masks), HAS_BIAS, RESIDUAL (add a tensor shaped like Y), RELU, FP64; tunable RM RN WM WN VW
- * LOCAL TK. get_global_id(2) is image * G + group.
+ * input, so no masks), HAS_BIAS, RESIDUAL (add a tensor shaped like Y), RELU, FP64, WTYPE (the weights stored
+ * as T, float16 or bfloat16: halfload.clh; a float16 model's, read as float); tunable RM RN WM WN VW LOCAL TK.
+ * get_global_id(2) is image * G + group.
  */
 #ifdef FP64
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
@@ -25,6 +26,7 @@
 
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
+#include "halfload.clh"
 #define TM (RM * WM * VW)
 #define TN (RN * WN)
 #define UNROLL _Pragma("unroll")  /* PoCL does not unroll these by itself: the accumulators would live in memory */
@@ -32,10 +34,12 @@
 #if VW == 1
 #define VT T
 #define VLOADW(p) (*(p))
+#define WLOADW(p) WLOAD(p, 0)
 #define LANE(v, l) (v)
 #else
 #define VT CAT(T, VW)
 #define VLOADW(p) CAT(vload, VW)(0, p)
+#define WLOADW(p) WLOADV(VW, p)
 #define LANE(v, l) (((T*)&(v))[l])
 #endif
 
@@ -44,7 +48,7 @@
     for (int c = 0; c < C; c++) {                                           \
         VT wv[WM];                                                          \
         UNROLL                                                              \
-        for (int i = 0; i < WM; i++) wv[i] = VLOADW(wk + (long)c * M + mb[i]); \
+        for (int i = 0; i < WM; i++) wv[i] = WLOADW(wk + (long)c * M + mb[i]); \
         UNROLL                                                              \
         for (int i = 0; i < WM; i++)                                        \
             UNROLL                                                          \
@@ -66,7 +70,7 @@ void conv(const int C, const int H, const int W, const int OH, const int OW, con
     const int z = get_global_id(2), g = z % G;
     const int HW = H * W, P = OH * OW, K = KHW * C;
     __global const T* X = (__global const T*)(x_ + ox_) + (long)z * C * HW;
-    __global const T* Wt = (__global const T*)(w_ + ow_) + (long)g * K * M;
+    __global const WS* Wt = (__global const WS*)(w_ + ow_) + (long)g * K * M;
     __global T* Y = (__global T*)(y_ + oy_) + (long)z * M * P;
 
     /* where each pixel's window starts in the input */
@@ -102,7 +106,7 @@ void conv(const int C, const int H, const int W, const int OH, const int OW, con
         for (int t = lid; t < TK * TM; t += RM * RN) {
             const int mm = t % TM, kk = t / TM;  /* m fastest: contiguous in W */
             const int k = k0 + kk;
-            Ws[kk][mm] = k < K ? Wt[(long)k * M + min(m0 + mm, M - 1)] : (T)0;
+            Ws[kk][mm] = k < K ? WLOAD(Wt, (long)k * M + min(m0 + mm, M - 1)) : (T)0;
         }
         for (int t = lid; t < TK * TN; t += RM * RN) {
             const int nn = t % TN, kk = t / TN;  /* p fastest: neighbouring pixels */
@@ -147,7 +151,7 @@ void conv(const int C, const int H, const int W, const int OH, const int OW, con
             off[j] = iy * W + ix;
 #endif
         }
-        __global const T* wk = Wt + (long)tap * C * M;
+        __global const WS* wk = Wt + (long)tap * C * M;
 #if PADDED
         if (!inside) {  /* a window of the tile reaches into the padding: masked loads */
             CHANNELS(LOAD_MASKED)

@@ -13,8 +13,13 @@
  *   FP64        set when a type is double
  *   FAST_ERF    float32 erf and exact Gelu from erfc_pos below (vectorisable; PoCL's erf/erfc are scalar
  *               calls, 30x slower than exp), else the builtins (float64)
+ *   H0 H1 H2 HO how input k and the output are stored: 0 as their type, 1 float16, 2 bfloat16. A half tensor is
+ *               computed as float (its T is float): loaded with vload_half (core OpenCL: no cl_khr_fp16 needed)
+ *               or as a float's high 16 bits, stored with vstore_half_rte or rounded to nearest even (NaN stays
+ *               NaN) into a bfloat16. So Cast between float16, bfloat16 and the other types, and element-wise
+ *               ops on a float16 model's half tensors and weights, run here.
  * Arguments: each input as (buffer, byte offset), the output too, the element count, two scalar parameters
- * p0 and p1 of the output type (Clip bounds, LeakyRelu alpha, HardSigmoid alpha and beta), the collapsed
+ * p0 and p1 of the output type (Clip bounds, LeakyRelu alpha, HardSigmoid's and HardSwish's alpha and beta), the collapsed
  * dims and each input's element strides (int8 vectors; component s0 is the innermost dim).
  */
 #ifdef FP64
@@ -50,6 +55,7 @@
 #define OP_Softplus(a)          (((a) > (T0)0 ? (a) : (T0)0) + log1p(exp(-fabs(a))))   // kinds: f
 #define OP_LeakyRelu(a)         ((a) >= (T0)0 ? (a) : (a) * p0)                        // kinds: f
 #define OP_HardSigmoid(a)       CLIP((a) * p0 + p1, (T0)0, (T0)1)                      // kinds: f
+#define OP_HardSwish(a)         ((a) * CLIP((a) * p0 + p1, (T0)0, (T0)1))              // kinds: f
 #define OP_Clip(a)              CLIP(a, p0, p1)                                        // kinds: fiu
 #define OP_Not(a)               (!(a))                                                 // kinds: b
 #define OP_IsNaN(a)             isnan(a)                                               // kinds: f
@@ -122,6 +128,56 @@ inline float fast_gelu(const float x)
 #define M2 0
 #endif
 
+/* input k stored as S_k, read as T_k by LD_k; the output stored as SO by ST */
+#if H0 == 1
+#define S0 half
+#define LD0(p, i) vload_half(i, p)
+#elif H0 == 2
+#define S0 ushort
+#define LD0(p, i) as_float((uint)(p)[i] << 16)
+#else
+#define S0 T0
+#define LD0(p, i) (p)[i]
+#endif
+#if H1 == 1
+#define S1 half
+#define LD1(p, i) vload_half(i, p)
+#elif H1 == 2
+#define S1 ushort
+#define LD1(p, i) as_float((uint)(p)[i] << 16)
+#else
+#define S1 T1
+#define LD1(p, i) (p)[i]
+#endif
+#if H2 == 1
+#define S2 half
+#define LD2(p, i) vload_half(i, p)
+#elif H2 == 2
+#define S2 ushort
+#define LD2(p, i) as_float((uint)(p)[i] << 16)
+#else
+#define S2 T2
+#define LD2(p, i) (p)[i]
+#endif
+#if HO == 1
+#define SO half
+#define ST(p, i, v) vstore_half_rte(v, i, p)
+#elif HO == 2
+#define SO ushort
+#define ST(p, i, v) ((p)[i] = to_bfloat16(v))
+/* float -> bfloat16 rounded to nearest even, as NumPy's (ml_dtypes) astype: overflow to inf, NaN kept NaN */
+inline ushort to_bfloat16(const float f)
+{
+    const uint u = as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (ushort)((u >> 16) | 0x40u);
+    return (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+#else
+#define SO TO
+#define ST(p, i, v) ((p)[i] = (v))
+#endif
+
 #define IN(T, p, o) ((__global const T*)((__global const char*)(p) + (o)))
 #define PICK(m, i, k) ((m) == 0 ? (i) : (m) == 1 ? 0u : (k))
 #define ND (M0 == 2 || M1 == 2 || M2 == 2)
@@ -136,10 +192,10 @@ void elementwise(__global const char* x0, const ulong o0,
                  __global char* y, const ulong oy, const uint n, const TO p0, const TO p1,
                  const int8 dims, const int8 st0, const int8 st1, const int8 st2)
 {
-    __global const T0* a = IN(T0, x0, o0);
-    __global const T1* b = IN(T1, x1, o1);
-    __global const T2* c = IN(T2, x2, o2);
-    __global TO* out = (__global TO*)(y + oy);
+    __global const S0* a = IN(S0, x0, o0);
+    __global const S1* b = IN(S1, x1, o1);
+    __global const S2* c = IN(S2, x2, o2);
+    __global SO* out = (__global SO*)(y + oy);
     const uint stride = (uint)get_global_size(0);
     for (uint v = 0; v < VW; v++) {
         const uint i = (uint)get_global_id(0) + v * stride;
@@ -150,11 +206,11 @@ void elementwise(__global const char* x0, const ulong o0,
         DIM(0, s0) DIM(1, s1) DIM(2, s2) DIM(3, s3) DIM(4, s4) DIM(5, s5) DIM(6, s6) DIM(7, s7)
 #endif
 #if NIN == 1
-        out[i] = (TO)(OP(a[PICK(M0, i, k0)]));
+        ST(out, i, (TO)(OP(LD0(a, PICK(M0, i, k0)))));
 #elif NIN == 2
-        out[i] = (TO)(OP(a[PICK(M0, i, k0)], b[PICK(M1, i, k1)]));
+        ST(out, i, (TO)(OP(LD0(a, PICK(M0, i, k0)), LD1(b, PICK(M1, i, k1)))));
 #else
-        out[i] = (TO)(OP(a[PICK(M0, i, k0)], b[PICK(M1, i, k1)], c[PICK(M2, i, k2)]));
+        ST(out, i, (TO)(OP(LD0(a, PICK(M0, i, k0)), LD1(b, PICK(M1, i, k1)), LD2(c, PICK(M2, i, k2)))));
 #endif
     }
 }

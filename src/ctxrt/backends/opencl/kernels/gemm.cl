@@ -17,7 +17,8 @@
  * Build options: T (float or double), TM TN TK WM WN LOCAL KV VN (tunable), A_T (A stored [K, M]), B_T (B stored
  * [N, K]), HAS_C (add beta * C, C read with strides scm, scn: 0 where it broadcasts; a MatMul's folded bias),
  * HAS_R (add R, a residual of Y's shape), ACT (fused activation: 0 none, 1 Relu, 2 Gelu, 3 Gelu's tanh form),
- * FP64. Batches: get_global_id(2) over up to 4 dims (int4 bdims, s0 innermost) with the
+ * FP64, WTYPE (B stored as T, float16 or bfloat16: halfload.clh; a float16 model's weights, read as float).
+ * Batches: get_global_id(2) over up to 4 dims (int4 bdims, s0 innermost) with the
  * element strides of A and B per batch dim (0 where they broadcast); Y is contiguous.
  */
 #ifdef FP64
@@ -27,6 +28,7 @@
 #ifndef VN
 #define VN 1
 #endif
+#include "halfload.clh"
 #define RM (TM / WM)
 #define RN (TN / (WN * VN))
 #if A_T
@@ -35,9 +37,9 @@
 #define A_AT(m, k) A[(m) * lda + (k)]
 #endif
 #if B_T
-#define B_AT(k, n) B[(n) * ldb + (k)]
+#define B_AT(k, n) WLOAD(B, (n) * ldb + (k))
 #else
-#define B_AT(k, n) B[(k) * ldb + (n)]
+#define B_AT(k, n) WLOAD(B, (k) * ldb + (n))
 #endif
 #define CAT(a, b) a##b
 #define VEC(t, n) CAT(t, n)
@@ -125,7 +127,7 @@ void gemm(const int M, const int N, const int K,
     long ba = 0, bb = 0;
     BATCH(s0) BATCH(s1) BATCH(s2) BATCH(s3)
     __global const T* A = (__global const T*)(a_ + oa) + ba;
-    __global const T* B = (__global const T*)(b_ + ob) + bb;
+    __global const WS* B = (__global const WS*)(b_ + ob) + bb;
     __global T* Y = (__global T*)(y_ + oy) + (long)get_global_id(2) * M * N;
 #if HAS_C
     __global const T* C = (__global const T*)(c_ + oc);
@@ -150,7 +152,7 @@ void gemm(const int M, const int N, const int K,
     for (int k = 0; k < K; k++) {
         VEC(T, VN) bv[WN];
 #pragma unroll
-        for (int j = 0; j < WN; j++) bv[j] = VLOAD(VN)(0, B + k * ldb + cols[j]);
+        for (int j = 0; j < WN; j++) bv[j] = WLOADV(VN, B + k * ldb + cols[j]);
 #pragma unroll
         for (int i = 0; i < WM; i++) {
             const VEC(T, VN) av = (VEC(T, VN))(A_AT(rows[i], k));
@@ -217,7 +219,7 @@ void gemm(const int M, const int N, const int K,
      * work-item (row pointers hoisted, loops unrolled: PoCL keeps the accumulators in registers) */
     {
         __global const T* ap[WM];
-        __global const T* bp[WN];
+        __global const WS* bp[WN];
         VEC(T, KV) vacc[WM][WN];
 #pragma unroll
         for (int i = 0; i < WM; i++) ap[i] = A + rows[i] * lda;
@@ -233,7 +235,7 @@ void gemm(const int M, const int N, const int K,
 #pragma unroll
             for (int i = 0; i < WM; i++) av[i] = VLOAD(KV)(0, ap[i] + k);
 #pragma unroll
-            for (int j = 0; j < WN; j++) bv[j] = VLOAD(KV)(0, bp[j] + k);
+            for (int j = 0; j < WN; j++) bv[j] = WLOADV(KV, bp[j] + k);
 #pragma unroll
             for (int i = 0; i < WM; i++)
 #pragma unroll

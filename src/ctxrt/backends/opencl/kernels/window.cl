@@ -9,7 +9,7 @@
  * (coalesced loads).
  *
  * Build options: OP, T, KH KW (the window), SH SW (strides), DH (the row dilation), FP64; OP_CONV: HAS_BIAS,
- * RESIDUAL, RELU;
+ * RESIDUAL, RELU, WTYPE (the weights stored as T, float16 or bfloat16: halfload.clh);
  * OP_AVG: INCLUDE_PAD (count_include_pad); tunable VW, RY (rows per work-item), WX WY (work-group).
  * get_global_id(2) is image * M + output channel. Average pools take the padding after the input as
  * arguments eh, ew: with count_include_pad a window counts the taps inside [-ph, H + eh) (ONNX; the part of a
@@ -24,6 +24,7 @@
 #define OP_AVG 2
 
 #include "vectors.clh"
+#include "halfload.clh"
 #define as_VU CAT(as_, VU)
 #if VW == 2
 #define VLOAD2W(p) vload4(0, p)
@@ -112,11 +113,17 @@ void window(const int H, const int W, const int OH, const int OW, const int C, c
     const int M = C * MULT, m = z % M;
     __global const T* X = (__global const T*)(x_ + ox_) + ((long)(z / M) * C + m / MULT) * H * W;
 #if OP == OP_CONV
-    __global const T* Wt = (__global const T*)(w_ + ow_) + m * KH * KW;
+    __global const WS* Wt = (__global const WS*)(w_ + ow_) + m * KH * KW;
     T wk[KH * KW];
+    int t0 = 0;
+#if WTYPE == 1  /* 8 converted at once (PoCL: vload_half16 ~20x faster per element than scalar vload_half) */
     UNROLL
-    for (int t = 0; t < KH * KW; t++)
-        wk[t] = Wt[t];
+    for (; t0 + 8 <= KH * KW; t0 += 8)
+        vstore8(vload_half8(0, Wt + t0), 0, wk + t0);
+#endif
+    UNROLL
+    for (int t = t0; t < KH * KW; t++)
+        wk[t] = WLOAD(Wt, t);
 #endif
     VT acc[RY];
     UNROLL
