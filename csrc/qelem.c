@@ -42,7 +42,12 @@ static int avx2(void) { return 0; }
 
 /* QuantizeLinear per tensor, float32 to 8 bits: saturate(round_half_even(x / scale) + zero_point), as
    backends/cpu/quant/linear.py computes it */
-int ctxrt_quantize(const linear8_args *p) {
+int ctxrt_quantize(const linear8_args *args) {
+    linear8_args q = *args;
+    const linear8_args *p = &q;
+    float v[2] = {q.scale, q.zp};
+    qsrc_read(&args->src, v, 2);
+    q.scale = v[0], q.zp = v[1];
     if (avx2()) quantize_avx2(p);
     else quantize_c(p);
     return 0;
@@ -73,13 +78,23 @@ int ctxrt_minmax(const float *x, int64_t n, float *out) {
 }
 
 /* DequantizeLinear per tensor, 8 bits to float32: (x - zero_point) * scale */
-int ctxrt_dequantize(const linear8_args *p) {
+int ctxrt_dequantize(const linear8_args *args) {
+    linear8_args q = *args;
+    const linear8_args *p = &q;
+    float v[2] = {q.scale, q.zp};
+    qsrc_read(&args->src, v, 2);
+    q.scale = v[0], q.zp = v[1];
     if (avx2()) dequantize_avx2(p);
     else dequantize_c(p);
     return 0;
 }
 
-int ctxrt_qadd(const qadd_args *p) {
+int ctxrt_qadd(const qadd_args *args) {
+    qadd_args q = *args;
+    const qadd_args *p = &q;
+    float v[6] = {q.sa, q.za, q.sb, q.zb, q.sc, q.zc};
+    qsrc_read(&args->src, v, 6);
+    q.sa = v[0], q.za = v[1], q.sb = v[2], q.zb = v[3], q.sc = v[4], q.zc = v[5];
     if (p->mul) {
         if (avx2()) qmul_avx2(p);
         else qmul_c(p);
@@ -133,7 +148,12 @@ int ctxrt_affine8(const affine8_args *p) {
 /* y[o, i] = sum over c of x[o, c, i], 8-bit x summed exactly in int32 (count < 2^31 / 255); then, q given, the
    global average pool's requantization: the float64 difference (exact) rounded to float32, times xs / (ys count)
    in float32, rounded half to even, offset, saturated */
-int ctxrt_sum8(const sum8_args *p) {
+int ctxrt_sum8(const sum8_args *args) {
+    sum8_args q = *args;
+    const sum8_args *p = &q;
+    float v[4] = {q.xs, q.xz, q.ys, q.yz};
+    qsrc_read(&args->src, v, 4);
+    q.xs = v[0], q.xz = v[1], q.ys = v[2], q.yz = v[3];
     if (p->is_signed) { SUM8_BODY(int8_t) }
     else { SUM8_BODY(uint8_t) }
     if (!p->q) return 0;

@@ -3,6 +3,26 @@
 #define CTXRT_QELEM_H
 #include <stdint.h>
 
+typedef struct {            /* where a launch's scales and zero points are at run time (they may be computed
+                               tensors): each NULL (the struct's float field is used as set) or a tensor's one value,
+                               read as each launch starts */
+    const void *at[6];
+    int64_t kinds;          /* 4 bits per entry (entry i at bit 4i): 0 float32, 1 int8, 2 uint8 */
+} qsrc;
+
+/* dst[i] = the value at src->at[i], as float, for each entry given */
+static inline void qsrc_read(const qsrc *src, float *dst, int count) {
+    for (int i = 0; i < count; i++) {
+        const void *at = src->at[i];
+        if (!at) continue;
+        switch ((src->kinds >> (4 * i)) & 15) {
+        case 1: dst[i] = (float)*(const int8_t *)at; break;
+        case 2: dst[i] = (float)*(const uint8_t *)at; break;
+        default: dst[i] = *(const float *)at;
+        }
+    }
+}
+
 typedef struct {
     int64_t n;              /* elements (a, b, y all of y's shape, contiguous) */
     const void *a, *b;      /* 8-bit integers (int8 or uint8, `is_signed`); b NULL: `fixed` instead */
@@ -15,6 +35,7 @@ typedef struct {
     int64_t is_signed;
     int64_t mul;            /* 1: QLinearMul, C = (A - A_zp)(B - B_zp) (A_scale B_scale / C_scale) + C_zp; B
                                of y's shape, or one value (period 1) */
+    qsrc src;               /* sa, za, sb, zb, sc, zc read at run time */
 } qadd_args;
 
 typedef struct {            /* QuantizeLinear (x float32, y 8 bits) and DequantizeLinear (x 8 bits, y float32) */
@@ -23,6 +44,7 @@ typedef struct {            /* QuantizeLinear (x float32, y 8 bits) and Dequanti
     void *y;
     float scale, zp;        /* per tensor (zp 0 where absent) */
     int64_t is_signed;      /* the 8-bit side: int8 (1) or uint8 (0) */
+    qsrc src;               /* scale, zp read at run time */
 } linear8_args;
 
 typedef struct {
@@ -78,6 +100,7 @@ typedef struct {            /* y[o, i] = sum over c of x[o, c, i]: 8-bit values 
                                xz) xs / (ys count)) + yz), as backends/cpu/quant/pool.py computes it */
     float xs, xz, ys, yz;
     int64_t q_signed;
+    qsrc src;               /* xs, xz, ys, yz read at run time */
 } sum8_args;
 
 #endif

@@ -297,3 +297,37 @@ def test_qlinear_binary_with_a_scalar_first_operand_is_native(op: str, monkeypat
     assert used[-1] is not None
     monkeypatch.setattr(elementwise, "_native_add", lambda *args: None)
     np.testing.assert_array_equal(got, harness.run_ctxrt(model, {"b": b}, "cpu")[0])
+
+
+@pytest.mark.parametrize("dt", T8, ids=lambda t: np.dtype(t).name)
+def test_fed_parameters_read_by_native_launches_in_a_batch(dt: object, monkeypatch) -> None:
+    """QuantizeLinear, QLinearAdd, QLinearMul, QLinearGlobalAveragePool and DequantizeLinear with their scales and
+    zero points fed at run time run as native launches (the kernels read the parameters themselves, so a graph
+    replays them in one batch): each run reads the values fed then (a second run with other scales differs), the
+    bytes the NumPy kernels give."""
+    from ctxrt.backends.cpu import native
+
+    if native.library() is None:
+        pytest.skip("the native extension is not built here")
+    x = harness.rand(1, 6, 5, 7, low=-3, high=3)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s0", "z0"], ["q"]),
+             helper.make_node("QLinearAdd", ["q", "s0", "z0", "q", "s1", "z1", "s2", "z2"], ["a"], domain=MS),
+             helper.make_node("QLinearMul", ["a", "s2", "z2", "q", "s0", "z0", "s1", "z1"], ["m"], domain=MS),
+             helper.make_node("QLinearGlobalAveragePool", ["m", "s1", "z1", "s0", "z0"], ["p"], domain=MS),
+             helper.make_node("DequantizeLinear", ["p", "s0", "z0"], ["y"])]
+    params = {"s0": np.float32(0.03), "z0": _zp(dt, 120), "s1": np.float32(0.05), "z1": _zp(dt, 140),
+              "s2": np.float32(0.07), "z2": _zp(dt, 100)}
+    feeds = {"x": x, **{k: np.asarray(v) for k, v in params.items()}}
+    model = qmodel(nodes, feeds, {}, opset=13)
+    other = {**feeds, "s0": np.asarray(np.float32(0.02)), "z1": np.asarray(_zp(dt, 130))}
+    with ctxrt.compile(model, backend="cpu") as ctx:
+        g = ctx.graph()
+        got = [np.array(g.run(f)["y"]) for f in (feeds, other)]
+        assert all(getattr(launch, "native", None) for launch in g._launches if launch is not None)
+    assert not np.array_equal(got[0], got[1])
+    monkeypatch.setattr(native, "read_params", lambda src, params: False)  # the NumPy kernels
+    with ctxrt.compile(model, backend="cpu") as ctx:
+        g = ctx.graph()
+        assert not any(getattr(launch, "native", None) for launch in g._launches if launch is not None)
+        for f, y in zip((feeds, other), got, strict=True):
+            np.testing.assert_array_equal(y, g.run(f)["y"])

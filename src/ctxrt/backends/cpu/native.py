@@ -91,20 +91,44 @@ class GemvArgs(ctypes.Structure):
                 ("accumulate", ctypes.c_int64), ("act", ctypes.c_int64), ("threads", ctypes.c_int64)]
 
 
+class QSrc(ctypes.Structure):
+    """csrc/qelem.h's qsrc: where a launch's scales and zero points are read at run time."""
+
+    _fields_ = [("at", ctypes.c_void_p * 6), ("kinds", ctypes.c_int64)]
+
+
+_QSRC_KINDS = {np.dtype(np.float32): 0, np.dtype(np.int8): 1, np.dtype(np.uint8): 2}
+
+
+def read_params(src: QSrc, params: list[np.ndarray | None]) -> bool:
+    """Point `src` at the one value of each parameter (None: the struct's own field stays as set), so the kernel
+    reads run-time scales and zero points itself: False (nothing set) where one is not a float32, int8 or uint8
+    scalar. The caller's launch must hold the arrays."""
+    if any(a is not None and (a.size != 1 or a.dtype not in _QSRC_KINDS) for a in params):
+        return False
+    kinds = 0
+    for i, a in enumerate(params):
+        if a is not None:
+            src.at[i] = a.ctypes.data
+            kinds |= _QSRC_KINDS[a.dtype] << (4 * i)
+    src.kinds = kinds
+    return True
+
+
 class QAddArgs(ctypes.Structure):
     """csrc/qelem.h's qadd_args."""
 
     _fields_ = [("n", ctypes.c_int64), ("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("fixed", ctypes.c_void_p),
                 ("period", ctypes.c_int64), ("y", ctypes.c_void_p),
                 *((f, ctypes.c_float) for f in ("sa", "za", "sb", "zb", "sc", "zc")),
-                ("is_signed", ctypes.c_int64), ("mul", ctypes.c_int64)]
+                ("is_signed", ctypes.c_int64), ("mul", ctypes.c_int64), ("src", QSrc)]
 
 
 class Linear8Args(ctypes.Structure):
     """csrc/qelem.h's linear8_args (QuantizeLinear and DequantizeLinear per tensor, 8 bits)."""
 
     _fields_ = [("n", ctypes.c_int64), ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("scale", ctypes.c_float),
-                ("zp", ctypes.c_float), ("is_signed", ctypes.c_int64)]
+                ("zp", ctypes.c_float), ("is_signed", ctypes.c_int64), ("src", QSrc)]
 
 
 class QMatMulArgs(ctypes.Structure):
@@ -143,7 +167,8 @@ class Sum8Args(ctypes.Structure):
 
     _fields_ = [*((f, ctypes.c_int64) for f in ("outer", "count", "inner")), ("x", ctypes.c_void_p),
                 ("y", ctypes.c_void_p), ("is_signed", ctypes.c_int64), ("q", ctypes.c_void_p),
-                *((f, ctypes.c_float) for f in ("xs", "xz", "ys", "yz")), ("q_signed", ctypes.c_int64)]
+                *((f, ctypes.c_float) for f in ("xs", "xz", "ys", "yz")), ("q_signed", ctypes.c_int64),
+                ("src", QSrc)]
 
 
 class IGemmArgs(ctypes.Structure):

@@ -134,16 +134,9 @@ def _native_add(a: np.ndarray, b: np.ndarray, y: np.ndarray, fixed: np.ndarray |
     args = native.QAddArgs(n=y.size, a=a.ctypes.data, b=None if fixed is not None else b.ctypes.data,
                            fixed=native.address(fixed), period=period, y=y.ctypes.data,
                            is_signed=int(y.dtype == np.int8), mul=int(mul))
-    ref, call = ctypes.byref(args), lib.ctxrt_qadd
-    sa, za, sb, zb, sc, zc = params  # run-time inputs in general: read at each run
-
-    def run(_keep: Any = (a, b, y, fixed)) -> None:
-        args.sa, args.sb, args.sc = sa.item(), sb.item(), sc.item()
-        args.za = 0.0 if za is None else za.item()
-        args.zb = 0.0 if zb is None else zb.item()
-        args.zc = 0.0 if zc is None else zc.item()
-        call(ref)
-    return run
+    if not native.read_params(args.src, params):  # run-time inputs in general: the kernel reads them each run
+        return None
+    return native.launch("ctxrt_qadd", args, (a, b, y, fixed, *params))
 
 
 def _fixed_b(spec: NodeSpec, mul: bool) -> np.ndarray | None:

@@ -216,13 +216,9 @@ def _native_linear(kind: str, x: np.ndarray, y: np.ndarray, q: np.ndarray, scale
     if zp is not None and (zp.size != 1 or zp.dtype != q.dtype):
         return None
     args = native.Linear8Args(n=y.size, x=x.ctypes.data, y=y.ctypes.data, is_signed=int(q.dtype == np.int8))
-    ref, call = ctypes.byref(args), getattr(lib, f"ctxrt_{kind}")
-
-    def run(_keep: Any = (x, y)) -> None:  # the scale and zero point may be run-time inputs: read at each run
-        args.scale = scale.item()
-        args.zp = 0.0 if zp is None else zp.item()
-        call(ref)
-    return run
+    if not native.read_params(args.src, [scale, zp]):  # may be run-time inputs: the kernel reads them each run
+        return None
+    return native.launch(f"ctxrt_{kind}", args, (x, y, scale, zp))
 
 
 def dequantize(spec: NodeSpec) -> Kernel:

@@ -8,7 +8,6 @@ ceil_mode, count_include_pad, dilations, 1-D to 3-D), and quantizes its output.
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import numpy as np
@@ -73,14 +72,8 @@ def global_avgpool(spec: NodeSpec) -> Kernel:
             args = native.Sum8Args(outer=n if last else n * c, count=count, inner=c if last else 1,
                                    x=src.ctypes.data, y=ints.ctypes.data, is_signed=int(src.dtype == np.int8),
                                    q=out.ctypes.data, q_signed=int(out.dtype == np.int8))
-            call, ref = lib.ctxrt_sum8, ctypes.byref(args)
-
-            def native_run(_keep: Any = (src, ints, out)) -> None:
-                args.xs, args.ys = xs.item(), ys.item()
-                args.xz = 0.0 if xz is None else xz.item()
-                args.yz = 0.0 if yz is None else yz.item()
-                call(ref)
-            return native_run
+            if native.read_params(args.src, [xs, xz, ys, yz]):  # the kernel reads them each run
+                return native.launch("ctxrt_sum8", args, (src, ints, out, xs, xz, ys, yz))
 
         def run() -> None:
             if ints is not None:  # summed as integers (converting each value to float64 was ~5x slower)
