@@ -77,6 +77,24 @@ int ctxrt_minmax(const float *x, int64_t n, float *out) {
     return 0;
 }
 
+/* DynamicQuantizeLinear in one call: the range, the scale and zero point as backends/cpu/quant/linear.py computes
+   them in float32 (a NaN in x leaves the range's ends at 0, as Python's min and max there), then the quantization */
+int ctxrt_dynquant(const dynquant_args *p) {
+    float span[2] = {0.0f, 0.0f};
+    if (p->n > 0) ctxrt_minmax(p->x, p->n, span);
+    const float lo = span[0] < 0.0f ? span[0] : 0.0f, hi = span[1] > 0.0f ? span[1] : 0.0f;
+    const float scale = hi == lo ? 1.0f : (hi - lo) / 255.0f;
+    float z = 0.0f - lo / scale;
+    z = z > 0.0f ? z : 0.0f;
+    z = nearbyintf(z < 255.0f ? z : 255.0f);
+    *p->scale = scale;
+    *p->zp = (uint8_t)z;
+    linear8_args q;
+    memset(&q, 0, sizeof q);
+    q.n = p->n, q.x = p->x, q.y = p->y, q.scale = scale, q.zp = z, q.is_signed = 0;
+    return ctxrt_quantize(&q);
+}
+
 /* DequantizeLinear per tensor, 8 bits to float32: (x - zero_point) * scale */
 int ctxrt_dequantize(const linear8_args *args) {
     linear8_args q = *args;

@@ -47,6 +47,14 @@ typedef struct {            /* QuantizeLinear (x float32, y 8 bits) and Dequanti
     qsrc src;               /* scale, zp read at run time */
 } linear8_args;
 
+typedef struct {            /* DynamicQuantizeLinear: y = uint8 quantization of x over [min(x, 0), max(x, 0)] */
+    int64_t n;
+    const float *x;
+    uint8_t *y;
+    float *scale;           /* out: the scale (1 where the range is 0) */
+    uint8_t *zp;            /* out: the zero point */
+} dynquant_args;
+
 typedef struct {
     int64_t batch, m, k, n;   /* batch matrices of A [m, k] and B [k, n], contiguous, the same count */
     const void *a, *b;        /* 8-bit integers; a_signed / b_signed say which */

@@ -293,6 +293,44 @@ def test_matmul_integer_by_constant_weights_on_vnni_is_exact(zero_point: str, m:
         want = (a.astype(np.int64) - za.astype(np.int64)) @ b.astype(np.int64)
 
 
+CONV_CASES = {"3x3 pad": dict(c=5, m=7, k=3, pads=[1, 1, 1, 1]), "1x1": dict(c=16, m=24, k=1),
+              "3x3 stride 2, asymmetric pads": dict(c=8, m=8, k=3, strides=[2, 2], pads=[0, 1, 1, 0]),
+              "depthwise 3x3": dict(c=12, m=12, k=3, group=12, pads=[1, 1, 1, 1]),
+              "grouped dilated": dict(c=8, m=6, k=3, group=2, dilations=[2, 2]), "5x5": dict(c=4, m=3, k=5)}
+
+
+@pytest.mark.parametrize("zero_point", ["none", "constant", "input"])
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_conv_integer_by_constant_weights_on_vnni_is_exact(zero_point: str, case: str) -> None:
+    """A dynamically quantized CNN's ConvInteger (u8 x, its zero point a run-time input; constant s8 weights) runs
+    on oneDNN's int8 convolution where the CPU has VNNI (exact int32 sums there; NCHW reordered to NHWC and back in
+    its launch), else on the float64 kernel; both give the exact sums at the types' extremes, padding counted as x's
+    zero point, and a zero point fed at run time read at each run."""
+    import ctxrt
+    from ctxrt.backends.cpu.onednn import api
+
+    p = dict(CONV_CASES[case])
+    c, m, k, group = p.pop("c"), p.pop("m"), p.pop("k"), p.get("group", 1)
+    rng = np.random.default_rng(c * m + k)
+    x = rng.integers(0, 256, (2, c, 9, 9)).astype(np.uint8)
+    w = rng.integers(-128, 128, (m, c // group, k, k)).astype(np.int8)
+    x[0, :, :4, :4], w[0] = 255, -128  # the largest products
+    zx = np.array(0 if zero_point == "none" else 7, np.uint8)
+    feeds = {"x": x, **({"xz": zx} if zero_point == "input" else {})}
+    inits = {"w": w, **({"xz": zx} if zero_point == "constant" else {})}
+    names = ["x", "w", *(["xz"] if zero_point != "none" else [])]
+    model = qmodel(helper.make_node("ConvInteger", names, ["y"], **p), feeds, inits, opset=10)
+    g = ctxrt.compile(model, backend="cpu").graph()
+    [algorithm] = [kern.algorithm for s, kern in zip(g.compiled.steps, g._kernels, strict=True)
+                   if s.op == "ConvInteger"]
+    assert algorithm.startswith("onednn:int8_conv") == (api.available() and api.has_vnni()), algorithm
+    for _ in range(2):
+        want = harness.reference(model, feeds)[0]
+        np.testing.assert_array_equal(g.run(feeds)["y"], want)
+        zx = np.array(200, np.uint8) if zero_point == "input" else zx
+        feeds = {"x": x, **({"xz": zx} if zero_point == "input" else {})}
+
+
 def test_matmul_integer_native_declines_sums_past_int32() -> None:
     """K |A - za| |B - zb| of 2^31 or more (u8 by s8 without zero points: 255 x 128 a product): the float64 GEMM,
     not the int32 kernel."""

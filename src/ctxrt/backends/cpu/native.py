@@ -131,6 +131,13 @@ class Linear8Args(ctypes.Structure):
                 ("zp", ctypes.c_float), ("is_signed", ctypes.c_int64), ("src", QSrc)]
 
 
+class DynQuantArgs(ctypes.Structure):
+    """csrc/qelem.h's dynquant_args (DynamicQuantizeLinear)."""
+
+    _fields_ = [("n", ctypes.c_int64), ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("scale", ctypes.c_void_p),
+                ("zp", ctypes.c_void_p)]
+
+
 class QMatMulArgs(ctypes.Structure):
     """csrc/qelem.h's qmatmul_args."""
 
@@ -226,15 +233,13 @@ def _load() -> ctypes.CDLL | None:
 
 def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
-    for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "qmatmul",
+    for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "dynquant", "qmatmul",
                  "igemm", "swish", "lstm", "ln_rows", "softmax_rows", "lut8", "affine8", "act", "sum8", "ew",
                  "batch", "dnnl"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     lib.ctxrt_nbits4_dequantize.restype = ctypes.c_int
-    lib.ctxrt_minmax.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
-    lib.ctxrt_minmax.restype = ctypes.c_int
     lib.ctxrt_isa.argtypes, lib.ctxrt_isa.restype = [], ctypes.c_char_p
 
 

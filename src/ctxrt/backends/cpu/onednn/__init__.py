@@ -20,7 +20,7 @@ LAYOUT_OPS: dict[str, KernelFactory] = {
 PLAIN_OPS: dict[str, KernelFactory] = {"MatMul": matmul.matmul, "Gemm": matmul.matmul, "Softmax": kernels.softmax,
                                        "LayerNormalization": kernels.layernorm, "QLinearMatMul": int8.qmatmul,
                                        "QGemm": int8.qmatmul, "QLinearConv": int8.qconv,
-                                       "MatMulInteger": int8.matmul_integer}
+                                       "MatMulInteger": int8.matmul_integer, "ConvInteger": int8.conv_integer}
 KERNELS = {**LAYOUT_OPS, **PLAIN_OPS}
 # Element-wise ops it runs whatever their layout, chosen by the kernel table itself (registry.py), not the layout
 # pass: NumPy's kernel where oneDNN declines (another dtype) or is not installed.

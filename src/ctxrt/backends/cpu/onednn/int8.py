@@ -153,8 +153,8 @@ def qmatmul(spec: NodeSpec) -> Kernel:
 
 
 class _IntegerMatMul(OneDnnKernel):
-    """MatMulInteger on oneDNN's u8 x s8 -> s32 matmul: A's zero point (a run-time input, u8) copied as int32 into
-    the held value the primitive reads before each launch."""
+    """MatMulInteger (ConvInteger) on oneDNN's u8 x s8 -> s32 matmul (convolution): A's zero point (a run-time
+    input, u8) copied as int32 into the held value the primitive reads before each launch."""
 
     zp_input: int | None = None  # input position of A's run-time zero point
 
@@ -232,7 +232,7 @@ class Int8Conv(Kernel):
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Callable[[], None]:
         src = scratch[0] if self.into is not None else ins[0]
         dst = scratch[1] if self.back is not None else outs[0]
-        conv = self.conv.bind([src], [dst], scratch[2:])
+        conv = self.conv.bind([src, *ins[1:]], [dst], scratch[2:])  # the other inputs: a run-time zero point
         into = self.into.bind([ins[0]], [src], []) if self.into is not None else None
         back = self.back.bind([dst], [outs[0]], []) if self.back is not None else None
 
@@ -284,9 +284,14 @@ def qconv(spec: NodeSpec) -> Kernel:
             *extra]
     conv = OneDnnKernel(spec, prim, args, "int8_conv", variant=make)
     conv.held = held
+    return _nhwc(spec, conv, mds, src is PLAIN and x[2] * x[3] > 1, dst is PLAIN and y[2] * y[3] > 1)
+
+
+def _nhwc(spec: NodeSpec, conv: OneDnnKernel, mds: dict[str, api.Desc], into: bool, back: bool) -> Kernel:
+    """The NHWC primitive `conv` with, where its input (`into`) or output (`back`) is NCHW, a reorder from or to it
+    (`mds`: "x" and "y" NCHW, "src" and "dst" NHWC); a plain side of one pixel per image holds NHWC's bytes."""
     kernels: list[OneDnnKernel | None] = []
-    # a plain side of one pixel per image holds NHWC's bytes already
-    for a, b, plain in (("x", "src", src is PLAIN and x[2] * x[3] > 1), ("dst", "y", dst is PLAIN and y[2] * y[3] > 1)):
+    for a, b, plain in (("x", "src", into), ("dst", "y", back)):
         if not plain:
             kernels.append(None)
             continue
@@ -294,8 +299,63 @@ def qconv(spec: NodeSpec) -> Kernel:
         kernels.append(OneDnnKernel(spec, mk(), [(api.ARG_FROM, "in", 0, mds[a]), (api.ARG_TO, "out", 0, mds[b])],
                                     "reorder", variant=mk))
     if any(k is not None and k.scratch for k in kernels):
-        raise UnsupportedOpError(f"QLinearConv {spec.name!r}: oneDNN's NHWC reorders here would need a scratchpad")
-    into, back = kernels
-    if into is None and back is None:
+        raise UnsupportedOpError(f"{spec.op} {spec.name!r}: oneDNN's NHWC reorders here would need a scratchpad")
+    first, last = kernels
+    if first is None and last is None:
         return conv
-    return Int8Conv(into, conv, back, (mds["src"].nbytes if into else 0, mds["dst"].nbytes if back else 0))
+    return Int8Conv(first, conv, last, (mds["src"].nbytes if first else 0, mds["dst"].nbytes if last else 0))
+
+
+def conv_integer(spec: NodeSpec) -> Kernel:
+    """ConvInteger (2-D, NCHW) of u8 x by constant s8 weights (zero point 0) where oneDNN has VNNI, its int32 sums
+    exact there: oneDNN's NHWC u8 x s8 -> s32 convolution between reorders. x's zero point per tensor, a constant
+    or a run-time input (DynamicQuantizeLinear's), copied into the primitive's value before each launch."""
+    api.require(f"ConvInteger {spec.name!r}")
+    what = f"ConvInteger {spec.name!r}"
+    if not api.has_vnni():
+        raise UnsupportedOpError(f"{what}: without VNNI oneDNN's int8 sums saturate: the exact NumPy kernel runs")
+    w = spec.consts[1] if len(spec.consts) > 1 else None
+    xs = tuple(spec.inputs[0].shape)
+    if len(xs) != 4 or np.dtype(spec.inputs[0].dtype) != np.uint8 or w is None or w.dtype != np.int8 or \
+            w.ndim != 4 or np.dtype(spec.outputs[0].dtype) != np.int32:
+        raise UnsupportedOpError(f"{what}: oneDNN here convolves 2-D u8 activations by constant s8 weights")
+    wzp = spec.consts[3] if len(spec.consts) > 3 else None
+    if len(spec.inputs) > 3 and spec.inputs[3] is not None and (wzp is None or np.any(wzp)):
+        raise UnsupportedOpError(f"{what}: oneDNN int8 kernels need symmetric weights (zero point 0)")
+    has_zp = len(spec.inputs) > 2 and spec.inputs[2] is not None
+    if has_zp and math.prod(spec.inputs[2].shape) != 1:
+        raise UnsupportedOpError(f"{what}: x's zero point must be per tensor")
+    m, cg, kh, kw = (int(d) for d in w.shape)
+    if cg * kh * kw * 255 * 128 >= 2**31:  # its int32 sums (x's zero point subtracted after) could wrap
+        raise UnsupportedOpError(f"{what}: {cg * kh * kw} products a sum: int32 sums could overflow")
+    g = int(spec.attr("group", 1))
+    y = tuple(spec.outputs[0].shape)
+    strides, dil, pb, pe = _window(spec, xs, y, (kh, kw))
+    wdims = (m, cg, kh, kw) if g == 1 else (g, m // g, cg, kh, kw)
+    mds = {"x": api.Desc.make(xs, "abcd", api.U8), "y": api.Desc.make(y, "abcd", api.S32),
+           "src": api.Desc.make(xs, "acdb", api.U8), "dst": api.Desc.make(y, "acdb", api.S32)}
+    attr = api.Attr(zero_points={api.ARG_SRC: 0} if has_zp else None)
+    w_any = api.Desc.make(wdims, api.TAG_ANY, api.S8)
+
+    def make(nthr: int | None = None) -> api.Primitive:
+        return create(spec, "convolution_forward", api.FORWARD_INFERENCE, api.CONVOLUTION_DIRECT, mds["src"].handle,
+                      w_any.handle, None, mds["dst"].handle, api.Dims(*strides), api.Dims(*dil), api.Dims(*pb),
+                      api.Dims(*pe), attr=attr, nthr=nthr)
+
+    prim = make()
+    reject_reference(prim, spec)
+    w_md = prim.md(api.Q_WEIGHTS_MD)
+    packed = np.zeros(0, np.int8) if spec.options.get("probe") else \
+        _prepack(w, wdims, "abcd" if g == 1 else "abcde", w_md)
+    zp = np.zeros(1, np.int32)
+    const_zp = spec.consts[2] if has_zp and len(spec.consts) > 2 else None
+    if const_zp is not None:
+        zp[0] = int(const_zp.reshape(-1)[0])
+    args = [(api.ARG_SRC, "in", 0, mds["src"]), (api.ARG_WEIGHTS, "held", 0, w_md),
+            (api.ARG_DST, "out", 0, mds["dst"])]
+    if has_zp:
+        args.append((_ZP | api.ARG_SRC, "held", 1, api.Desc.make((1,), "a", api.S32)))
+    conv = _IntegerMatMul(spec, prim, args, "int8_conv", variant=make)
+    conv.held = [packed, zp]
+    conv.zp_input = 2 if has_zp and const_zp is None else None
+    return _nhwc(spec, conv, mds, xs[2] * xs[3] > 1, y[2] * y[3] > 1)

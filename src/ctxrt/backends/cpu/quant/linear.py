@@ -12,7 +12,6 @@ reaches DequantizeLinear packed two a byte (ctxrt.dtypes) and is unpacked as the
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 import ml_dtypes
@@ -275,29 +274,19 @@ def dynamic_quantize(spec: NodeSpec) -> Kernel:
         x, (y, ys, yz) = ins[0], outs
         t = scratch_view(scratch[0], shape, F32)
         flat = x.reshape(-1)
-        lib = native.library()
-        fast = lib is not None and x.flags.c_contiguous and y.flags.c_contiguous
-        args = native.Linear8Args(n=y.size, x=x.ctypes.data, y=y.ctypes.data, is_signed=0) if fast else None
-        ref = ctypes.byref(args) if fast else None
-        span = np.zeros(2, F32)  # min(x), max(x): one native pass where the extension is built
-        where = (args.x, flat.size, span.ctypes.data) if fast and flat.size else None
-        minmax = (lambda: lib.ctxrt_minmax(*where)) if where is not None else None
+        if native.library() is not None and x.flags.c_contiguous and y.flags.c_contiguous and \
+                ys.dtype == F32 and yz.dtype == np.uint8:  # the whole op in one native call (csrc/qelem.c)
+            args = native.DynQuantArgs(n=y.size, x=x.ctypes.data, y=y.ctypes.data, scale=ys.ctypes.data,
+                                       zp=yz.ctypes.data)
+            return native.launch("ctxrt_dynquant", args, (x, y, ys, yz))
 
         def run() -> None:
-            if minmax is not None:
-                minmax()
-                lo, hi = f(min(f(0), span[0])), f(max(f(0), span[1]))
-            else:
-                hi = f(max(f(0), np.maximum.reduce(flat))) if flat.size else f(0)
-                lo = f(min(f(0), np.minimum.reduce(flat))) if flat.size else f(0)
+            hi = f(max(f(0), np.maximum.reduce(flat))) if flat.size else f(0)
+            lo = f(min(f(0), np.minimum.reduce(flat))) if flat.size else f(0)
             scale = f(1) if hi == lo else f(hi - lo) / f(255)
             zp = np.rint(min(f(255), max(f(0), f(0) - lo / scale)))
             ys[...] = scale
             yz[...] = zp
-            if fast:  # the same division, rounding, offset and saturation in one native pass (csrc/qelem.c)
-                args.scale, args.zp = float(scale), float(zp)
-                lib.ctxrt_quantize(ref)
-                return
             np.divide(x, scale, out=t)
             quantize_into(t, zp, f(0), f(255), y)
         return run
