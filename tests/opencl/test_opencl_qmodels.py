@@ -1,7 +1,6 @@
 """Quantized models on the OpenCL device: the small CNN and transformer block of tests/models/test_quantized.py,
 quantized by onnxruntime's own tools (QDQ per tensor and per channel, QOperator, dynamic), compiled for OpenCL.
-Every step runs on the device (the integer kernels of backends/opencl/quant/; only a QOperator model's
-QLinearSoftmax stays on the CPU), the weights
+Every step runs on the device (the integer kernels of backends/opencl/quant/: no CPU partition), the weights
 uploaded to the device are the 8-bit ones (about a quarter of the float model's), and the output is the CPU
 backend's within one quantization step of the output (onnxruntime's within a step too). A context binary made for
 OpenCL gives the same bytes when loaded."""
@@ -22,8 +21,6 @@ pytestmark = pytest.mark.usefixtures("opencl")
 pytest.importorskip("onnxruntime.quantization")
 
 KINDS = ["QDQ-tensor", "QDQ-channel", "QOperator-channel", "dynamic"]
-# What still runs on the CPU: the QOperator format's QLinearSoftmax (no OpenCL kernel: docs/opencl.md)
-ON_CPU = {("block", "QOperator-channel"): {"QLinearSoftmax": 1}}
 
 
 def _cpu_steps(g: ctxrt.Graph) -> dict[str, int]:
@@ -46,7 +43,7 @@ def test_quantized_model_runs_on_the_device(tmp_path: Path, name: str, kind: str
         want = ctx.graph().run(feeds)["y"]
     with ctxrt.compile(path, backend="opencl") as ctx:
         g = ctx.graph()
-        assert _cpu_steps(g) == ON_CPU.get((name, kind), {}), g.partitions
+        assert _cpu_steps(g) == {}, g.partitions
         got = g.run(feeds)["y"]
         uploaded = ctx.stats["weights_uploaded_bytes"]
     step = _step(path)

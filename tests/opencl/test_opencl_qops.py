@@ -566,3 +566,24 @@ def test_every_candidate_computes_what_the_default_does(name) -> None:
                 np.testing.assert_array_equal(g, w, err_msg=str(params))
     finally:
         bench.close()
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("opset, axis", [(13, -1), (13, 1), (1, 1)])
+def test_qlinear_softmax_on_the_device(dtype, opset, axis) -> None:
+    """QLinearSoftmax (a QOperator model's): dequantized into scratch, the float Softmax, quantized, all on the
+    device; within a step of the CPU backend (their exponentials' last bits differ) and of onnxruntime."""
+    zp = np.array(128 if dtype == np.uint8 else 0, dtype)
+    x = ints(dtype, 2, 3, 37)
+    inits = {"xs": np.float32(0.05), "xz": zp, "ys": np.float32(1 / 256),
+             "yz": np.array(0 if dtype == np.uint8 else -128, dtype)}
+    model = qmodel(helper.make_node("QLinearSoftmax", ["x", "xs", "xz", "ys", "yz"], ["y"], domain=MS,
+                                    opset=opset, axis=axis), {"x": x}, inits, opset=13)
+    with ctxrt.compile(model, backend="cpu") as ctx:
+        want = ctx.graph().run({"x": x})["y"]
+    with ctxrt.compile(model, backend="opencl") as ctx:
+        g = ctx.graph()
+        assert [p["backend"] for p in g.partitions] == ["opencl"], g.partitions
+        got = g.run({"x": x})["y"]
+    assert_ints(got, want, within=1, rare=0.05)
+    assert_ints(got, ort_outputs(model, {"x": x}, [dtype])[0], within=1, rare=0.05)

@@ -25,7 +25,9 @@ import numpy as np
 from ctxrt.backends.kernel import Launch, NodeSpec, TensorSpec
 from ctxrt.backends.opencl.elementwise import MAX_RANK, collapse
 from ctxrt.backends.opencl.kernel import ClKernel, Space
+from ctxrt.backends.opencl.memory import ClTensor
 from ctxrt.backends.opencl.program import ProgramKey
+from ctxrt.backends.opencl.reduce import Softmax as FloatSoftmax
 from ctxrt.backends.opencl.spatial import Window, window
 from ctxrt.errors import UnsupportedOpError
 
@@ -539,6 +541,48 @@ def _end_pads(spec: NodeSpec, kernel: tuple[int, ...]) -> tuple[int, int]:
     return (0, ends[0]) if nd == 1 else (ends[0], ends[1])
 
 
+class Softmax(QuantKernel):
+    """QLinearSoftmax (com.microsoft; the `opset` attribute picks Softmax-1's coerced 2-D or Softmax-13's axis) as
+    the CPU computes it: x dequantized into float32 scratch, the float Softmax (rows.cl) in place, quantized into y;
+    within a step of the CPU (the exponentials' last bits)."""
+
+    def __init__(self, spec: NodeSpec, backend: Any, params: Any = None) -> None:
+        super().__init__(spec, backend, params)
+        x, y = spec.inputs[0], spec.outputs[0]
+        if _dt(x) not in EIGHT or _dt(y) != _dt(x) or not all(_given(spec, i) for i in (1, 3)):
+            raise decline(spec, f"{_dt(x)} to {_dt(y)}")
+        shape, f32 = tuple(x.shape), TensorSpec(tuple(x.shape), F32)
+        params = [spec.inputs[i] if _given(spec, i) else None for i in range(1, 5)]
+        if any(t is not None and _size(t.shape) != 1 for t in params):
+            raise decline(spec, "parameters of more than one value")
+        attrs = {} if spec.attr("axis") is None else {"axis": int(spec.attr("axis"))}
+        opset = int(spec.attr("opset", 13))
+        self.parts = (
+            Linear(NodeSpec("DequantizeLinear", spec.name, {}, [x, params[0], params[1]], [f32], [None] * 3, 13, {}),
+                   backend),
+            FloatSoftmax(NodeSpec("Softmax", spec.name, attrs, [f32], [f32], [None], opset, {}), backend),
+            Linear(NodeSpec("QuantizeLinear", spec.name, {}, [f32, params[2], params[3]], [y], [None] * 3, 13, {}),
+                   backend))
+        self.shape = shape
+        self.scratch = (_size(shape) * 4,)
+
+    @property
+    def programs(self) -> tuple[ProgramKey, ...]:  # type: ignore[override]
+        return tuple(dict.fromkeys(key for part in self.parts for key in part.programs))
+
+    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        t = ClTensor(scratch[0].buffer, scratch[0].offset, self.shape, F32)
+        deq, soft, quant = self.parts
+        launches = (deq.bind([ins[0], ins[1], _in(ins, 2)], [t], []), soft.bind([t], [t], []),
+                    quant.bind([t, ins[3], _in(ins, 4)], [outs[0]], []))
+
+        def run() -> Any:
+            for launch in launches[:-1]:
+                launch()
+            return launches[-1]()
+        return run
+
+
 def _make(cls: type[ClKernel]) -> Callable[[NodeSpec, Any], ClKernel]:
     def factory(spec: NodeSpec, backend: Any) -> ClKernel:
         return cls(spec, backend)
@@ -554,5 +598,5 @@ KERNELS: dict[str, Callable[[NodeSpec, Any], ClKernel]] = {
     "QLinearAdd": _make(Binary), "QLinearMul": _make(Binary), "QLinearLookup": _make(Lookup),
     "QLinearSigmoid": _make(UnaryTable), "QLinearLeakyRelu": _make(UnaryTable),
     "QLinearConcat": _make(Concat), "QLinearGlobalAveragePool": _make(GlobalAvgPool),
-    "QLinearAveragePool": _make(Pool),
+    "QLinearAveragePool": _make(Pool), "QLinearSoftmax": _make(Softmax),
 }
