@@ -167,3 +167,20 @@ def test_a_shape_computed_from_data_is_refused_with_its_node(tmp_path) -> None:
                 [vi("x", T.FLOAT, [6])], [vi("y", T.FLOAT, None)], {"zero": np.array([0], np.int64)})
     with pytest.raises(UnsupportedOpError, match=r"Reshape node 'rs': input 'shape' \('s'\) is computed at run time"):
         ctxrt.compile(path)
+
+
+def test_a_window_larger_than_its_padded_input_is_a_shape_error(capsys, tmp_path) -> None:
+    """A Conv whose kernel exceeds its padded input (onnx infers a negative dim): one ShapeError naming the value
+    and its node, from the API and as the CLI's one line (exit 2), not an arena planner's error."""
+    w = numpy_helper.from_array(np.ones((4, 3, 7, 7), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="too_wide")], "g",
+                              [helper.make_tensor_value_info("x", T.FLOAT, [1, 3, 5, 5])],
+                              [helper.make_tensor_value_info("y", T.FLOAT, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ShapeError, match=r"'y' made by node 'too_wide' \(Conv\) would have the negative shape"):
+        ctxrt.compile(model)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    assert cli(["run", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "negative shape" in err[0], err

@@ -172,6 +172,12 @@ class Folder:
             if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
                 shape = tuple(d.dim_value for d in tt.shape.dim)
             dt = np_dtype(tt.elem_type, f"value {vi.name!r}")
+            if shape is not None and any(d < 0 for d in shape):  # onnx infers e.g. a window past its input
+                node = next((n for n in self.nodes if vi.name in n.output), None)
+                by = "" if node is None else f" made by node {node.name!r} ({node.op_type})" if node.name else \
+                    f" made by a {node.op_type} node"
+                raise ShapeError(f"value {vi.name!r}{by} would have the negative shape {list(shape)}{self._in()} "
+                                 "(a kernel larger than its padded input?)")
             if shape is not None:
                 check_size(f"value {vi.name!r} at these input shapes", dt, shape)
             self.types[vi.name] = (dt, shape)
