@@ -74,8 +74,8 @@ def _params(spec: NodeSpec, dt: np.dtype) -> tuple[Any, Any]:
         return dt.type(np.float32(spec.attr("alpha", 0.01))), dt.type(0)
     if spec.op == "HardSigmoid":
         return dt.type(np.float32(spec.attr("alpha", 0.2))), dt.type(np.float32(spec.attr("beta", 0.5)))
-    if spec.op == "HardSwish":  # x HardSigmoid(x) with alpha 1/6, beta 0.5 (no attributes)
-        return dt.type(np.float32(1 / 6)), dt.type(0.5)
+    if spec.op == "HardSwish":  # x HardSigmoid(x): ONNX's alpha 1/6, beta 0.5; a fused HardSigmoid x x's own
+        return dt.type(np.float32(spec.attr("alpha", 1 / 6))), dt.type(np.float32(spec.attr("beta", 0.5)))
     return dt.type(0), dt.type(0)
 
 
