@@ -170,6 +170,38 @@ class _IntegerMatMul(OneDnnKernel):
         return launch
 
 
+def _integer_checks(spec: NodeSpec, what: str, terms: int) -> bool:
+    """MatMulInteger's and ConvInteger's conditions for oneDNN (VNNI, constant s8 weights with zero point 0, A's
+    zero point per tensor, `terms` products a sum that int32 holds); whether A has a zero point."""
+    if not api.has_vnni():
+        raise UnsupportedOpError(f"{what}: without VNNI oneDNN's int8 sums saturate: the exact kernel runs")
+    wzp = spec.consts[3] if len(spec.consts) > 3 else None
+    if len(spec.inputs) > 3 and spec.inputs[3] is not None and (wzp is None or np.any(wzp)):
+        raise UnsupportedOpError(f"{what}: oneDNN int8 kernels need symmetric weights (zero point 0)")
+    has_zp = len(spec.inputs) > 2 and spec.inputs[2] is not None
+    if has_zp and math.prod(spec.inputs[2].shape) != 1:
+        raise UnsupportedOpError(f"{what}: the activations' zero point must be per tensor")
+    if terms * 255 * 128 >= 2**31:  # the int32 sums (the zero point subtracted after) could wrap
+        raise UnsupportedOpError(f"{what}: {terms} products a sum: int32 sums could overflow")
+    return has_zp
+
+
+def _integer_kernel(spec: NodeSpec, prim: api.Primitive, args: list[Any], packed: np.ndarray, has_zp: bool,
+                    algorithm: str, make: Callable[..., api.Primitive]) -> _IntegerMatMul:
+    """The kernel of MatMulInteger's or ConvInteger's primitive: the prepacked weights held, and A's zero point (a
+    constant, or the run-time input 2 copied in before each launch) as the primitive's int32 value."""
+    zp = np.zeros(1, np.int32)
+    const_zp = spec.consts[2] if has_zp and len(spec.consts) > 2 else None
+    if const_zp is not None:
+        zp[0] = int(const_zp.reshape(-1)[0])
+    if has_zp:
+        args = [*args, (_ZP | api.ARG_SRC, "held", 1, api.Desc.make((1,), "a", api.S32))]
+    kernel = _IntegerMatMul(spec, prim, args, algorithm, variant=make)
+    kernel.held = [packed, zp]
+    kernel.zp_input = 2 if has_zp and const_zp is None else None
+    return kernel
+
+
 def matmul_integer(spec: NodeSpec) -> Kernel:
     """MatMulInteger of u8 A by constant s8 B (zero point 0) where oneDNN has VNNI: its int32 sums of u8 x s8
     products are exact there (without VNNI it sums pairs in saturating int16: csrc/qelem.c's exact GEMM runs
@@ -178,20 +210,11 @@ def matmul_integer(spec: NodeSpec) -> Kernel:
     what = f"{spec.op} {spec.name!r}"
     a = spec.inputs[0]
     w = spec.consts[1] if len(spec.consts) > 1 else None
-    if not api.has_vnni():
-        raise UnsupportedOpError(f"{what}: without VNNI oneDNN's int8 sums saturate: the exact native GEMM runs")
     if np.dtype(a.dtype) != np.uint8 or w is None or w.dtype != np.int8 or w.ndim != 2 or len(a.shape) < 2 or \
             a.shape[-1] != w.shape[0] or np.dtype(spec.outputs[0].dtype) != np.int32:
         raise UnsupportedOpError(f"{what}: oneDNN here multiplies u8 activations by constant 2-D s8 weights")
-    wzp = spec.consts[3] if len(spec.consts) > 3 else None
-    if len(spec.inputs) > 3 and spec.inputs[3] is not None and (wzp is None or np.any(wzp)):
-        raise UnsupportedOpError(f"{what}: oneDNN int8 kernels need symmetric weights (zero point 0)")
-    has_zp = len(spec.inputs) > 2 and spec.inputs[2] is not None
-    if has_zp and math.prod(spec.inputs[2].shape) != 1:
-        raise UnsupportedOpError(f"{what}: A's zero point must be per tensor")
     k, n = (int(d) for d in w.shape)
-    if k * 255 * 128 >= 2**31:  # its int32 sums of A B (A's zero point subtracted after) could wrap
-        raise UnsupportedOpError(f"{what}: K = {k}: int32 sums could overflow")
+    has_zp = _integer_checks(spec, what, k)
     rows = math.prod(a.shape[:-1])
     src_md, dst_md = api.Desc.make((rows, k), "ab", api.U8), api.Desc.make((rows, n), "ab", api.S32)
     attr = api.Attr(zero_points={api.ARG_SRC: 0} if has_zp else None)
@@ -204,17 +227,8 @@ def matmul_integer(spec: NodeSpec) -> Kernel:
     reject_reference(prim, spec)
     w_md = prim.md(api.Q_WEIGHTS_MD)
     packed = np.zeros(0, np.int8) if spec.options.get("probe") else _prepack(w, (k, n), "ab", w_md)
-    zp = np.zeros(1, np.int32)
-    const_zp = spec.consts[2] if has_zp and len(spec.consts) > 2 else None
-    if const_zp is not None:
-        zp[0] = int(const_zp.reshape(-1)[0])
     args = [(api.ARG_SRC, "in", 0, src_md), (api.ARG_WEIGHTS, "held", 0, w_md), (api.ARG_DST, "out", 0, dst_md)]
-    if has_zp:
-        args.append((_ZP | api.ARG_SRC, "held", 1, api.Desc.make((1,), "a", api.S32)))
-    kernel = _IntegerMatMul(spec, prim, args, "int8_matmul", variant=make)
-    kernel.held = [packed, zp]
-    kernel.zp_input = 2 if has_zp and const_zp is None else None
-    return kernel
+    return _integer_kernel(spec, prim, args, packed, has_zp, "int8_matmul", make)
 
 
 class Int8Conv(Kernel):
@@ -312,22 +326,13 @@ def conv_integer(spec: NodeSpec) -> Kernel:
     or a run-time input (DynamicQuantizeLinear's), copied into the primitive's value before each launch."""
     api.require(f"ConvInteger {spec.name!r}")
     what = f"ConvInteger {spec.name!r}"
-    if not api.has_vnni():
-        raise UnsupportedOpError(f"{what}: without VNNI oneDNN's int8 sums saturate: the exact NumPy kernel runs")
     w = spec.consts[1] if len(spec.consts) > 1 else None
     xs = tuple(spec.inputs[0].shape)
     if len(xs) != 4 or np.dtype(spec.inputs[0].dtype) != np.uint8 or w is None or w.dtype != np.int8 or \
             w.ndim != 4 or np.dtype(spec.outputs[0].dtype) != np.int32:
         raise UnsupportedOpError(f"{what}: oneDNN here convolves 2-D u8 activations by constant s8 weights")
-    wzp = spec.consts[3] if len(spec.consts) > 3 else None
-    if len(spec.inputs) > 3 and spec.inputs[3] is not None and (wzp is None or np.any(wzp)):
-        raise UnsupportedOpError(f"{what}: oneDNN int8 kernels need symmetric weights (zero point 0)")
-    has_zp = len(spec.inputs) > 2 and spec.inputs[2] is not None
-    if has_zp and math.prod(spec.inputs[2].shape) != 1:
-        raise UnsupportedOpError(f"{what}: x's zero point must be per tensor")
     m, cg, kh, kw = (int(d) for d in w.shape)
-    if cg * kh * kw * 255 * 128 >= 2**31:  # its int32 sums (x's zero point subtracted after) could wrap
-        raise UnsupportedOpError(f"{what}: {cg * kh * kw} products a sum: int32 sums could overflow")
+    has_zp = _integer_checks(spec, what, cg * kh * kw)
     g = int(spec.attr("group", 1))
     y = tuple(spec.outputs[0].shape)
     strides, dil, pb, pe = _window(spec, xs, y, (kh, kw))
@@ -347,15 +352,7 @@ def conv_integer(spec: NodeSpec) -> Kernel:
     w_md = prim.md(api.Q_WEIGHTS_MD)
     packed = np.zeros(0, np.int8) if spec.options.get("probe") else \
         _prepack(w, wdims, "abcd" if g == 1 else "abcde", w_md)
-    zp = np.zeros(1, np.int32)
-    const_zp = spec.consts[2] if has_zp and len(spec.consts) > 2 else None
-    if const_zp is not None:
-        zp[0] = int(const_zp.reshape(-1)[0])
     args = [(api.ARG_SRC, "in", 0, mds["src"]), (api.ARG_WEIGHTS, "held", 0, w_md),
             (api.ARG_DST, "out", 0, mds["dst"])]
-    if has_zp:
-        args.append((_ZP | api.ARG_SRC, "held", 1, api.Desc.make((1,), "a", api.S32)))
-    conv = _IntegerMatMul(spec, prim, args, "int8_conv", variant=make)
-    conv.held = [packed, zp]
-    conv.zp_input = 2 if has_zp and const_zp is None else None
+    conv = _integer_kernel(spec, prim, args, packed, has_zp, "int8_conv", make)
     return _nhwc(spec, conv, mds, xs[2] * xs[3] > 1, y[2] * y[3] > 1)
