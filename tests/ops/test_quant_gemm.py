@@ -293,14 +293,14 @@ def test_matmul_integer_by_constant_weights_on_vnni_is_exact(zero_point: str, m:
         want = (a.astype(np.int64) - za.astype(np.int64)) @ b.astype(np.int64)
 
 
-CONV_CASES = {"3x3 pad": dict(c=5, m=7, k=3, pads=[1, 1, 1, 1]), "1x1": dict(c=16, m=24, k=1),
+VNNI_CONV_CASES = {"3x3 pad": dict(c=5, m=7, k=3, pads=[1, 1, 1, 1]), "1x1": dict(c=16, m=24, k=1),
               "3x3 stride 2, asymmetric pads": dict(c=8, m=8, k=3, strides=[2, 2], pads=[0, 1, 1, 0]),
               "depthwise 3x3": dict(c=12, m=12, k=3, group=12, pads=[1, 1, 1, 1]),
               "grouped dilated": dict(c=8, m=6, k=3, group=2, dilations=[2, 2]), "5x5": dict(c=4, m=3, k=5)}
 
 
 @pytest.mark.parametrize("zero_point", ["none", "constant", "input"])
-@pytest.mark.parametrize("case", CONV_CASES)
+@pytest.mark.parametrize("case", VNNI_CONV_CASES)
 def test_conv_integer_by_constant_weights_on_vnni_is_exact(zero_point: str, case: str) -> None:
     """A dynamically quantized CNN's ConvInteger (u8 x, its zero point a run-time input; constant s8 weights) runs
     on oneDNN's int8 convolution where the CPU has VNNI (exact int32 sums there; NCHW reordered to NHWC and back in
@@ -309,7 +309,7 @@ def test_conv_integer_by_constant_weights_on_vnni_is_exact(zero_point: str, case
     import ctxrt
     from ctxrt.backends.cpu.onednn import api
 
-    p = dict(CONV_CASES[case])
+    p = dict(VNNI_CONV_CASES[case])
     c, m, k, group = p.pop("c"), p.pop("m"), p.pop("k"), p.get("group", 1)
     rng = np.random.default_rng(c * m + k)
     x = rng.integers(0, 256, (2, c, 9, 9)).astype(np.uint8)
