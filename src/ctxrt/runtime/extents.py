@@ -603,7 +603,7 @@ class ExtentRunner:
                 resolved = st.resolved = [st.launches, [
                     launch.at(vals) if hasattr(launch, "at") else launch for launch in st.launches], 0]
             resolved[2] += 1
-            if resolved[2] == BATCH_AT:
+            if resolved[2] == BATCH_AT[len(self.states) > FEW_STATES]:
                 resolved[1] = batched(ctx.backend, resolved[1], g._batches)
             run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, resolved[1], st.cap, st.blas)
             if st.kv is not None:  # a KV cache appended in place: what its Concats did not copy, and did
@@ -618,10 +618,13 @@ class ExtentRunner:
             return shapes
 
 
-# The run of a set of dims (and recording) from which its launches are batched (CpuBackend.batch): a GPT-2 token's
-# ~10 batches at new dims cost ~0.4 ms to list, more than they save in one run; a generation meets each past length
-# once, the next generations again.
-BATCH_AT = 3
+# The run of a set of dims (and recording) from which its launches are batched (CpuBackend.batch): the second
+# while the program holds at most FEW_STATES sets (a batch loop: a few shapes, each met again soon; MobileNetV3's
+# batch sizes 1..12 cycled: 1.03 -> 0.82 ms a call), else the third: a GPT-2 token's ~10 batches at new dims cost
+# ~0.4 ms to list, more than they save in one run, and a generation meets each past length once per generation
+# (its second generation would list at every token).
+BATCH_AT = (2, 3)
+FEW_STATES = 16
 
 
 def batched(backend: Any, launches: list[Any], cache: dict[Any, Any]) -> list[Any]:
