@@ -25,6 +25,7 @@ from quant_helpers import MS, assert_ints, ints, ort_outputs, qmodel
 
 import ctxrt
 from ctxrt.backends import get_backend
+from ctxrt.backends.cpu.backend import CpuBackend
 from ctxrt.backends.kernel import NodeSpec, TensorSpec
 from ctxrt.backends.opencl.quant.gemm import QGemmKernel
 from ctxrt.compiler import compile_graphs, save_context
@@ -36,7 +37,9 @@ QLM = ["a", "as", "az", "b", "bs", "bz", "ys", "yz"]
 
 
 def _cpu(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    with ctxrt.compile(model, backend="cpu") as ctx:
+    """The CPU backend's exact integer kernels (not oneDNN's int8 matmul, which adds a bias after scaling and may
+    round a value a step apart)."""
+    with ctxrt.compile(model, backend=CpuBackend(onednn=False)) as ctx:
         got = ctx.graph().run(feeds)
         return [np.array(got[o.name]) for o in model.graph.output]
 

@@ -32,6 +32,10 @@
  * all zeros, 1: one value, 2: per channel), WS_PC, HAS_YZ, HAS_BIAS, YMIN YMAX, KH KW; qconv: PADDED, tunable
  * RM RN WM WN VW; qdw: SH SW DH, tunable VW RY WX WY.
  */
+#pragma OPENCL FP_CONTRACT OFF  /* the multiplier and the requantization round as the CPU's float32 steps */
+#ifdef FP64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#endif
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 #define UNROLL _Pragma("unroll")  /* PoCL does not unroll these by itself: the accumulators would live in memory */
@@ -54,6 +58,19 @@
 #define CVTI(v) CAT(convert_int, VW)(v)
 #define VLOADN(p) CAT(vload, VW)(0, p)
 #define LANEI(v, l) (((int*)&(v))[l])
+#endif
+/* the multiplier's division, correctly rounded as the CPU's float32 one: through double where the device has it
+ * (exact for float operands); OpenCL's float division may be 2.5 ulp off. DIV of floats, DIVV of VF vectors */
+#ifdef FP64
+#define DIV(x, y) convert_float(convert_double(x) / convert_double(y))
+#if VW == 1
+#define DIVV(x, y) DIV(x, y)
+#else
+#define DIVV(x, y) CAT(convert_float, VW)(CAT(convert_double, VW)(x) / CAT(convert_double, VW)(y))
+#endif
+#else
+#define DIV(x, y) ((x) / (y))
+#define DIVV(x, y) ((x) / (y))
 #endif
 
 #define ARG(name) __global const char* name##_, const ulong o##name##_
@@ -241,9 +258,9 @@ void qconv(const int C, const int H, const int W, const int OH, const int OW, co
     for (int i = 0; i < WM; i++) {
 #if QLINEAR
 #if WS_PC
-        const VF mult = ((VF)xs * VLOADF(PTR(float, ws) + g * M + mb[i])) / (VF)ys;
+        const VF mult = DIVV((VF)xs * VLOADF(PTR(float, ws) + g * M + mb[i]), (VF)ys);
 #else
-        const VF mult = (VF)((xs * PTR(float, ws)[0]) / ys);
+        const VF mult = (VF)DIV(xs * PTR(float, ws)[0], ys);
 #endif
 #if HAS_BIAS
         const VI bias = VLOADN(PTR(int, b) + g * M + mb[i]);
@@ -363,7 +380,7 @@ void qdw(const int H, const int W, const int OH, const int OW, const int C, cons
     }
     __global YT* Y = (__global YT*)(y_ + oy_) + (long)z * OH * OW;
 #if QLINEAR
-    const float mult = (PTR(float, xs)[0] * PTR(float, ws)[WS_PC ? m : 0]) / PTR(float, ys)[0];
+    const float mult = DIV(PTR(float, xs)[0] * PTR(float, ws)[WS_PC ? m : 0], PTR(float, ys)[0]);
     REQUANT_SETUP
 #if HAS_BIAS
     const int bias = PTR(int, b)[m];

@@ -145,6 +145,12 @@ class _Node:
         return run
 
 
+def _fp64(kernel: ClKernel) -> dict[str, int]:
+    """FP64 where the device has doubles: the multiplier's division made through double, correctly rounded (as
+    the CPU's float32 division; OpenCL's float division may be off by 2.5 ulp, rounding a half-way value apart)."""
+    return {"FP64": 1} if kernel.backend.info.fp64 and kernel.q.qlinear else {}
+
+
 class QConv(ClKernel):
     """The implicit GEMM (qconv in qconv.cl)."""
 
@@ -202,7 +208,7 @@ class QConv(ClKernel):
 
     def defines(self) -> dict[str, Any]:
         return {**self.q.defines(), "KH": self.win.kh, "KW": self.win.kw, "PADDED": int(self.win.padded),
-                **self.params}
+                **_fp64(self), **self.params}
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         win, p, q = self.win, self.params, self.q
@@ -247,7 +253,7 @@ class QDepthwise(ClKernel):
     def defines(self) -> dict[str, Any]:
         win = self.win
         return {**self.q.defines(), "KH": win.kh, "KW": win.kw, "SH": win.sh, "SW": win.sw, "DH": win.dh,
-                **self.params}
+                **_fp64(self), **self.params}
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         win, p, q = self.win, self.params, self.q
