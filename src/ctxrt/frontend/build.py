@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 # Ops whose outputs after the first are optional extras (safe to drop when nobody reads them).
 _OPTIONAL_OUTPUTS = {"Dropout", "MaxPool", "BatchNormalization", "LayerNormalization", "LSTM", "GRU", "RNN",
-                     "SimplifiedLayerNormalization", "com.microsoft.SkipLayerNormalization",
+                     "DynamicQuantizeLSTM", "SimplifiedLayerNormalization", "com.microsoft.SkipLayerNormalization",
                      "com.microsoft.SkipSimplifiedLayerNormalization"}
 _I64, _BOOL = np.dtype(np.int64), np.dtype(bool)
 

@@ -22,7 +22,8 @@ from ctxrt.errors import ShapeError, UnsupportedOpError
 DOMAIN = "com.microsoft"
 OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu",
        "QLinearConcat", "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearSoftmax", "QLinearConv", "QGemm",
-       "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "MatMulNBits", "GatherBlockQuantized"}
+       "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "MatMulNBits", "GatherBlockQuantized",
+       "DynamicQuantizeLSTM"}
 
 Type = tuple[np.dtype, tuple[int, ...]]
 _F32, _U8 = np.dtype(np.float32), np.dtype(np.uint8)
@@ -131,12 +132,24 @@ def _gather_block_quantized(n: onnx.NodeProto, t: Callable[[int], Type | None], 
     return [(st, tuple(shape))]
 
 
+def _lstm(n: onnx.NodeProto, t: Callable[[int], Type | None], a: dict[str, Any]) -> list[Type]:
+    """DynamicQuantizeLSTM: ONNX LSTM's outputs (layout 0), X's float type; R [D, H, 4H] gives D and H."""
+    (dt, x), (_, r) = t(0), t(2)
+    d, h = r[0], r[1]
+    hidden = a.get("hidden_size")
+    if hidden is not None and int(hidden) != h:
+        raise ShapeError(f"{DOMAIN}.DynamicQuantizeLSTM node {n.name!r}: hidden_size {hidden} with R of shape {r}")
+    if len(x) != 3:
+        raise ShapeError(f"{DOMAIN}.DynamicQuantizeLSTM node {n.name!r}: X of shape {x} (rank 3 expected)")
+    return [(dt, (x[0], d, x[1], h)), (dt, (d, x[1], h)), (dt, (d, x[1], h))]
+
+
 _RULES: dict[str, Callable[..., list[Type]]] = {
     "QuantizeLinear": _quantize, "DequantizeLinear": _dequantize, "QLinearAdd": _binary, "QLinearMul": _binary,
     "QLinearSigmoid": _same, "QLinearLeakyRelu": _same, "QLinearSoftmax": _same, "QLinearConcat": _concat,
     "QLinearGlobalAveragePool": _global_pool, "QLinearAveragePool": _pool, "QLinearConv": _conv, "QGemm": _qgemm,
     "MatMulIntegerToFloat": _matmul_to_float(2), "DynamicQuantizeMatMul": _matmul_to_float(0),
-    "MatMulNBits": _nbits, "GatherBlockQuantized": _gather_block_quantized,
+    "MatMulNBits": _nbits, "GatherBlockQuantized": _gather_block_quantized, "DynamicQuantizeLSTM": _lstm,
 }
 
 

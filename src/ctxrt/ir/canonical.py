@@ -46,8 +46,9 @@ INFER_AS_IDENTITY: dict[str, dict[int, int]] = {
 # InvStdDev without Mean). A kernel is given only the outputs that exist, so the canonical form records the slots:
 # attribute OUTPUTS_PRESENT, one 0/1 per output position of the ONNX node.
 OUTPUTS_PRESENT = "outputs_present"
-SLOTTED_OUTPUTS = {"LSTM", "GRU", "RNN", "LayerNormalization", "BatchNormalization", "SimplifiedLayerNormalization",
-                   "com.microsoft.SkipLayerNormalization", "com.microsoft.SkipSimplifiedLayerNormalization"}
+SLOTTED_OUTPUTS = {"LSTM", "GRU", "RNN", "DynamicQuantizeLSTM", "LayerNormalization", "BatchNormalization",
+                   "SimplifiedLayerNormalization", "com.microsoft.SkipLayerNormalization",
+                   "com.microsoft.SkipSimplifiedLayerNormalization"}
 
 
 def output_slots(attrs: Mapping[str, Any], count: int, slots: int) -> list[int | None]:
