@@ -27,6 +27,7 @@ import numpy as np
 from ctxrt.backends.kernel import Launch, NodeSpec
 from ctxrt.backends.opencl.kernel import CL_TYPES, ClKernel, Space
 from ctxrt.backends.opencl.spatial import Window, decline, window
+from ctxrt.backends.opencl.window import WindowKernel
 
 PACKED = "opencl_qconv"  # the `kernel` attribute of a node whose weights are prepacked for qconv
 EIGHT = {np.dtype(np.int8), np.dtype(np.uint8)}
@@ -229,14 +230,9 @@ class QDepthwise(ClKernel):
     """One input channel per group, directly (qdw in qconv.cl); the weights read as they are."""
 
     source = "qconv.cl"
-    space = Space(
-        params={"VW": (1, 2, 4, 8, 16), "RY": (1, 2, 4, 8), "WX": (1, 2, 4, 8, 16, 32, 64), "WY": (1, 2, 4, 8, 16)},
-        # as window.py's WindowKernel: PoCL vectors of 8 columns x 8 rows per work-item (4 columns for short rows
-        # or stride 2, 16 for long rows); GPUs one output per work-item
-        defaults={"cpu": {"VW": 8, "RY": 8, "WX": 1, "WY": 1}, "cpu:narrow": {"VW": 4, "RY": 8, "WX": 1, "WY": 1},
-                  "cpu:wide": {"VW": 16, "RY": 8, "WX": 1, "WY": 1},
-                  "gpu": {"VW": 1, "RY": 1, "WX": 32, "WY": 4}, "default": {"VW": 1, "RY": 1, "WX": 16, "WY": 4}},
-        work_group=lambda p: (p["WX"], p["WY"]))
+    # window.py's: PoCL vectors of 8 columns x 8 rows per work-item (4 columns for short rows or stride 2, 16 for
+    # long rows); GPUs one output per work-item
+    space = WindowKernel.space
 
     def __init__(self, spec: NodeSpec, backend: Any, params: Any = None) -> None:
         self.q = q = _Node(spec)
