@@ -130,6 +130,11 @@ class ClKernel(Kernel):
     space: ClassVar[Space]
     half_inputs: ClassVar[Container[int]] = ()  # inputs it reads as half where the node's `widen` lists them
 
+    @property
+    def algorithm(self) -> str:  # type: ignore[override]
+        """What `inspect --kernels` names: the device kernel's class (a step in a CPU partition names the CPU's)."""
+        return f"opencl:{type(self).__name__}"
+
     def __init__(self, spec: NodeSpec, backend: OpenCLBackend, params: Params | None = None) -> None:
         self.spec = spec
         self.backend = backend
