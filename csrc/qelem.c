@@ -40,14 +40,19 @@ static int avx2(void) { return 0; }
 #define affine8_avx2 affine8_c
 #endif
 
-/* QuantizeLinear per tensor, float32 to 8 bits: saturate(round_half_even(x / scale) + zero_point), as
-   backends/cpu/quant/linear.py computes it */
-int ctxrt_quantize(const linear8_args *args) {
+/* the arguments with their run-time scale and zero point read (qsrc) */
+static linear8_args linear8_resolved(const linear8_args *args) {
     linear8_args q = *args;
-    const linear8_args *p = &q;
     float v[2] = {q.scale, q.zp};
     qsrc_read(&args->src, v, 2);
     q.scale = v[0], q.zp = v[1];
+    return q;
+}
+
+/* QuantizeLinear per tensor, float32 to 8 bits: saturate(round_half_even(x / scale) + zero_point), as
+   backends/cpu/quant/linear.py computes it */
+int ctxrt_quantize(const linear8_args *args) {
+    const linear8_args q = linear8_resolved(args), *p = &q;
     if (avx2()) quantize_avx2(p);
     else quantize_c(p);
     return 0;
@@ -97,11 +102,7 @@ int ctxrt_dynquant(const dynquant_args *p) {
 
 /* DequantizeLinear per tensor, 8 bits to float32: (x - zero_point) * scale */
 int ctxrt_dequantize(const linear8_args *args) {
-    linear8_args q = *args;
-    const linear8_args *p = &q;
-    float v[2] = {q.scale, q.zp};
-    qsrc_read(&args->src, v, 2);
-    q.scale = v[0], q.zp = v[1];
+    const linear8_args q = linear8_resolved(args), *p = &q;
     if (avx2()) dequantize_avx2(p);
     else dequantize_c(p);
     return 0;

@@ -29,7 +29,7 @@ from ctxrt.backends.cpu.quant.common import centred_span
 from ctxrt.backends.kernel import Launch, NodeSpec
 from ctxrt.backends.opencl.gemm import MAX_BATCH_RANK, _batch_strides, _collapse_batch
 from ctxrt.backends.opencl.kernel import ClKernel, Space
-from ctxrt.errors import UnsupportedOpError
+from ctxrt.backends.opencl.spatial import decline
 
 PACKED = "opencl_qgemm"  # the `kernel` attribute of a node whose B is prepacked for qgemm.cl
 _LIMIT = 1 << 31
@@ -52,10 +52,6 @@ _INPUTS = {
 }
 _DQ_WGS = 64  # dq_range's work-group (one)
 _DQ_PARAMS = 64  # scratch bytes before the quantized A: its scale (float) and zero point (uchar at byte 4)
-
-
-def _decline(spec: NodeSpec, why: str) -> UnsupportedOpError:
-    return UnsupportedOpError(f"{spec.op} node {spec.name!r}: no OpenCL kernel for {why}")
 
 
 class QGemmKernel(ClKernel):
@@ -104,7 +100,7 @@ class QGemmKernel(ClKernel):
         const_b = packed or (ib < len(spec.consts) and spec.consts[ib] is not None)
         if spec.op.endswith("QGemm"):
             if len(a) != 2 or len(b) != 2:
-                raise _decline(spec, f"QGemm of shapes {list(a)} x {list(b)} (2-D only)")
+                raise decline(spec, f"QGemm of shapes {list(a)} x {list(b)} (2-D only)")
             self.a_t, bt = bool(spec.attr("transA", 0)), bool(spec.attr("transB", 0))
             self.M, self.K = (a[1], a[0]) if self.a_t else a
             self.N = b[0] if bt else b[1]
@@ -131,9 +127,9 @@ class QGemmKernel(ClKernel):
         self.batch, self.bsa, self.bsb = _collapse_batch(batch, _batch_strides(a2, batch),
                                                          _batch_strides(b2, batch))
         if len(self.batch) > MAX_BATCH_RANK:
-            raise _decline(spec, f"{len(self.batch)} batch dims after merging")
+            raise decline(spec, f"{len(self.batch)} batch dims after merging")
         if max(math.prod(t.shape) for t in [*spec.inputs, *spec.outputs] if t is not None) >= _LIMIT:
-            raise _decline(spec, "tensors past 2^31 elements")
+            raise decline(spec, "tensors past 2^31 elements")
 
     def _types(self, spec: NodeSpec) -> None:
         at, op = self.at, spec.op.rsplit(".", 1)[-1]
@@ -141,28 +137,28 @@ class QGemmKernel(ClKernel):
         self.dq = op == "DynamicQuantizeMatMul"  # A float32, quantized to uint8 first (two launches, in scratch)
         if self.dq:
             if ta != _F32:
-                raise _decline(spec, f"DynamicQuantizeMatMul of a {ta} A")
+                raise decline(spec, f"DynamicQuantizeMatMul of a {ta} A")
             ta = _U8
             self.scratch = (_DQ_PARAMS + math.prod(spec.inputs[at["a"]].shape),)
         if ta not in _EIGHT or tb not in _EIGHT:
-            raise _decline(spec, f"operands {ta} x {tb} (8-bit only)")
+            raise decline(spec, f"operands {ta} x {tb} (8-bit only)")
         self.TA, self.TB = self.cl_type(ta), self.cl_type(tb)
         for key, t in (("a_z", ta), ("b_z", tb)):
             if self._given(key) and np.dtype(spec.inputs[at[key]].dtype) != t:
-                raise _decline(spec, f"a zero point of type {spec.inputs[at[key]].dtype} for a {t} operand")
+                raise decline(spec, f"a zero point of type {spec.inputs[at[key]].dtype} for a {t} operand")
         for key in ("a_s", "b_s", "y_s"):
             if self._given(key) and np.dtype(spec.inputs[at[key]].dtype) != _F32:
-                raise _decline(spec, f"scales of type {spec.inputs[at[key]].dtype} (float32 only)")
+                raise decline(spec, f"scales of type {spec.inputs[at[key]].dtype} (float32 only)")
         for key in ("a_s", "a_z", "y_s", "y_z"):
             if self._given(key) and self._size(key) != 1:
-                raise _decline(spec, f"{key} of shape {list(spec.inputs[at[key]].shape)} (per tensor only)")
+                raise decline(spec, f"{key} of shape {list(spec.inputs[at[key]].shape)} (per tensor only)")
         self.cols = {}
         for key in ("b_s", "b_z"):  # per tensor, or per column: [N] or [1, ..., 1, N]
             if self._given(key):
                 shape = tuple(spec.inputs[at[key]].shape)
                 self.cols[key] = math.prod(shape) > 1
                 if self.cols[key] and (shape[-1] != self.N or math.prod(shape) != self.N):
-                    raise _decline(spec, f"{key} of shape {list(shape)} (per tensor or per column)")
+                    raise decline(spec, f"{key} of shape {list(shape)} (per tensor or per column)")
         yt = np.dtype(spec.outputs[0].dtype)
         if op == "MatMulInteger":
             self.mode, ok = 0, yt == _I32
@@ -171,28 +167,28 @@ class QGemmKernel(ClKernel):
         else:
             self.mode, ok = 1, yt in _EIGHT
             if ok and np.dtype(spec.inputs[at["y_z"]].dtype) != yt:
-                raise _decline(spec, "a y_zero_point of another type than Y")
+                raise decline(spec, "a y_zero_point of another type than Y")
         if not ok:
-            raise _decline(spec, f"{op} with output {yt}")
+            raise decline(spec, f"{op} with output {yt}")
         self.TY = self.cl_type(yt)
         self.yrange = _RANGE.get(yt, (0, 0))
         self.has_c, self.scm, self.scn = False, 0, 0
         if self._given("c"):
             c = tuple(spec.inputs[at["c"]].shape)
             if np.dtype(spec.inputs[at["c"]].dtype) != _I32 or len(c) > 2:
-                raise _decline(spec, f"C of type {spec.inputs[at['c']].dtype} and shape {list(c)}")
+                raise decline(spec, f"C of type {spec.inputs[at['c']].dtype} and shape {list(c)}")
             cs = (1,) * (2 - len(c)) + c
             self.has_c, self.scm, self.scn = True, 0 if cs[0] == 1 else cs[1], 0 if cs[1] == 1 else 1
         self.has_fb = self._given("fb")
         if self.has_fb and (np.dtype(spec.inputs[at["fb"]].dtype) != _F32 or self._size("fb") != self.N):
-            raise _decline(spec, "a bias that is not float32 [N]")
+            raise decline(spec, "a bias that is not float32 [N]")
         self.alpha = float(np.float32(spec.attr("alpha", 1.0))) if op == "QGemm" else 1.0
         # every partial sum of the int32 accumulator is exact
         za = at["a_z"] if self._given("a_z") else None
         zb = at["b_z"] if self._given("b_z") else None
         product = centred_span(spec, at["a"], za) * centred_span(spec, at["b"], zb)  # the largest |product|
         if self.K * product >= _LIMIT:
-            raise _decline(spec, f"K = {self.K}: int32 sums could overflow")
+            raise decline(spec, f"K = {self.K}: int32 sums could overflow")
         # float32 sums (twice the int32 rate on CPUs' vector units) of chunks of K whose partial sums stay exact
         # integers (below 2^24), a multiple of the vector widths along K; a chunk at least K long where one is
         self.kc = (1 << 24) // product // 16 * 16

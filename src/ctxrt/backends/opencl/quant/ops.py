@@ -28,8 +28,7 @@ from ctxrt.backends.opencl.kernel import ClKernel, Space
 from ctxrt.backends.opencl.memory import ClTensor
 from ctxrt.backends.opencl.program import ProgramKey
 from ctxrt.backends.opencl.reduce import Softmax as FloatSoftmax
-from ctxrt.backends.opencl.spatial import Window, window
-from ctxrt.errors import UnsupportedOpError
+from ctxrt.backends.opencl.spatial import Window, decline, window
 
 SOURCE = "quant.cl"
 LIMIT = 1 << 31  # the kernels index elements with 32-bit ints
@@ -45,10 +44,6 @@ SPACE_2D = Space(params={"WX": (1, 4, 8, 16, 32, 64), "WY": (1, 2, 4, 8)},
                  # PoCL vectorises a work-group's work-items along x: a row of outputs per work-group
                  defaults={"cpu": {"WX": 16, "WY": 1}, "gpu": {"WX": 32, "WY": 4}, "default": {"WX": 16, "WY": 4}},
                  work_group=lambda p: (p["WX"], p["WY"]))
-
-
-def decline(spec: NodeSpec, why: str) -> UnsupportedOpError:
-    return UnsupportedOpError(f"{spec.op} node {spec.name!r}: no OpenCL kernel for {why}")
 
 
 def _given(spec: NodeSpec, i: int) -> bool:
