@@ -428,3 +428,42 @@ def test_layer_norm_and_softmax_take_extents(monkeypatch, kernels, bias, scale_s
         assert sess.stats["shape_variants_compiled"] == 1
         if kernels == "native":
             assert sess.stats["range_kernels_built"] == 0
+
+
+def test_a_batch_loop_is_batched_from_its_second_run_a_generation_from_its_third() -> None:
+    """A range program's set of dims replays its native launches as batches (backends/cpu/strided.py) from its
+    second run while the program holds at most FEW_STATES sets (a batch loop), from its third beyond that (a
+    generation: each past length met once per generation); the outputs are the same either way."""
+    from onnx import helper, numpy_helper
+
+    from ctxrt.backends.cpu import native, strided
+    from ctxrt.runtime import extents
+
+    if native.library() is None:
+        pytest.skip("the native extension is not built here")
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in (("w", (8, 16)), ("b", (16,)), ("v", (16, 4)))]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"]),
+             helper.make_node("Relu", ["a"], ["r"]), helper.make_node("Neg", ["r"], ["n"]),
+             helper.make_node("MatMul", ["n", "v"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", 1, ["batch", 8])],
+                              [helper.make_tensor_value_info("y", 1, ["batch", 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    sizes = range(1, extents.FEW_STATES + 6)
+    g = ctxrt.compile(model, dims={"batch": (1, sizes[-1])}, backend="cpu").graph()
+    feeds = {b: {"x": rng.standard_normal((b, 8)).astype(np.float32)} for b in sizes}
+
+    def batched_after(b: int, runs: int) -> bool:  # after `runs` more runs at batch b
+        for _ in range(runs):
+            got = g.run(feeds[b])["y"]
+        w = np.maximum(feeds[b]["x"] @ numpy_helper.to_array(inits[0]) + numpy_helper.to_array(inits[1]), 0)
+        np.testing.assert_allclose(got, -w @ numpy_helper.to_array(inits[2]), rtol=1e-5, atol=1e-5)
+        state = g._extent.last[1]  # the set of dims the last run bound
+        return any(isinstance(launch, strided.Batch) for launch in state.resolved[1])
+
+    assert not batched_after(1, 1) and batched_after(2, 2)  # few sets: from the second run
+    for b in sizes[2:-1]:  # more than FEW_STATES sets
+        g.run(feeds[b])
+    b = sizes[-1]
+    assert not batched_after(b, 1) and not batched_after(b, 1) and batched_after(b, 1)

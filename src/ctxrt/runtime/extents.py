@@ -620,7 +620,7 @@ class ExtentRunner:
 
 # The run of a set of dims (and recording) from which its launches are batched (CpuBackend.batch): the second
 # while the program holds at most FEW_STATES sets (a batch loop: a few shapes, each met again soon; MobileNetV3's
-# batch sizes 1..12 cycled: 1.03 -> 0.82 ms a call), else the third: a GPT-2 token's ~10 batches at new dims cost
+# batch sizes 1..12 cycled: 0.74 -> 0.67 ms a call, A/B), else the third: a GPT-2 token's ~10 batches at new dims cost
 # ~0.4 ms to list, more than they save in one run, and a generation meets each past length once per generation
 # (its second generation would list at every token).
 BATCH_AT = (2, 3)
