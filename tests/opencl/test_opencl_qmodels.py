@@ -44,6 +44,9 @@ def test_quantized_model_runs_on_the_device(tmp_path: Path, name: str, kind: str
     with ctxrt.compile(path, backend="opencl") as ctx:
         g = ctx.graph()
         assert _cpu_steps(g) == {}, g.partitions
+        # inspect --kernels names the device kernel of each step (not "default")
+        assert all(str(s.algorithm).startswith("opencl:") for s in g.compiled.steps), \
+            {s.algorithm for s in g.compiled.steps}
         got = g.run(feeds)["y"]
         uploaded = ctx.stats["weights_uploaded_bytes"]
     step = _step(path)
