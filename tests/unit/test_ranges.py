@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper, numpy_helper
 import onnxruntime as ort
 import pytest
 
@@ -433,7 +434,8 @@ def test_layer_norm_and_softmax_take_extents(monkeypatch, kernels, bias, scale_s
 def test_a_batch_loop_is_batched_from_its_second_run_a_generation_from_its_third() -> None:
     """A range program's set of dims replays its native launches as batches (backends/cpu/strided.py) from its
     second run while the program holds at most FEW_STATES sets (a batch loop), from its third beyond that (a
-    generation: each past length met once per generation); the outputs are the same either way."""
+    generation: each past length met once per generation), from its first where kernels were built for it (its
+    first run costs milliseconds anyway); the outputs are the same either way."""
     from onnx import helper, numpy_helper
 
     from ctxrt.backends.cpu import native, strided
@@ -450,7 +452,7 @@ def test_a_batch_loop_is_batched_from_its_second_run_a_generation_from_its_third
     graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", 1, ["batch", 8])],
                               [helper.make_tensor_value_info("y", 1, ["batch", 4])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    sizes = range(1, extents.FEW_STATES + 6)
+    sizes = range(1, extents.FEW_STATES + 24)
     g = ctxrt.compile(model, dims={"batch": (1, sizes[-1])}, backend="cpu").graph()
     feeds = {b: {"x": rng.standard_normal((b, 8)).astype(np.float32)} for b in sizes}
 
@@ -462,8 +464,44 @@ def test_a_batch_loop_is_batched_from_its_second_run_a_generation_from_its_third
         state = g._extent.last[1]  # the set of dims the last run bound
         return any(isinstance(launch, strided.Batch) for launch in state.resolved[1])
 
-    assert not batched_after(1, 1) and batched_after(2, 2)  # few sets: from the second run
-    for b in sizes[2:-1]:  # more than FEW_STATES sets
+    def built() -> bool:  # kernels were built for the dims of the last run
+        return g._extent.last[1].built
+
+    assert not batched_after(1, 1) and not built() and batched_after(2, 2)  # few sets: from the second run
+    big = sizes[-1]  # many rows: a GEMM kernel built for them
+    assert batched_after(big, 1) and built()
+    for b in sizes[8:-1]:  # more than FEW_STATES sets
         g.run(feeds[b])
-    b = sizes[-1]
-    assert not batched_after(b, 1) and not batched_after(b, 1) and batched_after(b, 1)
+    assert len(g._extent.states) > extents.FEW_STATES
+    b = 3  # three rows: too few for a GEMM kernel, none built (as a generation's token): from the third run
+    assert not batched_after(b, 1) and not built() and not batched_after(b, 1) and batched_after(b, 1)
+
+
+def test_a_range_program_reads_a_gemm_s_weights_as_stored_and_runs_a_token_on_the_native_gemv() -> None:
+    """Weights under onednn/matmul.py's STORED_MIN_BYTES are prepacked for a static program; a range program keeps
+    them as stored (no second copy), so that its steps at a few rows run csrc/gemv.c's GEMV on them (sharing them
+    among the idle cores): outputs equal onnxruntime's at one row and at the range's bound."""
+    from ctxrt.backends.cpu import native
+    from ctxrt.backends.cpu.backend import CpuBackend
+    from ctxrt.backends.cpu.onednn import api
+
+    if not api.available() or native.library() is None:
+        pytest.skip("oneDNN or the native extension is not there")
+    rng = np.random.default_rng(7)
+    w = (rng.standard_normal((256, 1024)) / 16).astype(np.float32)  # 1 MiB
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq", 256])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["seq", 1024])],
+                          [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    with ctxrt.InferenceSession(m, CpuBackend(onednn=True), dim_ranges={"seq": (1, 16)}) as sess:
+        for seq in (1, 16, 1):
+            x = rng.standard_normal((seq, 256)).astype(np.float32)
+            np.testing.assert_allclose(sess.run(None, {"x": x})[0], theirs.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+        assert sess.stats["weights_prepacked_bytes"] == 0
+        assert sess.stats["weights_bytes"] == w.nbytes
+        runner = next(iter(sess._variants.values())).contexts[0].graph()._extent
+        one = next(st for st in runner.states.values() if st.inputs[0].shape == (1, 256))
+        (made,) = one.steps.values()  # the MatMul at one row: a launch maker on the stored weights, no kernel
+        assert made.kernel is None and made.make is not None

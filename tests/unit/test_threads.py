@@ -232,7 +232,30 @@ def _conv(c: int, hw: int) -> object:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-@pytest.mark.parametrize(("model", "want"), [(_model, 1), (lambda: _conv(64, 56), 2)], ids=["small", "large_conv"])
+def _convs(c: int, hw: int, count: int, batch: int | str = 1) -> object:
+    """`count` 3x3 convs of c channels in a row, each under SMALL_WORK (c * c * 9 * hw * hw multiply-adds)."""
+    rng = np.random.default_rng(1)
+    ws = [numpy_helper.from_array(rng.standard_normal((c, c, 3, 3)).astype(np.float32) * 0.05, f"w{i}")
+          for i in range(count)]
+    nodes = [helper.make_node("Conv", ["x" if i == 0 else f"c{i - 1}", f"w{i}"], [f"c{i}" if i < count - 1 else "y"],
+                              pads=[1, 1, 1, 1]) for i in range(count)]
+    g = helper.make_graph(nodes, "c", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, c, hw, hw])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, c, hw, hw])], ws)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_splits_needs_work_and_work_per_kernel() -> None:
+    from ctxrt.runtime import work
+
+    assert not work.splits(work.SPLIT_TOTAL - 1, 1)  # too little work
+    assert work.splits(work.SPLIT_TOTAL, 1)
+    # a Qwen2-style decoder: 7.1 M multiply-adds over 175 steps (40 K each: a barrier each) stays on one thread
+    assert not work.splits(7_100_000, 175)
+    assert work.splits(9_500_000, 31)  # MobileNetV3 at batch 4: 31 steps of 305 K on average
+
+
+@pytest.mark.parametrize(("model", "want"), [(_model, 1), (lambda: _conv(64, 56), 2), (lambda: _convs(32, 16, 4), 2)],
+                         ids=["small", "large_conv", "many_medium_convs"])
 def test_a_program_of_small_kernels_runs_on_one_thread_a_large_conv_on_the_idle_cores(monkeypatch, model,
                                                                                      want) -> None:
     monkeypatch.setitem(threads._STATE, "monitor", _Monitor(2))
@@ -282,3 +305,27 @@ def test_a_token_s_gemvs_get_blas_threads_a_prompt_s_gemms_leave_them_to_openmp(
                                        rtol=1e-4, atol=1e-4)
             ctx = next(iter(sess._variants.values())).contexts[0]
             assert ctx.threads.blas is blas, seq
+
+
+def test_a_range_program_takes_the_idle_cores_at_the_batches_whose_kernels_together_pay() -> None:
+    """Convs each under SMALL_WORK at every batch of the range: batch 1 (2.4 M multiply-adds) runs on one thread,
+    batch 4 (9.4 M, 2.4 M a conv) on the idle cores; the outputs are onnxruntime's at both."""
+    from ctxrt.runtime import work
+
+    m = _convs(16, 16, 4, batch="n")
+    one = 16 * 16 * 9 * 16 * 16  # a conv at batch 1
+    assert 4 * one < work.SMALL_WORK and not work.splits(4 * one, 4) and work.splits(4 * 4 * one, 4)
+    theirs = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(4)
+    saved = threads._STATE.get("monitor")
+    threads._STATE["monitor"] = _Monitor(2)
+    try:
+        with ctxrt.InferenceSession(m.SerializeToString(), CpuBackend(onednn=True), dim_ranges={"n": (1, 4)}) as sess:
+            for n, want in ((1, 1), (4, 2), (1, 1)):
+                x = rng.standard_normal((n, 16, 16, 16)).astype(np.float32)
+                np.testing.assert_allclose(sess.run(None, {"x": x})[0], theirs.run(None, {"x": x})[0],
+                                           rtol=1e-4, atol=1e-4)
+                ctx = next(iter(sess._variants.values())).contexts[0]
+                assert ctx.threads.last == want, n
+    finally:
+        threads._STATE["monitor"] = saved

@@ -28,7 +28,7 @@ from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, Step, TensorInfo
 from ctxrt.compiler.ranges import _apply, filled
 from ctxrt.errors import RegistrationError, ShapeError
 from ctxrt.runtime.memhandle import MemHandle
-from ctxrt.runtime.work import SMALL_WORK, step_work
+from ctxrt.runtime.work import SMALL_WORK, splits, step_work
 
 if TYPE_CHECKING:
     from ctxrt.backends.cpu.extents import Make
@@ -77,7 +77,7 @@ class AtDims:
     and the launch list recorded for one IO binding."""
 
     __slots__ = ("dims", "inputs", "outputs", "out_info", "steps", "cap", "blas", "bound", "internal", "launches",
-                 "kv", "recordings", "vals", "resolved")
+                 "kv", "recordings", "vals", "resolved", "built")
 
     def __init__(self, dims: tuple[int, ...], inputs: list[TensorInfo], outputs: list[TensorInfo],
                  steps: Mapping[int, Made], cap: int | None, blas: bool = False) -> None:
@@ -96,6 +96,7 @@ class AtDims:
         # (launches, the same with each live launch replaced by its launch at these dims): what runs, made once
         # per recording a state uses (a recording is shared by states whose live steps differ)
         self.resolved: list[Any] | None = None  # [the recording, its launches as run, runs of it]
+        self.built = False  # kernels were built for these dims (their first run costs milliseconds: BATCH_AT)
 
 
 class ExtentRunner:
@@ -112,6 +113,7 @@ class ExtentRunner:
         self.work = [step_work(s) for s in g.compiled.steps]  # at the upper bound: bounds every shape inside
         fixed = [w for k, w in enumerate(self.work) if k not in makers]
         self.static_work: int | None = None if None in fixed else max(fixed, default=0)
+        self.static_total = sum(w for w in fixed if w)  # with the changed steps' at each set of dims (`splits`)
         # the changed steps grouped by the dims their integers follow (bit j: dim j), each group kept per the
         # values of its dims: a decoder's token at a new past length remakes only the steps that follow the past
         coeffs, groups = g.ranges._coeffs, {}
@@ -299,7 +301,9 @@ class ExtentRunner:
             self.last = (shapes, st)
             return st
         with g.ctx.lock:
+            built = g.ctx.stats["range_kernels_built"]
             st = self.states[dims] = self._at(dims)
+            st.built = g.ctx.stats["range_kernels_built"] != built
             while len(self.states) > MAX_STATES:
                 self.states.popitem(last=False)
             g.ctx.stats["range_specializations"] += 1
@@ -330,7 +334,7 @@ class ExtentRunner:
                                    [None if x is None else _shaped(x[0], x[1], key) for x in ins_spec],
                                    [_shaped(x[0], x[1], key) for x in outs_spec]))
             largest = None if work is None else max(largest, work)
-        gemv, parts = 0, []
+        gemv, parts, total = 0, [], self.static_total
         for mask, members in self.groups_made.items():  # the steps that follow the same dims change together
             if not members:
                 continue
@@ -338,6 +342,7 @@ class ExtentRunner:
             parts.append(made[0])
             largest = None if largest is None or made[1] is None else max(largest, made[1])
             gemv = max(gemv, made[2])
+            total += made[3]
         if len(parts) == 1:
             steps = parts[0]  # the group's own dict, shared by every state at its values (read only)
         elif parts:  # the groups' dicts merged, once per combination (so that states can share recordings)
@@ -348,7 +353,7 @@ class ExtentRunner:
                 while len(self.merged) > PER_STEP:
                     self.merged.pop(next(iter(self.merged)))
             steps = hit[1]
-        cap = None if largest is None or largest >= SMALL_WORK else 1
+        cap = None if largest is None or largest >= SMALL_WORK or splits(total, len(self.work)) else 1
         # a decoder's token without the native extension: its GEMMs are GEMVs on NumPy (small_rows), memory-bound,
         # faster on every idle core (768 x 2048: 157 us on one thread, 81 on two); OpenBLAS's threads then spin
         # ~0.1 s, so only when no large oneDNN kernel runs beside them (a prompt's oneDNN GEMMs keep BLAS at one
@@ -361,9 +366,9 @@ class ExtentRunner:
         return st
 
     def _group(self, mask: int, members: list[tuple[int, list[int]]], dims: tuple[int, ...], vals: list[int]
-               ) -> tuple[dict[int, Made], int | None, int]:
+               ) -> tuple[dict[int, Made], int | None, int, int]:
         """The steps whose integers follow exactly the dims in `mask`, at these dims (kept per their values),
-        their largest work, and the largest work of those run by BLAS."""
+        their largest work, the largest work of those run by BLAS, and their work together."""
         cache = self.group_cache[mask]
         key = tuple([d for j, d in enumerate(dims) if mask >> j & 1])
         hit = cache.get(key)
@@ -385,7 +390,8 @@ class ExtentRunner:
             steps[k] = made
             if largest is not None:
                 largest = None if made.work is None else max(largest, made.work)
-        hit = cache[key] = (steps, largest, max((m.work or 0 for m in steps.values() if m.blas), default=0))
+        hit = cache[key] = (steps, largest, max((m.work or 0 for m in steps.values() if m.blas), default=0),
+                            sum(m.work or 0 for m in steps.values()))
         while len(cache) > PER_STEP:
             cache.popitem(last=False)
         return hit
@@ -400,7 +406,7 @@ class ExtentRunner:
         if step.outputs and all(0 in o.shape for o in step.outputs):
             return Made(None)
         made = Made(step)
-        made.work = self._work(k, step)
+        made.work = step_work(step)
         for (_, i), elements in consts.items():  # small integer constants that follow the dims
             ref = step.inputs[i]
             made.consts[i] = filled(ctx.host_weights[ref.key], elements).reshape(ref.shape)
@@ -455,17 +461,12 @@ class ExtentRunner:
             return Made(None)
         at = _Step(step.op, step.attrs, ins, outs)
         made = Made(at)  # type: ignore[arg-type]
-        made.work = self._work(k, at)
+        made.work = step_work(at)
         made.make = self.makers[k]
         if launch and k not in self.io_steps:
             made.launch = made.make(at, [None if r is None else _view(g, r) for r in ins],
                                     [_view(g, r) for r in outs])
         return made
-
-    def _work(self, k: int, step: Any) -> int | None:
-        """Step k's work at these dims: the upper bound's where that is small (it bounds every shape inside)."""
-        upper = self.work[k]
-        return upper if upper is not None and upper < SMALL_WORK else step_work(step)
 
     def _launch(self, made: Made, view: Any) -> Any:
         step = made.step
@@ -603,7 +604,7 @@ class ExtentRunner:
                 resolved = st.resolved = [st.launches, [
                     launch.at(vals) if hasattr(launch, "at") else launch for launch in st.launches], 0]
             resolved[2] += 1
-            if resolved[2] == BATCH_AT[len(self.states) > FEW_STATES]:
+            if resolved[2] == (1 if st.built else BATCH_AT[len(self.states) > FEW_STATES]):
                 resolved[1] = batched(ctx.backend, resolved[1], g._batches)
             run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, resolved[1], st.cap, st.blas)
             if st.kv is not None:  # a KV cache appended in place: what its Concats did not copy, and did
@@ -622,7 +623,9 @@ class ExtentRunner:
 # while the program holds at most FEW_STATES sets (a batch loop: a few shapes, each met again soon; MobileNetV3's
 # batch sizes 1..12 cycled: 0.74 -> 0.67 ms a call, A/B), else the third: a GPT-2 token's ~10 batches at new dims cost
 # ~0.4 ms to list, more than they save in one run, and a generation meets each past length once per generation
-# (its second generation would list at every token).
+# (its second generation would list at every token). The first where kernels were built for the dims (AtDims.built:
+# a batch size's convs, milliseconds of oneDNN primitives): listing is a small part of that run, and the next runs
+# at those dims are all fast (MobileNetV3's second cycle of batch sizes 0.5-0.9 -> 0.3-0.8 ms a call).
 BATCH_AT = (2, 3)
 FEW_STATES = 16
 

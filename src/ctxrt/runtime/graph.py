@@ -19,7 +19,7 @@ from ctxrt.errors import FormatError, LifecycleError, RegistrationError, ShapeEr
 from ctxrt.runtime.extents import AtDims, ExtentRunner, batched, binding, run_recorded, same_binding
 from ctxrt.runtime.memhandle import MemHandle
 from ctxrt.runtime.partition import HostSteps
-from ctxrt.runtime.work import SMALL_WORK, blas_run, step_work, thread_cap
+from ctxrt.runtime.work import SMALL_WORK, blas_run, splits, step_work, thread_cap
 
 if TYPE_CHECKING:
     from ctxrt.runtime.context import Context
@@ -322,7 +322,8 @@ class Graph:
                     made.clear()
                 w = made[(k, keys[k])] = step_work(compiled.steps[c])
             work.append(w)
-        cap = None if any(w is None for w in work) else 1 if max(work, default=0) < SMALL_WORK else None
+        cap = None if any(w is None for w in work) or max(work, default=0) >= SMALL_WORK or \
+            splits(sum(work), len(work)) else 1
         child = Graph(ctx, compiled, cap)
         child._parent, child._held, child.dims = self, held, dims
         kernels: dict[int, Kernel] = {}

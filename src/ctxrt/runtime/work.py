@@ -14,6 +14,13 @@ from collections.abc import Iterable
 from ctxrt.compiler.program import Step
 
 SMALL_WORK = 1 << 22  # multiply-adds (or elements) of a program's largest kernel under which it runs on 1 thread
+# ... unless its kernels together do this much, SPLIT_MEAN a step on average: many kernels each worth splitting.
+# MobileNetV3 (64 x 64) on 2 cores, largest kernel under SMALL_WORK at every batch up to 9: batch 2 (4.7 M, 153 K a
+# step) 0.261 -> 0.231 ms on the idle cores, batch 4 (9.5 M) 0.333 -> 0.264, batch 6 0.486 -> 0.346 (onnxruntime
+# 0.192, 0.265, 0.383); batch 1 (2.4 M) the same either way. A Qwen2-style decoder of 175 steps (7.1 M, 40 K a step:
+# hundreds of barriers, the collapse above) stays on one.
+SPLIT_TOTAL = 1 << 22
+SPLIT_MEAN = 100_000
 _GEMMS = {"MatMul", "Gemm", "MatMulInteger", "QLinearMatMul", "FusedMatMul", "MatMulNBits"}
 _CONVS = {"Conv", "ConvInteger", "QLinearConv", "ConvTranspose"}
 _OPAQUE = {"If", "Loop", "Scan"}  # bodies whose work a step's shapes do not show
@@ -40,14 +47,24 @@ def step_work(step: Step) -> int | None:
 
 
 def thread_cap(steps: Iterable[Step]) -> int | None:
-    """1 when every kernel of the program is small (SMALL_WORK), else None (as many threads as are idle)."""
-    largest = 0
+    """1 when every kernel of the program is small (SMALL_WORK) and together they are not worth splitting
+    (`splits`), else None (as many threads as are idle)."""
+    largest = total = count = 0
     for step in steps:
         work = step_work(step)
         if work is None:
             return None
         largest = max(largest, work)
-    return 1 if largest < SMALL_WORK else None
+        total += work
+        count += 1
+    return None if largest >= SMALL_WORK or splits(total, count) else 1
+
+
+def splits(total: int, steps: int) -> bool:
+    """Whether `steps` kernels doing `total` multiply-adds (or elements) between them run faster on the idle
+    cores although none is large: enough work, and enough per kernel to pay for its barrier (SPLIT_TOTAL,
+    SPLIT_MEAN)."""
+    return total >= SPLIT_TOTAL and total >= SPLIT_MEAN * max(steps, 1)
 
 
 def blas_run(steps: Iterable[Step], kernels: Iterable[object]) -> bool:

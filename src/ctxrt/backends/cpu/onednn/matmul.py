@@ -61,8 +61,13 @@ def _stored_or_chosen(spec: NodeSpec, make: Any, wdims: tuple[int, int], stored:
     (prepacked). Measured at 1 and 2 threads, 128 rows by a decoder's and an encoder's weights (768 x 2048, 2048 x
     768, 768 x 32000, 384 x 1536): the stored (N, K) layout as fast as the blocked one or faster, 16 rows by 768 x
     2048 twice as fast; but one row by a matrix that fits the caches (GPT-2's 256 x 1024, GELU fused) faster
-    blocked: 0.45 vs 0.70 ms of oneDNN calls a token."""
-    if int(spec.consts[1].nbytes) < STORED_MIN_BYTES:
+    blocked: 0.45 vs 0.70 ms of oneDNN calls a token. In a range program (where the native kernels are built) every
+    size is read as stored: its steps at a few rows (a decoder's token) run csrc/gemv.c's GEMV on those weights,
+    sharing them among the idle cores (backends/cpu/extents.py, `small_rows`), and blocked weights would keep them on
+    oneDNN's primitive at the program's thread count: a GPT-2-style token (4 layers, hidden 256, 2 cores) 0.29 ms
+    against 0.42 with the small weights blocked (onnxruntime 0.25)."""
+    plain = bool(spec.options.get("ranges")) and native.library() is not None
+    if int(spec.consts[1].nbytes) < STORED_MIN_BYTES and not plain:
         return choose_weights(spec, make, wdims, int(spec.consts[1].nbytes))
     try:
         prim = make(stored)
