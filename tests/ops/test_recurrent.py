@@ -384,6 +384,44 @@ def test_lstm_at_small_batches_runs_the_native_kernel(direction: str, layout: in
         assert_close(numpy_out[name], want, name)
 
 
+@pytest.mark.parametrize("projection", ["onednn", "numpy"])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("layout", [0, 1])
+def test_native_lstm_projects_every_step_and_direction_in_one_gemm(projection: str, bias: bool, layout: int,
+                                                                   monkeypatch, op_backend) -> None:
+    """The native LSTM's input projections: oneDNN's one GEMM for every step and both directions (the directions'
+    gates side by side in each row, both biases as its bias) or, without oneDNN, NumPy's per direction; with and
+    without B, in both layouts, against onnxruntime."""
+    from ctxrt.backends.cpu import native, rnn_native
+    from ctxrt.backends.cpu.onednn import api
+
+    if op_backend != "cpu" or native.library() is None:
+        pytest.skip("the CPU's native kernel")
+    if projection == "onednn" and not api.available():
+        pytest.skip("oneDNN is not installed")
+    monkeypatch.setattr(api, "has_avx512", lambda: False)
+    if projection == "numpy":
+        monkeypatch.setattr(rnn_native, "_projection", lambda *a: None)
+    values = arrays("LSTM", 6, 2, 5, 16, 2)
+    consts = ("W", "R", "B") if bias else ("W", "R")
+    x = values["X"].transpose(1, 0, 2).copy() if layout else values["X"]
+    node = helper.make_node("LSTM", NAMES[:3] + (["B"] if bias else []), ["Y", "Y_h", "Y_c"], hidden_size=16,
+                            direction="bidirectional", layout=layout)
+    model = _model(node, {"X": x}, {n: values[n] for n in consts})
+    with ctxrt.compile(model, backend="cpu") as ctx:
+        g = ctx.graph()
+        assert g.compiled.steps[0].algorithm == "native_lstm"
+        assert (g._kernels[0].project is not None) == (projection == "onednn")
+        got = g.run({"X": x})
+    theirs = helper.make_node("LSTM", NAMES[:3] + (["B"] if bias else []), ["Y", "Y_h", "Y_c"], hidden_size=16,
+                              direction="bidirectional")  # onnxruntime runs layout 0 only
+    want = _onnxruntime(_model(theirs, {"X": values["X"]}, {n: values[n] for n in consts}), {"X": values["X"]})
+    if layout:  # Y (t, d, n, h) -> (n, t, d, h); Y_h, Y_c (d, n, h) -> (n, d, h)
+        want = [want[0].transpose(2, 0, 1, 3), want[1].transpose(1, 0, 2), want[2].transpose(1, 0, 2)]
+    for name, w in zip(["Y", "Y_h", "Y_c"], want, strict=True):
+        assert_close(got[name], np.ascontiguousarray(w), name)
+
+
 def test_lstm_on_avx512_runs_onednns_primitive(monkeypatch, tmp_path) -> None:
     """Where oneDNN runs AVX-512, its fused LSTM primitive beats the native AVX2 kernel (torch's tagger at batch 1
     and 8: 1.07-1.15x and 1.02-1.05x onnxruntime against 1.36x): a few batch rows compile to it."""

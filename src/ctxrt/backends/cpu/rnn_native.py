@@ -1,6 +1,11 @@
-"""LSTM at a few batch rows on csrc/genai.c's native kernel: the input projections of every step as one NumPy
-GEMM per direction (both biases added in one pass), then one call per direction runs every step's recurrent GEMV
-and gates (lstm_kernel.h): no Python and no primitive per step.
+"""LSTM at a few batch rows on csrc/genai.c's native kernel: the input projections of every step and both
+directions as one GEMM (oneDNN's, both biases summed in as its bias, W read where it is stored; NumPy's per
+direction where oneDNN is not installed), then one call per direction runs every step's recurrent GEMV and gates
+(lstm_kernel.h): no Python and no primitive per step.
+
+The projections are most of the work at batch 1: torch's 2-layer bidirectional tagger (hidden 128, 50 steps, one
+AVX-512 core) spent 2 x 108 us (layer 1) and 2 x 227 us (layer 2) of its 1.25 ms in NumPy's GEMMs (60 GFLOP/s);
+oneDNN's brgemm runs them in one call per layer.
 
 Used for float32 LSTM nodes that oneDNN's fused primitive would compute (rnn_onednn.refusal: the default
 activations, no clip, no input_forget, constant weights, no sequence_lens shorter than the sequence) at up to
@@ -17,8 +22,10 @@ import numpy as np
 
 from ctxrt.backends.cpu import native
 from ctxrt.backends.cpu.onednn import api
+from ctxrt.backends.cpu.onednn.kernels import OneDnnKernel, create, weighted_args
 from ctxrt.backends.cpu.recurrent import INITIAL_C, INITIAL_H, B, P, R, Scratch, W, X
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec
+from ctxrt.errors import CtxrtError
 from ctxrt.ir.canonical import output_slots
 
 ROWS = 16  # batch rows up to which the native kernel runs (R read once a step for every two rows; oneDNN beyond)
@@ -34,7 +41,11 @@ def usable(spec: NodeSpec) -> bool:
             or rnn_onednn.refusal(spec, need_onednn=False) is not None:
         return False  # (a range program's kernels are chosen once for every batch of its ranges: oneDNN's)
     if rnn_onednn.refusal(spec) is None and api.has_avx512():
-        return False  # oneDNN's AVX-512 primitive beats this AVX2 kernel (torch's tagger: 1.02-1.20x vs 1.36x)
+        # oneDNN's AVX-512 LSTM primitive: as fast at one row as this kernel with its projections on oneDNN (torch's
+        # tagger, one thread, 40 interleaved rounds: 1.14x onnxruntime vs 1.16-1.19x; the per-step GEMV is bound by
+        # L2's bandwidth, ~2.9 us a step for R's 256 KiB, and an AVX-512 copy of it measured no faster), faster from
+        # 4 rows (1.07x vs 1.31x)
+        return False
     xs = spec.inputs[X].shape
     return (xs[1] if int(spec.attr("layout", 0)) == 0 else xs[0]) <= ROWS
 
@@ -60,9 +71,12 @@ class NativeLSTM(Kernel):
         self.plan.add("xp", (d, t * n, 4 * h), np.float32)
         self.plan.add("work", (n * 7 * h,), np.float32)
         self.plan.add("bias", (d, 4 * h), np.float32)
+        self.project = _projection(spec, t * n, i, d * 4 * h, self.has[B])  # None: NumPy's GEMM per direction
+        if self.project is not None and self.project.scratch:
+            self.plan.add("project", (int(self.project.scratch[0]),), np.uint8)
         mine = self.plan.sizes()
         self.scratch = tuple(max(a, b) for a, b in zip_longest(self.numpy.scratch, mine, fillvalue=1))
-        self.attrs = {MARK: "native"}
+        self.attrs = {MARK: "native", **(self.project.attrs if self.project is not None else {})}
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         lib = native.library()
@@ -80,7 +94,13 @@ class NativeLSTM(Kernel):
         c0 = ins[INITIAL_C] if self.has[INITIAL_C] else None
         peep = ins[P] if self.has[P] else None
         f4 = 4  # bytes of a float
+        project = self.project
+        # xp: per direction (t * n, 4h) rows, or with oneDNN's one GEMM (t * n, d * 4h): the directions side by side
         xp_t, xp_b = (n * 4 * h, 4 * h) if lay == 0 else (4 * h, t * 4 * h)
+        step, part = t * n * 4 * h, 4 * h  # a direction's first value: in its block, or in each row
+        if project is not None:
+            xp_t, xp_b = (n * d * 4 * h, d * 4 * h) if lay == 0 else (d * 4 * h, t * d * 4 * h)
+            step = part
         y_t, y_b, y_d = (d * n * h, h, n * h) if lay == 0 else (d * h, t * d * h, h)
         s_b, s_d = (h, n * h) if lay == 0 else (d * h, h)  # Y_h, Y_c, initial_h and initial_c
 
@@ -90,13 +110,25 @@ class NativeLSTM(Kernel):
         args = []
         for k, rev in enumerate(self.reverse):
             args.append(native.LstmArgs(
-                steps=t, batch=n, hidden=h, reverse=int(rev), xp=at(xp, k * t * n * 4 * h), xp_t=xp_t, xp_b=xp_b,
+                steps=t, batch=n, hidden=h, reverse=int(rev), xp=at(xp, k * step), xp_t=xp_t, xp_b=xp_b,
                 r=at(r, k * 4 * h * h), peep=at(peep, k * 3 * h), h0=at(h0, k * s_d), c0=at(c0, k * s_d), s0_b=s_b,
                 y=at(y, k * y_d), y_t=y_t, y_b=y_b, yh=at(yh, k * s_d), yc=at(yc, k * s_d), s_b=s_b,
                 work=views["work"].ctypes.data))
         call = lib.ctxrt_lstm
         halves = (b[:, :4 * h], b[:, 4 * h:]) if b is not None else None
         per_dir = [(w[k].T, xp[k], bias[k], ctypes.byref(args[k])) for k in range(d)]  # views made once
+        if project is not None:
+            gemm = project.bind([x2, w.reshape(d * 4 * h, i), bias.reshape(1, d * 4 * h)],
+                                [xp.reshape(t * n, d * 4 * h)], [views["project"]] if project.scratch else [])
+            refs = [ref for *_, ref in per_dir]
+
+            def projected(_keep: Any = (arrays, views, args)) -> None:
+                if halves is not None:
+                    np.add(halves[0], halves[1], out=bias)
+                gemm()
+                for ref in refs:
+                    call(ref)
+            return projected
 
         def run(_keep: Any = (arrays, views, args)) -> None:
             if halves is not None:
@@ -107,3 +139,24 @@ class NativeLSTM(Kernel):
                     np.add(proj, bk, out=proj)
                 call(ref)
         return run
+
+
+def _projection(spec: NodeSpec, rows: int, inputs: int, cols: int, bias: bool) -> OneDnnKernel | None:
+    """oneDNN's GEMM of the input projections of every step and direction: X (rows, I) by W as stored ((D 4H, I):
+    (N, K), no copy), plus the biases summed per direction (its bias argument); None where oneDNN is not installed
+    or has only its reference kernel for it."""
+    if not api.available():
+        return None
+    src, dst = api.Desc.make((rows, inputs), "ab"), api.Desc.make((rows, cols), "ab")
+    b = api.Desc.make((1, cols), "ab") if bias else None
+
+    def make(nthr: int | None = None) -> api.Primitive:
+        w = api.Desc.make((inputs, cols), "ba")
+        return create(spec, "matmul", src.handle, w.handle, b.handle if b else None, dst.handle, nthr=nthr)
+    try:
+        prim = make()
+    except CtxrtError:
+        return None
+    if prim.impl.startswith("ref"):
+        return None
+    return OneDnnKernel(spec, prim, weighted_args(prim, src, dst, b, None), "matmul", variant=make)
