@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
 import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 import ctxrt
 from ctxrt.compiler.ranges import RangeError

@@ -97,10 +97,10 @@ class NativeLSTM(Kernel):
         project = self.project
         # xp: per direction (t * n, 4h) rows, or with oneDNN's one GEMM (t * n, d * 4h): the directions side by side
         xp_t, xp_b = (n * 4 * h, 4 * h) if lay == 0 else (4 * h, t * 4 * h)
-        step, part = t * n * 4 * h, 4 * h  # a direction's first value: in its block, or in each row
+        step = t * n * 4 * h  # where a direction's values begin: its block, or its part of each row
         if project is not None:
             xp_t, xp_b = (n * d * 4 * h, d * 4 * h) if lay == 0 else (d * 4 * h, t * d * 4 * h)
-            step = part
+            step = 4 * h
         y_t, y_b, y_d = (d * n * h, h, n * h) if lay == 0 else (d * h, t * d * h, h)
         s_b, s_d = (h, n * h) if lay == 0 else (d * h, h)  # Y_h, Y_c, initial_h and initial_c
 
