@@ -3,8 +3,9 @@ with torch.onnx.export (dynamo=False, opset 17; `-dynamo`: dynamo=True, opset 18
 on one thread (ctxrt's num_threads=1, onnxruntime's intra_op_num_threads=1), timed in interleaved blocks of runs
 so that load on the machine hits both alike. Per engine: the median block, in wall-clock time and in the CPU
 time of this thread (both engines run on the calling thread: CPU time leaves out the time other processes took
-the core, the noise of a shared machine). Ratios are ctxrt / onnxruntime. Prints a Markdown table and the
-command line.
+the core, the noise of a shared machine). Ratios are ctxrt / onnxruntime; "twin ratio" is a second compile of the
+same model, timed in the same rotation: two identical programs differed by up to 10% on a shared VM, so a ratio
+nearer 1 than that is no difference. Prints a Markdown table and the command line.
 
     python bench/bench_recurrent.py [--models lstm gru rnn gru-dynamo] [--steps 50] [--batch 1 8]
                                     [--hidden 128] [--rounds 25] [--block 5]
@@ -73,25 +74,28 @@ def _row(name: str, batch: int, args: argparse.Namespace) -> str:
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     sess = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
-    ctx = ctxrt.compile(data)
-    ctx.num_threads = 1
+    ctx, twin = ctxrt.compile(data), ctxrt.compile(data)  # the twin: the same program, the host's noise floor
+    ctx.num_threads = twin.num_threads = 1
     try:
-        g = ctx.graph()
+        g, h = ctx.graph(), twin.graph()
         outs = {g.outputs[0].name: np.empty(g.outputs[0].shape, np.float32)}
         g.execute(feeds, outs)
         err = float(np.abs(next(iter(outs.values())) - sess.run(None, feeds)[0]).max())
-        ours, theirs = [], []
-        for _ in range(args.rounds):  # interleaved blocks, each after one untimed run
-            g.execute(feeds, outs)
-            ours.append(_block(lambda: g.execute(feeds, outs), args.block))
-            sess.run(None, feeds)
-            theirs.append(_block(lambda: sess.run(None, feeds), args.block))
+        engines = {"ours": lambda: g.execute(feeds, outs), "twin": lambda: h.execute(feeds, outs),
+                   "theirs": lambda: sess.run(None, feeds)}
+        times: dict[str, list[tuple[float, float]]] = {k: [] for k in engines}
+        order = list(engines)
+        for r in range(args.rounds):  # interleaved blocks, each after one untimed run, the order rotated
+            for k in order[r % 3:] + order[:r % 3]:
+                engines[k]()
+                times[k].append(_block(engines[k], args.block))
     finally:
         ctx.free()
-    cw, cc = (statistics.median(t[k] for t in ours) * 1e3 for k in (0, 1))
-    ow, oc = (statistics.median(t[k] for t in theirs) * 1e3 for k in (0, 1))
+        twin.free()
+    (cw, cc), (tw, _), (ow, oc) = ([statistics.median(t[k] for t in times[e]) * 1e3 for k in (0, 1)]
+                                   for e in ("ours", "twin", "theirs"))
     return (f"| {name} | {batch} | {args.steps} | {cw:.3f} | {ow:.3f} | {cw / ow:.2f} | {cc:.3f} | {oc:.3f} | "
-            f"{cc / oc:.2f} | {err:.1e} |")
+            f"{cc / oc:.2f} | {tw / ow:.2f} | {err:.1e} |")
 
 
 def main() -> None:
@@ -109,11 +113,12 @@ def main() -> None:
     with threadpool_limits(1):
         rows = [_row(name, batch, args) for name in args.models for batch in args.batch]
     print("| model | batch | steps | ctxrt ms | onnxruntime ms | ratio | ctxrt CPU ms | onnxruntime CPU ms | CPU ratio "
-          "| max abs diff |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| twin ratio | max abs diff |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(rows))
     print(f"\n`python {shlex.join(sys.argv)}` (one thread each; medians of {args.rounds} interleaved blocks of "
-          f"{args.block} runs)")
+          f"{args.block} runs, the order rotated; \"twin ratio\": a second compile of the same model timed the same "
+          "way, the host's noise: ratios closer than its distance from the first are not a difference)")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from ctxrt.errors import CtxrtError
 from ctxrt.ir.canonical import output_slots
 
 ROWS = 16  # batch rows up to which the native kernel runs (R read once a step for every two rows; oneDNN beyond)
+AVX512_ROWS = 2  # ... where oneDNN's LSTM primitive runs AVX-512
 MARK = "recurrent"  # node attribute a compile records: "native"
 
 
@@ -40,14 +41,15 @@ def usable(spec: NodeSpec) -> bool:
     if spec.op != "LSTM" or "prefer" not in spec.options or spec.options.get("ranges") or native.library() is None \
             or rnn_onednn.refusal(spec, need_onednn=False) is not None:
         return False  # (a range program's kernels are chosen once for every batch of its ranges: oneDNN's)
-    if rnn_onednn.refusal(spec) is None and api.has_avx512():
-        # oneDNN's AVX-512 LSTM primitive: as fast at one row as this kernel with its projections on oneDNN (torch's
-        # tagger, one thread, 40 interleaved rounds: 1.14x onnxruntime vs 1.16-1.19x; the per-step GEMV is bound by
-        # L2's bandwidth, ~2.9 us a step for R's 256 KiB, and an AVX-512 copy of it measured no faster), faster from
-        # 4 rows (1.07x vs 1.31x)
-        return False
     xs = spec.inputs[X].shape
-    return (xs[1] if int(spec.attr("layout", 0)) == 0 else xs[0]) <= ROWS
+    rows = xs[1] if int(spec.attr("layout", 0)) == 0 else xs[0]
+    if rnn_onednn.refusal(spec) is None and api.has_avx512():
+        # oneDNN's AVX-512 LSTM primitive from 3 rows; at one or two this kernel, its projections on oneDNN (torch's
+        # tagger, one thread, bench_recurrent.py with its twin control: 1 row 1.05-1.10x onnxruntime vs the
+        # primitive's 1.17-1.20x, 2 rows 1.26-1.39x vs 1.36-1.43x, 4 rows 1.24x vs 1.06x, 8 rows 1.24x vs 1.03x;
+        # the step's GEMV is bound near 2.7 us by streaming R's 256 KiB from L2, an AVX-512 copy no faster)
+        return rows <= AVX512_ROWS
+    return rows <= ROWS
 
 
 class NativeLSTM(Kernel):
