@@ -1,5 +1,6 @@
 /* The decoder kernels of onnxruntime-genai's models, for a generation's steps; called through ctypes
-   (src/ctxrt/backends/cpu/native.py), each `*_kernel.h` compiled twice: for AVX2+FMA and in portable C.
+   (src/ctxrt/backends/cpu/native.py), each `*_kernel.h` compiled twice: for AVX2+FMA and in portable C (and
+   lstm_kernel.h a third time for AVX-512, where its gates and its one-row GEMV take 16 lanes).
 
    - com.microsoft GroupQueryAttention for a few new tokens of one sequence (gqa_kernel.h), as onnxruntime's CPU
      kernel computes it: the new keys (rotated) and values written into the present buffers at the sequence's
@@ -15,7 +16,7 @@
    - Swish x / (1 + e^(-alpha x)) (act_kernel.h): the SiLU of a decoder's MLP, one pass instead of NumPy's four
      (backends/cpu/activations.py).
    - One direction of an LSTM at a few batch rows (lstm_kernel.h): every step's recurrent GEMV and gates in one
-     call, after NumPy's GEMM of the input projections (backends/cpu/rnn_native.py). */
+     call, after one GEMM of the input projections (oneDNN's, or NumPy's; backends/cpu/rnn_native.py). */
 
 #include <math.h>
 #include <stdint.h>
@@ -59,6 +60,22 @@ typedef struct {
 #undef GQA_AVX2
 #pragma GCC pop_options
 
+/* the LSTM once more, 16 lanes (AVX-512F and DQ) in its batch-1 GEMV and its gates; its other paths the AVX2 copy's */
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx2,fma")
+#define GQA_AVX2 1
+#define LSTM_AVX512 1
+#define NAME(x) x##_avx512
+#include "hsum.h"
+#include "vmath.h"
+#include "lstm_kernel.h"
+#undef NAME
+#undef LSTM_AVX512
+#undef GQA_AVX2
+#pragma GCC pop_options
+
+static int avx512(void) { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq"); }
+
 static int avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 #else
 static int avx2(void) { return 0; }
@@ -68,6 +85,8 @@ static int avx2(void) { return 0; }
 #define softmax_rows_avx2 softmax_rows_c
 #define swish_avx2 swish_c
 #define lstm_avx2 lstm_c
+static int avx512(void) { return 0; }
+#define lstm_avx512 lstm_c
 #endif
 
 int ctxrt_gqa(const gqa_args *p) {
@@ -101,7 +120,8 @@ int ctxrt_swish(const swish_args *p) {
 }
 
 int ctxrt_lstm(const lstm_args *p) {
-    if (avx2()) lstm_avx2(p);
+    if (avx512()) lstm_avx512(p);
+    else if (avx2()) lstm_avx2(p);
     else lstm_c(p);
     return 0;
 }

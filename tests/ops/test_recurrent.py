@@ -340,7 +340,7 @@ def test_context_binary_round_trip_keeps_which_outputs_exist(tmp_path) -> None:
     assert_close(got["Y_c"], _onnxruntime(model, feeds)[0], "Y_c")
 
 
-@pytest.mark.parametrize("hidden", [16, 12])  # 12: the gates' scalar tail
+@pytest.mark.parametrize("hidden", [16, 24, 12])  # 24: 16 lanes then 8 (AVX-512, AVX2); 12: the scalar tail
 @pytest.mark.parametrize("layout", [0, 1])
 @pytest.mark.parametrize("direction", DIRECTIONS)
 @pytest.mark.parametrize("batch", [3, 7])  # 7: four rows sharing R's loads, then two, then one
