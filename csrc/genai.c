@@ -16,7 +16,8 @@
    - Swish x / (1 + e^(-alpha x)) (act_kernel.h): the SiLU of a decoder's MLP, one pass instead of NumPy's four
      (backends/cpu/activations.py).
    - One direction of an LSTM at a few batch rows (lstm_kernel.h): every step's recurrent GEMV and gates in one
-     call, after one GEMM of the input projections (oneDNN's, or NumPy's; backends/cpu/rnn_native.py). */
+     call, after one GEMM of the input projections (oneDNN's, or NumPy's; backends/cpu/rnn_native.py); a GRU's
+     with linear_before_reset the same way. */
 
 #include <math.h>
 #include <stdint.h>
@@ -87,6 +88,8 @@ static int avx2(void) { return 0; }
 #define lstm_avx2 lstm_c
 static int avx512(void) { return 0; }
 #define lstm_avx512 lstm_c
+#define gru_avx2 gru_c
+#define gru_avx512 gru_c
 #endif
 
 int ctxrt_gqa(const gqa_args *p) {
@@ -116,6 +119,13 @@ int ctxrt_softmax_rows(const softmax_args *p) {
 int ctxrt_swish(const swish_args *p) {
     if (avx2()) swish_avx2(p);
     else swish_c(p);
+    return 0;
+}
+
+int ctxrt_gru(const gru_args *p) {
+    if (avx512()) gru_avx512(p);
+    else if (avx2()) gru_avx2(p);
+    else gru_c(p);
     return 0;
 }
 

@@ -52,9 +52,8 @@ static inline __m512 NAME(tanh16)(__m512 x) {
 
 static inline float NAME(sigmoid1)(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-/* g[j] += R[j] . h for the 4 * hidden rows of R */
-static void NAME(lstm_recur)(const float *r, const float *h, int64_t hidden, float *g) {
-    const int64_t rows = 4 * hidden;
+/* g[j] += R[j] . h for the `rows` rows of R (an LSTM's 4 * hidden, a GRU's 3 * hidden) */
+static void NAME(lstm_recur)(const float *r, const float *h, int64_t hidden, int64_t rows, float *g) {
     int64_t j = 0;
 #ifdef LSTM_AVX512  /* the same, 16 lanes of h a load; each row's two halves added before the sums */
     if (hidden % 16 == 0) {
@@ -219,7 +218,7 @@ static void NAME(lstm)(const lstm_args *p) {
             else if (took == 2) NAME(lstm_recur2)(p->r, h[0], h[1], H, g[0], g[1]);
             else
 #endif
-                NAME(lstm_recur)(p->r, h[0], H, g[0]);
+                NAME(lstm_recur)(p->r, h[0], H, 4 * H, g[0]);
             for (int64_t i = 0; i < took; i++) NAME(lstm_gates)(p, b + i, t);
             b += took;
         }
@@ -229,4 +228,57 @@ static void NAME(lstm)(const lstm_args *p) {
         if (p->yh) memcpy(p->yh + b * p->s_b, h, (size_t)H * sizeof(float));
         if (p->yc) memcpy(p->yc + b * p->s_b, c, (size_t)H * sizeof(float));
     }
+}
+
+/* GRU, linear_before_reset = 1, batch row b at step t: a holds R h (z r h rows), h is updated in place:
+   z = s(xz + az), r = s(xr + ar), n = tanh(xh + r (ah + Rbh)), h = n + z (h - n); h copied to Y */
+static void NAME(gru_gates)(const gru_args *p, const float *x, float *a, float *h, int64_t b, int64_t t) {
+    const int64_t H = p->hidden;
+    const float *xz = x, *xr = x + H, *xh = x + 2 * H, *az = a, *ar = a + H, *ah = a + 2 * H, *rb = p->rbh;
+    int64_t k = 0;
+#ifdef LSTM_AVX512
+    for (; k + 16 <= H; k += 16) {
+        const __m512 z = NAME(sigmoid16)(_mm512_add_ps(_mm512_loadu_ps(xz + k), _mm512_loadu_ps(az + k)));
+        const __m512 r = NAME(sigmoid16)(_mm512_add_ps(_mm512_loadu_ps(xr + k), _mm512_loadu_ps(ar + k)));
+        __m512 hr = _mm512_loadu_ps(ah + k);
+        if (rb) hr = _mm512_add_ps(hr, _mm512_loadu_ps(rb + k));
+        const __m512 n = NAME(tanh16)(_mm512_fmadd_ps(r, hr, _mm512_loadu_ps(xh + k)));
+        _mm512_storeu_ps(h + k, _mm512_fmadd_ps(z, _mm512_sub_ps(_mm512_loadu_ps(h + k), n), n));
+    }
+#endif
+#ifdef GQA_AVX2
+    for (; k + 8 <= H; k += 8) {
+        const __m256 z = NAME(sigmoid8)(_mm256_add_ps(_mm256_loadu_ps(xz + k), _mm256_loadu_ps(az + k)));
+        const __m256 r = NAME(sigmoid8)(_mm256_add_ps(_mm256_loadu_ps(xr + k), _mm256_loadu_ps(ar + k)));
+        __m256 hr = _mm256_loadu_ps(ah + k);
+        if (rb) hr = _mm256_add_ps(hr, _mm256_loadu_ps(rb + k));
+        const __m256 n = NAME(tanh8)(_mm256_fmadd_ps(r, hr, _mm256_loadu_ps(xh + k)));
+        _mm256_storeu_ps(h + k, _mm256_fmadd_ps(z, _mm256_sub_ps(_mm256_loadu_ps(h + k), n), n));
+    }
+#endif
+    for (; k < H; k++) {
+        const float z = NAME(sigmoid1)(xz[k] + az[k]), r = NAME(sigmoid1)(xr[k] + ar[k]);
+        const float n = tanhf(xh[k] + r * (ah[k] + (rb ? rb[k] : 0.0f)));
+        h[k] = n + z * (h[k] - n);
+    }
+    if (p->y) memcpy(p->y + t * p->y_t + b * p->y_b, h, (size_t)H * sizeof(float));
+}
+
+static void NAME(gru)(const gru_args *p) {
+    const int64_t H = p->hidden, N = p->batch;
+    for (int64_t b = 0; b < N; b++) {
+        float *h = p->work + b * 4 * H + 3 * H;
+        for (int64_t k = 0; k < H; k++) h[k] = p->h0 ? p->h0[b * p->s0_b + k] : 0.0f;
+    }
+    for (int64_t s = 0; s < p->steps; s++) {
+        const int64_t t = p->reverse ? p->steps - 1 - s : s;
+        for (int64_t b = 0; b < N; b++) {  /* each row: R h (before its gates), then the gates */
+            float *a = p->work + b * 4 * H, *h = a + 3 * H;
+            memset(a, 0, (size_t)(3 * H) * sizeof(float));
+            NAME(lstm_recur)(p->r, h, H, 3 * H, a);
+            NAME(gru_gates)(p, p->xp + t * p->xp_t + b * p->xp_b, a, h, b, t);
+        }
+    }
+    if (p->yh)
+        for (int64_t b = 0; b < N; b++) memcpy(p->yh + b * p->s_b, p->work + b * 4 * H + 3 * H, (size_t)H * sizeof(float));
 }

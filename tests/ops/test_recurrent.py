@@ -441,3 +441,52 @@ def test_lstm_on_avx512_runs_onednns_primitive_from_three_rows(monkeypatch, op_b
         assert (ctx.graph().compiled.steps[0].algorithm == "native_lstm") is native_kernel
         got = ctx.graph().run({"X": values["X"]})["Y"]
     assert_close(got, _onnxruntime(model, {"X": values["X"]})[0], "Y")
+
+
+@pytest.mark.parametrize("hidden", [16, 24, 12])  # 16 lanes; 16 then 8; the scalar tail
+@pytest.mark.parametrize("layout", [0, 1])
+@pytest.mark.parametrize("direction", DIRECTIONS)
+@pytest.mark.parametrize(("rows", "full"), [(1, True), (2, False)])
+def test_gru_at_one_or_two_rows_runs_the_native_kernel(direction: str, layout: int, hidden: int, rows: int,
+                                                       full: bool, monkeypatch, op_backend, tmp_path) -> None:
+    """A GRU with linear_before_reset (torch's export) at one or two batch rows: csrc/lstm_kernel.h's `gru` (the
+    projections one oneDNN GEMM; `full`: with B and initial_h, else neither), Y and Y_h against onnxruntime; its
+    binary loads where the extension is not built (NumPy's cells in the same scratch) with the same outputs; with
+    linear_before_reset = 0 the node stays on oneDNN's primitive."""
+    from ctxrt.backends.cpu import native
+    from ctxrt.backends.cpu.onednn import api
+
+    if op_backend != "cpu" or native.library() is None or not api.available():
+        pytest.skip("the CPU's native kernel and oneDNN")
+    d = 2 if direction == "bidirectional" else 1
+    values = arrays("GRU", 6, rows, 5, hidden, d)
+    consts = ("W", "R", "B") if full else ("W", "R")
+    feeds = {"X": values["X"], **({"initial_h": values["initial_h"]} if full else {})}
+    names = NAMES[:3] + (["B", "", "initial_h"] if full else [])
+    theirs = helper.make_node("GRU", names, ["Y", "Y_h"], hidden_size=hidden, direction=direction,
+                              linear_before_reset=1)
+    want = _onnxruntime(_model(theirs, feeds, {n: values[n] for n in consts}), feeds)
+    if layout:  # batch-first: X (n, t, i), initial_h (n, d, h); Y (n, t, d, h), Y_h (n, d, h)
+        feeds = {"X": values["X"].transpose(1, 0, 2).copy(),
+                 **({"initial_h": values["initial_h"].transpose(1, 0, 2).copy()} if full else {})}
+        want = [want[0].transpose(2, 0, 1, 3), want[1].transpose(1, 0, 2)]
+    node = helper.make_node("GRU", names, ["Y", "Y_h"], hidden_size=hidden, direction=direction,
+                            linear_before_reset=1, layout=layout)
+    model = _model(node, feeds, {n: values[n] for n in consts})
+    onnx.save(model, tmp_path / "gru.onnx")
+    from ctxrt.cli import main as cli
+
+    assert cli(["compile", str(tmp_path / "gru.onnx"), "-o", str(tmp_path / "gru.ctx"), "-q"]) == 0
+    with ctxrt.context_from_binary(tmp_path / "gru.ctx") as ctx:
+        assert [s.algorithm for s in ctx.graph().compiled.steps] == ["native_gru"]
+        native_out = ctx.graph().run(feeds)
+    monkeypatch.setitem(native._STATE, "lib", None)
+    with ctxrt.context_from_binary(tmp_path / "gru.ctx") as ctx:
+        numpy_out = ctx.graph().run(feeds)
+    for name, w in zip(["Y", "Y_h"], want, strict=True):
+        assert_close(native_out[name], np.ascontiguousarray(w), name)
+        assert_close(numpy_out[name], np.ascontiguousarray(w), name)
+    monkeypatch.undo()
+    lbr0 = helper.make_node("GRU", names, ["Y", "Y_h"], hidden_size=hidden, direction=direction, layout=layout)
+    with ctxrt.compile(_model(lbr0, feeds, {n: values[n] for n in consts}), backend="cpu") as ctx:
+        assert ctx.graph().compiled.steps[0].algorithm != "native_gru"

@@ -82,6 +82,16 @@ class LstmArgs(ctypes.Structure):
                 ("yc", ctypes.c_void_p), ("s_b", ctypes.c_int64), ("work", ctypes.c_void_p)]
 
 
+class GruArgs(ctypes.Structure):
+    """csrc/lstm.h's gru_args."""
+
+    _fields_ = [*((f, ctypes.c_int64) for f in ("steps", "batch", "hidden", "reverse")),
+                ("xp", ctypes.c_void_p), ("xp_t", ctypes.c_int64), ("xp_b", ctypes.c_int64), ("r", ctypes.c_void_p),
+                ("rbh", ctypes.c_void_p), ("h0", ctypes.c_void_p), ("s0_b", ctypes.c_int64), ("y", ctypes.c_void_p),
+                ("y_t", ctypes.c_int64), ("y_b", ctypes.c_int64), ("yh", ctypes.c_void_p), ("s_b", ctypes.c_int64),
+                ("work", ctypes.c_void_p)]
+
+
 class GemvArgs(ctypes.Structure):
     """csrc/gemv.h's gemv_args."""
 
@@ -234,7 +244,7 @@ def _load() -> ctypes.CDLL | None:
 def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
     for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "dynquant", "qmatmul",
-                 "igemm", "swish", "lstm", "ln_rows", "softmax_rows", "lut8", "affine8", "act", "sum8", "ew",
+                 "igemm", "swish", "lstm", "gru", "ln_rows", "softmax_rows", "lut8", "affine8", "act", "sum8", "ew",
                  "batch", "dnnl"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int

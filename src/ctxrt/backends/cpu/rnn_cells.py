@@ -196,7 +196,7 @@ def _fused_or(cells: type[Recurrent]) -> KernelFactory:
         if spec.attr(rnn_onednn.PACKED):
             return rnn_onednn.FusedRecurrent(spec)
         if spec.attr(rnn_native.MARK) == "native" or spec.attr(rnn_native.MARK) is None and rnn_native.usable(spec):
-            return rnn_native.NativeLSTM(spec)
+            return rnn_native.kernel(spec)
         if rnn_onednn.refusal(spec) is None:
             try:
                 return rnn_onednn.FusedRecurrent(spec)

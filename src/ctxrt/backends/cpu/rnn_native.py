@@ -35,9 +35,11 @@ MARK = "recurrent"  # node attribute a compile records: "native"
 
 def usable(spec: NodeSpec) -> bool:
     """Whether this node, being compiled now (its spec carries the compile options; a binary's node is loaded with
-    the kernel it was compiled for), runs on the native LSTM kernel."""
+    the kernel it was compiled for), runs on the native LSTM or GRU kernel."""
     from ctxrt.backends.cpu import rnn_onednn
 
+    if spec.op == "GRU":
+        return _gru_usable(spec)
     if spec.op != "LSTM" or "prefer" not in spec.options or spec.options.get("ranges") or native.library() is None \
             or rnn_onednn.refusal(spec, need_onednn=False) is not None:
         return False  # (a range program's kernels are chosen once for every batch of its ranges: oneDNN's)
@@ -162,3 +164,106 @@ def _projection(spec: NodeSpec, rows: int, inputs: int, cols: int, bias: bool) -
     if prim.impl.startswith("ref"):
         return None
     return OneDnnKernel(spec, prim, weighted_args(prim, src, dst, b, None), "matmul", variant=make)
+
+
+GRU_ROWS = 2  # batch rows up to which a GRU runs the native kernel (one GEMV a row and step; oneDNN's beyond)
+
+
+def _gru_usable(spec: NodeSpec) -> bool:
+    """A GRU with linear_before_reset = 1 (torch's export) that oneDNN's fused primitive computes, at one or two
+    batch rows: torch's 2-layer bidirectional tagger (hidden 128, 50 steps, one AVX-512 core) ... (bench_recurrent.py)."""
+    from ctxrt.backends.cpu import rnn_onednn
+
+    if "prefer" not in spec.options or spec.options.get("ranges") or native.library() is None \
+            or int(spec.attr("linear_before_reset", 0)) != 1 or rnn_onednn.refusal(spec) is not None:
+        return False  # (refusal: oneDNN installed, float32, default activations, constant weights, full sequences)
+    xs = spec.inputs[X].shape
+    return (xs[1] if int(spec.attr("layout", 0)) == 0 else xs[0]) <= GRU_ROWS
+
+
+def kernel(spec: NodeSpec) -> Kernel:
+    """The native kernel of an LSTM or GRU node (`usable`, or compiled for it)."""
+    return NativeGRU(spec) if spec.op == "GRU" else NativeLSTM(spec)
+
+
+class NativeGRU(Kernel):
+    """A GRU (linear_before_reset = 1) as NativeLSTM runs an LSTM: the projections of every step and direction as
+    one oneDNN GEMM (Wb, and Rb of z and r, its bias), then csrc/lstm_kernel.h's `gru` per direction (R h a step,
+    then the gates; Rbh added to Rh h before the reset gate scales it)."""
+
+    algorithm = "native_gru"
+
+    def __init__(self, spec: NodeSpec) -> None:
+        from ctxrt.backends.cpu.rnn_cells import GRU
+
+        self.numpy = GRU(spec)  # where the extension is not built at load: the same scratch serves it
+        self.layout = int(spec.attr("layout", 0))
+        self.reverse = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[
+            spec.attr("direction", "forward")]
+        d = len(self.reverse)
+        xs = spec.inputs[X].shape
+        t, n, i = (xs[0], xs[1], xs[2]) if self.layout == 0 else (xs[1], xs[0], xs[2])
+        h = spec.inputs[R].shape[-1]
+        self.D, self.T, self.N, self.I, self.H = d, t, n, i, h
+        self.slots = output_slots(spec.attrs, len(spec.outputs), 2)
+        self.has = {k: k < len(spec.inputs) and spec.inputs[k] is not None for k in (B, INITIAL_H)}
+        self.plan = Scratch()
+        self.plan.add("xp", (t * n, d * 3 * h), np.float32)
+        self.plan.add("work", (n * 4 * h,), np.float32)
+        self.plan.add("bias", (d, 3 * h), np.float32)
+        self.project = _projection(spec, t * n, i, d * 3 * h, self.has[B])
+        if self.project is not None and self.project.scratch:
+            self.plan.add("project", (int(self.project.scratch[0]),), np.uint8)
+        mine = self.plan.sizes()
+        self.scratch = tuple(max(a, b) for a, b in zip_longest(self.numpy.scratch, mine, fillvalue=1))
+        self.attrs = {MARK: "native", **(self.project.attrs if self.project is not None else {})}
+
+    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        lib = native.library()
+        arrays = [a for a in [*ins, *outs] if a is not None]
+        if lib is None or not all(a.flags.c_contiguous for a in arrays):
+            return self.numpy.bind(ins, outs, scratch[:len(self.numpy.scratch)])
+        views = self.plan.views(scratch[:len(self.plan.items)])
+        d, t, n, i, h, lay = self.D, self.T, self.N, self.I, self.H, self.layout
+        x2, w, r = ins[X].reshape(-1, i), ins[W], ins[R]  # x rows (t, b) for layout 0, (b, t) for layout 1
+        b = ins[B] if self.has[B] else None
+        xp, bias = views["xp"], views["bias"]
+        y, yh = (outs[s] if s is not None else None for s in self.slots)
+        h0 = ins[INITIAL_H] if self.has[INITIAL_H] else None
+        f4 = 4
+        xp_t, xp_b = (n * d * 3 * h, d * 3 * h) if lay == 0 else (d * 3 * h, t * d * 3 * h)  # directions side by side
+        y_t, y_b, y_d = (d * n * h, h, n * h) if lay == 0 else (d * h, t * d * h, h)
+        s_b, s_d = (h, n * h) if lay == 0 else (d * h, h)  # Y_h and initial_h
+
+        def at(a: np.ndarray | None, offset: int) -> int | None:
+            return None if a is None else a.ctypes.data + offset * f4
+
+        args = [native.GruArgs(steps=t, batch=n, hidden=h, reverse=int(rev), xp=at(xp, k * 3 * h), xp_t=xp_t,
+                               xp_b=xp_b, r=at(r, k * 3 * h * h), rbh=at(b, k * 6 * h + 5 * h), h0=at(h0, k * s_d),
+                               s0_b=s_b, y=at(y, k * y_d), y_t=y_t, y_b=y_b, yh=at(yh, k * s_d), s_b=s_b,
+                               work=views["work"].ctypes.data) for k, rev in enumerate(self.reverse)]
+        refs, call = [ctypes.byref(a) for a in args], lib.ctxrt_gru
+        # the projections' bias: Wb of z r h plus Rb of z and r (Rbh: the kernel's, inside the reset gate)
+        sums = (b[:, :2 * h], b[:, 3 * h:5 * h], bias[:, :2 * h], b[:, 2 * h:3 * h], bias[:, 2 * h:]) \
+            if b is not None else None
+        project = self.project
+        if project is not None:
+            gemm = project.bind([x2, w.reshape(d * 3 * h, i), bias.reshape(1, d * 3 * h)], [xp],
+                                [views["project"]] if project.scratch else [])
+        else:
+            blocks = [(w[k].T, xp[:, k * 3 * h:(k + 1) * 3 * h], bias[k]) for k in range(d)]
+
+            def gemm() -> None:  # NumPy's GEMM a direction, its bias added after
+                for wt, proj, bk in blocks:
+                    np.matmul(x2, wt, out=proj)
+                    if b is not None:
+                        np.add(proj, bk, out=proj)
+
+        def run(_keep: Any = (arrays, views, args)) -> None:
+            if sums is not None:
+                np.add(sums[0], sums[1], out=sums[2])
+                np.copyto(sums[4], sums[3])
+            gemm()
+            for ref in refs:
+                call(ref)
+        return run
