@@ -1,7 +1,7 @@
-"""LSTM (and GRU with linear_before_reset, `NativeGRU`) at a few batch rows on csrc/genai.c's native kernel: the input projections of every step and both
-directions as one GEMM (oneDNN's, both biases summed in as its bias, W read where it is stored; NumPy's per
-direction where oneDNN is not installed), then one call per direction runs every step's recurrent GEMV and gates
-(lstm_kernel.h): no Python and no primitive per step.
+"""LSTM (and GRU with linear_before_reset, `NativeGRU`) at a few batch rows on csrc/genai.c's native kernel: the
+input projections of every step and both directions as one GEMM (oneDNN's, both biases summed in as its bias, W read
+where it is stored; NumPy's per direction where oneDNN is not installed), then one call per direction runs every
+step's recurrent GEMV and gates (lstm_kernel.h): no Python and no primitive per step.
 
 The projections are most of the work at batch 1: torch's 2-layer bidirectional tagger (hidden 128, 50 steps, one
 AVX-512 core) spent 2 x 108 us (layer 1) and 2 x 227 us (layer 2) of its 1.25 ms in NumPy's GEMMs (60 GFLOP/s);
