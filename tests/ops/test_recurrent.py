@@ -369,19 +369,28 @@ def test_lstm_at_small_batches_runs_the_native_kernel(direction: str, layout: in
                             hidden_size=hidden, direction=direction, layout=layout)
     feeds = {n: values[n] for n in used if n not in consts}
     model = _model(node, feeds, {n: values[n] for n in consts})
-    onnx.save(model, tmp_path / "lstm.onnx")
-    from ctxrt.cli import main as cli
-
-    assert cli(["compile", str(tmp_path / "lstm.onnx"), "-o", str(tmp_path / "lstm.ctx"), "-q"]) == 0
-    with ctxrt.context_from_binary(tmp_path / "lstm.ctx") as ctx:
-        assert [s.algorithm for s in ctx.graph().compiled.steps] == ["native_lstm"]
-        native_out = ctx.graph().run(feeds)
-    monkeypatch.setitem(native._STATE, "lib", None)
-    with ctxrt.context_from_binary(tmp_path / "lstm.ctx") as ctx:
-        numpy_out = ctx.graph().run(feeds)
+    native_out, numpy_out = _native_then_numpy(model, feeds, "native_lstm", tmp_path, monkeypatch)
     for name, want in zip(["Y", "Y_h", "Y_c"], got, strict=True):
         assert_close(native_out[name], want, name)
         assert_close(numpy_out[name], want, name)
+
+
+def _native_then_numpy(model: onnx.ModelProto, feeds: dict, algorithm: str, tmp_path, monkeypatch
+                       ) -> tuple[dict, dict]:
+    """The model compiled by `ctxrt compile` to a binary whose one node runs `algorithm`: its outputs, then the
+    binary's loaded where the extension is not built (NumPy's cells in the same planned scratch)."""
+    from ctxrt.backends.cpu import native
+    from ctxrt.cli import main as cli
+
+    onnx.save(model, tmp_path / "rnn.onnx")
+    assert cli(["compile", str(tmp_path / "rnn.onnx"), "-o", str(tmp_path / "rnn.ctx"), "-q"]) == 0
+    with ctxrt.context_from_binary(tmp_path / "rnn.ctx") as ctx:
+        assert [s.algorithm for s in ctx.graph().compiled.steps] == [algorithm]
+        native_out = ctx.graph().run(feeds)
+    with monkeypatch.context() as m:
+        m.setitem(native._STATE, "lib", None)
+        with ctxrt.context_from_binary(tmp_path / "rnn.ctx") as ctx:
+            return native_out, ctx.graph().run(feeds)
 
 
 @pytest.mark.parametrize("projection", ["onednn", "numpy"])
@@ -473,20 +482,10 @@ def test_gru_at_one_or_two_rows_runs_the_native_kernel(direction: str, layout: i
     node = helper.make_node("GRU", names, ["Y", "Y_h"], hidden_size=hidden, direction=direction,
                             linear_before_reset=1, layout=layout)
     model = _model(node, feeds, {n: values[n] for n in consts})
-    onnx.save(model, tmp_path / "gru.onnx")
-    from ctxrt.cli import main as cli
-
-    assert cli(["compile", str(tmp_path / "gru.onnx"), "-o", str(tmp_path / "gru.ctx"), "-q"]) == 0
-    with ctxrt.context_from_binary(tmp_path / "gru.ctx") as ctx:
-        assert [s.algorithm for s in ctx.graph().compiled.steps] == ["native_gru"]
-        native_out = ctx.graph().run(feeds)
-    monkeypatch.setitem(native._STATE, "lib", None)
-    with ctxrt.context_from_binary(tmp_path / "gru.ctx") as ctx:
-        numpy_out = ctx.graph().run(feeds)
+    native_out, numpy_out = _native_then_numpy(model, feeds, "native_gru", tmp_path, monkeypatch)
     for name, w in zip(["Y", "Y_h"], want, strict=True):
         assert_close(native_out[name], np.ascontiguousarray(w), name)
         assert_close(numpy_out[name], np.ascontiguousarray(w), name)
-    monkeypatch.undo()
     lbr0 = helper.make_node("GRU", names, ["Y", "Y_h"], hidden_size=hidden, direction=direction, layout=layout)
     with ctxrt.compile(_model(lbr0, feeds, {n: values[n] for n in consts}), backend="cpu") as ctx:
         assert ctx.graph().compiled.steps[0].algorithm != "native_gru"

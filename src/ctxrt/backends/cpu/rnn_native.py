@@ -54,33 +54,45 @@ def usable(spec: NodeSpec) -> bool:
     return rows <= ROWS
 
 
-class NativeLSTM(Kernel):
-    algorithm = "native_lstm"
+class _Native(Kernel):
+    """What the native LSTM and GRU share: the node's dims, NumPy's cells for a load where the extension is not
+    built (in the same scratch, declared the larger of both), and the scratch of the projections `xp` (GATES x
+    hidden a direction, step and row), the kernel's `work` (WORK x hidden a row), the summed `bias` and the GEMM's."""
 
-    def __init__(self, spec: NodeSpec) -> None:
-        from ctxrt.backends.cpu.rnn_cells import LSTM
+    GATES, WORK, SLOTS = 4, 7, 3
 
-        self.numpy = LSTM(spec)  # where the extension is not built at load: the same scratch serves it
+    def __init__(self, spec: NodeSpec, cells: Kernel, xp: tuple[int, ...]) -> None:
+        self.numpy = cells
         self.layout = int(spec.attr("layout", 0))
         self.reverse = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[
             spec.attr("direction", "forward")]
         d = len(self.reverse)
         xs = spec.inputs[X].shape
         t, n, i = (xs[0], xs[1], xs[2]) if self.layout == 0 else (xs[1], xs[0], xs[2])
-        h = spec.inputs[R].shape[-1]
+        h, g = spec.inputs[R].shape[-1], self.GATES
         self.D, self.T, self.N, self.I, self.H = d, t, n, i, h
-        self.slots = output_slots(spec.attrs, len(spec.outputs), 3)
+        self.slots = output_slots(spec.attrs, len(spec.outputs), self.SLOTS)
         self.has = {k: k < len(spec.inputs) and spec.inputs[k] is not None for k in (B, INITIAL_H, INITIAL_C, P)}
         self.plan = Scratch()
-        self.plan.add("xp", (d, t * n, 4 * h), np.float32)
-        self.plan.add("work", (n * 7 * h,), np.float32)
-        self.plan.add("bias", (d, 4 * h), np.float32)
-        self.project = _projection(spec, t * n, i, d * 4 * h, self.has[B])  # None: NumPy's GEMM per direction
+        self.plan.add("xp", xp, np.float32)
+        self.plan.add("work", (n * self.WORK * h,), np.float32)
+        self.plan.add("bias", (d, g * h), np.float32)
+        self.project = _projection(spec, t * n, i, d * g * h, self.has[B])  # None: NumPy's GEMM per direction
         if self.project is not None and self.project.scratch:
             self.plan.add("project", (int(self.project.scratch[0]),), np.uint8)
         mine = self.plan.sizes()
-        self.scratch = tuple(max(a, b) for a, b in zip_longest(self.numpy.scratch, mine, fillvalue=1))
+        self.scratch = tuple(max(a, b) for a, b in zip_longest(cells.scratch, mine, fillvalue=1))
         self.attrs = {MARK: "native", **(self.project.attrs if self.project is not None else {})}
+
+
+class NativeLSTM(_Native):
+    algorithm = "native_lstm"
+
+    def __init__(self, spec: NodeSpec) -> None:
+        from ctxrt.backends.cpu.rnn_cells import LSTM
+
+        xs, h, d = spec.inputs[X].shape, spec.inputs[R].shape[-1], spec.inputs[W].shape[0]
+        super().__init__(spec, LSTM(spec), (d, xs[0] * xs[1], 4 * h))
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         lib = native.library()
@@ -187,37 +199,19 @@ def kernel(spec: NodeSpec) -> Kernel:
     return NativeGRU(spec) if spec.op == "GRU" else NativeLSTM(spec)
 
 
-class NativeGRU(Kernel):
+class NativeGRU(_Native):
     """A GRU (linear_before_reset = 1) as NativeLSTM runs an LSTM: the projections of every step and direction as
     one oneDNN GEMM (Wb, and Rb of z and r, its bias), then csrc/lstm_kernel.h's `gru` per direction (R h a step,
     then the gates; Rbh added to Rh h before the reset gate scales it)."""
 
     algorithm = "native_gru"
+    GATES, WORK, SLOTS = 3, 4, 2
 
     def __init__(self, spec: NodeSpec) -> None:
         from ctxrt.backends.cpu.rnn_cells import GRU
 
-        self.numpy = GRU(spec)  # where the extension is not built at load: the same scratch serves it
-        self.layout = int(spec.attr("layout", 0))
-        self.reverse = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[
-            spec.attr("direction", "forward")]
-        d = len(self.reverse)
-        xs = spec.inputs[X].shape
-        t, n, i = (xs[0], xs[1], xs[2]) if self.layout == 0 else (xs[1], xs[0], xs[2])
-        h = spec.inputs[R].shape[-1]
-        self.D, self.T, self.N, self.I, self.H = d, t, n, i, h
-        self.slots = output_slots(spec.attrs, len(spec.outputs), 2)
-        self.has = {k: k < len(spec.inputs) and spec.inputs[k] is not None for k in (B, INITIAL_H)}
-        self.plan = Scratch()
-        self.plan.add("xp", (t * n, d * 3 * h), np.float32)
-        self.plan.add("work", (n * 4 * h,), np.float32)
-        self.plan.add("bias", (d, 3 * h), np.float32)
-        self.project = _projection(spec, t * n, i, d * 3 * h, self.has[B])
-        if self.project is not None and self.project.scratch:
-            self.plan.add("project", (int(self.project.scratch[0]),), np.uint8)
-        mine = self.plan.sizes()
-        self.scratch = tuple(max(a, b) for a, b in zip_longest(self.numpy.scratch, mine, fillvalue=1))
-        self.attrs = {MARK: "native", **(self.project.attrs if self.project is not None else {})}
+        xs, h, d = spec.inputs[X].shape, spec.inputs[R].shape[-1], spec.inputs[W].shape[0]
+        super().__init__(spec, GRU(spec), (xs[0] * xs[1], d * 3 * h))
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         lib = native.library()
