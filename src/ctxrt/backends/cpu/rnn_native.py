@@ -84,6 +84,18 @@ class _Native(Kernel):
         self.scratch = tuple(max(a, b) for a, b in zip_longest(cells.scratch, mine, fillvalue=1))
         self.attrs = {MARK: "native", **(self.project.attrs if self.project is not None else {})}
 
+    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        lib = native.library()
+        arrays = [a for a in [*ins, *outs] if a is not None]
+        if lib is None or not all(a.flags.c_contiguous for a in arrays):
+            return self.numpy.bind(ins, outs, scratch[:len(self.numpy.scratch)])
+        return self.native_bind(lib, ins, outs, self.plan.views(scratch[:len(self.plan.items)]), arrays)
+
+    def native_bind(self, lib: Any, ins: list[Any], outs: list[Any], views: dict[str, np.ndarray],
+                    arrays: list[np.ndarray]) -> Launch:
+        """The launch on the native kernel (`lib`), the scratch's `views`; `arrays` kept alive by it."""
+        raise NotImplementedError
+
 
 class NativeLSTM(_Native):
     algorithm = "native_lstm"
@@ -94,12 +106,8 @@ class NativeLSTM(_Native):
         xs, h, d = spec.inputs[X].shape, spec.inputs[R].shape[-1], spec.inputs[W].shape[0]
         super().__init__(spec, LSTM(spec), (d, xs[0] * xs[1], 4 * h))
 
-    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
-        lib = native.library()
-        arrays = [a for a in [*ins, *outs] if a is not None]
-        if lib is None or not all(a.flags.c_contiguous for a in arrays):
-            return self.numpy.bind(ins, outs, scratch[:len(self.numpy.scratch)])
-        views = self.plan.views(scratch[:len(self.plan.items)])
+    def native_bind(self, lib: Any, ins: list[Any], outs: list[Any], views: dict[str, np.ndarray],
+                    arrays: list[np.ndarray]) -> Launch:
         d, t, n, i, h, lay = self.D, self.T, self.N, self.I, self.H, self.layout
         x2 = ins[X].reshape(-1, i)  # rows (t, b) for layout 0, (b, t) for layout 1
         w, r = ins[W], ins[R]
@@ -213,12 +221,8 @@ class NativeGRU(_Native):
         xs, h, d = spec.inputs[X].shape, spec.inputs[R].shape[-1], spec.inputs[W].shape[0]
         super().__init__(spec, GRU(spec), (xs[0] * xs[1], d * 3 * h))
 
-    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
-        lib = native.library()
-        arrays = [a for a in [*ins, *outs] if a is not None]
-        if lib is None or not all(a.flags.c_contiguous for a in arrays):
-            return self.numpy.bind(ins, outs, scratch[:len(self.numpy.scratch)])
-        views = self.plan.views(scratch[:len(self.plan.items)])
+    def native_bind(self, lib: Any, ins: list[Any], outs: list[Any], views: dict[str, np.ndarray],
+                    arrays: list[np.ndarray]) -> Launch:
         d, t, n, i, h, lay = self.D, self.T, self.N, self.I, self.H, self.layout
         x2, w, r = ins[X].reshape(-1, i), ins[W], ins[R]  # x rows (t, b) for layout 0, (b, t) for layout 1
         b = ins[B] if self.has[B] else None
