@@ -61,7 +61,8 @@ typedef struct {
 #undef GQA_AVX2
 #pragma GCC pop_options
 
-/* the LSTM once more, 16 lanes (AVX-512F and DQ) in its batch-1 GEMV and its gates; its other paths the AVX2 copy's */
+/* lstm_kernel.h once more, 16 lanes (AVX-512F and DQ): the LSTM's and GRU's one-row GEMV and gates; the LSTM's
+   two- and four-row GEMVs stay the AVX2 copy's (an AVX-512 copy of them measured slower than oneDNN's primitive) */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx2,fma")
 #define GQA_AVX2 1
