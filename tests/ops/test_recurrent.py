@@ -489,3 +489,26 @@ def test_gru_at_one_or_two_rows_runs_the_native_kernel(direction: str, layout: i
     lbr0 = helper.make_node("GRU", names, ["Y", "Y_h"], hidden_size=hidden, direction=direction, layout=layout)
     with ctxrt.compile(_model(lbr0, feeds, {n: values[n] for n in consts}), backend="cpu") as ctx:
         assert ctx.graph().compiled.steps[0].algorithm != "native_gru"
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_native_gru_projects_on_numpy_without_onednn(bias: bool, monkeypatch, op_backend) -> None:
+    """The native GRU where its projections cannot run on oneDNN (a binary loaded without it): NumPy's GEMM a
+    direction, the summed biases added after; Y and Y_h against onnxruntime."""
+    from ctxrt.backends.cpu import native, rnn_native
+    from ctxrt.backends.cpu.onednn import api
+
+    if op_backend != "cpu" or native.library() is None or not api.available():
+        pytest.skip("the CPU's native kernel and oneDNN")
+    monkeypatch.setattr(rnn_native, "_projection", lambda *a: None)
+    values = arrays("GRU", 6, 1, 5, 16, 2)
+    consts = ("W", "R", "B") if bias else ("W", "R")
+    node = helper.make_node("GRU", NAMES[:3] + (["B"] if bias else []), ["Y", "Y_h"], hidden_size=16,
+                            direction="bidirectional", linear_before_reset=1)
+    model = _model(node, {"X": values["X"]}, {n: values[n] for n in consts})
+    with ctxrt.compile(model, backend="cpu") as ctx:
+        g = ctx.graph()
+        assert g.compiled.steps[0].algorithm == "native_gru" and g._kernels[0].project is None
+        got = g.run({"X": values["X"]})
+    for name, want in zip(["Y", "Y_h"], _onnxruntime(model, {"X": values["X"]}), strict=True):
+        assert_close(got[name], want, name)
