@@ -102,14 +102,23 @@ class Conv(ClKernel):
         x, w, y = ins[0], ins[1], outs[0]
         b = ins[2] if self.has_bias else x
         r = ins[3] if self.residual else x
-        i32 = np.int32
-        args = [i32(self.cg), i32(win.h), i32(win.w), i32(win.oh), i32(win.ow), i32(self.mg), i32(self.g),
-                i32(win.sh), i32(win.sw), i32(win.ph), i32(win.pw), i32(win.dh), i32(win.dw),
+        args = [*window_args(win, self.cg, self.mg, self.g),
                 *(a for t in (x, w, b, r, y) for a in (t.mem, np.uint64(t.offset)))]
-        rn, rm = p["RN"], p["RM"]
-        gsize = (-(-win.oh * win.ow // (rn * p["WN"])) * rn, -(-self.mg // (rm * p["WM"] * p["VW"])) * rm,
-                 win.n * self.g)
-        return self.launch(self.kernel("conv", *args), gsize, (rn, rm, 1))
+        return self.launch(self.kernel("conv", *args), *conv_grid(p, win, self.mg, self.g))
+
+
+def window_args(win: Window, cg: int, mg: int, g: int) -> list[np.int32]:
+    """The window's arguments of an implicit-GEMM conv kernel (conv.cl, qconv.cl), before its buffers."""
+    return [np.int32(v) for v in (cg, win.h, win.w, win.oh, win.ow, mg, g, win.sh, win.sw, win.ph, win.pw, win.dh,
+                                  win.dw)]
+
+
+def conv_grid(p: dict[str, int], win: Window, mg: int, g: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(global, local) sizes of an implicit-GEMM conv: RN x RM work items a group, each WN pixels by WM x VW
+    output channels."""
+    rn, rm = p["RN"], p["RM"]
+    return ((-(-win.oh * win.ow // (rn * p["WN"])) * rn, -(-mg // (rm * p["WM"] * p["VW"])) * rm, win.n * g),
+            (rn, rm, 1))
 
 
 def _conv(spec: NodeSpec, backend: Any) -> ClKernel:

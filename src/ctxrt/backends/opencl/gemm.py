@@ -150,15 +150,8 @@ class Gemm(ClKernel):
         return d
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
-        batch = math.prod(self.batch)
-        if self.M * self.N * batch == 0:
+        if self.M * self.N * math.prod(self.batch) == 0:
             return lambda: None
-        cl, p = self.backend.cl, self.params
-        int4 = cl.cltypes.make_int4
-
-        def vec(values: list[int], fill: int) -> Any:
-            return int4(*reversed([fill] * (MAX_BATCH_RANK - len(values)) + values))
-
         a, b, y = ins[0], ins[1], outs[0]
         c = ins[2] if self.has_c else a
         r = a if self.residual is None else ins[self.residual]
@@ -167,10 +160,21 @@ class Gemm(ClKernel):
                 a.mem, np.uint64(a.offset), np.int32(self.lda), b.mem, np.uint64(b.offset), np.int32(self.ldb),
                 c.mem, np.uint64(c.offset), np.int32(self.scm), np.int32(self.scn), r.mem, np.uint64(r.offset),
                 y.mem, np.uint64(y.offset),
-                scalar(self.alpha), scalar(self.beta), vec(self.batch, 1), vec(self.bsa, 0), vec(self.bsb, 0)]
-        rn, rm = p["TN"] // (p["WN"] * p["VN"]), p["TM"] // p["WM"]
-        gsize = (-(-self.N // p["TN"]) * rn, -(-self.M // p["TM"]) * rm, batch)
-        return self.launch(self.kernel("gemm", *args), gsize, (rn, rm, 1))
+                scalar(self.alpha), scalar(self.beta), *batch_args(self.backend.cl, self.batch, self.bsa, self.bsb)]
+        return self.launch(self.kernel("gemm", *args), *tile_grid(self.params, self.M, self.N, self.batch))
+
+
+def batch_args(cl: Any, batch: list[int], bsa: list[int], bsb: list[int]) -> list[Any]:
+    """The batch dims and A's and B's strides over them as the kernels' int4 arguments (innermost first)."""
+    def vec(values: list[int], fill: int) -> Any:
+        return cl.cltypes.make_int4(*reversed([fill] * (MAX_BATCH_RANK - len(values)) + values))
+    return [vec(batch, 1), vec(bsa, 0), vec(bsb, 0)]
+
+
+def tile_grid(p: dict[str, int], m: int, n: int, batch: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(global, local) sizes of a tiled GEMM (gemm.cl, qgemm.cl): TM x TN tiles of WM x (WN VN) per work item."""
+    rn, rm = p["TN"] // (p["WN"] * p["VN"]), p["TM"] // p["WM"]
+    return (-(-n // p["TN"]) * rn, -(-m // p["TM"]) * rm, math.prod(batch)), (rn, rm, 1)
 
 
 def _gemm(spec: NodeSpec, backend: Any) -> Gemm:

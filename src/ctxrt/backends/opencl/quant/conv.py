@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.kernel import Launch, NodeSpec
+from ctxrt.backends.opencl.conv import conv_grid, window_args
 from ctxrt.backends.opencl.kernel import CL_TYPES, ClKernel, Space
 from ctxrt.backends.opencl.spatial import Window, decline, window
 from ctxrt.backends.opencl.window import WindowKernel
@@ -216,14 +217,9 @@ class QConv(ClKernel):
         if win.n * win.oh * win.ow * q.mg * q.g == 0:
             return lambda: None
         y = outs[0]
-        i32 = np.int32
-        args = [i32(q.cg), i32(win.h), i32(win.w), i32(win.oh), i32(win.ow), i32(q.mg), i32(q.g),
-                i32(win.sh), i32(win.sw), i32(win.ph), i32(win.pw), i32(win.dh), i32(win.dw),
-                *q.params(ins, scratch[0]), y.mem, np.uint64(y.offset)]
-        rn, rm = p["RN"], p["RM"]
-        gsize = (-(-win.oh * win.ow // (rn * p["WN"])) * rn, -(-q.mg // (rm * p["WM"] * p["VW"])) * rm,
-                 win.n * q.g)
-        return q.centre(self, ins, scratch[0], self.launch(self.kernel("qconv", *args), gsize, (rn, rm, 1)))
+        args = [*window_args(win, q.cg, q.mg, q.g), *q.params(ins, scratch[0]), y.mem, np.uint64(y.offset)]
+        return q.centre(self, ins, scratch[0],
+                        self.launch(self.kernel("qconv", *args), *conv_grid(p, win, q.mg, q.g)))
 
 
 class QDepthwise(ClKernel):

@@ -27,7 +27,7 @@ import numpy as np
 
 from ctxrt.backends.cpu.quant.common import centred_span
 from ctxrt.backends.kernel import Launch, NodeSpec
-from ctxrt.backends.opencl.gemm import MAX_BATCH_RANK, _batch_strides, _collapse_batch
+from ctxrt.backends.opencl.gemm import MAX_BATCH_RANK, _batch_strides, _collapse_batch, batch_args, tile_grid
 from ctxrt.backends.opencl.kernel import ClKernel, Space
 from ctxrt.backends.opencl.spatial import decline
 
@@ -229,15 +229,9 @@ class QGemmKernel(ClKernel):
         return d
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
-        batch = math.prod(self.batch)
-        if self.M * self.N * batch == 0:
+        if self.M * self.N * math.prod(self.batch) == 0:
             return lambda: None
-        cl, p, at = self.backend.cl, self.params, self.at
-        int4 = cl.cltypes.make_int4
-
-        def vec(values: list[int], fill: int) -> Any:
-            return int4(*reversed([fill] * (MAX_BATCH_RANK - len(values)) + values))
-
+        at = self.at
         a, b, y = ins[at["a"]], ins[at["b"]], outs[0]
         given = {key: [ins[at[key]].mem, np.uint64(ins[at[key]].offset)] for key in at if self._given(key)}
         first = None
@@ -264,10 +258,8 @@ class QGemmKernel(ClKernel):
                 *t("a_z"), *t("b_z"), *t("a_s"), *t("b_s"), *t("y_s"), *t("y_z"),
                 *t("c"), np.int32(self.scm), np.int32(self.scn), *t("fb"),
                 y.mem, np.uint64(y.offset), np.float32(self.alpha),
-                vec(self.batch, 1), vec(self.bsa, 0), vec(self.bsb, 0)]
-        rn, rm = p["TN"] // (p["WN"] * p["VN"]), p["TM"] // p["WM"]
-        gsize = (-(-self.N // p["TN"]) * rn, -(-self.M // p["TM"]) * rm, batch)
-        gemm = self.launch(self.kernel("qgemm", *args), gsize, (rn, rm, 1))
+                *batch_args(self.backend.cl, self.batch, self.bsa, self.bsb)]
+        gemm = self.launch(self.kernel("qgemm", *args), *tile_grid(self.params, self.M, self.N, self.batch))
         if first is None:
             return gemm
 
