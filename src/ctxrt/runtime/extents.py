@@ -110,6 +110,7 @@ class ExtentRunner:
         self.cache: dict[int, OrderedDict[tuple[int, ...], Made]] = {k: OrderedDict() for k in makers}
         # kernels of steps whose changing constants their kernel reads only when it runs, by step and shapes
         self.by_shape: dict[tuple[int, Any], Any] = {}
+        self.kernels_built = 0  # kernels made for sets of dims (AtDims.built: the new ones of a set)
         self.work = [step_work(s) for s in g.compiled.steps]  # at the upper bound: bounds every shape inside
         fixed = [w for k, w in enumerate(self.work) if k not in makers]
         self.static_work: int | None = None if None in fixed else max(fixed, default=0)
@@ -301,9 +302,9 @@ class ExtentRunner:
             self.last = (shapes, st)
             return st
         with g.ctx.lock:
-            built = g.ctx.stats["range_kernels_built"]
+            built = self.kernels_built
             st = self.states[dims] = self._at(dims)
-            st.built = g.ctx.stats["range_kernels_built"] != built
+            st.built = self.kernels_built != built
             while len(self.states) > MAX_STATES:
                 self.states.popitem(last=False)
             g.ctx.stats["range_specializations"] += 1
@@ -430,6 +431,7 @@ class ExtentRunner:
             if made.kernel is None:
                 made.kernel, _ = select_kernel(be, spec, step.backend or None, step.params)
                 ctx.stats["range_kernels_built"] += 1
+                self.kernels_built += 1
                 if shapes is not None:
                     self.by_shape[shapes] = made.kernel
                     if len(self.by_shape) > PER_STEP * 4:
