@@ -35,7 +35,8 @@ _UNARY: dict[str, Any] = {
 }
 _COPIES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 _ATTRS: dict[str, frozenset[str]] = {
-    "Concat": frozenset({"axis"}), "Transpose": frozenset({"perm"}), "Softmax": frozenset({"axis"}),
+    "Concat": frozenset({"axis"}), "Transpose": frozenset({"perm"}), "MatMul": frozenset({"transB"}),
+    "Softmax": frozenset({"axis"}),
     "Expand": frozenset({"shape"}), "Trilu": frozenset({"upper"}), "Slice": frozenset({"starts", "ends", "axes",
                                                                                       "steps"}),
     "Reshape": frozenset({"shape", "allowzero"}), "Squeeze": frozenset({"axes"}), "Unsqueeze": frozenset({"axes"}),
@@ -184,6 +185,8 @@ def _where(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
 
 def _matmul(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     a, b, y = ins[0], ins[1], outs[0]
+    if step.attrs.get("transB"):  # B read through a Transpose of its last two axes (FoldTransposeIntoMatMul)
+        b = np.swapaxes(b, -1, -2)
     return lambda: np.matmul(a, b, out=y)
 
 

@@ -408,7 +408,9 @@ def gemm(spec: NodeSpec) -> Kernel:
 
 
 def matmul(spec: NodeSpec) -> Kernel:
-    tb = bool(spec.attr("transB", 0))  # B stored [N, K] by the TransposeMatMulWeights pass: an NT GEMM, no copy
+    # B stored [N, K] by the TransposeMatMulWeights pass (an NT GEMM, no copy), or read through a Transpose of its
+    # last two axes (FoldTransposeIntoMatMul: attention's keys as stored)
+    tb = bool(spec.attr("transB", 0))
     a, b = spec.inputs[0], spec.inputs[1]
     if spec.consts[1] is not None and len(b.shape) == 2 and len(a.shape) >= 1 and \
             gemv.takes(math.prod(a.shape[:-1]), tb):  # a few rows by constant weights: the native GEMV (gemv.py)
@@ -420,7 +422,7 @@ def matmul(spec: NodeSpec) -> Kernel:
             return lambda: np.matmul(i[0], w, out=o[0])
         return _Bound(bind, ())
     if tb:
-        return FnKernel(lambda i, o, s: np.matmul(i[0], i[1].T, out=o[0]))
+        return FnKernel(lambda i, o, s: np.matmul(i[0], np.swapaxes(i[1], -1, -2), out=o[0]))
     return FnKernel(lambda i, o, s: np.matmul(i[0], i[1], out=o[0]))
 
 

@@ -4,6 +4,7 @@ from ctxrt.ir.passes.base import Pass, PassResult, run_passes
 from ctxrt.ir.passes.eliminate import EliminateDead, EliminateIdentity
 from ctxrt.ir.passes.fold_affine import FoldChannelAffine
 from ctxrt.ir.passes.fold_bn import FoldBatchNormIntoConv
+from ctxrt.ir.passes.fold_transpose import FoldTransposeIntoMatMul
 from ctxrt.ir.passes.fuse_activation import FuseActivation
 from ctxrt.ir.passes.fuse_gelu import FuseGelu
 from ctxrt.ir.passes.fuse_rms import FuseRms
@@ -15,10 +16,10 @@ def default_passes(in_memory: bool = False, fuse_rms: bool = True) -> list[Pass]
     """`in_memory`: the program runs from memory, not a binary (weights mapped from a model's file stay there);
     `fuse_rms`: the backend runs RMSNormalization itself."""
     return [EliminateIdentity(), FoldBatchNormIntoConv(), FoldChannelAffine(), FuseActivation(), FuseGelu(),
-            FuseSilu(), *([FuseRms()] if fuse_rms else []), EliminateDead(),
+            FuseSilu(), *([FuseRms()] if fuse_rms else []), FoldTransposeIntoMatMul(), EliminateDead(),
             TransposeMatMulWeights(keep_mapped=in_memory)]
 
 
 __all__ = ["Pass", "PassResult", "run_passes", "default_passes", "EliminateDead", "EliminateIdentity",
-           "FoldBatchNormIntoConv", "FoldChannelAffine", "FuseActivation", "FuseGelu", "FuseRms", "FuseSilu",
-           "TransposeMatMulWeights"]
+           "FoldBatchNormIntoConv", "FoldChannelAffine", "FoldTransposeIntoMatMul", "FuseActivation", "FuseGelu",
+           "FuseRms", "FuseSilu", "TransposeMatMulWeights"]
