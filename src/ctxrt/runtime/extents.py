@@ -21,12 +21,13 @@ import numpy as np
 
 from ctxrt import dtypes
 from ctxrt.backends import select_kernel
-from ctxrt.backends.cpu import native
+from ctxrt.backends.cpu import native, strided, threads
 from ctxrt.backends.cpu.extents import UNREAD_ATTRS, _nothing, in_place_reshape, small_rows
 from ctxrt.backends.kernel import NodeSpec, TensorSpec
 from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, Step, TensorInfo
 from ctxrt.compiler.ranges import _apply, filled
 from ctxrt.errors import RegistrationError, ShapeError
+from ctxrt.runtime import feeds
 from ctxrt.runtime.memhandle import MemHandle
 from ctxrt.runtime.work import SMALL_WORK, splits, step_work
 
@@ -77,7 +78,7 @@ class AtDims:
     and the launch list recorded for one IO binding."""
 
     __slots__ = ("dims", "inputs", "outputs", "out_info", "steps", "cap", "blas", "bound", "internal", "launches",
-                 "kv", "recordings", "vals", "resolved", "built")
+                 "kv", "recordings", "vals", "resolved", "built", "plans")
 
     def __init__(self, dims: tuple[int, ...], inputs: list[TensorInfo], outputs: list[TensorInfo],
                  steps: Mapping[int, Made], cap: int | None, blas: bool = False) -> None:
@@ -97,6 +98,8 @@ class AtDims:
         # per recording a state uses (a recording is shared by states whose live steps differ)
         self.resolved: list[Any] | None = None  # [the recording, its launches as run, runs of it]
         self.built = False  # kernels were built for these dims (their first run costs milliseconds: BATCH_AT)
+        # (the batched list run on arrays, {thread key: its feeds.Plan or None}): feeds read in place
+        self.plans: tuple[list[Any] | None, dict[Any, Any]] = (None, {})
 
 
 class ExtentRunner:
@@ -189,6 +192,11 @@ class ExtentRunner:
         # raw launch lists by their changed steps (the dict a group shares among states): (steps, launches, kv)
         self.raw_lists: dict[int, tuple[dict[int, Made], list[Any], tuple[int, int] | None]] = {}
         self.kernels_reading: dict[frozenset[str], Step | None] = {}  # kernel_reading's answers
+        # per input, the steps reading it (feeds.plan: an input only native element-wise calls read is not copied)
+        self.readers: dict[str, list[int]] = {}
+        for k, step in enumerate(g.compiled.steps):
+            for r in {r.key for r in step.inputs if r is not None and r.space == INPUT}:
+                self.readers.setdefault(r, []).append(k)
 
     def release(self) -> None:
         """Drop every launch and state (they hold views of the context's arena; the live launches also this
@@ -579,6 +587,18 @@ class ExtentRunner:
                                 for k, step in enumerate(g.compiled.steps)]
         return self.internal_io
 
+    def _plan(self, st: AtDims, launches: list[Any]) -> feeds.Plan | None:
+        """The feeds a run of the batched list `launches` reads in place, at the run's thread key (made once)."""
+        if st.plans[0] is not launches:
+            st.plans = (launches, {})
+        key = (threads.openmp_now(), threads.idle_now())
+        if key not in st.plans[1]:
+            vals = st.vals
+            per_step = [launch.at(vals) if hasattr(launch, "at") else launch for launch in st.launches]
+            st.plans[1][key] = feeds.plan(per_step, launches, key, st.internal, [t.name for t in st.inputs],
+                                          self.readers)
+        return st.plans[1][key]
+
     # -- running ---------------------------------------------------------------------------------------
     def execute(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None) -> Mapping[str, tuple[int, ...]]:
         g = self.g
@@ -608,7 +628,11 @@ class ExtentRunner:
             resolved[2] += 1
             if resolved[2] == (1 if st.built else BATCH_AT[len(self.states) > FEW_STATES]):
                 resolved[1] = batched(ctx.backend, resolved[1], g._batches)
-            run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, resolved[1], st.cap, st.blas)
+            place = None
+            if all(h is None for h in st.bound):  # on arrays: feeds its batches read in place are not copied
+                place = lambda: self._plan(st, resolved[1])  # noqa: E731
+            run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, resolved[1], st.cap, st.blas,
+                         place)
             if st.kv is not None:  # a KV cache appended in place: what its Concats did not copy, and did
                 ctx.stats["kv_bytes_kept_in_place"] += st.kv[0]
                 ctx.stats["kv_bytes_appended"] += st.kv[1]
@@ -641,22 +665,37 @@ def batched(backend: Any, launches: list[Any], cache: dict[Any, Any]) -> list[An
 
 def run_recorded(ctx: Any, inputs: Mapping[str, Any], outputs: Mapping[str, Any], ins: list[TensorInfo],
                  outs: list[TensorInfo], internal: Mapping[str, Any], launches: list[Any], cap: int | None,
-                 blas: bool = False) -> None:
+                 blas: bool = False, place: Any = None) -> None:
     """One run of recorded launches (under the context's lock): array feeds copied into their internal IO
     buffers, the launches on the context's threads (`cap`: the program's thread cap; `blas`: its large kernels
-    are BLAS calls, which then get the threads), array outputs copied out."""
+    are BLAS calls, which then get the threads), array outputs copied out. `place()`: the feeds.Plan of a list
+    run on arrays (feeds it reads in place, not copied), or None."""
     backend, stats = ctx.backend, ctx.stats
-    for info in ins:
-        v = inputs[info.name]
-        if not isinstance(v, MemHandle):
-            dst = internal[info.name]
-            backend.copy_in(dst, v)
-            stats["copies_in"] += 1
-            stats["bytes_in"] += dst.nbytes
-    threads = ctx.threads
-    threads.cap, threads.blas = cap, blas
-    with threads:
-        backend.run(launches)
+    pool = ctx.threads
+    pool.cap, pool.blas = cap, blas
+    with pool:
+        plan = place() if place is not None else None
+        read = plan.bind(inputs) if plan is not None else None
+        skipped = []
+        for i, info in enumerate(ins):
+            v = inputs[info.name]
+            if read is not None and read[i]:
+                skipped.append(info.name)
+                continue
+            if not isinstance(v, MemHandle):
+                dst = internal[info.name]
+                backend.copy_in(dst, v)
+                stats["copies_in"] += 1
+                stats["bytes_in"] += dst.nbytes
+        if skipped:
+            stats["feeds_read_in_place"] += len(skipped)
+            strided.FALLBACK.prepare = lambda: [backend.copy_in(internal[n], inputs[n]) for n in skipped]
+            try:
+                backend.run(launches)
+            finally:
+                strided.FALLBACK.prepare = None
+        else:
+            backend.run(launches)
     for info in outs:
         v = outputs.get(info.name)
         if v is not None and not isinstance(v, MemHandle):

@@ -13,6 +13,7 @@ runs NumPy's code in the batch too.
 from __future__ import annotations
 
 import ctypes
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -173,6 +174,11 @@ def batch(launches: Sequence[Any], cache: dict[tuple[int, ...], Batch] | None = 
     return out
 
 
+# .prepare: set by a run whose native calls read feeds in place (runtime/feeds.py), called before a Batch's launches
+# run through Python after a native call failed (they read the program's own input buffers)
+FALLBACK = threading.local()
+
+
 class Batch:
     """Launches run in order, each run of native ones by one `ctxrt_batch` call. The calls are listed once per
     (OpenMP threads, idle cores) of a run where a launch depends on them (`keyed`: a oneDNN primitive made for that
@@ -224,6 +230,9 @@ class Batch:
             if step.__class__ is tuple:
                 if step[0](step[1]):
                     k = step[3][step[2].failed]
+                    prepare = getattr(FALLBACK, "prepare", None)
+                    if prepare is not None:  # feeds read in place (runtime/feeds.py): NumPy reads the buffers
+                        prepare()
                     for launch in self.launches[k:]:  # the failed one raises its error; else the rest run
                         launch()
                     return

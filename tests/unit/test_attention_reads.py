@@ -1,0 +1,163 @@
+"""How a decoder's attention reads its tensors: K through MatMul's transB instead of a Transpose
+(ir/passes/fold_transpose.py), and a range program's array feeds read where they lie when only native element-wise
+calls read them (runtime/feeds.py), with the copy kept wherever that cannot hold."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from harness import make_model, onnxruntime_outputs, rand, skip_unless_available
+from onnx import helper
+
+import ctxrt
+from ctxrt.backends.cpu import native, strided
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+import decoders  # noqa: E402
+
+LAYERS, DIM, HEADS = 2, 64, 4
+RANGES = {"past_sequence": (0, 32), "sequence": (1, 4), "batch": (1, 1)}
+
+
+def _ort(model, feeds):
+    return onnxruntime_outputs(model, feeds)
+
+
+def _qk(perm, extra_reader=False, rank=4):
+    """Q (.., S, D) times Transpose(K, perm), optionally the transposed K an output too."""
+    q = rand(*([2, 3][:rank - 2]), 5, 8)
+    k = rand(*([2, 3][:rank - 2]), 7, 8)
+    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=perm),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    outs = ["y", "kt"] if extra_reader else ["y"]
+    return make_model(nodes, {"q": q, "k": k}, outputs=outs), {"q": q, "k": k}
+
+
+@pytest.mark.parametrize("backend", ["cpu", "opencl"])
+@pytest.mark.parametrize("rank", [2, 3, 4])
+def test_transpose_of_the_last_two_axes_is_read_by_matmul(backend, rank) -> None:
+    skip_unless_available(backend)
+    perm = [*range(rank - 2), rank - 1, rank - 2]
+    model, feeds = _qk(perm, rank=rank)
+    want = _ort(model, feeds)
+    with ctxrt.compile(model, backend=backend) as ctx:
+        steps = ctx.graph().compiled.steps
+        assert "Transpose" not in [s.op for s in steps]
+        assert [s.attrs.get("transB") for s in steps if s.op == "MatMul"] == [1]
+        got = ctx.graph().run(feeds)
+    np.testing.assert_allclose(got["y"], want[0], rtol=1e-5, atol=1e-5)
+
+
+def test_other_transposes_and_readers_stay() -> None:
+    # a transposed K read by something else too: the MatMul reads K as stored, the Transpose stays for the other
+    model, feeds = _qk([0, 1, 3, 2], extra_reader=True)
+    want = _ort(model, feeds)
+    with ctxrt.compile(model) as ctx:
+        ops = [s.op for s in ctx.graph().compiled.steps]
+        got = ctx.graph().run(feeds)
+    assert "Transpose" in ops
+    for w, name in zip(want, ("y", "kt"), strict=True):
+        np.testing.assert_allclose(got[name], w, rtol=1e-5, atol=1e-5)
+    # a permutation that moves another axis is no transposed operand
+    q, k = rand(2, 3, 5, 8), rand(8, 3, 2, 7)
+    model = make_model([helper.make_node("Transpose", ["k"], ["kt"], perm=[2, 1, 0, 3]),
+                        helper.make_node("MatMul", ["q", "kt"], ["y"])], {"q": q, "k": k})
+    with ctxrt.compile(model) as ctx:
+        assert "Transpose" in [s.op for s in ctx.graph().compiled.steps]
+        np.testing.assert_allclose(ctx.graph().run({"q": q, "k": k})["y"], _ort(model, {"q": q, "k": k})[0],
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def decoder():
+    path = decoders.gpt2_decoder("dynamo", layers=LAYERS, dim=DIM, heads=HEADS)
+    return path, ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def _feeds(past: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    f = {"input_ids": rng.integers(0, decoders.VOCAB, size=(1, 1), dtype=np.int64)}
+    for name in decoders.names(LAYERS)[0][1:]:
+        f[name] = rng.standard_normal((1, HEADS, past, DIM // HEADS)).astype(np.float32)
+    return f
+
+
+def _close(got, want) -> None:
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def _pasts(sess) -> int:
+    return sess.stats.get("feeds_read_in_place", 0)
+
+
+@pytest.mark.skipif(native.library() is None, reason="the native kernels are not built")
+def test_generation_reads_its_pasts_in_place(decoder) -> None:
+    path, oracle = decoder
+    with ctxrt.InferenceSession(path, dim_ranges=RANGES) as sess:
+        start = decoders.empty_past(LAYERS, seq=3, dim=DIM, heads=HEADS)
+        want = decoders.generate(lambda f: oracle.run(None, f), start, 12, LAYERS)
+        for _ in range(3):  # the third generation runs batched lists: its pasts read where they lie
+            assert decoders.generate(lambda f: sess.run(None, f), start, 12, LAYERS) == want
+        read = _pasts(sess)
+        assert read >= 2 * LAYERS * 8  # every past of (most) tokens of the last generation
+        # a past that is no C-contiguous array at a planned state: copied, and the calls that read the last
+        # run's array (alive, other values) pointed back at the program's buffer
+        f = _feeds(6, 1)
+        for _ in range(3):
+            _close(sess.run(None, f), oracle.run(None, f))
+        before = _pasts(sess)
+        f2 = _feeds(6, 2)
+        name = decoders.names(LAYERS)[0][1]
+        wide = np.zeros((1, HEADS, 6, 2 * (DIM // HEADS)), np.float32)
+        wide[..., ::2] = f2[name]
+        mixed = dict(f2)
+        mixed[name] = wide[..., ::2]
+        _close(sess.run(None, mixed), oracle.run(None, f2))
+        assert _pasts(sess) - before == 2 * LAYERS - 1
+        # the earlier feeds overwritten and gone: no call reads them
+        for v in f.values():
+            v[...] = np.nan if v.dtype == np.float32 else 0
+        del f
+        f3 = _feeds(6, 3)
+        _close(sess.run(None, f3), oracle.run(None, f3))
+        assert _pasts(sess) - before == 4 * LAYERS - 1
+
+
+@pytest.mark.skipif(native.library() is None, reason="the native kernels are not built")
+def test_a_failed_native_call_reruns_on_the_feeds(decoder) -> None:
+    """A batch whose native call fails runs the rest of its launches through NumPy, which reads the program's
+    input buffers: the feeds read in place are copied there first (strided.FALLBACK)."""
+    path, oracle = decoder
+    with ctxrt.InferenceSession(path, dim_ranges=RANGES) as sess:
+        f = _feeds(5, 3)
+        for _ in range(3):
+            sess.run(None, f)
+        assert _pasts(sess) > 0
+        runner = next(iter(sess._variants.values())).ranged._extent
+        st = runner.at(f)
+        past = decoders.names(LAYERS)[0][1]
+        readers = set(runner.readers[past])
+        per_step = [launch.at(st.vals) if hasattr(launch, "at") else launch for launch in st.launches]
+        reading = {id(per_step[k]) for k in readers}
+        batch = next(b for b in st.resolved[1] if isinstance(b, strided.Batch)
+                     and any(id(x) in reading for x in b.launches))
+        first = next(i for i, x in enumerate(batch.launches) if id(x) in reading)
+        bad = native.EwArgs()  # rank 0: ctxrt_ew returns 1
+        for table in batch.tables.values():
+            for seg in table:
+                if seg.__class__ is tuple:
+                    owners, args = seg[3], seg[5]
+                    for j, owner in enumerate(owners):
+                        if owner == first:
+                            args[j] = ctypes.addressof(bad)
+                            break
+        f2 = _feeds(5, 4)
+        _close(sess.run(None, f2), oracle.run(None, f2))
+        assert getattr(strided.FALLBACK, "prepare", None) is None
