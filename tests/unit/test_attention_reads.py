@@ -107,6 +107,8 @@ def test_generation_reads_its_pasts_in_place(decoder) -> None:
             assert decoders.generate(lambda f: sess.run(None, f), start, 12, LAYERS) == want
         read = _pasts(sess)
         assert read >= 2 * LAYERS * 8  # every past of (most) tokens of the last generation
+        # every token's past length ran one list (runtime/slots.py): one for the prompt, one for the tokens
+        assert sess.stats["range_shared_lists"] == 2 and sess.stats["range_shared_runs"] == 3 * 12
         # a past that is no C-contiguous array at a planned state: copied, and the calls that read the last
         # run's array (alive, other values) pointed back at the program's buffer
         f = _feeds(6, 1)
@@ -144,9 +146,9 @@ def test_a_failed_native_call_reruns_on_the_feeds(decoder) -> None:
         st = runner.at(f)
         past = decoders.names(LAYERS)[0][1]
         readers = set(runner.readers[past])
-        per_step = [launch.at(st.vals) if hasattr(launch, "at") else launch for launch in st.launches]
-        reading = {id(per_step[k]) for k in readers}
-        batch = next(b for b in st.resolved[1] if isinstance(b, strided.Batch)
+        shared = st.shared[1]  # the list every past length runs (runtime/slots.py)
+        reading = {id(shared.template[k]) for k in readers}
+        batch = next(b for b in shared.batched if isinstance(b, strided.Batch)
                      and any(id(x) in reading for x in b.launches))
         first = next(i for i, x in enumerate(batch.launches) if id(x) in reading)
         bad = native.EwArgs()  # rank 0: ctxrt_ew returns 1

@@ -433,18 +433,23 @@ def test_layer_norm_and_softmax_take_extents(monkeypatch, kernels, bias, scale_s
             assert sess.stats["range_kernels_built"] == 0
 
 
-def test_a_batch_loop_is_batched_from_its_second_run_a_generation_from_its_third() -> None:
-    """A range program's set of dims replays its native launches as batches (backends/cpu/strided.py) from its
-    second run while the program holds at most FEW_STATES sets (a batch loop), from its third beyond that (a
-    generation: each past length met once per generation), from its first where kernels were built for it (its
-    first run costs milliseconds anyway); the outputs are the same either way."""
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "own"])
+def test_sets_of_dims_run_batched_lists(monkeypatch, shared) -> None:
+    """On arrays, a range program's sets of dims run one list shared by their recording (runtime/slots.py): its
+    native launches merged into batches (backends/cpu/strided.py) once, every set batched from its first run. A set
+    that runs its own list (its launches do not fit the shared one's slots) is batched from its second run while
+    the program holds at most FEW_STATES sets (a batch loop), from its third beyond that (a generation: each past
+    length met once per generation), from its first where kernels were built for it (its first run costs
+    milliseconds anyway); the outputs are the same either way."""
     from onnx import helper, numpy_helper
 
     from ctxrt.backends.cpu import native, strided
-    from ctxrt.runtime import extents
+    from ctxrt.runtime import extents, slots
 
     if native.library() is None:
         pytest.skip("the native extension is not built here")
+    if not shared:
+        monkeypatch.setattr(slots, "share", lambda *a: None)
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
              for n, s in (("w", (8, 16)), ("b", (16,)), ("v", (16, 4)))]
@@ -455,7 +460,8 @@ def test_a_batch_loop_is_batched_from_its_second_run_a_generation_from_its_third
                               [helper.make_tensor_value_info("y", 1, ["batch", 4])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     sizes = range(1, extents.FEW_STATES + 24)
-    g = ctxrt.compile(model, dims={"batch": (1, sizes[-1])}, backend="cpu").graph()
+    ctx = ctxrt.compile(model, dims={"batch": (1, sizes[-1])}, backend="cpu")
+    g = ctx.graph()
     feeds = {b: {"x": rng.standard_normal((b, 8)).astype(np.float32)} for b in sizes}
 
     def batched_after(b: int, runs: int) -> bool:  # after `runs` more runs at batch b
@@ -464,11 +470,19 @@ def test_a_batch_loop_is_batched_from_its_second_run_a_generation_from_its_third
         w = np.maximum(feeds[b]["x"] @ numpy_helper.to_array(inits[0]) + numpy_helper.to_array(inits[1]), 0)
         np.testing.assert_allclose(got, -w @ numpy_helper.to_array(inits[2]), rtol=1e-5, atol=1e-5)
         state = g._extent.last[1]  # the set of dims the last run bound
-        return any(isinstance(launch, strided.Batch) for launch in state.resolved[1])
+        assert bool(state.shared) == shared
+        launches = state.shared[1].batched if state.shared else state.resolved[1]
+        return any(isinstance(launch, strided.Batch) for launch in launches)
 
     def built() -> bool:  # kernels were built for the dims of the last run
         return g._extent.last[1].built
 
+    if shared:
+        assert batched_after(1, 1) and batched_after(2, 1) and batched_after(sizes[-1], 1)
+        for b in sizes[2:9]:  # each batch size its own GEMMs: its own recording and list, batched at once
+            assert batched_after(b, 1)
+        assert ctx.stats["range_shared_lists"] == ctx.stats["range_shared_runs"] == 10
+        return
     assert not batched_after(1, 1) and not built() and batched_after(2, 2)  # few sets: from the second run
     big = sizes[-1]  # many rows: a GEMM kernel built for them
     assert batched_after(big, 1) and built()

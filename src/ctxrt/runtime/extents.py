@@ -27,7 +27,7 @@ from ctxrt.backends.kernel import NodeSpec, TensorSpec
 from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, Step, TensorInfo
 from ctxrt.compiler.ranges import _apply, filled
 from ctxrt.errors import RegistrationError, ShapeError
-from ctxrt.runtime import feeds
+from ctxrt.runtime import feeds, slots
 from ctxrt.runtime.memhandle import MemHandle
 from ctxrt.runtime.work import SMALL_WORK, splits, step_work
 
@@ -78,7 +78,7 @@ class AtDims:
     and the launch list recorded for one IO binding."""
 
     __slots__ = ("dims", "inputs", "outputs", "out_info", "steps", "cap", "blas", "bound", "internal", "launches",
-                 "kv", "recordings", "vals", "resolved", "built", "plans")
+                 "kv", "recordings", "vals", "resolved", "built", "plans", "shared")
 
     def __init__(self, dims: tuple[int, ...], inputs: list[TensorInfo], outputs: list[TensorInfo],
                  steps: Mapping[int, Made], cap: int | None, blas: bool = False) -> None:
@@ -100,6 +100,9 @@ class AtDims:
         self.built = False  # kernels were built for these dims (their first run costs milliseconds: BATCH_AT)
         # (the batched list run on arrays, {thread key: its feeds.Plan or None}): feeds read in place
         self.plans: tuple[list[Any] | None, dict[Any, Any]] = (None, {})
+        # on arrays, the list shared by its recording's sets of dims (slots.py): (recording, Shared, the launch per
+        # step at these dims, their structs), or False (this set runs its own list), None before its first run
+        self.shared: tuple[list[Any], slots.Shared, list[Any], np.ndarray] | bool | None = None
 
 
 class ExtentRunner:
@@ -194,6 +197,9 @@ class ExtentRunner:
         self.kernels_reading: dict[frozenset[str], Step | None] = {}  # kernel_reading's answers
         # per input, the steps reading it (feeds.plan: an input only native element-wise calls read is not copied)
         self.readers: dict[str, list[int]] = {}
+        # shared launch lists by their recording (slots.py), and the launches of the run in progress per step
+        self.shared: dict[int, slots.Shared] = {}
+        self.cur: list[Any] = []
         for k, step in enumerate(g.compiled.steps):
             for r in {r.key for r in step.inputs if r is not None and r.space == INPUT}:
                 self.readers.setdefault(r, []).append(k)
@@ -206,6 +212,8 @@ class ExtentRunner:
         self.group_cache.clear()
         self.raw_lists.clear()
         self.merged.clear()
+        self.shared.clear()
+        self.cur = []
         self.by_shape.clear()
         self.internal_io, self.extents = None, []
 
@@ -587,14 +595,45 @@ class ExtentRunner:
                                 for k, step in enumerate(g.compiled.steps)]
         return self.internal_io
 
-    def _plan(self, st: AtDims, launches: list[Any]) -> feeds.Plan | None:
-        """The feeds a run of the batched list `launches` reads in place, at the run's thread key (made once)."""
+    def _shared(self, st: AtDims) -> slots.Shared | None:
+        """The shared list a run of `st` on arrays uses, its structs and launches in place (slots.py); None where
+        the state runs its own list."""
+        sh = st.shared
+        if sh is None or sh is not False and sh[0] is not st.launches:
+            sh = st.shared = self._share(st)
+        if sh is False:
+            return None
+        _, shared, cur, block = sh
+        self.cur = cur
+        np.copyto(shared.block, block)
+        if shared.batched is None:
+            shared.batched = batched(self.g.ctx.backend, shared.template, self.g._batches)
+        return shared
+
+    def _share(self, st: AtDims) -> tuple[list[Any], slots.Shared, list[Any], np.ndarray] | bool:
+        vals, recording = st.vals, st.launches
+        cur = [launch.at(vals) if hasattr(launch, "at") else launch for launch in recording]
+        shared = self.shared.get(id(recording))
+        if shared is None or shared.recording is not recording:
+            shared = slots.share(self, recording, cur)
+            if shared is None:
+                return False
+            self.shared[id(recording)] = shared
+            self.g.ctx.stats["range_shared_lists"] += 1
+            while len(self.shared) > PER_STEP:
+                self.shared.pop(next(iter(self.shared)))
+        block = shared.state_block(cur)
+        return False if block is None else (recording, shared, cur, block)
+
+    def _plan(self, st: AtDims, launches: list[Any], template: list[Any] | None) -> feeds.Plan | None:
+        """The feeds a run of the batched list `launches` reads in place, at the run's thread key (made once);
+        `template`: a shared list's launches per step (slots.py)."""
         if st.plans[0] is not launches:
             st.plans = (launches, {})
         key = (threads.openmp_now(), threads.idle_now())
         if key not in st.plans[1]:
             vals = st.vals
-            per_step = [launch.at(vals) if hasattr(launch, "at") else launch for launch in st.launches]
+            per_step = template or [launch.at(vals) if hasattr(launch, "at") else launch for launch in st.launches]
             st.plans[1][key] = feeds.plan(per_step, launches, key, st.internal, [t.name for t in st.inputs],
                                           self.readers)
         return st.plans[1][key]
@@ -620,18 +659,25 @@ class ExtentRunner:
                     while len(st.recordings) > RECORDINGS:
                         st.recordings.popitem(last=False)
             self.vals = st.vals  # what the live launches read
-            resolved = st.resolved
-            if resolved is None or resolved[0] is not st.launches:
-                vals = st.vals
-                resolved = st.resolved = [st.launches, [
-                    launch.at(vals) if hasattr(launch, "at") else launch for launch in st.launches], 0]
-            resolved[2] += 1
-            if resolved[2] == (1 if st.built else BATCH_AT[len(self.states) > FEW_STATES]):
-                resolved[1] = batched(ctx.backend, resolved[1], g._batches)
+            raw = all(h is None for h in st.bound)
+            shared = self._shared(st) if raw else None
+            if shared is not None:
+                launches, template = shared.batched, shared.template
+                ctx.stats["range_shared_runs"] += 1
+            else:
+                resolved = st.resolved
+                if resolved is None or resolved[0] is not st.launches:
+                    vals = st.vals
+                    resolved = st.resolved = [st.launches, [
+                        launch.at(vals) if hasattr(launch, "at") else launch for launch in st.launches], 0]
+                resolved[2] += 1
+                if resolved[2] == (1 if st.built else BATCH_AT[len(self.states) > FEW_STATES]):
+                    resolved[1] = batched(ctx.backend, resolved[1], g._batches)
+                launches, template = resolved[1], None
             place = None
-            if all(h is None for h in st.bound):  # on arrays: feeds its batches read in place are not copied
-                place = lambda: self._plan(st, resolved[1])  # noqa: E731
-            run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, resolved[1], st.cap, st.blas,
+            if raw:  # on arrays: feeds its batches read in place are not copied
+                place = lambda: self._plan(st, launches, template)  # noqa: E731
+            run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, launches, st.cap, st.blas,
                          place)
             if st.kv is not None:  # a KV cache appended in place: what its Concats did not copy, and did
                 ctx.stats["kv_bytes_kept_in_place"] += st.kv[0]

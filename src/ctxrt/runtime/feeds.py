@@ -59,42 +59,35 @@ def plan(per_step: Sequence[Any], batched: Sequence[Any], key: Any,
          ) -> Plan | None:
     """The plan of launch list `batched` (the program's per-step launches `per_step`, merged) at thread key `key`
     for the array-fed inputs `names` (their buffers in `internal`, the steps reading each in `readers`); None when
-    no call of the list points into an input's buffer. A plan whose inputs are all copied still sets the pointers
-    back at each run (another list's run may have left them at its feeds)."""
-    if native.library() is None:
-        return None
+    no call of the list points into an input's buffer. Only a reading step's launch has a view of an input, so
+    only those are looked at (a few calls a list, once per list and key). A plan whose inputs are all copied still
+    sets the pointers back at each run (another list's run may have left them at its feeds)."""
+    in_batch = {id(x) for item in batched if item.__class__ is strided.Batch for x in item.launches}
+    if not in_batch or native.library() is None:
+        return None  # no batch: every launch runs through NumPy, on the program's buffers
     ew = native.function("ctxrt_ew")
-    batched_ew: set[int] = set()  # the ew structs a Batch of the list calls natively
-    for item in batched:
-        if item.__class__ is not strided.Batch:
-            continue
-        at = key if item.keyed else None  # (Batch.__call__'s key)
-        table = item.tables.get(at) or item._table(at)
-        for seg in table:
-            if seg.__class__ is tuple:
-                batched_ew.update(a for f, a in zip(seg[4], seg[5], strict=True) if f == ew)
-    places, inplace = [], []
+    places, inplace, fields = [], [], []
     for name in names:
         v = internal[name]
-        places.append(v.ctypes.data if v.size else 0)
-        ok = bool(v.size)
+        lo, n = (v.ctypes.data, v.nbytes) if v.size else (0, 0)
+        ok, found = bool(n), []
         for k in readers.get(name, ()):
-            pairs = natives(per_step[k], key)
-            if not pairs or any(f != ew or a not in batched_ew for f, a in pairs):
+            launch = per_step[k]
+            pairs = natives(launch, key) if id(launch) in in_batch else None
+            if not pairs or any(f != ew for f, _ in pairs):
                 ok = False  # read by NumPy, by another kernel, or by a call run alone
-                break
+                continue
+            for _, addr in pairs:
+                y = ctypes.c_void_p.from_address(addr + _Y).value or 0
+                if n and lo <= y < lo + n:
+                    ok = False  # written: an input's buffer is the program's own
+                for off in _READ:
+                    p = ctypes.c_void_p.from_address(addr + off).value or 0
+                    if n and lo <= p < lo + n:
+                        found.append((ctypes.c_void_p.from_address(addr + off), p - lo))
+        places.append(lo)
         inplace.append(ok)
-    fields: list[list[tuple[Any, int]]] = [[] for _ in names]
-    for addr in batched_ew:
-        y = ctypes.c_void_p.from_address(addr + _Y).value or 0
-        for i, name in enumerate(names):
-            lo, n = places[i], internal[name].nbytes
-            if n and lo <= y < lo + n:
-                inplace[i] = False  # written: an input's buffer is the program's own
-            for off in _READ:
-                p = ctypes.c_void_p.from_address(addr + off).value or 0
-                if n and lo <= p < lo + n:
-                    fields[i].append((ctypes.c_void_p.from_address(addr + off), p - lo))
+        fields.append(found)
     if not any(fields):
         return None
     return Plan(list(names), places, fields, inplace)

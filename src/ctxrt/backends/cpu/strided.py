@@ -136,6 +136,27 @@ def natives(launch: Any, key: Any) -> list[tuple[int, int]] | None:
     return at(key) if at is not None else getattr(launch, "native", None)
 
 
+def sized(launch: Any, key: Any = None) -> list[tuple[int, int, int]] | None:
+    """The native calls of a launch as (function, struct, struct's bytes), or None where a call's struct size is
+    unknown (a launch through Python, a struct per thread count): a range program's list shared by every set of
+    dims copies these structs into its own at each run (runtime/extents.py, `Shared`)."""
+    cls = launch.__class__
+    if cls is _Ew:
+        pairs = launch.native_at(key)
+        return None if pairs is None else [(pairs[0][0], pairs[0][1], len(launch.made[0]))]
+    if cls is _Chain:
+        out: list[tuple[int, int, int]] = []
+        for part in launch.parts:
+            got = sized(part, key)
+            if got is None:
+                return None
+            out.extend(got)
+        return out
+    if cls is _Deferred:
+        return None if launch.native_at(key) is None else sized(launch.made, key)
+    return getattr(launch, "sized", None)
+
+
 def is_native(launch: Any) -> bool:
     """Whether a launch may stand for native calls (`natives` says at the first batch run)."""
     return getattr(launch, "native", None) is not None or hasattr(launch, "native_at")
