@@ -7,19 +7,18 @@ batches of native calls (~10 for a GPT-2-style decoder, ~0.2 ms to list) and ran
 recording of a family of sets (the same changed kernels) is merged once, with each such step a slot: run through
 Python, the slot calls the step's launch at the run's dims (`ExtentRunner.cur`); a slot whose launches are native
 calls of known struct sizes holds structs of its own in the list's `block`, and each run copies the structs of the
-launches at its dims there (`Shared.block`, from the state's `StateBlock`: one NumPy copy). A set of dims whose
+launches at its dims there (`Shared.block`, from the state's bytes: one NumPy copy). A set of dims whose
 launches do not fit the slots (another number of calls) runs its own list.
 """
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.cpu.strided import is_native, sized
+from ctxrt.backends.cpu.strided import is_native, structs
 
 _ALIGN = 16
 
@@ -63,17 +62,18 @@ class Shared:
 
     def state_block(self, cur: Sequence[Any]) -> np.ndarray | None:
         """The native slots' structs of the launches `cur` (a set of dims' launch per step), or None where one
-        does not fit its slot."""
-        out = np.empty_like(self.block)
-        base = out.ctypes.data
+        does not fit its slot. The launches keep no struct of their own (strided.structs): a state's structs are
+        these bytes only."""
+        out = np.zeros_like(self.block)
         for k, calls in self.layout:
-            got = sized(cur[k])
+            got = structs(cur[k])
             if got is None or len(got) != len(calls):
                 return None
-            for (fn, addr, n), (want, off, size) in zip(got, calls, strict=True):
-                if fn != want or n != size:
+            for (fn, raw), (want, off, size) in zip(got, calls, strict=True):
+                view = memoryview(raw).cast("B")
+                if fn != want or view.nbytes != size:
                     return None
-                ctypes.memmove(base + off, addr, n)
+                out[off:off + size] = view
         return out
 
 
@@ -90,11 +90,12 @@ def share(runner: Any, recording: list[Any], cur: Sequence[Any]) -> Shared | Non
         if not is_native(cur[k]):
             template[k] = Slot(runner, k)
             continue
-        got = sized(cur[k])
+        got = structs(cur[k])
         if got is None:
             return None
         calls = []
-        for fn, _, n in got:
+        for fn, raw in got:
+            n = memoryview(raw).nbytes
             calls.append((fn, total, n))
             total += -(-n // _ALIGN) * _ALIGN
         layout.append((k, calls))

@@ -342,7 +342,7 @@ def _nothing() -> None:
 
 
 _nothing.native = []  # type: ignore[attr-defined]  nothing to call in a batch
-_nothing.sized = []  # type: ignore[attr-defined]
+_nothing.structs = []  # type: ignore[attr-defined]
 
 
 _VIEWS: dict[str, Make] = {"Transpose": _transpose, "Slice": _slice, "Expand": _expand,

@@ -295,7 +295,7 @@ def launch(fn: str, args: ctypes.Structure, keep: tuple[Any, ...]) -> Any:
     def run(_keep: object = keep) -> None:
         call(ref)
     run.native = [(function(fn), ctypes.addressof(args))]  # type: ignore[attr-defined]
-    run.sized = [(*run.native[0], ctypes.sizeof(args))]  # type: ignore[attr-defined]  (strided.sized)
+    run.structs = [(run.native[0][0], args)]  # type: ignore[attr-defined]  (strided.structs)
     return run
 
 

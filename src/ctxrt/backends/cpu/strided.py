@@ -136,25 +136,29 @@ def natives(launch: Any, key: Any) -> list[tuple[int, int]] | None:
     return at(key) if at is not None else getattr(launch, "native", None)
 
 
-def sized(launch: Any, key: Any = None) -> list[tuple[int, int, int]] | None:
-    """The native calls of a launch as (function, struct, struct's bytes), or None where a call's struct size is
-    unknown (a launch through Python, a struct per thread count): a range program's list shared by every set of
-    dims copies these structs into its own at each run (runtime/extents.py, `Shared`)."""
+def structs(launch: Any) -> list[tuple[int, Any]] | None:
+    """The native calls of a launch as (function, its struct's bytes), made now and not kept by the launch; None
+    where a call's struct is not known here (a launch through Python, a struct per thread count, oneDNN's): a range
+    program's list shared by every set of dims copies these bytes into its own structs at each run
+    (runtime/slots.py). The structs point into the views' memory (the arena, the IO buffers), which outlives them."""
     cls = launch.__class__
     if cls is _Ew:
-        pairs = launch.native_at(key)
-        return None if pairs is None else [(pairs[0][0], pairs[0][1], len(launch.made[0]))]
+        if launch.made:
+            return [(native.function("ctxrt_ew"), launch.made[0])]
+        xs = launch.xs
+        made = native.ew_args(launch.op, launch.y, xs[0], xs[1] if len(xs) > 1 else None, launch.c)
+        return None if made is None else [(native.function("ctxrt_ew"), made[0])]
     if cls is _Chain:
-        out: list[tuple[int, int, int]] = []
+        out: list[tuple[int, Any]] = []
         for part in launch.parts:
-            got = sized(part, key)
+            got = structs(part)
             if got is None:
                 return None
             out.extend(got)
         return out
     if cls is _Deferred:
-        return None if launch.native_at(key) is None else sized(launch.made, key)
-    return getattr(launch, "sized", None)
+        return structs(launch.made if launch.pairs != () else launch.make())
+    return getattr(launch, "structs", None)
 
 
 def is_native(launch: Any) -> bool:
