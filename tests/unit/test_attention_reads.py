@@ -163,3 +163,41 @@ def test_a_failed_native_call_reruns_on_the_feeds(decoder) -> None:
         f2 = _feeds(5, 4)
         _close(sess.run(None, f2), oracle.run(None, f2))
         assert getattr(strided.FALLBACK, "prepare", None) is None
+
+
+@pytest.mark.skipif(native.library() is None, reason="the native kernels are not built")
+def test_structs_of_new_past_lengths_are_predicted_exactly(decoder) -> None:
+    """A shared list fits its slots' struct words as polynomials in the dims that vary (runtime/slots.py): every
+    prediction equals the structs the launches at those dims make; a word a made set contradicts is no longer
+    predicted."""
+    path, oracle = decoder
+    with ctxrt.InferenceSession(path, dim_ranges=RANGES) as sess:
+        for past in range(0, 12):  # past 0 and 1 are made (an empty or a one-row axis), never fitted
+            f = _feeds(past, past)
+            _close(sess.run(None, f), oracle.run(None, f))
+        predicted = sess.stats["range_structs_predicted"]
+        assert predicted > 0
+        runner = next(iter(sess._variants.values())).ranged._extent
+        st = runner.last[1]
+        shared = st.shared[1]
+        assert shared.fit is not None and [runner.g.ranges.dims[j][0] for j in shared.fit.varying] == ["past_sequence"]
+        for past in (2, 7, 20, 31):
+            dims = runner.at(_feeds(past, 0)).dims
+            vals = runner.g.ranges.evaluate(dims).tolist()
+            made = shared.state_block([x.at(vals) if hasattr(x, "at") else x for x in shared.recording])
+            block, done = shared.predict(dims)
+            assert done
+            for k, calls in shared.layout:
+                lo, hi = calls[0][1], calls[-1][1] + calls[-1][2]
+                if k in done:
+                    assert bytes(block[lo:hi]) == bytes(made[lo:hi]), (past, k)
+        assert shared.predict(runner.at(_feeds(1, 0)).dims) is None  # a one-row past: made
+        wrong = made.copy()
+        k, lo, hi = shared.slot_words[0]
+        wrong.view(np.int64)[lo] += 8
+        shared.learn(dims, wrong)  # a word that is no polynomial: its slot is made from its launches from now on
+        got = shared.predict(runner.at(_feeds(25, 0)).dims)
+        assert got is None or k not in got[1]
+        for past in (13, 14):
+            f = _feeds(past, past)
+            _close(sess.run(None, f), oracle.run(None, f))

@@ -612,8 +612,17 @@ class ExtentRunner:
 
     def _share(self, st: AtDims) -> tuple[list[Any], slots.Shared, list[Any], np.ndarray] | bool:
         vals, recording = st.vals, st.launches
-        cur = [launch.at(vals) if hasattr(launch, "at") else launch for launch in recording]
         shared = self.shared.get(id(recording))
+        if shared is not None and shared.recording is recording:
+            got = shared.predict(st.dims)
+            if got is not None:  # the predicted slots' launches are made only if a batch falls back to them
+                block, done = got
+                cur = [launch if k in done else launch.at(vals) if hasattr(launch, "at") else launch
+                       for k, launch in enumerate(recording)]
+                if shared.state_block(cur, block, done) is not None:
+                    self.g.ctx.stats["range_structs_predicted"] += len(done)
+                    return recording, shared, cur, block
+        cur = [launch.at(vals) if hasattr(launch, "at") else launch for launch in recording]
         if shared is None or shared.recording is not recording:
             shared = slots.share(self, recording, cur)
             if shared is None:
@@ -623,7 +632,10 @@ class ExtentRunner:
             while len(self.shared) > PER_STEP:
                 self.shared.pop(next(iter(self.shared)))
         block = shared.state_block(cur)
-        return False if block is None else (recording, shared, cur, block)
+        if block is None:
+            return False
+        shared.learn(st.dims, block)
+        return recording, shared, cur, block
 
     def _plan(self, st: AtDims, launches: list[Any], template: list[Any] | None) -> feeds.Plan | None:
         """The feeds a run of the batched list `launches` reads in place, at the run's thread key (made once);

@@ -51,21 +51,37 @@ class NativeSlot(Slot):
 class Shared:
     """A recording's launches with its live steps as slots (`template`), the native slots' structs (`block`,
     `layout`: per native slot, its step and (function, offset, bytes) per call), and the template merged into
-    batches (`batched`, made at its first run)."""
+    batches (`batched`, made at its first run).
 
-    __slots__ = ("recording", "template", "layout", "block", "batched")
+    The structs of a new set of dims are predicted where they can be (`predict`): each 8-byte word of a slot's
+    structs (an extent, a stride, a pointer into the arena) is fitted as a polynomial in the dims that vary among
+    the sets run so far (at most MAX_VARYING, each of degree <= 2), from sets whose structs were made from their
+    launches (`learn`), with integer coefficients verified exactly on VERIFY more sets than it needs. A slot's
+    structs are predicted only where every word of it fits, at varying dims >= 2 (a dim of 1 or 0 drops or empties
+    an axis: those sets are made from their launches, and not fitted), the other dims as in every sample; a made
+    set that disagrees with the fit drops it. A predicted struct addresses the same elements as the one its launch
+    would make (a merge of contiguous axes is the same at every fitted set, or the fit fails)."""
+
+    __slots__ = ("recording", "template", "layout", "block", "batched", "samples", "fit", "slot_words")
 
     def __init__(self, recording: list[Any], template: list[Any], layout: list[tuple[int, list[Any]]],
                  block: np.ndarray) -> None:
         self.recording, self.template, self.layout, self.block = recording, template, layout, block
         self.batched: list[Any] | None = None
+        self.samples: list[tuple[tuple[int, ...], np.ndarray]] = []  # (dims, the structs as int64 words)
+        self.fit: _Fit | None = None
+        # per native slot, the slice of words its structs take
+        self.slot_words = [(k, calls[0][1] // 8, (calls[-1][1] + calls[-1][2] + 7) // 8) for k, calls in layout]
 
-    def state_block(self, cur: Sequence[Any]) -> np.ndarray | None:
+    def state_block(self, cur: Sequence[Any], out: np.ndarray | None = None, skip: frozenset[int] = frozenset()
+                    ) -> np.ndarray | None:
         """The native slots' structs of the launches `cur` (a set of dims' launch per step), or None where one
-        does not fit its slot. The launches keep no struct of their own (strided.structs): a state's structs are
-        these bytes only."""
-        out = np.zeros_like(self.block)
+        does not fit its slot; into `out` (the slots of steps in `skip` left as they are). The launches keep no
+        struct of their own (strided.structs): a state's structs are these bytes only."""
+        out = np.zeros_like(self.block) if out is None else out
         for k, calls in self.layout:
+            if k in skip:
+                continue
             got = structs(cur[k])
             if got is None or len(got) != len(calls):
                 return None
@@ -75,6 +91,89 @@ class Shared:
                     return None
                 out[off:off + size] = view
         return out
+
+    def learn(self, dims: tuple[int, ...], block: np.ndarray) -> None:
+        """A set of dims whose structs were made from its launches: checked against the fit, kept to fit."""
+        words = block.view(np.int64)
+        fit = self.fit
+        if fit is not None:
+            got = fit.words(dims)
+            if got is not None and not np.array_equal(got[fit.ok], words[fit.ok]):
+                self.fit = None  # the polynomials do not hold here: fitted again from more sets
+        self.samples.append((dims, words))
+        if len(self.samples) > MAX_SAMPLES:
+            self.samples.pop(0)
+        if self.fit is None:
+            self.fit = _Fit.of(self.samples)
+
+    def predict(self, dims: tuple[int, ...]) -> tuple[np.ndarray, frozenset[int]] | None:
+        """The structs at `dims` of every slot whose words fit (a new block) and those slots' steps; None where
+        none is predicted."""
+        fit = self.fit
+        if fit is None:
+            return None
+        words = fit.words(dims)
+        if words is None:
+            return None
+        done = frozenset(k for k, lo, hi in self.slot_words if fit.ok[lo:hi].all())
+        if not done:
+            return None
+        return words.view(np.uint8), done
+
+
+MAX_VARYING = 2
+MAX_SAMPLES = 16
+VERIFY = 2
+
+
+class _Fit:
+    """Integer polynomials of the words of a shared list's structs in the dims that vary among its samples."""
+
+    __slots__ = ("varying", "fixed", "exps", "ref", "ref_feats", "coef", "ok")
+
+    def __init__(self, varying: list[int], fixed: dict[int, int], exps: np.ndarray, ref: np.ndarray,
+                 ref_feats: np.ndarray, coef: np.ndarray, ok: np.ndarray) -> None:
+        self.varying, self.fixed, self.exps, self.ref, self.ref_feats = varying, fixed, exps, ref, ref_feats
+        self.coef, self.ok = coef, ok
+
+    @staticmethod
+    def of(samples: list[tuple[tuple[int, ...], np.ndarray]]) -> _Fit | None:
+        dims = np.array([d for d, _ in samples], np.int64)
+        if dims.ndim != 2 or not len(dims):
+            return None
+        varying = [j for j in range(dims.shape[1]) if len(set(dims[:, j].tolist())) > 1]
+        if not varying or len(varying) > MAX_VARYING:
+            return None
+        keep = (dims[:, varying] >= 2).all(axis=1)  # a varying dim of 0 or 1 empties or drops an axis
+        samples = [x for x, kept in zip(samples, keep.tolist(), strict=True) if kept]
+        dims = dims[keep]
+        exps = np.array([e for e in np.ndindex(*([3] * len(varying))) if any(e)], np.int64)
+        feats = _features(dims[:, varying], exps)  # (samples, monomials)
+        m = len(exps)
+        if len(samples) < m + 1 + VERIFY or np.linalg.matrix_rank((feats[1:] - feats[0]).astype(np.float64)) < m:
+            return None
+        words = np.stack([w for _, w in samples])
+        df = (feats[1:] - feats[0]).astype(np.float64)
+        dw = words[1:] - words[0]
+        coef = np.rint(np.linalg.lstsq(df, dw.astype(np.float64), rcond=None)[0]).astype(np.int64)
+        ok = ((feats[1:] - feats[0]) @ coef == dw).all(axis=0)
+        fixed = {j: int(dims[0, j]) for j in range(dims.shape[1]) if j not in varying}
+        return _Fit(varying, fixed, exps, words[0], feats[0], coef, ok)
+
+    def words(self, dims: tuple[int, ...]) -> np.ndarray | None:
+        """The fitted words at `dims` (only those in `ok` are right), or None where a fixed dim differs."""
+        for j, v in self.fixed.items():
+            if dims[j] != v:
+                return None
+        if min(dims[j] for j in self.varying) < 2:
+            return None
+        f = _features(np.array([[dims[j] for j in self.varying]], np.int64), self.exps)[0] - self.ref_feats
+        return self.ref + f @ self.coef
+
+
+def _features(values: np.ndarray, exps: np.ndarray) -> np.ndarray:
+    """The monomials prod(values ** exps) per row of `values` (samples x dims), one column per exponent row."""
+    return np.prod(values[:, None, :] ** exps[None, :, :], axis=2)
 
 
 def share(runner: Any, recording: list[Any], cur: Sequence[Any]) -> Shared | None:
@@ -93,6 +192,9 @@ def share(runner: Any, recording: list[Any], cur: Sequence[Any]) -> Shared | Non
         got = structs(cur[k])
         if got is None:
             return None
+        if not got:  # nothing to call at these dims (an empty output): a slot through Python
+            template[k] = Slot(runner, k)
+            continue
         calls = []
         for fn, raw in got:
             n = memoryview(raw).nbytes
