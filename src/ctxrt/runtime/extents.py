@@ -637,17 +637,27 @@ class ExtentRunner:
         shared.learn(st.dims, block)
         return recording, shared, cur, block
 
-    def _plan(self, st: AtDims, launches: list[Any], template: list[Any] | None) -> feeds.Plan | None:
-        """The feeds a run of the batched list `launches` reads in place, at the run's thread key (made once);
-        `template`: a shared list's launches per step (slots.py)."""
+    def _plan(self, st: AtDims, launches: list[Any], shared: slots.Shared | None) -> feeds.Plan | None:
+        """The feeds a run of the batched list `launches` reads in place, at the run's thread key (made once per
+        state; a shared list's, made once and rebased on each state's structs)."""
         if st.plans[0] is not launches:
             st.plans = (launches, {})
         key = (threads.openmp_now(), threads.idle_now())
         if key not in st.plans[1]:
-            vals = st.vals
-            per_step = template or [launch.at(vals) if hasattr(launch, "at") else launch for launch in st.launches]
-            st.plans[1][key] = feeds.plan(per_step, launches, key, st.internal, [t.name for t in st.inputs],
-                                          self.readers)
+            names = [t.name for t in st.inputs]
+            if shared is None:
+                vals = st.vals
+                per_step = [launch.at(vals) if hasattr(launch, "at") else launch for launch in st.launches]
+                got = feeds.plan(per_step, launches, key, st.internal, names, self.readers)
+            else:
+                if key in shared.plans:
+                    got = shared.plans[key]
+                    got = got and got.rebased(st.shared[3].view(np.int64), shared.block.ctypes.data)
+                else:  # made on this state's structs (in the list's block now)
+                    got = feeds.plan(shared.template, launches, key, st.internal, names, self.readers)
+                    if all(st.internal[n].size for n in names):  # (an empty input has no fields: per state)
+                        shared.plans[key] = got
+            st.plans[1][key] = got
         return st.plans[1][key]
 
     # -- running ---------------------------------------------------------------------------------------
@@ -674,7 +684,7 @@ class ExtentRunner:
             raw = all(h is None for h in st.bound)
             shared = self._shared(st) if raw else None
             if shared is not None:
-                launches, template = shared.batched, shared.template
+                launches, template = shared.batched, shared
                 ctx.stats["range_shared_runs"] += 1
             else:
                 resolved = st.resolved

@@ -53,6 +53,15 @@ class Plan:
             read.append(ok)
         return read
 
+    def rebased(self, words: np.ndarray, block: int) -> Plan:
+        """This plan for another set of dims of a shared list (runtime/slots.py): the fields inside the list's
+        struct block (at address `block`) take their offsets from that set's structs (`words`, int64); the others
+        keep theirs (launches every set shares)."""
+        end = block + words.nbytes
+        fields = [[(f, int(words[(a - block) // 8]) - place if block <= (a := ctypes.addressof(f)) < end else d)
+                   for f, d in found] for found, place in zip(self.fields, self.places, strict=True)]
+        return Plan(self.names, self.places, fields, self.inplace)
+
 
 def plan(per_step: Sequence[Any], batched: Sequence[Any], key: Any,
          internal: Mapping[str, np.ndarray], names: Sequence[str], readers: Mapping[str, Sequence[int]]

@@ -62,7 +62,7 @@ class Shared:
     set that disagrees with the fit drops it. A predicted struct addresses the same elements as the one its launch
     would make (a merge of contiguous axes is the same at every fitted set, or the fit fails)."""
 
-    __slots__ = ("recording", "template", "layout", "block", "batched", "samples", "fit", "slot_words")
+    __slots__ = ("recording", "template", "layout", "block", "batched", "samples", "fit", "slot_words", "plans")
 
     def __init__(self, recording: list[Any], template: list[Any], layout: list[tuple[int, list[Any]]],
                  block: np.ndarray) -> None:
@@ -72,6 +72,7 @@ class Shared:
         self.fit: _Fit | None = None
         # per native slot, the slice of words its structs take
         self.slot_words = [(k, calls[0][1] // 8, (calls[-1][1] + calls[-1][2] + 7) // 8) for k, calls in layout]
+        self.plans: dict[Any, Any] = {}  # feeds.Plan by thread key, rebased for each set (ExtentRunner._plan)
 
     def state_block(self, cur: Sequence[Any], out: np.ndarray | None = None, skip: frozenset[int] = frozenset()
                     ) -> np.ndarray | None:
@@ -115,10 +116,11 @@ class Shared:
         words = fit.words(dims)
         if words is None:
             return None
-        done = frozenset(k for k, lo, hi in self.slot_words if fit.ok[lo:hi].all())
-        if not done:
+        if fit.done is None:  # the slots whose every word fits (once per fit)
+            fit.done = frozenset(k for k, lo, hi in self.slot_words if fit.ok[lo:hi].all())
+        if not fit.done:
             return None
-        return words.view(np.uint8), done
+        return words.view(np.uint8), fit.done
 
 
 MAX_VARYING = 2
@@ -129,12 +131,13 @@ VERIFY = 2
 class _Fit:
     """Integer polynomials of the words of a shared list's structs in the dims that vary among its samples."""
 
-    __slots__ = ("varying", "fixed", "exps", "ref", "ref_feats", "coef", "ok")
+    __slots__ = ("varying", "fixed", "exps", "ref", "ref_feats", "coef", "ok", "done")
 
     def __init__(self, varying: list[int], fixed: dict[int, int], exps: np.ndarray, ref: np.ndarray,
                  ref_feats: np.ndarray, coef: np.ndarray, ok: np.ndarray) -> None:
         self.varying, self.fixed, self.exps, self.ref, self.ref_feats = varying, fixed, exps, ref, ref_feats
         self.coef, self.ok = coef, ok
+        self.done: frozenset[int] | None = None  # (Shared.predict)
 
     @staticmethod
     def of(samples: list[tuple[tuple[int, ...], np.ndarray]]) -> _Fit | None:
