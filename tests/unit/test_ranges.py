@@ -87,11 +87,23 @@ def _generate_once(gpt2, backend: str) -> None:
 
 
 def test_default_ranges_widen_instead_of_compiling_per_shape() -> None:
-    """Without dim_ranges: each dim starts at max(16, twice its first size) and a feed past the bound compiles one
-    range at least twice as wide: 64 tokens from 4 take 4 compiles (16, 32, 64, 128), not 64."""
+    """Without dim_ranges: each dim starts at max(16, twice its first size), a dim first met empty (a generation's
+    past) at max(16, 256); an upper bound the model cannot run (this decoder's 256 positions at sequence 16) is
+    halved until it compiles, and a feed past the bound compiles one range at least twice as wide: 64 tokens from
+    an empty past take one compile; from a past of 4, four (16, 32, 64, 128), not 64."""
+    from ctxrt.runtime import session as session_module
+
     path = decoders.gpt2_decoder("dynamo")
-    feeds = decoders.empty_past(batch=1, seq=4)
     theirs = _ort(path)
+    feeds = decoders.empty_past(batch=1, seq=4)
+    want = decoders.generate(lambda f: theirs.run(None, f), feeds, TOKENS)
+    with ctxrt.InferenceSession(path) as sess:
+        assert decoders.generate(lambda f: sess.run(None, f), feeds, TOKENS) == want
+        assert sess.stats["range_programs_compiled"] == sess.stats["shape_variants_compiled"] == 1
+        assert sess.dim_ranges["past_sequence"] == (0, session_module.DEFAULT_CACHE_MAX // 2)
+    rng = np.random.default_rng(5)
+    feeds = {k: rng.standard_normal((1, decoders.HEADS, 4, v.shape[-1])).astype(np.float32) if k != "input_ids"
+             else v for k, v in feeds.items()}
     want = decoders.generate(lambda f: theirs.run(None, f), feeds, TOKENS)
     with ctxrt.InferenceSession(path) as sess:
         assert decoders.generate(lambda f: sess.run(None, f), feeds, TOKENS) == want
