@@ -29,6 +29,8 @@ static int avx2(void) {
 }
 #else
 static int avx2(void) { return 0; }
+#define bmm_axpy_row_avx2 bmm_axpy_row_c
+#define bmm_dot_row_avx2 bmm_dot_row_c
 #define add_row_avx2 add_row_c
 #define sub_row_avx2 sub_row_c
 #define mul_row_avx2 mul_row_c
@@ -131,6 +133,48 @@ int ctxrt_ew(const ew_args *p) {
 }
 
 /* Each launch of a run in order; at the first that fails, its index in `failed` and its status returned. */
+/* A batched float32 matrix product over strided views (backends/cpu/extents.py's MatMul of a range program's
+   attention: a token's Q.K^T and weights.V at every past length, one call instead of NumPy's matmul). Rows of y
+   contiguous over n with b contiguous over n take multiply-add rows; b contiguous over k (K read as stored,
+   transB) with a contiguous over k take dot products; anything else the scalar loop. */
+int ctxrt_bmm(const bmm_args *p) {
+    if (p->rank < 0 || p->rank > BMM_RANK) return 1;
+    const int64_t m = p->m, n = p->n, k = p->k, r = p->rank;
+    if (m <= 0 || n <= 0) return 0;
+    for (int64_t d = 0; d < r; d++)
+        if (p->batch[d] <= 0) return 0;
+    const int fast = avx2();
+    int64_t idx[BMM_RANK] = {0};
+    for (;;) {
+        int64_t oa = 0, ob = 0, oy = 0;
+        for (int64_t d = 0; d < r; d++) {
+            oa += idx[d] * p->as[d];
+            ob += idx[d] * p->bs[d];
+            oy += idx[d] * p->ys[d];
+        }
+        const float *a = p->a + oa, *b = p->b + ob;
+        float *y = p->y + oy;
+        for (int64_t i = 0; i < m; i++) {
+            float *yr = y + i * p->ym;
+            const float *ar = a + i * p->am;
+            if (p->yn == 1 && p->bn == 1)
+                (fast ? bmm_axpy_row_avx2 : bmm_axpy_row_c)(yr, ar, p->ak, b, p->bk, n, k);
+            else if (p->ak == 1 && p->bk == 1)
+                (fast ? bmm_dot_row_avx2 : bmm_dot_row_c)(yr, p->yn, ar, b, p->bn, n, k);
+            else
+                for (int64_t j = 0; j < n; j++) {
+                    float acc = 0.0f;
+                    for (int64_t q = 0; q < k; q++) acc += ar[q * p->ak] * b[q * p->bk + j * p->bn];
+                    yr[j * p->yn] = acc;
+                }
+        }
+        int64_t d = r - 1;
+        while (d >= 0 && ++idx[d] == p->batch[d]) idx[d--] = 0;
+        if (d < 0) break;
+    }
+    return 0;
+}
+
 int ctxrt_batch(batch_args *p) {
     for (int64_t i = 0; i < p->n; i++) {
         int status = p->fns[i](p->args[i]);

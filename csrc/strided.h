@@ -18,6 +18,18 @@ typedef struct {            /* y = op(a, b) element by element over `shape`, eve
     int64_t ys[EW_RANK], as[EW_RANK], bs[EW_RANK], cs[EW_RANK];  /* strides in elements (0: broadcast) */
 } ew_args;
 
+#define BMM_RANK 4
+
+typedef struct {            /* y = a @ b (or a @ b^T) per batch index, float32, every operand by its strides */
+    int64_t rank;           /* batch dims, 0..BMM_RANK */
+    int64_t m, n, k;
+    int64_t batch[BMM_RANK];
+    const float *a, *b;
+    float *y;
+    int64_t as[BMM_RANK], bs[BMM_RANK], ys[BMM_RANK];  /* batch strides in elements (0: broadcast) */
+    int64_t am, ak, bk, bn, ym, yn;  /* a[i am + p ak], b[p bk + j bn], y[i ym + j yn], in elements */
+} bmm_args;
+
 typedef int (*native_fn)(const void *args);
 
 typedef struct {            /* a run of native launches, one after another in one call */

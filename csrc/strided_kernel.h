@@ -31,3 +31,26 @@ static void NAME(neg_row)(float *y, const float *a, int64_t n, int64_t ys, int64
         for (int64_t i = 0; i < n; i++) y[i * ys] = -a[i * as];
     }
 }
+
+/* y[j] = sum_p a[p] b[p, j] over a row of n outputs, b's rows `bk` apart and contiguous (attention's weights
+   times V): n-wide multiply-adds the compiler vectorizes, in p order (as a GEMM's k loop). */
+static void NAME(bmm_axpy_row)(float *y, const float *a, int64_t ak, const float *b, int64_t bk, int64_t n,
+                              int64_t k) {
+    for (int64_t j = 0; j < n; j++) y[j] = 0.0f;
+    for (int64_t p = 0; p < k; p++) {
+        const float x = a[p * ak];
+        const float *row = b + p * bk;
+        _Pragma("omp simd") for (int64_t j = 0; j < n; j++) y[j] += x * row[j];
+    }
+}
+
+/* y[j * yn] = dot(a, b's row j) for n rows `bn` apart, a and each row contiguous over k (Q times K^T). */
+static void NAME(bmm_dot_row)(float *y, int64_t yn, const float *a, const float *b, int64_t bn, int64_t n,
+                             int64_t k) {
+    for (int64_t j = 0; j < n; j++) {
+        const float *row = b + j * bn;
+        float acc = 0.0f;
+        _Pragma("omp simd reduction(+:acc)") for (int64_t p = 0; p < k; p++) acc += a[p] * row[p];
+        y[j * yn] = acc;
+    }
+}

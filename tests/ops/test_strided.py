@@ -213,3 +213,41 @@ def test_a_concats_part_copies_live_as_long_as_its_batch() -> None:
     np.testing.assert_array_equal(y, np.concatenate(xs, axis=1))
     np.testing.assert_array_equal(z, -y)
     del junk
+
+
+@needs_native
+@pytest.mark.parametrize("a_shape, b_shape, trans_b", [
+    ((3, 5), (5, 7), False),                  # one matrix
+    ((1, 4, 1, 64), (1, 4, 70, 64), True),    # a token's Q.K^T, K read as stored
+    ((1, 4, 1, 70), (1, 4, 70, 64), False),   # its weights times V
+    ((2, 4, 16, 8), (2, 4, 9, 8), True),      # a prompt's
+    ((3, 1, 5, 6), (1, 2, 6, 4), False),      # batch dims broadcast both ways
+    ((2, 5, 6), (6, 3), False),               # a 2-D B broadcast over a's batch
+    ((1, 2, 3, 4, 5, 6), (1, 2, 3, 4, 6, 2), False),  # four batch dims
+    ((2, 3, 0), (2, 0, 4), False),            # k = 0: zeros
+    ((2, 0, 5), (2, 5, 4), False),            # no rows
+])
+def test_batched_matmul_of_views(a_shape, b_shape, trans_b) -> None:
+    """csrc/strided.c's ctxrt_bmm (a range program's attention MatMul) against NumPy's matmul: transposed,
+    broadcast and strided operands, an output that is a strided window, empty dims."""
+    from ctxrt.backends.cpu.extents import _matmul
+
+    a = RNG.standard_normal(a_shape).astype(np.float32)
+    b = RNG.standard_normal(b_shape).astype(np.float32)
+    want = np.matmul(a, np.swapaxes(b, -1, -2) if trans_b else b)
+    wide = np.full(want.shape[:-1] + (want.shape[-1] * 2,), np.nan, np.float32)
+    for y in (np.empty_like(want), wide[..., ::2]):  # a whole tensor, a window of every other column
+        step = type("S", (), {"attrs": {"transB": 1} if trans_b else {}})()
+        launch = _matmul(step, [a, b], [y])
+        if want.size and a.shape[-1]:
+            assert _native(launch)
+            _run(launch)
+        else:
+            launch()
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+    # a sliced A (rows two apart), a B whose rows are a view of a wider buffer
+    a2 = np.repeat(a, 2, axis=-2)[..., ::2, :]
+    y = np.empty_like(want)
+    launch = _matmul(type("S", (), {"attrs": {"transB": 1} if trans_b else {}})(), [a2, b], [y])
+    launch()
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)

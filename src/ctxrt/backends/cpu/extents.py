@@ -183,10 +183,20 @@ def _where(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     return strided.where(out, c, x, y, run)
 
 
+BMM_WORK = 1 << 20  # multiply-adds of one matrix of a batched MatMul up to which the native loop runs it
+
+
 def _matmul(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     a, b, y = ins[0], ins[1], outs[0]
     if step.attrs.get("transB"):  # B read through a Transpose of its last two axes (FoldTransposeIntoMatMul)
         b = np.swapaxes(b, -1, -2)
+    if native.library() is not None and a.ndim >= 2 and y.size and a.shape[-1] and \
+            y.shape[-2] * y.shape[-1] * a.shape[-1] <= BMM_WORK:
+        # attention's products at a token: a native call (csrc/strided.c), batched with its neighbours and, in a
+        # range program's shared list, its struct predicted at a new past length (runtime/slots.py)
+        run = native.bmm(a, b, y)
+        if run is not None:
+            return run
     return lambda: np.matmul(a, b, out=y)
 
 

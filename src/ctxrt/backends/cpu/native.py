@@ -209,6 +209,18 @@ class EwArgs(ctypes.Structure):
                 *((f, ctypes.c_int64 * EW_RANK) for f in ("ys", "as_", "bs", "cs"))]
 
 
+BMM_RANK = 4
+
+
+class BmmArgs(ctypes.Structure):
+    """csrc/strided.h's bmm_args: y = a @ b (or a @ b^T) per batch index, every operand by its strides."""
+
+    _fields_ = [("rank", ctypes.c_int64), ("m", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
+                ("batch", ctypes.c_int64 * BMM_RANK), ("a", ctypes.c_void_p), ("b", ctypes.c_void_p),
+                ("y", ctypes.c_void_p), *((f, ctypes.c_int64 * BMM_RANK) for f in ("as_", "bs", "ys")),
+                *((f, ctypes.c_int64) for f in ("am", "ak", "bk", "bn", "ym", "yn"))]
+
+
 class BatchArgs(ctypes.Structure):
     """csrc/strided.h's batch_args: n native launches (function, argument struct) run in order in one call."""
 
@@ -245,7 +257,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
     for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "dynquant", "qmatmul",
                  "igemm", "swish", "lstm", "gru", "ln_rows", "softmax_rows", "lut8", "affine8", "act", "sum8", "ew",
-                 "batch", "dnnl"):
+                 "batch", "dnnl", "bmm"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
@@ -320,6 +332,31 @@ def threaded_launch(fn: str, args: ctypes.Structure, keep: tuple[Any, ...], most
         return [(function(fn), ctypes.addressof(copy))]
     run.native_at, run.keyed = native_at, True  # type: ignore[attr-defined]
     return run
+
+
+def bmm(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> Any | None:
+    """The launch of y = a @ b (NumPy's matmul broadcasting over the batch dims; `b` any view, a transposed one
+    read as stored) on float32 views of at least two dims (csrc/strided.c's ctxrt_bmm), or None where they do not
+    fit (another dtype, more than BMM_RANK batch dims, a stride not a whole element); the library must be loaded."""
+    if a.ndim < 2 or b.ndim < 2 or y.ndim < 2 or y.ndim - 2 > BMM_RANK or \
+            not a.dtype == b.dtype == y.dtype == np.float32:
+        return None
+    r = y.ndim - 2
+
+    def strides(x: np.ndarray) -> list[int] | None:
+        if any(s % 4 for s in x.strides):
+            return None
+        st = [s // 4 for s in x.strides]
+        pad = r - (x.ndim - 2)  # batch dims broadcast from the left, size-1 ones by stride 0
+        return [0] * pad + [0 if x.shape[d] == 1 else st[d] for d in range(x.ndim - 2)] + st[-2:]
+    sa, sb, sy = strides(a), strides(b), strides(y)
+    if sa is None or sb is None or sy is None:
+        return None
+    args = BmmArgs(rank=r, m=y.shape[-2], n=y.shape[-1], k=a.shape[-1], a=a.ctypes.data, b=b.ctypes.data,
+                   y=y.ctypes.data, am=sa[r], ak=sa[r + 1], bk=sb[r], bn=sb[r + 1], ym=sy[r], yn=sy[r + 1])
+    for d in range(r):
+        args.batch[d], args.as_[d], args.bs[d], args.ys[d] = y.shape[d], sa[d], sb[d], sy[d]
+    return launch("ctxrt_bmm", args, (a, b, y))
 
 
 def softmax_rows(x: np.ndarray, y: np.ndarray, rows: int, n: int) -> Any:
