@@ -6,8 +6,10 @@ Transpose, Slice, Expand, Trilu, Range, copies) whose integers are extents or el
 one launch for every set of dims, which makes its views at the same arena offsets when it first meets its values
 (a few microseconds). Another changed step (a oneDNN GEMM whose rows follow the sequence) gets its kernel made once
 per shape, from a small cache per step. A decoder's token at a new past length changes only its attention steps,
-all live: it costs no kernel, no graph and no compile. Other backends make a child graph per set of dims
-(runtime/graph.py).
+all live: it costs no kernel, no graph and no compile. Run on arrays, the sets of dims with the same changed
+kernels share one batched list whose live steps are slots (runtime/slots.py: their native structs copied, or
+predicted, per set), and feeds only native element-wise calls read are read in place (runtime/feeds.py). Other
+backends make a child graph per set of dims (runtime/graph.py).
 """
 
 from __future__ import annotations
@@ -684,7 +686,7 @@ class ExtentRunner:
             raw = all(h is None for h in st.bound)
             shared = self._shared(st) if raw else None
             if shared is not None:
-                launches, template = shared.batched, shared
+                launches = shared.batched
                 ctx.stats["range_shared_runs"] += 1
             else:
                 resolved = st.resolved
@@ -695,10 +697,10 @@ class ExtentRunner:
                 resolved[2] += 1
                 if resolved[2] == (1 if st.built else BATCH_AT[len(self.states) > FEW_STATES]):
                     resolved[1] = batched(ctx.backend, resolved[1], g._batches)
-                launches, template = resolved[1], None
+                launches = resolved[1]
             place = None
             if raw:  # on arrays: feeds its batches read in place are not copied
-                place = lambda: self._plan(st, launches, template)  # noqa: E731
+                place = lambda: self._plan(st, launches, shared)  # noqa: E731
             run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, launches, st.cap, st.blas,
                          place)
             if st.kv is not None:  # a KV cache appended in place: what its Concats did not copy, and did
