@@ -1,6 +1,7 @@
 """How a decoder's attention reads its tensors: K through MatMul's transB instead of a Transpose
-(ir/passes/fold_transpose.py), and a range program's array feeds read where they lie when only native element-wise
-calls read them (runtime/feeds.py), with the copy kept wherever that cannot hold."""
+(ir/passes/fold_transpose.py), a range program's array feeds read and outputs written where they lie when only
+known native calls touch them (runtime/feeds.py), with the copy kept wherever that cannot hold, and the structs of
+new past lengths predicted (runtime/slots.py)."""
 
 from __future__ import annotations
 
@@ -107,6 +108,9 @@ def test_generation_reads_its_pasts_in_place(decoder) -> None:
             assert decoders.generate(lambda f: sess.run(None, f), start, 12, LAYERS) == want
         read = _pasts(sess)
         assert read >= 2 * LAYERS * 8  # every past of (most) tokens of the last generation
+        # and every present written into the array returned (Concat's copies and attention's products write and
+        # read it in place): no copy out of the program's buffers
+        assert sess.stats["outputs_written_in_place"] >= 2 * LAYERS * 8
         # every token's past length ran one list (runtime/slots.py): one for the prompt, one for the tokens
         assert sess.stats["range_shared_lists"] == 2 and sess.stats["range_shared_runs"] == 3 * 12
         # a past that is no C-contiguous array at a planned state: copied, and the calls that read the last
@@ -145,7 +149,7 @@ def test_a_failed_native_call_reruns_on_the_feeds(decoder) -> None:
         runner = next(iter(sess._variants.values())).ranged._extent
         st = runner.at(f)
         past = decoders.names(LAYERS)[0][1]
-        readers = set(runner.readers[past])
+        readers = set(runner.users[past])
         shared = st.shared[1]  # the list every past length runs (runtime/slots.py)
         reading = {id(shared.template[k]) for k in readers}
         batch = next(b for b in shared.batched if isinstance(b, strided.Batch)

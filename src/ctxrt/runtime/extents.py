@@ -8,7 +8,7 @@ one launch for every set of dims, which makes its views at the same arena offset
 per shape, from a small cache per step. A decoder's token at a new past length changes only its attention steps,
 all live: it costs no kernel, no graph and no compile. Run on arrays, the sets of dims with the same changed
 kernels share one batched list whose live steps are slots (runtime/slots.py: their native structs copied, or
-predicted, per set), and feeds only native element-wise calls read are read in place (runtime/feeds.py). Other
+predicted, per set), and feeds and outputs only known native calls touch are used in place (runtime/feeds.py). Other
 backends make a child graph per set of dims (runtime/graph.py).
 """
 
@@ -197,14 +197,14 @@ class ExtentRunner:
         # raw launch lists by their changed steps (the dict a group shares among states): (steps, launches, kv)
         self.raw_lists: dict[int, tuple[dict[int, Made], list[Any], tuple[int, int] | None]] = {}
         self.kernels_reading: dict[frozenset[str], Step | None] = {}  # kernel_reading's answers
-        # per input, the steps reading it (feeds.plan: an input only native element-wise calls read is not copied)
-        self.readers: dict[str, list[int]] = {}
+        # per IO tensor, the steps touching it (feeds.plan: one only known native calls touch is not copied)
+        self.users: dict[str, list[int]] = {}
         # shared launch lists by their recording (slots.py), and the launches of the run in progress per step
         self.shared: dict[int, slots.Shared] = {}
         self.cur: list[Any] = []
         for k, step in enumerate(g.compiled.steps):
-            for r in {r.key for r in step.inputs if r is not None and r.space == INPUT}:
-                self.readers.setdefault(r, []).append(k)
+            for r in {r.key for r in [*step.inputs, *step.outputs] if r is not None and r.space in (INPUT, OUTPUT)}:
+                self.users.setdefault(r, []).append(k)
 
     def release(self) -> None:
         """Drop every launch and state (they hold views of the context's arena; the live launches also this
@@ -646,18 +646,18 @@ class ExtentRunner:
             st.plans = (launches, {})
         key = (threads.openmp_now(), threads.idle_now())
         if key not in st.plans[1]:
-            names = [t.name for t in st.inputs]
+            ins, outs = [t.name for t in st.inputs], [t.name for t in st.outputs]
             if shared is None:
                 vals = st.vals
                 per_step = [launch.at(vals) if hasattr(launch, "at") else launch for launch in st.launches]
-                got = feeds.plan(per_step, launches, key, st.internal, names, self.readers)
+                got = feeds.plan(per_step, launches, key, st.internal, ins, outs, self.users)
             else:
                 if key in shared.plans:
                     got = shared.plans[key]
                     got = got and got.rebased(st.shared[3].view(np.int64), shared.block.ctypes.data)
                 else:  # made on this state's structs (in the list's block now)
-                    got = feeds.plan(shared.template, launches, key, st.internal, names, self.readers)
-                    if all(st.internal[n].size for n in names):  # (an empty input has no fields: per state)
+                    got = feeds.plan(shared.template, launches, key, st.internal, ins, outs, self.users)
+                    if all(st.internal[n].size for n in ins + outs):  # (an empty tensor has no fields: per state)
                         shared.plans[key] = got
             st.plans[1][key] = got
         return st.plans[1][key]
@@ -739,17 +739,19 @@ def run_recorded(ctx: Any, inputs: Mapping[str, Any], outputs: Mapping[str, Any]
     """One run of recorded launches (under the context's lock): array feeds copied into their internal IO
     buffers, the launches on the context's threads (`cap`: the program's thread cap; `blas`: its large kernels
     are BLAS calls, which then get the threads), array outputs copied out. `place()`: the feeds.Plan of a list
-    run on arrays (feeds it reads in place, not copied), or None."""
+    run on arrays (feeds it reads and outputs it writes in place, not copied), or None."""
     backend, stats = ctx.backend, ctx.stats
     pool = ctx.threads
     pool.cap, pool.blas = cap, blas
+    placed: list[bool] | None = None  # per IO tensor (inputs, then outputs): its caller's array used in place
     with pool:
         plan = place() if place is not None else None
-        read = plan.bind(inputs) if plan is not None else None
+        if plan is not None:
+            placed = plan.bind(inputs, outputs)
         skipped = []
         for i, info in enumerate(ins):
             v = inputs[info.name]
-            if read is not None and read[i]:
+            if placed is not None and placed[i]:
                 skipped.append(info.name)
                 continue
             if not isinstance(v, MemHandle):
@@ -757,16 +759,31 @@ def run_recorded(ctx: Any, inputs: Mapping[str, Any], outputs: Mapping[str, Any]
                 backend.copy_in(dst, v)
                 stats["copies_in"] += 1
                 stats["bytes_in"] += dst.nbytes
-        if skipped:
+        written = [o.name for o, p in zip(outs, placed[len(ins):], strict=True) if p] if placed is not None else []
+        if skipped or written:
             stats["feeds_read_in_place"] += len(skipped)
-            strided.FALLBACK.prepare = lambda: [backend.copy_in(internal[n], inputs[n]) for n in skipped]
+            stats["outputs_written_in_place"] += len(written)
+            fell: list[bool] = []
+
+            def prepare() -> None:  # the rest of a batch runs through NumPy, on the program's buffers: the rest
+                for n in skipped:  # of the run on them too
+                    backend.copy_in(internal[n], inputs[n])
+                for n in written:  # what the native calls wrote so far, where NumPy goes on from
+                    backend.copy_in(internal[n], outputs[n])
+                plan.restore()
+                fell.append(True)
+            strided.FALLBACK.prepare = prepare
             try:
                 backend.run(launches)
             finally:
                 strided.FALLBACK.prepare = None
+            if fell:
+                placed = None  # every output copied out of the buffers
         else:
             backend.run(launches)
-    for info in outs:
+    for k, info in enumerate(outs):
+        if placed is not None and placed[len(ins) + k]:
+            continue  # written in place
         v = outputs.get(info.name)
         if v is not None and not isinstance(v, MemHandle):
             src = internal[info.name]

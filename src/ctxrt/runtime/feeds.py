@@ -1,13 +1,16 @@
-"""Array feeds read where they lie: a range program's runs on arrays skip copying an input into its internal
-buffer when only native element-wise calls read it (docs/shapes-and-control-flow.md, "Feeds read in place").
+"""Array feeds read, and array outputs written, where they lie: a range program's runs on arrays skip copying an
+input into its internal buffer, or an output out of it, when only native calls whose structs ctxrt knows touch
+it (docs/shapes-and-control-flow.md, "Feeds and outputs in place").
 
 A decoder's past keys and values (8 tensors of (1, heads, past, head size) in a GPT-2-style model) are read by one
-Concat each, which copies them into the present: copying them into the program's input buffers first moved every
-byte of the KV cache twice per token, ~0.4 us per past position here. Where each step reading an input runs as
-csrc/strided.c's `ctxrt_ew` calls inside a batch (backends/cpu/strided.py), those calls' pointers into the input's
-buffer are set to the feed's array before each run (`plan`, then `Plan.bind`), and the copy is skipped. Every run of
-a planned list sets them again (to the feed, or back to the buffer when the feed cannot be read in place: not
-C-contiguous, not aligned): a call shared by several launch lists never reads a pointer another run left.
+Concat each, which copies them into the present; the present is read by attention's two products and returned.
+Copying the pasts into the program's input buffers and the presents out of its output buffers moved every byte of
+the KV cache three times per token (~0.4 us per past position each here). Where each step touching an IO tensor
+runs as native calls inside a batch (backends/cpu/strided.py) of kinds whose pointer fields are known (csrc/
+strided.c's `ctxrt_ew` and `ctxrt_bmm`), those fields' pointers into its buffer are set to the caller's array
+before each run (`plan`, then `Plan.bind`), and the copy is skipped. Every run of a planned list sets them again
+(to the array, or back to the buffer when the array cannot be used in place: not C-contiguous, not aligned, an
+output not asked for): a call shared by several launch lists never reads a pointer another run left.
 """
 
 from __future__ import annotations
@@ -21,28 +24,33 @@ import numpy as np
 from ctxrt.backends.cpu import native, strided
 from ctxrt.backends.cpu.strided import natives
 
-# byte offsets of ew_args' pointers (csrc/strided.h): y (written), then the operands a, b and c (read)
-_Y = native.EwArgs.y.offset
-_READ = (native.EwArgs.a.offset, native.EwArgs.b.offset, native.EwArgs.c.offset)
+# per native function: (byte offsets of its struct's pointers that are written, of those that are read)
+_FIELDS = {
+    "ctxrt_ew": ((native.EwArgs.y.offset,), (native.EwArgs.a.offset, native.EwArgs.b.offset, native.EwArgs.c.offset)),
+    "ctxrt_bmm": ((native.BmmArgs.y.offset,), (native.BmmArgs.a.offset, native.BmmArgs.b.offset)),
+}
 
 
 class Plan:
-    """For one batched launch list at one thread key: per input, whether its feed may be read in place, and the
-    struct fields pointing into its buffer (field, offset from the buffer's start)."""
+    """For one batched launch list at one thread key: per IO tensor (inputs first, then outputs), whether the
+    caller's array may be used in place, and the struct fields pointing into its buffer (field, offset from the
+    buffer's start)."""
 
-    __slots__ = ("names", "places", "fields", "inplace")
+    __slots__ = ("names", "n_in", "places", "fields", "inplace")
 
-    def __init__(self, names: list[str], places: list[int], fields: list[list[tuple[Any, int]]],
+    def __init__(self, names: list[str], n_in: int, places: list[int], fields: list[list[tuple[Any, int]]],
                  inplace: list[bool]) -> None:
-        self.names, self.places, self.fields, self.inplace = names, places, fields, inplace
+        self.names, self.n_in, self.places, self.fields, self.inplace = names, n_in, places, fields, inplace
 
-    def bind(self, inputs: Mapping[str, Any]) -> list[bool]:
-        """Point the calls at each feed read in place (else back at the input's buffer); which inputs are."""
+    def bind(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> list[bool]:
+        """Point the calls at each array used in place (else back at the buffer); which IO tensors are."""
         read = []
-        for name, place, fields, ok in zip(self.names, self.places, self.fields, self.inplace, strict=True):
+        n_in = self.n_in
+        for i, (name, place, fields, ok) in enumerate(zip(self.names, self.places, self.fields, self.inplace,
+                                                          strict=True)):
             base = place
             if ok:
-                v = inputs[name]
+                v = inputs[name] if i < n_in else outputs.get(name)
                 flags = v.flags if v.__class__ is np.ndarray else None
                 if flags is not None and flags.c_contiguous and flags.aligned and v.size:
                     base = v.ctypes.data
@@ -53,6 +61,12 @@ class Plan:
             read.append(ok)
         return read
 
+    def restore(self) -> None:
+        """Point every call back at the program's buffers."""
+        for place, fields in zip(self.places, self.fields, strict=True):
+            for field, delta in fields:
+                field.value = place + delta
+
     def rebased(self, words: np.ndarray, block: int) -> Plan:
         """This plan for another set of dims of a shared list (runtime/slots.py): the fields inside the list's
         struct block (at address `block`) take their offsets from that set's structs (`words`, int64); the others
@@ -60,43 +74,44 @@ class Plan:
         end = block + words.nbytes
         fields = [[(f, int(words[(a - block) // 8]) - place if block <= (a := ctypes.addressof(f)) < end else d)
                    for f, d in found] for found, place in zip(self.fields, self.places, strict=True)]
-        return Plan(self.names, self.places, fields, self.inplace)
+        return Plan(self.names, self.n_in, self.places, fields, self.inplace)
 
 
-def plan(per_step: Sequence[Any], batched: Sequence[Any], key: Any,
-         internal: Mapping[str, np.ndarray], names: Sequence[str], readers: Mapping[str, Sequence[int]]
-         ) -> Plan | None:
+def plan(per_step: Sequence[Any], batched: Sequence[Any], key: Any, internal: Mapping[str, np.ndarray],
+         inputs: Sequence[str], outputs: Sequence[str], users: Mapping[str, Sequence[int]]) -> Plan | None:
     """The plan of launch list `batched` (the program's per-step launches `per_step`, merged) at thread key `key`
-    for the array-fed inputs `names` (their buffers in `internal`, the steps reading each in `readers`); None when
-    no call of the list points into an input's buffer. Only a reading step's launch has a view of an input, so
-    only those are looked at (a few calls a list, once per list and key). A plan whose inputs are all copied still
-    sets the pointers back at each run (another list's run may have left them at its feeds)."""
+    for the array-fed `inputs` and array `outputs` (their buffers in `internal`, the steps touching each in
+    `users`); None when no call of the list points into an IO buffer. Only a touching step's launch has a view of
+    an IO tensor, so only those are looked at (a few calls a list, once per list and key). A plan whose tensors
+    are all copied still sets the pointers back at each run (another list's run may have left them at its
+    arrays). An input written by a call is the program's own (copied)."""
     in_batch = {id(x) for item in batched if item.__class__ is strided.Batch for x in item.launches}
     if not in_batch or native.library() is None:
         return None  # no batch: every launch runs through NumPy, on the program's buffers
-    ew = native.function("ctxrt_ew")
+    known = {native.function(fn): offsets for fn, offsets in _FIELDS.items()}
+    names = [*inputs, *outputs]
     places, inplace, fields = [], [], []
-    for name in names:
+    for i, name in enumerate(names):
         v = internal[name]
         lo, n = (v.ctypes.data, v.nbytes) if v.size else (0, 0)
         ok, found = bool(n), []
-        for k in readers.get(name, ()):
+        for k in users.get(name, ()):
             launch = per_step[k]
             pairs = natives(launch, key) if id(launch) in in_batch else None
-            if not pairs or any(f != ew for f, _ in pairs):
-                ok = False  # read by NumPy, by another kernel, or by a call run alone
+            if not pairs or any(f not in known for f, _ in pairs):
+                ok = False  # touched by NumPy, by another kernel, or by a call run alone
                 continue
-            for _, addr in pairs:
-                y = ctypes.c_void_p.from_address(addr + _Y).value or 0
-                if n and lo <= y < lo + n:
-                    ok = False  # written: an input's buffer is the program's own
-                for off in _READ:
+            for f, addr in pairs:
+                written, read = known[f]
+                for off in written + read:
                     p = ctypes.c_void_p.from_address(addr + off).value or 0
                     if n and lo <= p < lo + n:
                         found.append((ctypes.c_void_p.from_address(addr + off), p - lo))
+                        if off in written and i < len(inputs):
+                            ok = False  # an input written: its buffer is the program's own
         places.append(lo)
         inplace.append(ok)
         fields.append(found)
     if not any(fields):
         return None
-    return Plan(list(names), places, fields, inplace)
+    return Plan(names, len(inputs), places, fields, inplace)

@@ -485,17 +485,15 @@ class InferenceSession:
 
     def _run_at_dims(self, g: Graph, names: list[str], feeds: Mapping[str, Any]) -> list[np.ndarray]:
         """A range program run on arrays (runtime/extents.py): the feeds copied into its IO buffers, the outputs
-        asked for copied into new arrays; no session tensor is made per shape."""
-        at = g._child(feeds)  # the feeds' types and shapes are checked by execute, before anything runs
-        info = at.out_info
+        asked for copied into new arrays, except those its native calls read or write in place (runtime/feeds.py;
+        the context counts the copies); no session tensor is made per shape."""
+        info = g._child(feeds).out_info  # the feeds' types and shapes are checked by execute, before anything runs
         outs = {n: np.empty(info[n].shape, dtypes.dtype_of(info[n].dtype)) for n in names}
         for n, shape in g.execute(feeds, outs).items():  # outputs of data-dependent size: their real shape
             if n in outs:
                 outs[n] = np.ascontiguousarray(outs[n][tuple(slice(0, d) for d in shape)])
         counters = self._counters
         counters["session_runs"] += 1
-        counters["copies_in"] += len(at.inputs)
-        counters["copies_out"] += len(names)
         return [outs[n] for n in names]
 
     def io_binding(self) -> IOBinding:
