@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ctxrt.runtime.graph import Graph
 
 _NO_SHAPES: Mapping[str, tuple[int, ...]] = {}
+_NO_OUTPUTS: Mapping[str, Any] = MappingProxyType({})  # outputs a run may not write in place (run_recorded)
 PER_STEP = 64  # shapes of one changed step whose launches (and kernels) are kept
 # values of a live step's integers whose launches it keeps (~1 KB each: a closure and its views): a generation of
 # up to this many tokens, repeated, makes no launch the second time
@@ -663,7 +664,8 @@ class ExtentRunner:
         return st.plans[1][key]
 
     # -- running ---------------------------------------------------------------------------------------
-    def execute(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None) -> Mapping[str, tuple[int, ...]]:
+    def execute(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None, fresh_outputs: bool = False
+                ) -> Mapping[str, tuple[int, ...]]:
         g = self.g
         ctx = g.ctx
         st = self.at(inputs)
@@ -702,7 +704,7 @@ class ExtentRunner:
             if raw:  # on arrays: feeds its batches read in place are not copied
                 place = lambda: self._plan(st, launches, shared)  # noqa: E731
             run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, launches, st.cap, st.blas,
-                         place)
+                         place, fresh_outputs)
             if st.kv is not None:  # a KV cache appended in place: what its Concats did not copy, and did
                 ctx.stats["kv_bytes_kept_in_place"] += st.kv[0]
                 ctx.stats["kv_bytes_appended"] += st.kv[1]
@@ -735,11 +737,12 @@ def batched(backend: Any, launches: list[Any], cache: dict[Any, Any]) -> list[An
 
 def run_recorded(ctx: Any, inputs: Mapping[str, Any], outputs: Mapping[str, Any], ins: list[TensorInfo],
                  outs: list[TensorInfo], internal: Mapping[str, Any], launches: list[Any], cap: int | None,
-                 blas: bool = False, place: Any = None) -> None:
+                 blas: bool = False, place: Any = None, fresh_outputs: bool = False) -> None:
     """One run of recorded launches (under the context's lock): array feeds copied into their internal IO
     buffers, the launches on the context's threads (`cap`: the program's thread cap; `blas`: its large kernels
     are BLAS calls, which then get the threads), array outputs copied out. `place()`: the feeds.Plan of a list
-    run on arrays (feeds it reads and outputs it writes in place, not copied), or None."""
+    run on arrays (feeds it reads and outputs it writes in place, not copied), or None; outputs only where
+    `fresh_outputs` (arrays the caller made for this run: written in place, they cannot overlap a feed)."""
     backend, stats = ctx.backend, ctx.stats
     pool = ctx.threads
     pool.cap, pool.blas = cap, blas
@@ -747,7 +750,7 @@ def run_recorded(ctx: Any, inputs: Mapping[str, Any], outputs: Mapping[str, Any]
     with pool:
         plan = place() if place is not None else None
         if plan is not None:
-            placed = plan.bind(inputs, outputs)
+            placed = plan.bind(inputs, outputs if fresh_outputs else _NO_OUTPUTS)
         skipped = []
         for i, info in enumerate(ins):
             v = inputs[info.name]

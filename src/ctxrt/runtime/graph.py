@@ -416,9 +416,12 @@ class Graph:
                              f"got {array.dtype}{list(array.shape)}")
 
     def execute(self, inputs: Mapping[str, np.ndarray | MemHandle],
-                outputs: Mapping[str, np.ndarray | MemHandle] | None = None) -> Mapping[str, tuple[int, ...]]:
+                outputs: Mapping[str, np.ndarray | MemHandle] | None = None, *,
+                fresh_outputs: bool = False) -> Mapping[str, tuple[int, ...]]:
         """Run once. Each input is an ndarray (raw: copied in) or a MemHandle (bound, no copy); each output
         given is an ndarray (raw: the result is copied into it) or a MemHandle (written in place).
+        `fresh_outputs`: the output arrays share no memory with the feeds (the caller made them for this run): a
+        range program on the CPU may then write them in place (runtime/feeds.py).
 
         Returns the real shapes of the outputs whose size depends on the data (NonZero, ...; their tensors
         have an upper-bound shape, the real data in the leading part of the bounded axis); {} when none."""
@@ -427,7 +430,7 @@ class Graph:
             raise LifecycleError(f"graph {self.name!r}: context was freed" if ctx.freed
                                  else f"graph {self.name!r}: context is not finalized; call finalize()")
         if self._extent is not None:
-            return self._extent.execute(inputs, outputs)
+            return self._extent.execute(inputs, outputs, fresh_outputs)
         if self.ranges is not None:
             return self._child(inputs).execute(inputs, outputs)
         if inputs.keys() != self._input_names:
@@ -486,7 +489,7 @@ class Graph:
             return self._child(feeds).run(feeds)
         infos = self._extent.at(feeds).outputs if self._extent is not None and self.ctx.finalized else self.outputs
         outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in infos}
-        for name, shape in self.execute(feeds, outs).items():
+        for name, shape in self.execute(feeds, outs, fresh_outputs=True).items():
             outs[name] = np.ascontiguousarray(outs[name][tuple(slice(0, d) for d in shape)])
         return outs
 

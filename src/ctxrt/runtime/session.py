@@ -489,7 +489,7 @@ class InferenceSession:
         the context counts the copies); no session tensor is made per shape."""
         info = g._child(feeds).out_info  # the feeds' types and shapes are checked by execute, before anything runs
         outs = {n: np.empty(info[n].shape, dtypes.dtype_of(info[n].dtype)) for n in names}
-        for n, shape in g.execute(feeds, outs).items():  # outputs of data-dependent size: their real shape
+        for n, shape in g.execute(feeds, outs, fresh_outputs=True).items():  # (data-dependent sizes: real shapes)
             if n in outs:
                 outs[n] = np.ascontiguousarray(outs[n][tuple(slice(0, d) for d in shape)])
         counters = self._counters
