@@ -236,3 +236,22 @@ def test_outputs_are_written_in_place_only_into_arrays_made_for_the_run(decoder)
         assert ctx.stats["outputs_written_in_place"] == written
     finally:
         ctx.free()
+
+
+@pytest.mark.skipif(native.library() is None, reason="the native kernels are not built")
+def test_a_native_slot_alone_runs_its_structs(decoder, monkeypatch) -> None:
+    """A native slot that no neighbour batches with runs as a batch of its own, on the structs of the run's dims
+    (predicted or copied), not through its launch at those dims."""
+    from ctxrt.runtime import extents, slots
+
+    monkeypatch.setattr(extents, "batched", lambda backend, launches, cache: list(launches))  # nothing merged
+    path, oracle = decoder
+    with ctxrt.InferenceSession(path, dim_ranges=RANGES) as sess:
+        start = decoders.empty_past(LAYERS, seq=3, dim=DIM, heads=HEADS)
+        want = decoders.generate(lambda f: oracle.run(None, f), start, 12, LAYERS)
+        assert decoders.generate(lambda f: sess.run(None, f), start, 12, LAYERS) == want
+        runner = next(iter(sess._variants.values())).ranged._extent
+        shared = runner.last[1].shared[1]
+        alone = [x for x in shared.batched if isinstance(x, strided.Batch)]
+        assert alone and all(len(b.launches) == 1 and isinstance(b.launches[0], slots.NativeSlot) for b in alone)
+        assert sess.stats["range_structs_predicted"] > 0

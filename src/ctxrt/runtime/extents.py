@@ -609,8 +609,10 @@ class ExtentRunner:
         _, shared, cur, block = sh
         self.cur = cur
         np.copyto(shared.block, block)
-        if shared.batched is None:
-            shared.batched = batched(self.g.ctx.backend, shared.template, self.g._batches)
+        if shared.batched is None:  # a native slot left alone between Python launches: a batch of its own (its
+            # Python call would make its launch at these dims, which predicted structs spare)
+            shared.batched = [strided.Batch([x]) if x.__class__ is slots.NativeSlot else x
+                              for x in batched(self.g.ctx.backend, shared.template, self.g._batches)]
         return shared
 
     def _share(self, st: AtDims) -> tuple[list[Any], slots.Shared, list[Any], np.ndarray] | bool:
