@@ -255,3 +255,31 @@ def test_a_native_slot_alone_runs_its_structs(decoder, monkeypatch) -> None:
         alone = [x for x in shared.batched if isinstance(x, strided.Batch)]
         assert alone and all(len(b.launches) == 1 and isinstance(b.launches[0], slots.NativeSlot) for b in alone)
         assert sess.stats["range_structs_predicted"] > 0
+
+
+@pytest.mark.parametrize("backend", ["cpu", "opencl"])
+def test_a_quantized_unit_read_through_a_transpose_stays_float(backend) -> None:
+    """Q.K^T of a QDQ model (DequantizeLinear -> Transpose -> MatMul): the Transpose folds into transB, and the
+    unit then left to the float MatMul (QLinearMatMul has no transposed form), equal to onnxruntime."""
+    skip_unless_available(backend)
+    from onnx import numpy_helper
+
+    q, k = rand(2, 3, 5, 8), rand(2, 3, 7, 8)
+    scale = numpy_helper.from_array(np.array(0.02, np.float32), "s")
+    zp = numpy_helper.from_array(np.array(0, np.int8), "z")
+    nodes = [helper.make_node("QuantizeLinear", ["q", "s", "z"], ["qq"]),
+             helper.make_node("DequantizeLinear", ["qq", "s", "z"], ["qd"]),
+             helper.make_node("QuantizeLinear", ["k", "s", "z"], ["kq"]),
+             helper.make_node("DequantizeLinear", ["kq", "s", "z"], ["kd"]),
+             helper.make_node("Transpose", ["kd"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["qd", "kt"], ["m"]),
+             helper.make_node("QuantizeLinear", ["m", "s2", "z"], ["mq"]),
+             helper.make_node("DequantizeLinear", ["mq", "s2", "z"], ["y"])]
+    model = make_model(nodes, {"q": q, "k": k})
+    model.graph.initializer.extend([scale, zp, numpy_helper.from_array(np.array(0.05, np.float32), "s2")])
+    want = _ort(model, {"q": q, "k": k})
+    with ctxrt.compile(model, backend=backend) as ctx:
+        steps = ctx.graph().compiled.steps
+        assert "Transpose" not in [s.op for s in steps] and "QLinearMatMul" not in [s.op for s in steps]
+        got = ctx.graph().run({"q": q, "k": k})
+    np.testing.assert_allclose(got["y"], want[0], rtol=0, atol=0.05 + 1e-6)  # at most one step of the scale

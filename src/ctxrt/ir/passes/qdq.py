@@ -206,6 +206,8 @@ def _conv(m: _Match, node: Node) -> Node | None:
 
 
 def _matmul(m: _Match, node: Node) -> Node | None:
+    if node.attrs.get("transB"):  # B read transposed (FoldTransposeIntoMatMul): QLinearMatMul has no such form
+        return None
     unit = _unit(m, node, (0, 1), {1: -1})
     if unit is None:
         return None
