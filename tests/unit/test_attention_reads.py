@@ -55,6 +55,21 @@ def test_transpose_of_the_last_two_axes_is_read_by_matmul(backend, rank) -> None
     np.testing.assert_allclose(got["y"], want[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["cpu", "opencl"])
+def test_a_transposed_operand_of_another_rank(backend) -> None:
+    # A of two dims against a transposed B of three (B's batch broadcast over A), and the other way round
+    skip_unless_available(backend)
+    for qs, ks in (((5, 8), (3, 7, 8)), ((2, 3, 5, 8), (7, 8))):
+        q, k = rand(*qs), rand(*ks)
+        perm = [*range(len(ks) - 2), len(ks) - 1, len(ks) - 2]
+        model = make_model([helper.make_node("Transpose", ["k"], ["kt"], perm=perm),
+                            helper.make_node("MatMul", ["q", "kt"], ["y"])], {"q": q, "k": k})
+        with ctxrt.compile(model, backend=backend) as ctx:
+            assert "Transpose" not in [s.op for s in ctx.graph().compiled.steps]
+            got = ctx.graph().run({"q": q, "k": k})["y"]
+        np.testing.assert_allclose(got, _ort(model, {"q": q, "k": k})[0], rtol=1e-5, atol=1e-5)
+
+
 def test_other_transposes_and_readers_stay() -> None:
     # a transposed K read by something else too: the MatMul reads K as stored, the Transpose stays for the other
     model, feeds = _qk([0, 1, 3, 2], extra_reader=True)
