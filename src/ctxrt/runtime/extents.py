@@ -108,6 +108,23 @@ class AtDims:
         self.shared: tuple[list[Any], slots.Shared, list[Any], np.ndarray] | bool | None = None
 
 
+class _Views(dict):
+    """A state's views of the internal IO buffers at its dims, each made when first asked for: a run on arrays
+    copies few of them (the feeds and outputs not used in place, runtime/feeds.py)."""
+
+    __slots__ = ("g", "infos")
+
+    def __init__(self, g: Graph, infos: list[TensorInfo]) -> None:
+        super().__init__()
+        self.g, self.infos = g, infos
+
+    def __missing__(self, name: str) -> Any:
+        info = next(t for t in self.infos if t.name == name)
+        buf, off = self.g._io_place(name)
+        view = self[name] = np.ndarray(info.shape, dtypes.dtype_of(info.dtype), buf.array, off)
+        return view
+
+
 class ExtentRunner:
     """Runs graph `g` (a range program on the CPU) at any dims inside its ranges; see the module's docstring."""
 
@@ -383,6 +400,7 @@ class ExtentRunner:
             self.static_work < SMALL_WORK
         st = AtDims(dims, ins, outs, steps, cap, blas)
         st.vals = vals
+        st.internal = _Views(g, ins + outs)
         return st
 
     def _group(self, mask: int, members: list[tuple[int, list[int]]], dims: tuple[int, ...], vals: list[int]
@@ -502,11 +520,7 @@ class ExtentRunner:
     def _record(self, st: AtDims, bound: tuple[MemHandle | None, ...]) -> None:
         g = self.g
         if all(h is None for h in bound):  # arrays fed and returned: the internal IO buffers, views at these dims
-            views = st.internal
-            if not views:
-                for info in st.inputs + st.outputs:
-                    buf, off = g._io_place(info.name)
-                    views[info.name] = np.ndarray(info.shape, dtypes.dtype_of(info.dtype), buf.array, off)
+            views = st.internal  # (made as a launch or a copy first asks)
         else:
             views = {info.name: h.view if h is not None else st.internal.get(info.name)
                      for info, h in zip(st.inputs + st.outputs, bound, strict=True)}
@@ -619,14 +633,10 @@ class ExtentRunner:
         vals, recording = st.vals, st.launches
         shared = self.shared.get(id(recording))
         if shared is not None and shared.recording is recording:
-            got = shared.predict(st.dims)
-            if got is not None:  # the predicted slots' launches are made only if a batch falls back to them
-                block, done = got
-                cur = [launch if k in done else launch.at(vals) if hasattr(launch, "at") else launch
-                       for k, launch in enumerate(recording)]
-                if shared.state_block(cur, block, done) is not None:
-                    self.g.ctx.stats["range_structs_predicted"] += len(done)
-                    return recording, shared, cur, block
+            got = shared.predicted(st.dims, vals)
+            if got is not None:
+                self.g.ctx.stats["range_structs_predicted"] += len(shared.fit.done)
+                return recording, shared, *got
         cur = [launch.at(vals) if hasattr(launch, "at") else launch for launch in recording]
         if shared is None or shared.recording is not recording:
             shared = slots.share(self, recording, cur)
@@ -657,11 +667,12 @@ class ExtentRunner:
             else:
                 if key in shared.plans:
                     got = shared.plans[key]
-                    got = got and got.rebased(st.shared[3].view(np.int64), shared.block.ctypes.data)
                 else:  # made on this state's structs (in the list's block now)
                     got = feeds.plan(shared.template, launches, key, st.internal, ins, outs, self.users)
-                    if all(st.internal[n].size for n in ins + outs):  # (an empty tensor has no fields: per state)
+                    got = got and got.on_block(shared.block)
+                    if not any(0 in t.shape for t in st.inputs + st.outputs):  # (an empty one has no fields)
                         shared.plans[key] = got
+                got = got and got.rebased(st.shared[3].view(np.int64))
             st.plans[1][key] = got
         return st.plans[1][key]
 

@@ -34,17 +34,20 @@ _FIELDS = {
 class Plan:
     """For one batched launch list at one thread key: per IO tensor (inputs first, then outputs), whether the
     caller's array may be used in place, and the struct fields pointing into its buffer (field, offset from the
-    buffer's start)."""
+    buffer's start). A shared list's plan (`on_block`) keeps the fields inside its struct block as word indices,
+    written by one NumPy assignment, their offsets per set of dims (`rebased`)."""
 
-    __slots__ = ("names", "n_in", "places", "fields", "inplace")
+    __slots__ = ("names", "n_in", "places", "fields", "inplace", "blk", "idx", "owner", "delta", "at")
 
     def __init__(self, names: list[str], n_in: int, places: list[int], fields: list[list[tuple[Any, int]]],
                  inplace: list[bool]) -> None:
         self.names, self.n_in, self.places, self.fields, self.inplace = names, n_in, places, fields, inplace
+        self.blk: np.ndarray | None = None  # the block's words, and per field in it: its word, its IO tensor, offset
+        self.idx = self.owner = self.delta = self.at = np.zeros(0, np.int64)
 
     def bind(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> list[bool]:
         """Point the calls at each array used in place (else back at the buffer); which IO tensors are."""
-        read = []
+        read, bases = [], []
         n_in = self.n_in
         for i, (name, place, fields, ok) in enumerate(zip(self.names, self.places, self.fields, self.inplace,
                                                           strict=True)):
@@ -59,6 +62,9 @@ class Plan:
             for field, delta in fields:
                 field.value = base + delta
             read.append(ok)
+            bases.append(base)
+        if self.blk is not None:
+            self.blk[self.idx] = np.array(bases, np.int64)[self.owner] + self.delta
         return read
 
     def restore(self) -> None:
@@ -66,15 +72,36 @@ class Plan:
         for place, fields in zip(self.places, self.fields, strict=True):
             for field, delta in fields:
                 field.value = place + delta
+        if self.blk is not None:
+            self.blk[self.idx] = self.at + self.delta
 
-    def rebased(self, words: np.ndarray, block: int) -> Plan:
-        """This plan for another set of dims of a shared list (runtime/slots.py): the fields inside the list's
-        struct block (at address `block`) take their offsets from that set's structs (`words`, int64); the others
-        keep theirs (launches every set shares)."""
-        end = block + words.nbytes
-        fields = [[(f, int(words[(a - block) // 8]) - place if block <= (a := ctypes.addressof(f)) < end else d)
-                   for f, d in found] for found, place in zip(self.fields, self.places, strict=True)]
-        return Plan(self.names, self.n_in, self.places, fields, self.inplace)
+    def on_block(self, block: np.ndarray) -> Plan:
+        """This plan with its fields inside `block` (a shared list's structs, runtime/slots.py) kept as words."""
+        lo = block.ctypes.data
+        idx, owner, delta, rest = [], [], [], []
+        for io, found in enumerate(self.fields):
+            keep = []
+            for f, d in found:
+                a = ctypes.addressof(f)
+                if lo <= a < lo + block.nbytes:
+                    idx.append((a - lo) // 8)
+                    owner.append(io)
+                    delta.append(d)
+                else:
+                    keep.append((f, d))
+            rest.append(keep)
+        p = Plan(self.names, self.n_in, self.places, rest, self.inplace)
+        p.blk, p.idx, p.owner = block.view(np.int64), np.array(idx, np.intp), np.array(owner, np.intp)
+        p.delta, p.at = np.array(delta, np.int64), np.array(self.places, np.int64)[p.owner]
+        return p
+
+    def rebased(self, words: np.ndarray) -> Plan:
+        """This shared list's plan for another set of dims: the block's fields take their offsets from that set's
+        structs (`words`, int64); the others keep theirs (launches every set shares)."""
+        p = Plan(self.names, self.n_in, self.places, self.fields, self.inplace)
+        p.blk, p.idx, p.owner, p.at = self.blk, self.idx, self.owner, self.at
+        p.delta = words[self.idx] - self.at
+        return p
 
 
 def plan(per_step: Sequence[Any], batched: Sequence[Any], key: Any, internal: Mapping[str, np.ndarray],

@@ -74,15 +74,13 @@ class Shared:
         self.slot_words = [(k, calls[0][1] // 8, (calls[-1][1] + calls[-1][2] + 7) // 8) for k, calls in layout]
         self.plans: dict[Any, Any] = {}  # feeds.Plan by thread key, rebased for each set (ExtentRunner._plan)
 
-    def state_block(self, cur: Sequence[Any], out: np.ndarray | None = None, skip: frozenset[int] = frozenset()
-                    ) -> np.ndarray | None:
+    def state_block(self, cur: Sequence[Any], out: np.ndarray | None = None,
+                    layout: list[tuple[int, list[Any]]] | None = None) -> np.ndarray | None:
         """The native slots' structs of the launches `cur` (a set of dims' launch per step), or None where one
-        does not fit its slot; into `out` (the slots of steps in `skip` left as they are). The launches keep no
-        struct of their own (strided.structs): a state's structs are these bytes only."""
+        does not fit its slot; into `out` (only the slots of `layout`, else all). The launches keep no struct of
+        their own (strided.structs): a state's structs are these bytes only."""
         out = np.zeros_like(self.block) if out is None else out
-        for k, calls in self.layout:
-            if k in skip:
-                continue
+        for k, calls in self.layout if layout is None else layout:
             got = structs(cur[k])
             if got is None or len(got) != len(calls):
                 return None
@@ -116,11 +114,29 @@ class Shared:
         words = fit.words(dims)
         if words is None:
             return None
-        if fit.done is None:  # the slots whose every word fits (once per fit)
+        if fit.done is None:  # the slots whose every word fits, the live steps left to make (once per fit)
             fit.done = frozenset(k for k, lo, hi in self.slot_words if fit.ok[lo:hi].all())
+            fit.left = ([k for k, launch in enumerate(self.recording) if hasattr(launch, "at") and k not in fit.done],
+                        [(k, calls) for k, calls in self.layout if k not in fit.done])
         if not fit.done:
             return None
         return words.view(np.uint8), fit.done
+
+    def predicted(self, dims: tuple[int, ...], vals: list[int]) -> tuple[list[Any], np.ndarray] | None:
+        """(the launch per step, the structs) at these dims with the fitted slots' structs predicted: only the
+        other live steps' launches are made (a predicted slot's launch is made only if a batch falls back to it:
+        its entry is the recording's, which makes it at the run's dims); None where nothing is predicted."""
+        got = self.predict(dims)
+        if got is None:
+            return None
+        block, _ = got
+        make, left = self.fit.left
+        cur = list(self.recording)
+        for k in make:
+            cur[k] = cur[k].at(vals)
+        if left and self.state_block(cur, block, left) is None:
+            return None
+        return cur, block
 
 
 MAX_VARYING = 2
@@ -131,13 +147,16 @@ VERIFY = 2
 class _Fit:
     """Integer polynomials of the words of a shared list's structs in the dims that vary among its samples."""
 
-    __slots__ = ("varying", "fixed", "exps", "ref", "ref_feats", "coef", "ok", "done")
+    __slots__ = ("varying", "fixed", "exps", "ref", "ref_feats", "coef", "ok", "done", "exps_list", "ref_list",
+                 "left")
 
     def __init__(self, varying: list[int], fixed: dict[int, int], exps: np.ndarray, ref: np.ndarray,
                  ref_feats: np.ndarray, coef: np.ndarray, ok: np.ndarray) -> None:
         self.varying, self.fixed, self.exps, self.ref, self.ref_feats = varying, fixed, exps, ref, ref_feats
         self.coef, self.ok = coef, ok
         self.done: frozenset[int] | None = None  # (Shared.predict)
+        self.left: tuple[list[int], list[tuple[int, list[Any]]]] = ([], [])  # (Shared.predicted)
+        self.exps_list, self.ref_list = exps.tolist(), ref_feats.tolist()  # (words: Python ints, no NumPy call)
 
     @staticmethod
     def of(samples: list[tuple[tuple[int, ...], np.ndarray]]) -> _Fit | None:
@@ -170,8 +189,15 @@ class _Fit:
                 return None
         if min(dims[j] for j in self.varying) < 2:
             return None
-        f = _features(np.array([[dims[j] for j in self.varying]], np.int64), self.exps)[0] - self.ref_feats
-        return self.ref + f @ self.coef
+        values = [dims[j] for j in self.varying]
+        out = self.ref.copy()
+        for e, ref, c in zip(self.exps_list, self.ref_list, self.coef, strict=True):  # a few monomials
+            f = 1
+            for v, p in zip(values, e, strict=True):
+                f *= v ** p
+            if f != ref:
+                out += (f - ref) * c
+        return out
 
 
 def _features(values: np.ndarray, exps: np.ndarray) -> np.ndarray:
