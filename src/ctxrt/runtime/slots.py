@@ -55,8 +55,9 @@ class Shared:
 
     The structs of a new set of dims are predicted where they can be (`predict`): each 8-byte word of a slot's
     structs (an extent, a stride, a pointer into the arena) is fitted as a polynomial in the dims that vary among
-    the sets run so far (at most MAX_VARYING, each of degree <= 2), from sets whose structs were made from their
-    launches (`learn`), with integer coefficients verified exactly on VERIFY more sets than it needs. A slot's
+    the sets run so far (at most MAX_VARYING; of degree 1 in each, or 2 where that fits more words), from sets
+    whose structs were made from their launches (`learn`), with integer coefficients verified exactly on VERIFY more
+    sets than it needs. A slot's
     structs are predicted only where every word of it fits, at varying dims >= 2 (a dim of 1 or 0 drops or empties
     an axis: those sets are made from their launches, and not fitted), the other dims as in every sample; a made
     set that disagrees with the fit drops it. A predicted struct addresses the same elements as the one its launch
@@ -102,8 +103,8 @@ class Shared:
         self.samples.append((dims, words))
         if len(self.samples) > MAX_SAMPLES:
             self.samples.pop(0)
-        if self.fit is None:
-            self.fit = _Fit.of(self.samples)
+        if self.fit is None or not self.fit.ok.all():  # (a quadratic fit needs more sets than a linear one)
+            self.fit = _Fit.of(self.samples) or self.fit
 
     def predict(self, dims: tuple[int, ...]) -> tuple[np.ndarray, frozenset[int]] | None:
         """The structs at `dims` of every slot whose words fit (a new block) and those slots' steps; None where
@@ -169,18 +170,26 @@ class _Fit:
         keep = (dims[:, varying] >= 2).all(axis=1)  # a varying dim of 0 or 1 empties or drops an axis
         samples = [x for x, kept in zip(samples, keep.tolist(), strict=True) if kept]
         dims = dims[keep]
-        exps = np.array([e for e in np.ndindex(*([3] * len(varying))) if any(e)], np.int64)
-        feats = _features(dims[:, varying], exps)  # (samples, monomials)
-        m = len(exps)
-        if len(samples) < m + 1 + VERIFY or np.linalg.matrix_rank((feats[1:] - feats[0]).astype(np.float64)) < m:
+        if len(samples) < 2 + VERIFY:
             return None
-        words = np.stack([w for _, w in samples])
-        df = (feats[1:] - feats[0]).astype(np.float64)
-        dw = words[1:] - words[0]
-        coef = np.rint(np.linalg.lstsq(df, dw.astype(np.float64), rcond=None)[0]).astype(np.int64)
-        ok = ((feats[1:] - feats[0]) @ coef == dw).all(axis=0)
         fixed = {j: int(dims[0, j]) for j in range(dims.shape[1]) if j not in varying}
-        return _Fit(varying, fixed, exps, words[0], feats[0], coef, ok)
+        best = None
+        for degree in (1, 2):  # linear first (most words: fewer sets made before predicting), then quadratic
+            exps = np.array([e for e in np.ndindex(*([degree + 1] * len(varying))) if any(e)], np.int64)
+            feats = _features(dims[:, varying], exps)  # (samples, monomials)
+            m = len(exps)
+            df = (feats[1:] - feats[0]).astype(np.float64)
+            if len(samples) < m + 1 + VERIFY or np.linalg.matrix_rank(df) < m:
+                break
+            words = np.stack([w for _, w in samples])
+            dw = words[1:] - words[0]
+            coef = np.rint(np.linalg.lstsq(df, dw.astype(np.float64), rcond=None)[0]).astype(np.int64)
+            ok = ((feats[1:] - feats[0]) @ coef == dw).all(axis=0)
+            if best is None or ok.sum() > best.ok.sum():
+                best = _Fit(varying, fixed, exps, words[0], feats[0], coef, ok)
+            if ok.all():
+                break
+        return best
 
     def words(self, dims: tuple[int, ...]) -> np.ndarray | None:
         """The fitted words at `dims` (only those in `ok` are right), or None where a fixed dim differs."""

@@ -327,11 +327,20 @@ def _cast(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     return lambda: np.copyto(y, x, casting="unsafe")  # to bool: non-zero is True, as ONNX's Cast
 
 
+_FILLS: dict[tuple[str, Any], np.ndarray] = {}  # one array per fill value: the same address in every launch's struct
+
+
 def _fill(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     y = outs[0]
     value = step.attrs.get("value")
     fill = y.dtype.type(0) if value is None else y.dtype.type(np.asarray(value).reshape(-1)[0])
-    return lambda: y.fill(fill)
+    key = (y.dtype.str, fill.tobytes())
+    src = _FILLS.get(key)
+    if src is None:
+        src = _FILLS[key] = np.array(fill, y.dtype)
+    # a copy of the value broadcast (stride 0): a native call, its struct predicted at a new past length (a mask's
+    # ConstantOfShape, runtime/slots.py)
+    return strided.copy(y, np.broadcast_to(src, y.shape)) if y.size else (lambda: None)
 
 
 def _reduce_sum(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
