@@ -298,3 +298,29 @@ def test_a_quantized_unit_read_through_a_transpose_stays_float(backend) -> None:
         assert "Transpose" not in [s.op for s in steps] and "QLinearMatMul" not in [s.op for s in steps]
         got = ctx.graph().run({"q": q, "k": k})
     np.testing.assert_allclose(got["y"], want[0], rtol=0, atol=0.05 + 1e-6)  # at most one step of the scale
+
+
+@pytest.mark.skipif(native.library() is None, reason="the native kernels are not built")
+def test_a_slice_is_never_predicted() -> None:
+    """A live Slice's view comes from NumPy's clamped and wrapped bounds, no polynomial everywhere: its slot's
+    structs are made at every set of dims while the others are predicted; every length matches onnxruntime, short
+    ones after long ones included."""
+    big = np.iinfo(np.int64).max
+    nodes = [helper.make_node("Slice", ["x", "s", "e", "a"], ["t"]), helper.make_node("Add", ["t", "t"], ["u"]),
+             helper.make_node("Concat", ["u", "x"], ["y"], axis=1)]
+    from onnx import TensorProto, numpy_helper
+
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("s", [1]), ("e", [big]), ("a", [1]))]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "rows", 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with ctxrt.InferenceSession(model.SerializeToString(), dim_ranges={"rows": (1, 64)}) as sess:
+        for rows in [*range(20, 40), 3, 2, 50, 5]:
+            x = rand(1, rows, 8)
+            np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref.run(None, {"x": x})[0], rtol=1e-6)
+        runner = next(iter(sess._variants.values())).ranged._extent
+        shared = runner.last[1].shared[1]
+        slices = {k for k, _ in shared.layout if runner.g.compiled.steps[k].op == "Slice"}
+        assert slices and shared.fit is not None and shared.fit.done and not slices & shared.fit.done
+        assert sess.stats["range_structs_predicted"] > 0

@@ -63,7 +63,8 @@ class Shared:
     set that disagrees with the fit drops it. A predicted struct addresses the same elements as the one its launch
     would make (a merge of contiguous axes is the same at every fitted set, or the fit fails)."""
 
-    __slots__ = ("recording", "template", "layout", "block", "batched", "samples", "fit", "slot_words", "plans")
+    __slots__ = ("recording", "template", "layout", "block", "batched", "samples", "fit", "slot_words", "plans",
+                 "made")
 
     def __init__(self, recording: list[Any], template: list[Any], layout: list[tuple[int, list[Any]]],
                  block: np.ndarray) -> None:
@@ -74,6 +75,7 @@ class Shared:
         # per native slot, the slice of words its structs take
         self.slot_words = [(k, calls[0][1] // 8, (calls[-1][1] + calls[-1][2] + 7) // 8) for k, calls in layout]
         self.plans: dict[Any, Any] = {}  # feeds.Plan by thread key, rebased for each set (ExtentRunner._plan)
+        self.made: frozenset[int] = frozenset()  # slots never predicted (UNPREDICTED ops)
 
     def state_block(self, cur: Sequence[Any], out: np.ndarray | None = None,
                     layout: list[tuple[int, list[Any]]] | None = None) -> np.ndarray | None:
@@ -116,7 +118,7 @@ class Shared:
         if words is None:
             return None
         if fit.done is None:  # the slots whose every word fits, the live steps left to make (once per fit)
-            fit.done = frozenset(k for k, lo, hi in self.slot_words if fit.ok[lo:hi].all())
+            fit.done = frozenset(k for k, lo, hi in self.slot_words if fit.ok[lo:hi].all() and k not in self.made)
             fit.left = ([k for k, launch in enumerate(self.recording) if hasattr(launch, "at") and k not in fit.done],
                         [(k, calls) for k, calls in self.layout if k not in fit.done])
         if not fit.done:
@@ -243,4 +245,13 @@ def share(runner: Any, recording: list[Any], cur: Sequence[Any]) -> Shared | Non
     base = block.ctypes.data
     for k, calls in layout:
         template[k] = NativeSlot(runner, k, [(fn, base + off) for fn, off, _ in calls])
-    return Shared(recording, template, layout, block)
+    shared = Shared(recording, template, layout, block)
+    steps = runner.g.compiled.steps
+    shared.made = frozenset(k for k, _ in layout if steps[k].op in UNPREDICTED)
+    return shared
+
+
+# ops whose launch's views are not polynomials of the extents everywhere: NumPy clamps and wraps a Slice's
+# constant bounds (x[-8:] is the whole axis below 8 rows), so a fit from long axes would address memory outside a
+# short one; their structs are always made from their launches
+UNPREDICTED = frozenset({"Slice"})
