@@ -108,6 +108,11 @@ class AtDims:
         self.shared: tuple[list[Any], slots.Shared, list[Any], np.ndarray] | bool | None = None
 
 
+def _at_dims(launches: list[Any], vals: list[int]) -> list[Any]:
+    """A recording's launch per step at the program's integers `vals` (each live step's launch at them)."""
+    return [launch.at(vals) if hasattr(launch, "at") else launch for launch in launches]
+
+
 class _Views(dict):
     """A state's views of the internal IO buffers at its dims, each made when first asked for: a run on arrays
     copies few of them (the feeds and outputs not used in place, runtime/feeds.py)."""
@@ -522,12 +527,8 @@ class ExtentRunner:
         if all(h is None for h in bound):  # arrays fed and returned: the internal IO buffers, views at these dims
             views = st.internal  # (made as a launch or a copy first asks)
         else:
-            views = {info.name: h.view if h is not None else st.internal.get(info.name)
+            views = {info.name: h.view if h is not None else st.internal[info.name]  # (made on first use)
                      for info, h in zip(st.inputs + st.outputs, bound, strict=True)}
-            for info in st.inputs + st.outputs:
-                if views[info.name] is None:
-                    buf, off = g._io_place(info.name)
-                    views[info.name] = st.internal[info.name] = np.ndarray(info.shape, info.dtype, buf.array, off)
             strided = {info.name for info, h in zip(st.inputs + st.outputs, bound, strict=True)
                        if h is not None and h.strides is not None}
             if strided:
@@ -622,7 +623,9 @@ class ExtentRunner:
             return None
         _, shared, cur, block = sh
         self.cur = cur
-        np.copyto(shared.block, block)
+        if shared.loaded is not block:  # another set's structs in the block (a run rewrites every feed field)
+            np.copyto(shared.block, block)
+            shared.loaded = block
         if shared.batched is None:  # a native slot left alone between Python launches: a batch of its own (its
             # Python call would make its launch at these dims, which predicted structs spare)
             shared.batched = [strided.Batch([x]) if x.__class__ is slots.NativeSlot else x
@@ -637,7 +640,7 @@ class ExtentRunner:
             if got is not None:
                 self.g.ctx.stats["range_structs_predicted"] += len(shared.fit.done)
                 return recording, shared, *got
-        cur = [launch.at(vals) if hasattr(launch, "at") else launch for launch in recording]
+        cur = _at_dims(recording, vals)
         if shared is None or shared.recording is not recording:
             shared = slots.share(self, recording, cur)
             if shared is None:
@@ -661,9 +664,7 @@ class ExtentRunner:
         if key not in st.plans[1]:
             ins, outs = [t.name for t in st.inputs], [t.name for t in st.outputs]
             if shared is None:
-                vals = st.vals
-                per_step = [launch.at(vals) if hasattr(launch, "at") else launch for launch in st.launches]
-                got = feeds.plan(per_step, launches, key, st.internal, ins, outs, self.users)
+                got = feeds.plan(_at_dims(st.launches, st.vals), launches, key, st.internal, ins, outs, self.users)
             else:
                 if key in shared.plans:
                     got = shared.plans[key]
@@ -706,9 +707,7 @@ class ExtentRunner:
             else:
                 resolved = st.resolved
                 if resolved is None or resolved[0] is not st.launches:
-                    vals = st.vals
-                    resolved = st.resolved = [st.launches, [
-                        launch.at(vals) if hasattr(launch, "at") else launch for launch in st.launches], 0]
+                    resolved = st.resolved = [st.launches, _at_dims(st.launches, st.vals), 0]
                 resolved[2] += 1
                 if resolved[2] == (1 if st.built else BATCH_AT[len(self.states) > FEW_STATES]):
                     resolved[1] = batched(ctx.backend, resolved[1], g._batches)

@@ -64,7 +64,7 @@ class Shared:
     would make (a merge of contiguous axes is the same at every fitted set, or the fit fails)."""
 
     __slots__ = ("recording", "template", "layout", "block", "batched", "samples", "fit", "slot_words", "plans",
-                 "made")
+                 "made", "loaded")
 
     def __init__(self, recording: list[Any], template: list[Any], layout: list[tuple[int, list[Any]]],
                  block: np.ndarray) -> None:
@@ -76,6 +76,7 @@ class Shared:
         self.slot_words = [(k, calls[0][1] // 8, (calls[-1][1] + calls[-1][2] + 7) // 8) for k, calls in layout]
         self.plans: dict[Any, Any] = {}  # feeds.Plan by thread key, rebased for each set (ExtentRunner._plan)
         self.made: frozenset[int] = frozenset()  # slots never predicted (UNPREDICTED ops)
+        self.loaded: np.ndarray | None = None  # the state's structs the block holds now (ExtentRunner._shared)
 
     def state_block(self, cur: Sequence[Any], out: np.ndarray | None = None,
                     layout: list[tuple[int, list[Any]]] | None = None) -> np.ndarray | None:
