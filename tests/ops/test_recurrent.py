@@ -410,7 +410,7 @@ def test_native_lstm_projects_every_step_and_direction_in_one_gemm(projection: s
         pytest.skip("oneDNN is not installed")
     monkeypatch.setattr(api, "has_avx512", lambda: False)
     if projection == "numpy":
-        monkeypatch.setattr(rnn_native, "_projection", lambda *a: None)
+        monkeypatch.setattr(rnn_native, "_projection", lambda *a: (None, None))
     values = arrays("LSTM", 6, 2, 5, 16, 2)
     consts = ("W", "R", "B") if bias else ("W", "R")
     x = values["X"].transpose(1, 0, 2).copy() if layout else values["X"]
@@ -420,7 +420,11 @@ def test_native_lstm_projects_every_step_and_direction_in_one_gemm(projection: s
     with ctxrt.compile(model, backend="cpu") as ctx:
         g = ctx.graph()
         assert g.compiled.steps[0].algorithm == "native_lstm"
-        assert (g._kernels[0].project is not None) == (projection == "onednn")
+        project = g._kernels[0].project
+        assert (project is not None) == (projection == "onednn")
+        if project is not None:  # W stored in the format its GEMM prefers, where that is not ONNX's
+            blocked = project.prim.md(api.Q_WEIGHTS_MD) != api.Desc.make((5, 2 * 4 * 16), "ba")
+            assert (rnn_native.PACKED_W in g.compiled.steps[0].attrs) == blocked
         got = g.run({"X": x})
     theirs = helper.make_node("LSTM", NAMES[:3] + (["B"] if bias else []), ["Y", "Y_h", "Y_c"], hidden_size=16,
                               direction="bidirectional")  # onnxruntime runs layout 0 only
@@ -500,7 +504,7 @@ def test_native_gru_projects_on_numpy_without_onednn(bias: bool, monkeypatch, op
 
     if op_backend != "cpu" or native.library() is None or not api.available():
         pytest.skip("the CPU's native kernel and oneDNN")
-    monkeypatch.setattr(rnn_native, "_projection", lambda *a: None)
+    monkeypatch.setattr(rnn_native, "_projection", lambda *a: (None, None))
     values = arrays("GRU", 6, 1, 5, 16, 2)
     consts = ("W", "R", "B") if bias else ("W", "R")
     node = helper.make_node("GRU", NAMES[:3] + (["B"] if bias else []), ["Y", "Y_h"], hidden_size=16,
