@@ -154,6 +154,52 @@ def test_corrupt_weights_are_found_at_first_use_and_can_be_skipped() -> None:
     assert read_metadata(bytes(data))["weights_size"] == len(_section_bytes(WEIGHTS))
 
 
+@pytest.mark.parametrize("source", ["path", "bytes"])
+def test_corrupt_weights_checked_beside_a_load_refuse_the_context(source: str, tmp_path) -> None:
+    """A weights section of a megabyte or more is checked on a thread beside the rest of `context_from_binary`
+    (reader._BESIDE): a flipped weight byte is still a FormatError from the load, the thread is joined before it
+    returns or raises, and an intact file loads and runs."""
+    import threading
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import ctxrt
+    from ctxrt.cli import main as cli
+    from ctxrt.format import reader
+
+    w = np.random.default_rng(0).standard_normal((640, 640)).astype(np.float32)  # 1.6 MB: checked beside
+    assert w.nbytes >= reader._BESIDE
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 640])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 640])],
+                              [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    assert cli(["compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "good.ctx"), "-q"]) == 0
+    data = (tmp_path / "good.ctx").read_bytes()
+    with ContextFile.open(data) as cf:
+        section = cf.sections[WEIGHTS]
+    bad = bytearray(data)
+    bad[section.offset + section.length // 2] ^= 0x40
+
+    def load(raw: bytes) -> Any:
+        if source == "bytes":
+            return ctxrt.context_from_binary(raw)
+        path = tmp_path / "m.ctx"
+        path.write_bytes(raw)
+        return ctxrt.context_from_binary(path)
+    with pytest.raises(FormatError, match="WEIGHTS.*checksum"):
+        load(bytes(bad))
+    assert not any(t.name == "ctxrt-weights-check" for t in threading.enumerate())
+    x = np.ones((2, 640), np.float32)
+    ctx = load(data)
+    try:
+        assert not any(t.name == "ctxrt-weights-check" for t in threading.enumerate())
+        np.testing.assert_allclose(ctx.graph().run({"x": x})["y"], x @ w, rtol=1e-4, atol=1e-3)
+    finally:
+        ctx.free()
+
+
 # -- header and section table ----------------------------------------------------------------------
 
 def _set(**fields: Any) -> Callable[[dict[str, Any], list[list[int]]], None]:

@@ -250,8 +250,9 @@ class Graph:
         self._plan = batched(ctx.backend, self._launches, self._batches)
         self._bound = bound
         ctx.stats["recordings"] += 1
-        if self._parent is None:  # a range program's children share its kernels: counted once, by the parent
-            ctx._count_kernel_bytes()  # IO launches bound anew may hold constants of their own
+        if self._parent is None and ctx.finalized:  # a range program's children share its kernels: counted once,
+            ctx._count_kernel_bytes()  # by the parent; IO launches bound anew may hold constants of their own
+            # (while the context is being finalized, `finalize` counts them once, after every graph's first record)
 
     def _io_place(self, name: str) -> tuple[Any, int]:
         """(buffer, offset) of an IO tensor's internal buffer, allocated now (at the upper bound of a range

@@ -27,7 +27,9 @@ def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backen
     from ctxrt.format import ContextFile
 
     f = ContextFile.open(source)
+    wait = None
     try:
+        wait = f.check_weights_beside()  # the weights' checksum on another core while the rest loads
         meta = f.metadata
         be = get_backend(meta["backend"] if backend is None else backend)
         if meta["backend"] != be.name:
@@ -35,7 +37,7 @@ def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backen
         programs = f.programs()
         if programs is not None and be.programs is not None:
             be.programs.load(programs, "<bytes>" if isinstance(source, bytes) else os.fspath(source))
-        block = f.weights_block()  # read-only view of the mapped weights section, checksum verified once
+        block = f.weights_block()  # read-only view of the mapped weights section (its checksum: `wait`)
         table = {name: WeightEntry(int(e[0]), int(e[1]), str(e[2]), tuple(int(d) for d in e[3]))
                  for name, e in meta["weights"].items()}
         graphs, external = f.graphs(), f.external_weights()
@@ -49,13 +51,21 @@ def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backen
             table.update(shared)
             segments, keys = [block, *more], [None, *keys_out]
         try:
-            return Context(graphs, table, segments, be, defer_graph_init=defer_graph_init, info=meta, keepalive=f,
-                           num_threads=num_threads, store=store, segment_keys=keys)
+            ctx = Context(graphs, table, segments, be, defer_graph_init=defer_graph_init, info=meta, keepalive=f,
+                          num_threads=num_threads, store=store, segment_keys=keys)
         except BaseException:
             if store is not None:
                 store.release([k for k in keys if k is not None])
             raise
+        try:
+            wait()
+        except BaseException:  # the weights were corrupt: nothing of this context is handed out
+            ctx.free()
+            raise
+        return ctx
     except BaseException:
+        if wait is not None:
+            wait(False)  # the check reads the map: it ends before the file closes
         f.close()
         raise
 
