@@ -533,3 +533,34 @@ def test_a_range_program_reads_a_gemm_s_weights_as_stored_and_runs_a_token_on_th
         one = next(st for st in runner.states.values() if st.inputs[0].shape == (1, 256))
         (made,) = one.steps.values()  # the MatMul at one row: a launch maker on the stored weights, no kernel
         assert made.kernel is None and made.make is not None
+
+
+@pytest.mark.parametrize(("coeffs", "extent", "match"), [
+    ([0, 1, 1, 0], 12, None),  # a + b: fits everywhere
+    ([0, 1, 1, 0], 13, "is 12 at the upper bound, not the program's 13"),
+    ([-2, 1, 0, 0], 2, "negative somewhere in the ranges"),  # a - 2 < 0 at a = 0
+    ([10, -1, 1, 0], 14, "shrinks as dim 'a' grows"),  # 10 - a + b
+    ([0, 0, 0, 1], 32, None),  # a b: monotone along every edge
+])
+def test_a_loaded_programs_extents_are_checked_against_its_arena(coeffs: list[int], extent: int, match: str | None
+                                                                 ) -> None:
+    """check_fits, which a context binary's load runs on every stored extent (all at once, then the first failing
+    one for its message): the value at the upper bound is the program's, never negative, never shrinking as a dim
+    grows (the arena is planned at the upper bound); the first failing entry is the one reported."""
+    from types import SimpleNamespace
+
+    from ctxrt.compiler.ranges import RangeError, Ranges, check_fits
+
+    g = SimpleNamespace(inputs=[SimpleNamespace(name="x", shape=(12,)), SimpleNamespace(name="y", shape=(extent,))],
+                        outputs=[], steps=[])
+    dims = [("a", 0, 4), ("b", 1, 8)]
+    ranges = Ranges(dims, [(0, 0), (0, 0)], [(["I", 0, 0], [0, 1, 1, 0]), (["I", 1, 0], coeffs)])
+    if match is None:
+        check_fits(g, ranges, dims)
+        return
+    with pytest.raises(RangeError, match=f"input 'y' axis 0 {match}" if "upper" in match else match):
+        check_fits(g, ranges, dims)
+    bad_first = Ranges(dims, [(0, 0), (0, 0)], [(["I", 1, 0], coeffs), (["I", 0, 0], [0, 1, 1, 0])])
+    g.inputs[0].shape = (99,)  # both fail: the first entry's message
+    with pytest.raises(RangeError, match=match):
+        check_fits(g, bad_first, dims)

@@ -37,32 +37,26 @@ class Plan:
     buffer's start). A shared list's plan (`on_block`) keeps the fields inside its struct block as word indices,
     written by one NumPy assignment, their offsets per set of dims (`rebased`)."""
 
-    __slots__ = ("names", "n_in", "places", "fields", "inplace", "blk", "idx", "owner", "delta", "at")
+    __slots__ = ("names", "n_in", "places", "fields", "inplace", "blk", "idx", "owner", "delta", "at", "outside")
 
     def __init__(self, names: list[str], n_in: int, places: list[int], fields: list[list[tuple[Any, int]]],
                  inplace: list[bool]) -> None:
         self.names, self.n_in, self.places, self.fields, self.inplace = names, n_in, places, fields, inplace
         self.blk: np.ndarray | None = None  # the block's words, and per field in it: its word, its IO tensor, offset
         self.idx = self.owner = self.delta = self.at = np.zeros(0, np.int64)
+        self.outside = [(i, f) for i, f in enumerate(fields) if f]  # fields set one by one (not in a block)
 
     def bind(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> list[bool]:
         """Point the calls at each array used in place (else back at the buffer); which IO tensors are."""
-        read, bases = [], []
-        n_in = self.n_in
-        for i, (name, place, fields, ok) in enumerate(zip(self.names, self.places, self.fields, self.inplace,
-                                                          strict=True)):
-            base = place
-            if ok:
-                v = inputs[name] if i < n_in else outputs.get(name)
-                flags = v.flags if v.__class__ is np.ndarray else None
-                if flags is not None and flags.c_contiguous and flags.aligned and v.size:
-                    base = v.ctypes.data
-                else:
-                    ok = False
+        n_in, names = self.n_in, self.names
+        got = native.array_addresses([inputs[n] for n in names[:n_in]], False) + \
+            native.array_addresses([outputs.get(n) for n in names[n_in:]], True)
+        read = [ok and a is not None for ok, a in zip(self.inplace, got, strict=True)]
+        bases = [a if ok else p for ok, a, p in zip(read, got, self.places, strict=True)]
+        for i, fields in self.outside:
+            base = bases[i]
             for field, delta in fields:
                 field.value = base + delta
-            read.append(ok)
-            bases.append(base)
         if self.blk is not None:
             self.blk[self.idx] = np.array(bases, np.int64)[self.owner] + self.delta
         return read

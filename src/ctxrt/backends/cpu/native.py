@@ -248,6 +248,7 @@ def _load() -> ctypes.CDLL | None:
         lib = ctypes.CDLL(module.__file__)
         _declare(lib)
         _STATE["ew_args"] = module.ew_args  # csrc/strided.c's struct maker, called directly
+        _STATE["array_addresses"] = module.addresses
     except (ImportError, OSError, TypeError, AttributeError):  # AttributeError: a build of other sources
         return None
     return lib
@@ -288,6 +289,12 @@ def ew_args(op: int, y: Any, a: Any, b: Any, c: Any) -> tuple[bytearray, int] | 
     """csrc/strided.c's ew_args for these views: (the struct's bytes, its address), or None where they do not fit;
     the library must be loaded."""
     return _STATE["ew_args"](op, y, a, b, c)
+
+
+def array_addresses(items: list[Any], writable: bool) -> list[int | None]:
+    """Per item, the data address of a numpy.ndarray that is C-contiguous (writable where asked), aligned to its
+    item size and not empty, else None (csrc/strided.c's `addresses`); the library must be loaded."""
+    return _STATE["array_addresses"](items, np.ndarray, writable)
 
 
 def function(fn: str) -> int:
