@@ -327,6 +327,67 @@ done:
     return result;
 }
 
+/* bmm_args(a, b, y) -> bytearray holding the bmm_args of y = a @ b (NumPy's matmul broadcasting over the batch
+   dims, b any view: a transposed one read as stored), or None where they do not fit: not float32 ("f", 4 bytes),
+   fewer than two dims, more than BMM_RANK batch dims, a stride not a whole element, a or b with more batch dims than
+   y, a misfit of shapes. Made in C: native.bmm's Python (ctypes' addresses and fields) cost ~20 us a launch, made at
+   each of a decoder's first past lengths (8 attention products a token). The caller keeps the arrays alive. */
+static PyObject *bmm_args_py(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    (void)self;
+    if (argc != 3) {
+        PyErr_SetString(PyExc_TypeError, "bmm_args(a, b, y)");
+        return NULL;
+    }
+    Py_buffer v[3];
+    int got = 0;
+    PyObject *result = NULL;
+    for (int i = 0; i < 3; i++) {
+        if (PyObject_GetBuffer(argv[i], &v[i], (i == 2 ? PyBUF_RECORDS : PyBUF_RECORDS_RO)) < 0) {
+            PyErr_Clear();
+            goto none;
+        }
+        got |= 1 << i;
+        if (v[i].itemsize != 4 || v[i].format == NULL || strcmp(v[i].format, "f") != 0 || v[i].ndim < 2 ||
+                (uintptr_t)v[i].buf % 4)
+            goto none;
+        for (int d = 0; d < v[i].ndim; d++)
+            if (v[i].strides[d] % 4) goto none;
+    }
+    Py_buffer *a = &v[0], *b = &v[1], *y = &v[2];
+    int64_t r = y->ndim - 2;
+    if (r > BMM_RANK || a->ndim - 2 > r || b->ndim - 2 > r) goto none;
+    bmm_args p;
+    memset(&p, 0, sizeof p);
+    p.rank = r;
+    p.m = y->shape[r], p.n = y->shape[r + 1], p.k = a->shape[a->ndim - 1];
+    if (a->shape[a->ndim - 2] != p.m || b->shape[b->ndim - 2] != p.k || b->shape[b->ndim - 1] != p.n) goto none;
+    p.a = a->buf, p.b = b->buf, p.y = y->buf;
+    p.am = a->strides[a->ndim - 2] / 4, p.ak = a->strides[a->ndim - 1] / 4;
+    p.bk = b->strides[b->ndim - 2] / 4, p.bn = b->strides[b->ndim - 1] / 4;
+    p.ym = y->strides[r] / 4, p.yn = y->strides[r + 1] / 4;
+    for (int64_t d = 0; d < r; d++) {  /* batch dims broadcast from the left; a size-1 one by stride 0 */
+        p.batch[d] = y->shape[d];
+        p.ys[d] = y->strides[d] / 4;
+        Py_buffer *x[2] = {a, b};
+        int64_t *out[2] = {p.as, p.bs};
+        for (int q = 0; q < 2; q++) {
+            int64_t e = d - (r - (x[q]->ndim - 2));  /* the operand's own batch dim, or < 0: broadcast */
+            if (e < 0) { out[q][d] = 0; continue; }
+            Py_ssize_t n = x[q]->shape[e];
+            if (n != 1 && n != y->shape[d]) goto none;
+            out[q][d] = n == 1 ? 0 : x[q]->strides[e] / 4;
+        }
+    }
+    result = PyByteArray_FromStringAndSize((const char *)&p, sizeof p);
+    goto done;
+none:
+    result = Py_NewRef(Py_None);
+done:
+    for (int i = 0; i < 3; i++)
+        if (got & (1 << i)) PyBuffer_Release(&v[i]);
+    return result;
+}
+
 /* addresses(arrays, cls, writable) -> [address or None per item]: an item of exactly type `cls` (numpy.ndarray)
    that is C-contiguous, writable where asked, aligned to its item size and not empty gives its data address; any
    other item (None, another type, a strided view) None. runtime/feeds.py's Plan.bind reads the addresses of a
@@ -365,5 +426,6 @@ static PyObject *addresses_py(PyObject *self, PyObject *const *argv, Py_ssize_t 
 PyMethodDef ctxrt_strided_methods[] = {
     {"ew_args", (PyCFunction)(void (*)(void))ew_args_py, METH_FASTCALL, "csrc/strided.c's ew_args for views"},
     {"addresses", (PyCFunction)(void (*)(void))addresses_py, METH_FASTCALL, "data addresses of C-contiguous arrays"},
+    {"bmm_args", (PyCFunction)(void (*)(void))bmm_args_py, METH_FASTCALL, "csrc/strided.c's bmm_args for views"},
     {NULL, NULL, 0, NULL},
 };

@@ -35,6 +35,11 @@ def _fits(x: np.ndarray | None, size: int) -> bool:
     return x is None or x.dtype == F32 and x.size == size and x.flags.c_contiguous
 
 
+def _overlap(p: int, n: int, q: int, m: int) -> bool:
+    """Whether bytes [p, p + n) and [q, q + m) meet."""
+    return p < q + m and q < p + n
+
+
 def activation(act: str | None, approximate: str = "none", alpha: float = 1.0) -> str | None:
     """The ACTIVATIONS key of a GEMM node's fused activation (its `activation`, `approximate` and `alpha`
     attributes); a name not in ACTIVATIONS where this kernel has none (a Swish of alpha other than 1)."""
@@ -64,13 +69,17 @@ def launch(a: np.ndarray, w: np.ndarray, trans: bool, y: np.ndarray, bias: np.nd
     if not takes(m, trans) or n == 0 or not (_fits(a, m * k) and _fits(y, m * n) and _fits(residual, m * n)
                                           and _fits(bias, n)):
         return None
-    accumulate = residual is not None and residual.ctypes.data == y.ctypes.data
-    if accumulate:  # the residual updated in place: y holds it, the products are added to it
-        residual = None
-    elif residual is not None and np.shares_memory(residual, y) or np.shares_memory(a, y):
+    # addresses in one C call (C-contiguous, as checked): overlaps are of address ranges
+    pa, pw, py, pb, pr = native.array_addresses([a, w, y, bias, residual], False)
+    if pa is None or pw is None or py is None or bias is not None and pb is None or \
+            residual is not None and pr is None:
         return None
-    args = native.GemvArgs(m=m, k=k, n=n, a=a.ctypes.data, lda=k, w=w.ctypes.data, trans=int(trans),
-                           bias=native.address(bias), residual=native.address(residual), ldr=n, y=y.ctypes.data,
+    accumulate = pr == py
+    if accumulate:  # the residual updated in place: y holds it, the products are added to it
+        residual, pr = None, None
+    elif pr is not None and _overlap(pr, residual.nbytes, py, y.nbytes) or _overlap(pa, a.nbytes, py, y.nbytes):
+        return None
+    args = native.GemvArgs(m=m, k=k, n=n, a=pa, lda=k, w=pw, trans=int(trans), bias=pb, residual=pr, ldr=n, y=py,
                            ldy=n, accumulate=int(accumulate), act=ACTIVATIONS[act], threads=1)
     keep = (a, w, y, bias, residual)
     if w.nbytes < THREADED_BYTES and m * k * n < SHARED_WORK:

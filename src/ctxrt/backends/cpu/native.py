@@ -249,6 +249,7 @@ def _load() -> ctypes.CDLL | None:
         _declare(lib)
         _STATE["ew_args"] = module.ew_args  # csrc/strided.c's struct maker, called directly
         _STATE["array_addresses"] = module.addresses
+        _STATE["bmm_args"] = module.bmm_args
     except (ImportError, OSError, TypeError, AttributeError):  # AttributeError: a build of other sources
         return None
     return lib
@@ -345,25 +346,10 @@ def bmm(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> Any | None:
     """The launch of y = a @ b (NumPy's matmul broadcasting over the batch dims; `b` any view, a transposed one
     read as stored) on float32 views of at least two dims (csrc/strided.c's ctxrt_bmm), or None where they do not
     fit (another dtype, more than BMM_RANK batch dims, a stride not a whole element); the library must be loaded."""
-    if a.ndim < 2 or b.ndim < 2 or y.ndim < 2 or y.ndim - 2 > BMM_RANK or \
-            not a.dtype == b.dtype == y.dtype == np.float32:
+    if not a.dtype == b.dtype == y.dtype == np.float32:
         return None
-    r = y.ndim - 2
-
-    def strides(x: np.ndarray) -> list[int] | None:
-        if any(s % 4 for s in x.strides):
-            return None
-        st = [s // 4 for s in x.strides]
-        pad = r - (x.ndim - 2)  # batch dims broadcast from the left, size-1 ones by stride 0
-        return [0] * pad + [0 if x.shape[d] == 1 else st[d] for d in range(x.ndim - 2)] + st[-2:]
-    sa, sb, sy = strides(a), strides(b), strides(y)
-    if sa is None or sb is None or sy is None:
-        return None
-    args = BmmArgs(rank=r, m=y.shape[-2], n=y.shape[-1], k=a.shape[-1], a=a.ctypes.data, b=b.ctypes.data,
-                   y=y.ctypes.data, am=sa[r], ak=sa[r + 1], bk=sb[r], bn=sb[r + 1], ym=sy[r], yn=sy[r + 1])
-    for d in range(r):
-        args.batch[d], args.as_[d], args.bs[d], args.ys[d] = y.shape[d], sa[d], sb[d], sy[d]
-    return launch("ctxrt_bmm", args, (a, b, y))
+    blob = _STATE["bmm_args"](a, b, y)  # csrc/strided.c: the struct made in C
+    return None if blob is None else launch("ctxrt_bmm", BmmArgs.from_buffer(blob), (a, b, y))
 
 
 def softmax_rows(x: np.ndarray, y: np.ndarray, rows: int, n: int) -> Any:
