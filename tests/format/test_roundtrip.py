@@ -35,14 +35,16 @@ def _model(name: str) -> tuple[Path, dict[str, np.ndarray], dict]:
 @pytest.mark.parametrize("name", [c[0] for c in CASES])
 def test_binary_runs_bit_for_bit_like_the_in_memory_compile(name, tmp_path) -> None:
     path, feeds, shapes = _model(name)
-    with ctxrt.compile(path, shapes=shapes) as ctx:
+    # one thread each (a busy machine would leave the two runs different idle cores: oneDNN's kernels for other
+    # thread counts may sum in another order)
+    with ctxrt.compile(path, shapes=shapes, num_threads=1) as ctx:
         want = {k: v.copy() for k, v in ctx.graph().run(feeds).items()}
     backend = get_backend("cpu")
     graphs, weights = compile_graphs([(path, shapes, "main")], backend)
     out = save_context(tmp_path / "m.ctx", graphs, weights, backend, [str(path)])
     del graphs, weights
     assert ctxrt.read_metadata(out)["graphs"][0]["name"] == "main"
-    with ctxrt.context_from_binary(out) as ctx:
+    with ctxrt.context_from_binary(out, num_threads=1) as ctx:
         assert ctx.stats["weights_copied_bytes"] == 0  # weights used in place from the mapped file
         assert not next(iter(ctx.weights.values())).flags.writeable
         got = ctx.graph().run(feeds)
