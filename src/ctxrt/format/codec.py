@@ -157,7 +157,20 @@ def numeric(dt: np.dtype) -> bool:
     return (dt.kind in NUMERIC_KINDS and dt.fields is None and dt.subdtype is None) or dt in dtypes.EXTENDED.values()
 
 
+_DTYPES: dict[str, np.dtype] = {}  # dtype strings met and accepted (a file names a few, each on every ref)
+
+
 def as_dtype(v: Any, where: str) -> np.dtype:
+    hit = _DTYPES.get(v) if v.__class__ is str else None
+    if hit is not None:
+        return hit
+    dt = _as_dtype(v, where)
+    if len(_DTYPES) < 256:
+        _DTYPES[v] = dt
+    return dt
+
+
+def _as_dtype(v: Any, where: str) -> np.dtype:
     s = as_str(v, where)
     extended = dtypes.from_name(s)
     if extended is not None:
@@ -177,7 +190,9 @@ def as_shape(v: Any, where: str, dt: np.dtype) -> tuple[int, ...]:
     dims = as_list(v, where)
     if len(dims) > MAX_RANK:
         raise FormatError(f"{where}: rank {len(dims)} exceeds {MAX_RANK}")
-    shape = tuple(as_int(d, f"{where}[{i}]", 0, MAX_DIM) for i, d in enumerate(dims))
+    shape = tuple(dims)
+    if not all(d.__class__ is int and 0 <= d <= MAX_DIM for d in shape):  # (the message names the first misfit)
+        shape = tuple(as_int(d, f"{where}[{i}]", 0, MAX_DIM) for i, d in enumerate(dims))
     if nbytes(shape, dt) > MAX_TENSOR_BYTES:
         raise FormatError(f"{where}: {list(shape)} of {dt} is {nbytes(shape, dt)} bytes, "
                           f"over the limit of {MAX_TENSOR_BYTES}")

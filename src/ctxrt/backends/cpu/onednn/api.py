@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxrt.backends.cpu import native
+from ctxrt.backends.kernel import ARRAY_FREE
 from ctxrt.errors import CtxrtError, UnsupportedOpError
 
 # dnnl_types.h (oneDNN 3.2)
@@ -414,3 +415,6 @@ def reorder(src: Desc, dst: Desc) -> Primitive:
     check(lib.dnnl_reorder_primitive_desc_create(ctypes.byref(pd), src.handle, engine(), dst.handle, engine(),
                                                  attr.handle), "reorder")
     return Primitive(pd, "reorder")
+
+
+ARRAY_FREE.update({Desc, Memory, Attr, Primitive})  # handles only: not searched for a kernel's own arrays
