@@ -175,6 +175,61 @@ int ctxrt_bmm(const bmm_args *p) {
     return 0;
 }
 
+/* ONNX Trilu (backends/cpu/extents.py: a range program's causal mask at every past length): one pass copying x
+   to y and zeroing the other triangle; x may be y. */
+int ctxrt_trilu(const trilu_args *p) {
+    const int64_t sz = p->size, far = p->rows + p->cols + 1;
+    if (sz != 1 && sz != 2 && sz != 4 && sz != 8) return 1;
+    int64_t k = p->k ? *p->k : p->k_value;
+    k = k < -far ? -far : k > far ? far : k;  /* beyond the matrix either way: the same, and no overflow */
+    for (int64_t b = 0; b < p->batch; b++)
+        for (int64_t i = 0; i < p->rows; i++) {
+            const char *x = (const char *)p->x + (b * p->xb + i * p->xr) * sz;
+            char *y = (char *)p->y + (b * p->yb + i * p->yr) * sz;
+            /* upper: zero j < i + k, keep the rest; lower: keep j <= i + k, zero the rest */
+            int64_t edge = p->upper ? i + k : i + k + 1;
+            edge = edge < 0 ? 0 : edge > p->cols ? p->cols : edge;
+            const int64_t lo = p->upper ? 0 : edge, hi = p->upper ? edge : p->cols;  /* zeroed: [lo, hi) */
+            for (int64_t j = 0; j < p->cols; j++) {
+                char *o = y + j * p->yc * sz;
+                if (j >= lo && j < hi) memset(o, 0, (size_t)sz);
+                else if (x != y || p->xc != p->yc) memcpy(o, x + j * p->xc * sz, (size_t)sz);
+            }
+        }
+    return 0;
+}
+
+int ctxrt_range(const range_args *p) {
+    switch (p->type) {
+    case RANGE_I64: {
+        const uint64_t s = (uint64_t)(p->start ? *(const int64_t *)p->start : p->start_i);
+        const uint64_t d = (uint64_t)(p->delta ? *(const int64_t *)p->delta : p->delta_i);
+        for (int64_t i = 0; i < p->n; i++) ((int64_t *)p->y)[i] = (int64_t)(s + (uint64_t)i * d);  /* wraps */
+        return 0;
+    }
+    case RANGE_I32: {
+        const uint64_t s = (uint64_t)(p->start ? (int64_t)*(const int32_t *)p->start : p->start_i);
+        const uint64_t d = (uint64_t)(p->delta ? (int64_t)*(const int32_t *)p->delta : p->delta_i);
+        for (int64_t i = 0; i < p->n; i++) ((int32_t *)p->y)[i] = (int32_t)(uint32_t)(s + (uint64_t)i * d);
+        return 0;
+    }
+    case RANGE_F32: {
+        const float s = p->start ? *(const float *)p->start : (float)p->start_f;
+        const float d = p->delta ? *(const float *)p->delta : (float)p->delta_f;
+        for (int64_t i = 0; i < p->n; i++) ((float *)p->y)[i] = (float)(s + (double)i * d);
+        return 0;
+    }
+    case RANGE_F64: {
+        const double s = p->start ? *(const double *)p->start : p->start_f;
+        const double d = p->delta ? *(const double *)p->delta : p->delta_f;
+        for (int64_t i = 0; i < p->n; i++) ((double *)p->y)[i] = s + (double)i * d;
+        return 0;
+    }
+    default:
+        return 1;
+    }
+}
+
 int ctxrt_batch(batch_args *p) {
     for (int64_t i = 0; i < p->n; i++) {
         int status = p->fns[i](p->args[i]);

@@ -30,6 +30,27 @@ typedef struct {            /* y = a @ b (or a @ b^T) per batch index, float32, 
     int64_t am, ak, bk, bn, ym, yn;  /* a[i am + p ak], b[p bk + j bn], y[i ym + j yn], in elements */
 } bmm_args;
 
+typedef struct {            /* ONNX Trilu over the last two dims: y = x, zeroed where j - i < k (upper) or > k */
+    int64_t batch, rows, cols;
+    int64_t size;           /* element bytes: 1, 2, 4 or 8 */
+    int64_t upper;
+    const int64_t *k;       /* the diagonal (an int64 scalar read at run time), or NULL: k_value */
+    int64_t k_value;
+    const void *x;
+    void *y;                /* may be x itself (element for element) */
+    int64_t xb, xr, xc, yb, yr, yc;  /* strides in elements: batch, row, column */
+} trilu_args;
+
+enum { RANGE_I64 = 0, RANGE_I32 = 1, RANGE_F32 = 2, RANGE_F64 = 3 };
+
+typedef struct {            /* ONNX Range: y[i] = start + i delta, i < n */
+    int64_t n, type;        /* RANGE_*: the type of start, delta and y */
+    const void *start, *delta;  /* scalars read at run time, or NULL: the value below */
+    void *y;
+    int64_t start_i, delta_i;   /* the values of integer types (a launch's own constants: words of its struct) */
+    double start_f, delta_f;    /* ... of float types */
+} range_args;
+
 typedef int (*native_fn)(const void *args);
 
 typedef struct {            /* a run of native launches, one after another in one call */

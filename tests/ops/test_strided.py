@@ -251,3 +251,64 @@ def test_batched_matmul_of_views(a_shape, b_shape, trans_b) -> None:
     launch = _matmul(type("S", (), {"attrs": {"transB": 1} if trans_b else {}})(), [a2, b], [y])
     launch()
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+@pytest.mark.parametrize("shape", [(5, 7), (1, 7, 5), (2, 3, 4, 6), (3, 1), (1, 1)])
+@pytest.mark.parametrize("upper", [1, 0])
+@pytest.mark.parametrize("k", [None, 0, 2, -3, 100, -100, 2**62, -(2**62)])
+@pytest.mark.parametrize("dtype", [np.float32, np.bool_, np.int64, np.float16])
+def test_trilu(shape, upper, k, dtype) -> None:
+    """csrc/strided.c's ctxrt_trilu (a range program's causal mask) against onnx's reference Trilu: both triangles,
+    diagonals inside, beyond and far beyond the matrix (no overflow), batches, a strided input, in place."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    from ctxrt.backends.cpu.extents import _trilu
+
+    x = (RNG.standard_normal(shape) * 3).astype(dtype)
+    node = helper.make_node("Trilu", ["x"] + ([] if k is None else ["k"]), ["y"], upper=upper)
+    ref = ReferenceEvaluator(node)
+    want = ref.run(None, {"x": x} if k is None else {"x": x, "k": np.array(k, np.int64)})[0]
+    step = type("S", (), {"attrs": {"upper": upper}})()
+    wide = np.zeros(shape[:-1] + (shape[-1] * 2,), dtype)
+    wide[..., ::2] = x
+    cell = np.zeros(2, np.int64)  # k as a view of a buffer, read at each run; or a launch's own constant
+    for src, dst, view in ((x, np.empty_like(x), True), (wide[..., ::2], np.empty_like(x), False),
+                           (x.copy(), None, True)):
+        y = src if dst is None else dst  # None: in place
+        kk = None if k is None else cell[1:].reshape(()) if view else np.array(k, np.int64)
+        if k is not None:
+            cell[1] = k
+        launch = _trilu(step, [src, kk], [y])
+        assert _native(launch)
+        _run(launch)
+        np.testing.assert_array_equal(y, want)
+
+
+@needs_native
+@pytest.mark.parametrize(("dtype", "start", "delta", "n"), [
+    (np.int64, 5, 1, 7), (np.int64, -3, -2, 4), (np.int64, 2**62, 2**62, 3), (np.int32, 7, -3, 5),
+    (np.float32, 0.5, 0.25, 9), (np.float64, -1.0, 0.1, 6), (np.int64, 0, 1, 0)])
+def test_range(dtype, start, delta, n) -> None:
+    """csrc/strided.c's ctxrt_range (a range program's position ids) against NumPy's start + i delta in the
+    output's type (int64 wrapping as NumPy's), start and delta read at run time."""
+    from ctxrt.backends.cpu.extents import _range
+
+    buf = np.array([start, delta], dtype)
+    s, d = buf[:1].reshape(()), buf[1:].reshape(())  # views of a buffer (the arena's values): read at each run
+    y = np.empty(n, dtype)
+    launch = _range(None, [s, None, d], [y])
+    assert _native(launch)
+    _run(launch)
+    with np.errstate(over="ignore"):
+        want = (s.reshape(()) + d.reshape(()) * np.arange(n)).astype(dtype)
+    np.testing.assert_array_equal(y, want)
+    buf[0] += 1
+    _run(launch)
+    np.testing.assert_array_equal(y[:1], (want[:1] + 1).astype(dtype))
+    own = np.array(start, dtype)  # a launch's own constant (a range program's value that follows the dims)
+    launch = _range(None, [own, None, np.array(delta, dtype)], [y])
+    own[...] = 0  # its value went into the struct: a word predicted with the rest
+    _run(launch)
+    np.testing.assert_array_equal(y, want)

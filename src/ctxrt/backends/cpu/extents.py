@@ -294,6 +294,10 @@ def _copy(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
 def _trilu(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     x, y = ins[0], outs[0]
     k = ins[1] if len(ins) > 1 and ins[1] is not None else None
+    if native.library() is not None and y.size:  # a native call: batched, and its struct predicted (slots.py)
+        run = native.trilu(x, y, k, bool(step.attrs.get("upper", 1)))
+        if run is not None:
+            return run
     rows, cols = x.shape[-2:] if x.ndim >= 2 else (0, 0)
     diag = np.arange(cols)[None, :] - np.arange(rows)[:, None]  # j - i
     zero_where = np.less if step.attrs.get("upper", 1) else np.greater  # upper: zero j - i < k
@@ -316,6 +320,10 @@ def _trilu(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
 
 def _range(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     start, delta, y = ins[0], ins[2], outs[0]
+    if native.library() is not None:  # a native call: batched, and its struct predicted (slots.py)
+        run = native.range_(start, delta, y)
+        if run is not None:
+            return run
 
     def run() -> None:  # ONNX: start + i * delta, in the output's type
         np.copyto(y, start.reshape(()) + delta.reshape(()) * np.arange(y.shape[0]), casting="unsafe")

@@ -221,6 +221,32 @@ class BmmArgs(ctypes.Structure):
                 *((f, ctypes.c_int64) for f in ("am", "ak", "bk", "bn", "ym", "yn"))]
 
 
+class TriluArgs(ctypes.Structure):
+    """csrc/strided.h's trilu_args: ONNX Trilu over the last two dims, every operand by its strides."""
+
+    _fields_ = [*((f, ctypes.c_int64) for f in ("batch", "rows", "cols", "size", "upper")), ("k", ctypes.c_void_p),
+                ("k_value", ctypes.c_int64), ("x", ctypes.c_void_p), ("y", ctypes.c_void_p),
+                *((f, ctypes.c_int64) for f in ("xb", "xr", "xc", "yb", "yr", "yc"))]
+
+
+class RangeArgs(ctypes.Structure):
+    """csrc/strided.h's range_args: y[i] = start + i delta."""
+
+    _fields_ = [("n", ctypes.c_int64), ("type", ctypes.c_int64), ("start", ctypes.c_void_p),
+                ("delta", ctypes.c_void_p), ("y", ctypes.c_void_p), ("start_i", ctypes.c_int64),
+                ("delta_i", ctypes.c_int64), ("start_f", ctypes.c_double), ("delta_f", ctypes.c_double)]
+
+
+def _own(a: np.ndarray) -> bool:
+    """Whether a scalar input is a launch's own constant (a copy made with its launch: a range program's small
+    integer that follows the dims) or a weight, whose value goes into the struct (a word of a polynomial in the
+    dims, predicted with the rest: runtime/slots.py), rather than a view of a program buffer read at run time."""
+    return a.base is None or not a.flags.writeable
+
+
+RANGE_TYPES = {np.dtype(np.int64): 0, np.dtype(np.int32): 1, np.dtype(np.float32): 2, np.dtype(np.float64): 3}
+
+
 class BatchArgs(ctypes.Structure):
     """csrc/strided.h's batch_args: n native launches (function, argument struct) run in order in one call."""
 
@@ -259,7 +285,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
     for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "dynquant", "qmatmul",
                  "igemm", "swish", "lstm", "gru", "ln_rows", "softmax_rows", "lut8", "affine8", "act", "sum8", "ew",
-                 "batch", "dnnl", "bmm"):
+                 "batch", "dnnl", "bmm", "trilu", "range"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
@@ -350,6 +376,65 @@ def bmm(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> Any | None:
         return None
     blob = _STATE["bmm_args"](a, b, y)  # csrc/strided.c: the struct made in C
     return None if blob is None else launch("ctxrt_bmm", BmmArgs.from_buffer(blob), (a, b, y))
+
+
+def _rows_of(x: np.ndarray) -> tuple[int, int] | None:
+    """(the rows of matrices, their stride in elements) of x's dims before its last two merged into one, or None
+    where they do not merge (a stride per dim would be needed)."""
+    lead = [(n, s) for n, s in zip(x.shape[:-2], x.strides[:-2], strict=True) if n != 1]
+    count = 1
+    for n, _ in lead:
+        count *= n
+    for (_, s), (n, t) in zip(lead, lead[1:]):
+        if s != t * n:
+            return None
+    return count, (lead[-1][1] // x.itemsize if lead else 0)
+
+
+def trilu(x: np.ndarray, y: np.ndarray, k: np.ndarray | None, upper: bool) -> Any | None:
+    """The launch of ONNX Trilu (csrc/strided.c's ctxrt_trilu): y = x with the other triangle of the last two dims
+    zeroed, `k` an int64 scalar read at each run (None: 0; a launch's own constant, `_own`: by value); None where
+    the views do not fit (a rank under 2,
+    element size not 1, 2, 4 or 8, a stride not a whole element, leading dims that do not merge, x overlapping y
+    other than element for element, k not an int64 scalar); the library must be loaded."""
+    size = y.itemsize
+    if x.ndim < 2 or x.shape != y.shape or x.dtype != y.dtype or size not in (1, 2, 4, 8) or \
+            any(s % size for s in x.strides + y.strides):
+        return None
+    if k is not None and (k.dtype != np.int64 or k.size != 1 or not k.flags.c_contiguous):
+        return None
+    bx, by = _rows_of(x), _rows_of(y)
+    if bx is None or by is None:
+        return None
+    same = x.ctypes.data == y.ctypes.data and x.strides == y.strides
+    if not same and np.may_share_memory(x, y):
+        return None
+    by_value = k is None or _own(k)
+    args = TriluArgs(batch=bx[0], rows=y.shape[-2], cols=y.shape[-1], size=size, upper=int(bool(upper)),
+                     k=None if by_value else k.ctypes.data, k_value=0 if k is None else int(k.reshape(-1)[0]) if
+                     by_value else 0, x=x.ctypes.data, y=y.ctypes.data, xb=bx[1],
+                     xr=x.strides[-2] // size, xc=x.strides[-1] // size, yb=by[1], yr=y.strides[-2] // size,
+                     yc=y.strides[-1] // size)
+    return launch("ctxrt_trilu", args, (x, y, k))
+
+
+def range_(start: np.ndarray, delta: np.ndarray, y: np.ndarray) -> Any | None:
+    """The launch of ONNX Range into y (csrc/strided.c's ctxrt_range; its length y's), start and delta scalars
+    read at each run (or, a launch's own constants, `_own`, by value); None where the types are not one of
+    RANGE_TYPES alike or y is not contiguous."""
+    kind = RANGE_TYPES.get(y.dtype)
+    if kind is None or start.dtype != y.dtype or delta.dtype != y.dtype or y.ndim != 1 or \
+            not (y.flags.c_contiguous and start.flags.c_contiguous and delta.flags.c_contiguous) or \
+            start.size != 1 or delta.size != 1:
+        return None
+    args = RangeArgs(n=y.shape[0], type=kind, y=y.ctypes.data)
+    for name, a in (("start", start), ("delta", delta)):  # a launch's own constant by value, else by address
+        if _own(a):
+            v = a.reshape(()).item()
+            setattr(args, f"{name}_i" if kind < 2 else f"{name}_f", v)
+        else:
+            setattr(args, name, a.ctypes.data)
+    return launch("ctxrt_range", args, (start, delta, y))
 
 
 def softmax_rows(x: np.ndarray, y: np.ndarray, rows: int, n: int) -> Any:
