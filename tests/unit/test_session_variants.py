@@ -162,6 +162,36 @@ def test_cache_dir_key_covers_external_data_and_options(backend, tmp_path) -> No
             assert sess.stats["compile_cache_misses"] == 1
 
 
+def test_cache_dir_hashes_an_unchanged_model_once_across_processes(tmp_path, monkeypatch) -> None:
+    """A warm cache's session reads the model's digest from the folder's memo (compile_cache.DIGESTS) instead of
+    hashing it again in each process, while the files' size, times, inode and device are unchanged; a file written
+    within RACY_NS of its hashing is not kept (a change within the clock's resolution could keep its stamp); a
+    rewrite of the same size with its mtime put back changes its ctime: hashed again, the new outputs."""
+    from ctxrt.runtime import compile_cache
+
+    path, cache = _write(_mlp(0), tmp_path / "ext.onnx", external=True), tmp_path / "cache"
+    data = tmp_path / "ext.onnx.data"
+
+    def session_run() -> tuple[np.ndarray, int]:
+        with ctxrt.InferenceSession(path, "cpu", cache_dir=cache, default_dim_max=0) as sess:
+            return sess.run(None, {"x": _x(2)})[0], sess.stats["compile_cache_bytes_hashed"]
+    out, hashed = session_run()  # just written: hashed, not remembered
+    assert hashed > 0 and not (cache / compile_cache.DIGESTS).exists()
+    assert session_run()[1] > 0
+    monkeypatch.setattr(compile_cache, "RACY_NS", 0)  # as if the files were written long ago
+    assert session_run()[1] > 0  # hashed, and now remembered
+    assert (cache / compile_cache.DIGESTS).is_file()
+    again, hashed = session_run()  # a new session, as a new process: nothing hashed
+    assert hashed == 0
+    np.testing.assert_array_equal(again, out)
+    before = data.stat()
+    _write(_mlp(1), tmp_path / "ext.onnx", external=True)  # other weights, same size, mtime put back
+    os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))
+    got, hashed = session_run()
+    assert hashed > 0
+    np.testing.assert_allclose(got, _ort(path, _x(2)), rtol=1e-4, atol=1e-4)
+
+
 def _numpy_held() -> int:
     snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.DomainFilter(True, DOMAIN)])
     return sum(s.size for s in snap.statistics("filename"))

@@ -10,9 +10,11 @@ in the binary (format version 2, docs/format.md), so N variants do not write N c
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import time
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,12 +27,19 @@ from ctxrt.backends import Backend
 from ctxrt.compiler import compile_options
 from ctxrt.errors import FormatError
 from ctxrt.format import layout
+from ctxrt.format.atomic import atomic_write
 from ctxrt.runtime import heap
 from ctxrt.runtime.context import Context
 from ctxrt.runtime.weightstore import WeightStore
 
 _CHUNK = 1 << 20
-Stamp = tuple[int, int, int, int]  # size, mtime_ns, inode, device
+Stamp = tuple[int, int, int, int, int]  # size, mtime_ns, inode, device, ctime_ns (set by any write or utime)
+# The folder's memo of model and external-data digests by file stamp: a warm cache's session hashed its 13 MB
+# GPT-2 (~12 ms) in every new process before. A file modified less than RACY_NS before it was hashed is not kept
+# (its stamp could survive a change within the file system's clock resolution).
+DIGESTS = "digests.json"
+DIGESTS_KEPT = 256
+RACY_NS = 2_000_000_000
 
 
 class VariantCompiler:
@@ -44,6 +53,7 @@ class VariantCompiler:
         self.folder = None if cache_dir is None else Path(cache_dir)
         self.store = WeightStore(backend, None if self.folder is None else self.folder / "weights")
         self._digests: dict[Path, tuple[Stamp, str]] = {}  # file -> (its stamp when hashed, SHA-256 of its bytes)
+        self._memo: dict[str, Any] | None = None  # the folder's DIGESTS, read on first need
         self._external: tuple[Stamp, list[Path]] | None = None  # the model's external-data files, by its stamp
         # what every compile of this model sees (a session may set kv_shared); with a cache folder the programs are
         # binaries, whose weights are stored in the layout their kernels read
@@ -119,7 +129,8 @@ class VariantCompiler:
     def model_key(self) -> str:
         """SHA-256 over the model's bytes and, for a model file, every external-data file it references (its
         location relative to the model and its contents): a changed weights file gives another key. A file is
-        hashed again only when its size, mtime, inode or device changed since this compiler last hashed it."""
+        hashed again only when its size, mtime, ctime, inode or device changed since it was last hashed, by this
+        compiler or by an earlier process (the folder's DIGESTS)."""
         if isinstance(self.source, bytes):
             return hashlib.sha256(b"onnx-bytes\0" + self.source).hexdigest()
         h = hashlib.sha256(b"onnx\0" + self._digest(self.source).encode())
@@ -156,6 +167,10 @@ class VariantCompiler:
         except OSError:
             return "missing"  # the compile reports it
         known = self._digests.get(path)
+        if known is None:  # another process hashed it, unchanged since (the folder's memo)
+            known = self._remembered().get(str(path.resolve()))
+            if known is not None:
+                known = self._digests[path] = (tuple(known[0]), known[1])
         if known is not None and known[0] == stamp:
             return known[1]
         h = hashlib.sha256()
@@ -164,12 +179,44 @@ class VariantCompiler:
                 h.update(chunk)
         self._digests[path] = (stamp, h.hexdigest())
         self.counters["compile_cache_bytes_hashed"] += stamp[0]
+        self._remember(path, stamp, h.hexdigest())
         return h.hexdigest()
+
+    # -- the folder's memo of digests: a model hashed once, not once per process ------------------------------
+    def _remembered(self) -> dict[str, Any]:
+        """{resolved path: [stamp, SHA-256]} of the files hashed by earlier processes (`DIGESTS` in the folder),
+        read once; {} where there is none or it is unreadable."""
+        if self._memo is None:
+            self._memo = {}
+            if self.folder is not None:
+                try:
+                    got = json.loads((self.folder / DIGESTS).read_text())
+                except (OSError, ValueError):
+                    got = None
+                if isinstance(got, dict):
+                    self._memo = {k: v for k, v in got.items() if isinstance(k, str) and isinstance(v, list)
+                                  and len(v) == 2 and isinstance(v[0], list) and len(v[0]) == 5
+                                  and all(isinstance(x, int) for x in v[0]) and isinstance(v[1], str)}
+        return self._memo
+
+    def _remember(self, path: Path, stamp: Stamp, digest: str) -> None:
+        """Keep a file's digest for later processes, unless it was written so recently that a change within the
+        clock's resolution could keep its stamp (git's "racily clean" rule): such a file is hashed again."""
+        if self.folder is None or time.time_ns() - max(stamp[1], stamp[4]) < RACY_NS:
+            return
+        memo = self._remembered()
+        memo[str(path.resolve())] = [list(stamp), digest]
+        while len(memo) > DIGESTS_KEPT:
+            memo.pop(next(iter(memo)))
+        with contextlib.suppress(OSError):
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with atomic_write(self.folder / DIGESTS) as f:
+                f.write(json.dumps(memo).encode())
 
 
 def _stamp(path: Path) -> Stamp:
     st = os.stat(path)
-    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
+    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, st.st_ctime_ns
 
 
 def _read_names(path: Path) -> list[str] | None:

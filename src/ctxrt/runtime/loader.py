@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -50,9 +51,11 @@ def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backen
                               "InferenceSession(..., cache_dir=...) instead")
         segments, keys = [block], [None]
         if external and store is not None:
-            shared, more, keys_out = store.lease(external, 1)
+            unchecked: list[Callable[[], None]] = []  # the blobs' checksums, run beside the rest of the load
+            shared, more, keys_out = store.lease(external, 1, unchecked)
             table.update(shared)
             segments, keys = [block, *more], [None, *keys_out]
+            wait = _beside(wait, unchecked)
         try:
             ctx = Context(graphs, table, segments, be, defer_graph_init=defer_graph_init, info=meta, keepalive=f,
                           num_threads=num_threads, store=store, segment_keys=keys)
@@ -71,6 +74,31 @@ def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backen
             wait(False)  # the check reads the map: it ends before the file closes
         f.close()
         raise
+
+
+def _beside(first: Callable[[bool], None], checks: list[Callable[[], None]]) -> Callable[[bool], None]:
+    """`first` (ContextFile.check_weights_beside's wait) joined with `checks` run on a thread of their own (zlib
+    releases the GIL), the first error raised."""
+    if not checks:
+        return first
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        for check in checks:
+            try:
+                check()
+            except BaseException as e:  # handed to `wait`
+                failed.append(e)
+                return
+    thread = threading.Thread(target=run, name="ctxrt-weights-check", daemon=True)
+    thread.start()
+
+    def wait(raise_error: bool = True) -> None:
+        thread.join()
+        first(raise_error)
+        if failed and raise_error:
+            raise failed[0]
+    return wait
 
 
 def _lookup_tables(graphs: list[CompiledGraph], table: Mapping[str, Any]) -> list[tuple[int, int]]:

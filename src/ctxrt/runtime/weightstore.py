@@ -84,15 +84,18 @@ class WeightStore:
             raise
         return table, segments, keys
 
-    def lease(self, external: Mapping[str, ExternalWeight], first_segment: int) -> Weights:
+    def lease(self, external: Mapping[str, ExternalWeight], first_segment: int,
+              unchecked: list[Callable[[], None]] | None = None) -> Weights:
         """The weights a loaded context binary keeps outside its file: held ones shared, the others mapped from
-        the folder's blobs (size and CRC-32 checked); segments numbered from `first_segment`."""
+        the folder's blobs (size and CRC-32 checked; with `unchecked`, the CRC-32 checks of those mapped now are
+        appended to it, each raising FormatError, for the caller to run before it uses them); segments numbered
+        from `first_segment`."""
         table, segments, keys, index = {}, [], [], {}
         try:
             for name, w in external.items():
                 if w.key not in index:
                     index[w.key] = first_segment + len(segments)
-                    segments.append(self._take(w.key, lambda w=w: self._map_blob(w)))
+                    segments.append(self._take(w.key, lambda w=w: self._map_blob(w, unchecked)))
                     keys.append(w.key)
                 table[name] = WeightEntry(0, w.nbytes, w.dtype, w.shape, index[w.key])
         except BaseException:
@@ -200,7 +203,7 @@ class WeightStore:
             self._checked[w.key] = stamp
         return ok
 
-    def _map_blob(self, w: ExternalWeight) -> np.ndarray:
+    def _map_blob(self, w: ExternalWeight, unchecked: list[Callable[[], None]] | None = None) -> np.ndarray:
         if self.folder is None:
             raise FormatError(f"the context binary reads weight {w.key[:16]}... from outside its file, and no "
                               "folder of weights was given")
@@ -217,9 +220,14 @@ class WeightStore:
             raise FormatError(f"{path}: cannot read a cached weight: {e}") from e
         array = np.frombuffer(mm, np.uint8)
         if self._checked.get(w.key) != _stamp(path):
-            if layout.crc32(array) != w.crc:
-                raise FormatError(f"{path}: the cached weight is damaged (CRC-32 mismatch)")
-            self._checked[w.key] = _stamp(path)
+            def check(array: np.ndarray = array, w: ExternalWeight = w, path: Path = path) -> None:
+                if layout.crc32(array) != w.crc:
+                    raise FormatError(f"{path}: the cached weight is damaged (CRC-32 mismatch)")
+                self._checked[w.key] = _stamp(path)
+            if unchecked is None:
+                check()
+            else:
+                unchecked.append(check)
         return array
 
 
