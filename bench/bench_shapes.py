@@ -4,7 +4,8 @@
   greedily from a 4-token prompt and an empty past, through `InferenceSession.run`: ms per token of the first
   generation (compiles included) and of a second one (steady), for ctxrt with `dim_ranges` (one range program),
   ctxrt loading a context binary compiled ahead with the same ranges (`ctxrt compile --dim ...`, the deployment
-  path), ctxrt with its default ranges (widened as the past grows) and onnxruntime; "new shape": the median run of
+  path), the ONNX model with those ranges through a warm `cache_dir` (compiled by an earlier session: a new
+  process's path), ctxrt with its default ranges (widened as the past grows) and onnxruntime; "new shape": the median run of
   the first generation's tokens after the prompt (each at a past length met for the first time, the model
   already compiled), "steady": the second generation (the same past lengths again); then peak RSS beyond the
   weights of each, each in a fresh process (sampled every millisecond; both runtimes' libraries, oneDNN's and
@@ -65,7 +66,20 @@ def _session(kind: str, path: Path) -> Any:
 
     if kind == "ctxrt .ctx":
         return ctxrt.InferenceSession(_context_binary(path))
+    if kind == "ctxrt cache":  # the ONNX model through a warm cache_dir (`_warm_cache` filled it)
+        return ctxrt.InferenceSession(path, dim_ranges=RANGES, cache_dir=_CACHE_DIR)
     return ctxrt.InferenceSession(path, dim_ranges=RANGES if kind == "ctxrt ranges" else None)
+
+
+_CACHE_DIR = ROOT / ".cache" / "bench_shapes_cache"
+
+
+def _warm_cache(path: Path) -> None:
+    """The cache_dir of the "ctxrt cache" runs, filled by one generation (a first run of the session compiled)."""
+    import ctxrt
+
+    with ctxrt.InferenceSession(path, dim_ranges=RANGES, cache_dir=_CACHE_DIR) as sess:
+        _generate(sess)
 
 
 def _generate(sess: Any, per_token: list[float] | None = None) -> tuple[float, list[list[int]]]:
@@ -88,7 +102,8 @@ def _generate(sess: Any, per_token: list[float] | None = None) -> tuple[float, l
 def generation(rounds: int) -> dict[str, dict[str, float]]:
     path = _decoder()
     _context_binary(path)
-    kinds = ["ctxrt ranges", "ctxrt .ctx", "ctxrt default", "onnxruntime"]
+    _warm_cache(path)
+    kinds = ["ctxrt ranges", "ctxrt .ctx", "ctxrt cache", "ctxrt default", "onnxruntime"]
     first: dict[str, list[float]] = {k: [] for k in kinds}
     fresh: dict[str, list[float]] = {k: [] for k in kinds}
     steady: dict[str, list[float]] = {k: [] for k in kinds}
@@ -154,7 +169,8 @@ def memory() -> dict[str, dict[str, float]]:
     ctx = mp.get_context("spawn")
     out: dict[str, dict[str, float]] = {}
     _context_binary(_decoder())
-    for kind in ("ctxrt ranges", "ctxrt .ctx", "ctxrt default", "onnxruntime"):
+    _warm_cache(_decoder())
+    for kind in ("ctxrt ranges", "ctxrt .ctx", "ctxrt cache", "ctxrt default", "onnxruntime"):
         q = ctx.Queue()
         p = ctx.Process(target=_rss_child, args=(kind, q))
         p.start()
