@@ -192,6 +192,36 @@ def test_cache_dir_hashes_an_unchanged_model_once_across_processes(tmp_path, mon
     np.testing.assert_allclose(got, _ort(path, _x(2)), rtol=1e-4, atol=1e-4)
 
 
+def test_a_warm_cache_dir_session_does_not_parse_the_model(tmp_path, monkeypatch) -> None:
+    """With cache_dir, what a session reads of the model before compiling (its declared IO, whether it holds
+    EPContext nodes) is kept under the model's key: a new session finds it there without parsing the model, with
+    the same get_inputs/get_outputs; a damaged memo is computed again."""
+    from ctxrt.frontend import epcontext, io_types
+    from ctxrt.runtime import compile_cache
+
+    monkeypatch.setattr(compile_cache, "RACY_NS", 0)
+    path, cache = _write(_mlp(0), tmp_path / "m.onnx"), tmp_path / "cache"
+
+    def shapes(sess: ctxrt.InferenceSession) -> list:
+        return [(t.name, t.type, t.shape) for t in [*sess.get_inputs(), *sess.get_outputs()]]
+    with ctxrt.InferenceSession(path, "cpu", cache_dir=cache, default_dim_max=0) as sess:
+        want, out = shapes(sess), sess.run(None, {"x": _x(2)})[0]
+    assert len(list(cache.glob("*.io.json"))) == len(list(cache.glob("*.epcontext.json"))) == 1
+
+    def parsed(*a, **k):
+        raise AssertionError("the model was parsed")
+    with monkeypatch.context() as m:
+        m.setattr(io_types, "declared_io", parsed)
+        m.setattr(epcontext, "is_epcontext", parsed)
+        with ctxrt.InferenceSession(path, "cpu", cache_dir=cache, default_dim_max=0) as sess:
+            assert shapes(sess) == want
+            np.testing.assert_array_equal(sess.run(None, {"x": _x(2)})[0], out)
+    for memo in cache.glob("*.io.json"):
+        memo.write_text('{"value": [[["x", 7, []]], []]}')  # not a memo of declared_io's
+    with ctxrt.InferenceSession(path, "cpu", cache_dir=cache, default_dim_max=0) as sess:
+        assert shapes(sess) == want
+
+
 def _numpy_held() -> int:
     snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.DomainFilter(True, DOMAIN)])
     return sum(s.size for s in snap.statistics("filename"))

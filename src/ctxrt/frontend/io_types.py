@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper
 
+from ctxrt import dtypes
 from ctxrt.errors import ModelError
 
 # name, dtype (None: neither declared nor inferred), dims (None: rank unknown; a dim None: unknown, unnamed)
@@ -41,6 +43,28 @@ def declared_io(model: str | os.PathLike | bytes | onnx.ModelProto) -> tuple[lis
              for d in v.type.tensor_type.shape.dim if d.dim_param}
     ins = [_io(v, None, named) for v in m.graph.input if v.name not in inits]
     return ins, [_io(v, inferred.get(v.name), named) for v in m.graph.output]
+
+
+def to_json(io: tuple[list[IOType], list[IOType]]) -> list[list[list[Any]]]:
+    """`declared_io`'s result as JSON values (dtypes by their strings)."""
+    return [[[name, None if dt is None else dtypes.name(dt), dims] for name, dt, dims in side] for side in io]
+
+
+def from_json(value: Any) -> tuple[list[IOType], list[IOType]]:
+    """`to_json`'s inverse; ValueError or TypeError where the value is not one of its results."""
+    def dim(d: Any) -> int | str | None:
+        if d is None or isinstance(d, str) or isinstance(d, int) and not isinstance(d, bool):
+            return d
+        raise ValueError(f"not a dim: {d!r}")
+
+    def one(item: Any) -> IOType:
+        name, dt, dims = item
+        if not isinstance(name, str) or not (dt is None or isinstance(dt, str)) or \
+                not (dims is None or isinstance(dims, list)):
+            raise ValueError(f"not an IO type: {item!r}")
+        return name, None if dt is None else dtypes.dtype_of(dt), None if dims is None else [dim(d) for d in dims]
+    ins, outs = value
+    return [one(x) for x in ins], [one(x) for x in outs]
 
 
 def _io(vi: onnx.ValueInfoProto, inferred: onnx.ValueInfoProto | None, named: set[str]) -> IOType:

@@ -140,7 +140,9 @@ class InferenceSession:
             return self._single(context_from_binary(path, self.backend), graph)
         from ctxrt.frontend.epcontext import is_epcontext
 
-        if is_epcontext(path):
+        self._compiler = VariantCompiler(path, self.backend, self._cache_dir, self._counters)
+        if self._compiler.remembered("epcontext", lambda: is_epcontext(path), decode=_boolean):
+            self._compiler = None
             from ctxrt.runtime.group import ContextGroup
 
             group = ContextGroup.from_epcontext(path, self.backend, graph=graph)
@@ -148,15 +150,15 @@ class InferenceSession:
             return Variant(self, [c for c in group.contexts if c is not None], stages, list(group.inputs),
                             list(group.outputs), dict(group._chain_handles), group)
         self._source = path
-        self._compiler = VariantCompiler(path, self.backend, self._cache_dir, self._counters)
         return self._compile_default(shapes, graph)
 
     def _compile_default(self, shapes: Any, graph: str | None) -> Variant | None:
         """Compiled now when every dynamic dim is bound (declared or in `shapes`) and no input decides a
         shape or a branch; otherwise at the first run, for its feeds."""
-        from ctxrt.frontend.io_types import declared_io
+        from ctxrt.frontend.io_types import declared_io, from_json, to_json
 
-        ins, outs = declared_io(self._source)
+        assert self._compiler is not None
+        ins, outs = self._compiler.remembered("io", lambda: declared_io(self._source), to_json, from_json)
         self._in_decl = {n: (dt, dims) for n, dt, dims in ins}
         self._out_decl = {n: (dt, dims) for n, dt, dims in outs}
         dynamic = {name for name, _, dims in ins if dims is None or not all(isinstance(d, int) for d in dims)}
@@ -637,3 +639,9 @@ def _check_array(info: TensorInfo, dt: np.dtype, value: Any, role: str, shape: t
 
 
 __all__ = ["InferenceSession", "IOBinding", "NodeArg", "Tensor"]
+
+
+def _boolean(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"not a bool: {v!r}")
+    return v
