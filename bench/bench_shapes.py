@@ -5,7 +5,8 @@
   generation (compiles included) and of a second one (steady), for ctxrt with `dim_ranges` (one range program),
   ctxrt loading a context binary compiled ahead with the same ranges (`ctxrt compile --dim ...`, the deployment
   path), the ONNX model with those ranges through a warm `cache_dir` (compiled by an earlier session: a new
-  process's path), ctxrt with its default ranges (widened as the past grows) and onnxruntime; "new shape": the median run of
+  process's path), ctxrt with its default ranges (widened as the past grows) and onnxruntime; "new shape": the
+  median run of
   the first generation's tokens after the prompt (each at a past length met for the first time, the model
   already compiled), "steady": the second generation (the same past lengths again); then peak RSS beyond the
   weights of each, each in a fresh process (sampled every millisecond; both runtimes' libraries, oneDNN's and

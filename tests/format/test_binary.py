@@ -11,8 +11,7 @@ import pytest
 
 from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Interval, Ref, Step, TensorInfo
 from ctxrt.errors import FormatError
-from ctxrt.format import ContextFile, ContextWriter, context_bytes, read_head, read_metadata, write_context
-from ctxrt.format import layout
+from ctxrt.format import ContextFile, ContextWriter, context_bytes, layout, read_head, read_metadata, write_context
 from ctxrt.format import writer as writer_module
 
 F32 = "<f4"

@@ -109,7 +109,8 @@ def scratch_view(buf: np.ndarray, shape: tuple[int, ...], dtype: np.dtype | type
 # memory objects, descriptors and primitives): `held_constants_bytes` does not search them (a decoder's load walked
 # ~4,000 objects twice, ~1.5 ms each, half of them oneDNN's argument objects).
 ARRAY_FREE: set[type] = {str, bytes, int, float, bool, complex, type(None), ctypes.c_void_p, ctypes.c_int64,
-                         ctypes.c_int32, ctypes.c_int, ctypes.c_size_t, ctypes.c_float, ctypes.c_double, ctypes.c_char_p}
+                         ctypes.c_int32, ctypes.c_int, ctypes.c_size_t, ctypes.c_float, ctypes.c_double,
+                         ctypes.c_char_p}
 
 
 ARRAY_FREE.add(TensorSpec)  # a shape and a dtype

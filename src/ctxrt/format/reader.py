@@ -30,6 +30,27 @@ _BESIDE = 1 << 20  # a weights section from this size is checked on a thread bes
 def _checked(raise_error: bool = True) -> None:
     """check_weights_beside's `wait` where the check is done."""
 
+
+def beside(work: Callable[[], None], then: Callable[[bool], None] = _checked) -> Callable[[bool], None]:
+    """Run `work` on a thread of its own (checksums: zlib releases the GIL) and return `wait(raise_error=True)`,
+    which joins it, then waits for `then` (an earlier `beside`'s wait), and raises the first error of either."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as e:  # handed to `wait`
+            failed.append(e)
+    thread = threading.Thread(target=run, name="ctxrt-weights-check", daemon=True)
+    thread.start()
+
+    def wait(raise_error: bool = True) -> None:
+        thread.join()
+        then(raise_error)
+        if failed and raise_error:
+            raise failed[0]
+    return wait
+
 Source = str | os.PathLike[str] | bytes | bytearray | memoryview
 
 
@@ -156,21 +177,7 @@ class ContextFile:
         if raw.nbytes < _BESIDE:
             self._check_weights(raw, sparse)
             return _checked
-        failed: list[BaseException] = []
-
-        def check() -> None:
-            try:
-                self._check_weights(raw, sparse)
-            except BaseException as e:  # handed to `wait`
-                failed.append(e)
-        thread = threading.Thread(target=check, name="ctxrt-weights-check", daemon=True)
-        thread.start()
-
-        def wait(raise_error: bool = True) -> None:
-            thread.join()
-            if failed and raise_error:
-                raise failed[0]
-        return wait
+        return beside(lambda: self._check_weights(raw, sparse))
 
     def _check_weights(self, raw: memoryview, sparse: Sequence[tuple[int, int]] | None = None) -> None:
         """The weights section's checksum, in chunks each handed back once read (or only its part in `sparse`'s

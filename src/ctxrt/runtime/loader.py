@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,6 +26,7 @@ def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backen
     idle). `store`: where the weights a binary keeps outside its file (format version 2: an InferenceSession's
     compile cache entry) come from, shared with the store's other contexts."""
     from ctxrt.format import ContextFile
+    from ctxrt.format.reader import beside
 
     f = ContextFile.open(source)
     wait = None
@@ -55,7 +55,8 @@ def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backen
             shared, more, keys_out = store.lease(external, 1, unchecked)
             table.update(shared)
             segments, keys = [block, *more], [None, *keys_out]
-            wait = _beside(wait, unchecked)
+            if unchecked:
+                wait = beside(lambda: _run_all(unchecked), wait)
         try:
             ctx = Context(graphs, table, segments, be, defer_graph_init=defer_graph_init, info=meta, keepalive=f,
                           num_threads=num_threads, store=store, segment_keys=keys)
@@ -76,29 +77,9 @@ def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backen
         raise
 
 
-def _beside(first: Callable[[bool], None], checks: list[Callable[[], None]]) -> Callable[[bool], None]:
-    """`first` (ContextFile.check_weights_beside's wait) joined with `checks` run on a thread of their own (zlib
-    releases the GIL), the first error raised."""
-    if not checks:
-        return first
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        for check in checks:
-            try:
-                check()
-            except BaseException as e:  # handed to `wait`
-                failed.append(e)
-                return
-    thread = threading.Thread(target=run, name="ctxrt-weights-check", daemon=True)
-    thread.start()
-
-    def wait(raise_error: bool = True) -> None:
-        thread.join()
-        first(raise_error)
-        if failed and raise_error:
-            raise failed[0]
-    return wait
+def _run_all(checks: list[Callable[[], None]]) -> None:
+    for check in checks:
+        check()
 
 
 def _lookup_tables(graphs: list[CompiledGraph], table: Mapping[str, Any]) -> list[tuple[int, int]]:

@@ -385,7 +385,7 @@ def _rows_of(x: np.ndarray) -> tuple[int, int] | None:
     count = 1
     for n, _ in lead:
         count *= n
-    for (_, s), (n, t) in zip(lead, lead[1:]):
+    for (_, s), (n, t) in zip(lead, lead[1:], strict=False):  # each dim with the next
         if s != t * n:
             return None
     return count, (lead[-1][1] // x.itemsize if lead else 0)
