@@ -11,7 +11,7 @@ import pytest
 
 from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Interval, Ref, Step, TensorInfo
 from ctxrt.errors import FormatError
-from ctxrt.format import ContextFile, ContextWriter, context_bytes, layout, read_head, read_metadata, write_context
+from ctxrt.format import ContextFile, ContextWriter, context_bytes, read_head, read_metadata, write_context
 from ctxrt.format import writer as writer_module
 
 F32 = "<f4"
@@ -260,46 +260,3 @@ def test_header_layout_is_as_documented(ctx_path) -> None:
     kinds = [struct.unpack_from("<IIQQII", data, 64 + 32 * i)[:3] for i in range(3)]
     assert [(k, a) for k, a, _ in kinds] == [(1, 8), (2, 8), (3, 4096)]
     assert kinds[0][2] == 160 and kinds[2][2] % 4096 == 0
-
-
-def test_the_weight_check_beside_a_load_hands_back_only_lookup_tables(tmp_path, monkeypatch) -> None:
-    """context_from_binary checks the weights on a thread and then hands back (MADV_DONTNEED) only the pages of
-    the weights that Gathers alone read (embedding tables: a run reads a few rows); the pages of every weight a
-    kernel reads whole stay mapped (a decoder's first run paid ~200 page faults for them). A table also read by a
-    MatMul (tied embeddings) is read whole."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    import ctxrt
-    from ctxrt.cli import main as cli
-    from ctxrt.format import reader
-
-    rng = np.random.default_rng(0)
-    table, tied, w = (rng.standard_normal(s).astype(np.float32) for s in ((512, 256), (512, 256), (256, 256)))
-    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"]), helper.make_node("MatMul", ["e", "w"], ["h"]),
-             helper.make_node("Gather", ["tied", "ids"], ["t"]), helper.make_node("Add", ["h", "t"], ["s"]),
-             helper.make_node("MatMul", ["x", "tied"], ["y"])]  # (a tied output head reads the table whole)
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [3]),
-                                           helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 512])],
-                              [helper.make_tensor_value_info("s", TensorProto.FLOAT, [3, 256]),
-                               helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 256])],
-                              [numpy_helper.from_array(a, n) for a, n in ((table, "table"), (tied, "tied"), (w, "w"))])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
-    assert cli(["compile", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.ctx"), "-q"]) == 0
-    released: list[tuple[int, int]] = []
-    real = reader.ContextFile._release
-    monkeypatch.setattr(reader.ContextFile, "_release",
-                        lambda self, offset, n: (released.append((offset, n)), real(self, offset, n)))
-    with ContextFile.open(tmp_path / "m.ctx") as cf:
-        start = cf.sections[layout.WEIGHTS].offset
-        entries = cf.metadata["weights"]
-    ctx = ctxrt.context_from_binary(tmp_path / "m.ctx")
-    try:
-        ids, x = np.array([3, 0, 511], np.int64), rng.standard_normal((3, 512)).astype(np.float32)
-        got = ctx.graph().run({"ids": ids, "x": x})
-        np.testing.assert_allclose(got["s"], table[ids] @ w + tied[ids], rtol=1e-4, atol=1e-3)
-        np.testing.assert_allclose(got["y"], x @ tied, rtol=1e-4, atol=1e-3)
-    finally:
-        ctx.free()
-    gathered = [(start + int(e[0]), int(e[1])) for name, e in entries.items() if name == "table"]
-    assert released == gathered  # the table alone, not the tied one nor the MatMul's weights

@@ -123,3 +123,30 @@ def test_free_deregisters_and_graphs_refuse_to_run(deferred, backend) -> None:
     other = ctxrt.compile(_model(), defer_graph_init=True, backend=backend)
     other.register_weights_buffer(buf)  # free() released the registration
     other.free()
+
+
+def test_kernel_byte_count_reads_no_attribute_of_what_it_skips() -> None:
+    """`alloc_kernel_bytes` walks what kernels and launches hold (backends/kernel.py, held_constants_bytes): arrays
+    they made are counted once, weights (read-only) never, and modules are not walked: their globals are no
+    kernel's, and one may hold an object whose every attribute lookup warns (torch.distributed's deprecated
+    `reduce_op`, reached through modules once torch was imported: a count at a context's load put two
+    FutureWarnings into an OpenCL test's one expected warning)."""
+    import functools
+    import types
+    import warnings
+
+    from ctxrt.backends.kernel import held_constants_bytes
+
+    class Loud:
+        def __getattribute__(self, key):
+            warnings.warn("an attribute was looked up", FutureWarning, stacklevel=2)
+            return object.__getattribute__(self, key)
+
+    mod = types.ModuleType("holder")
+    mod.loud, mod.array = Loud(), np.ones(1000, np.float32)  # reachable through the module only
+    own, weight = np.zeros(256, np.float32), np.ones(64, np.float32)
+    weight.flags.writeable = False
+    run = functools.partial(lambda *a: None, own, own[:10], weight, mod)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert held_constants_bytes([run]) == own.nbytes

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,7 +114,7 @@ ARRAY_FREE: set[type] = {str, bytes, int, float, bool, complex, type(None), ctyp
                          ctypes.c_char_p}
 
 
-ARRAY_FREE.add(TensorSpec)  # a shape and a dtype
+ARRAY_FREE.update({TensorSpec, types.ModuleType})  # a shape and a dtype; a module (its globals are no kernel's)
 
 
 def held_constants_bytes(objects: list[Any], shared: set[int] = frozenset()) -> int:
@@ -128,7 +129,7 @@ def held_constants_bytes(objects: list[Any], shared: set[int] = frozenset()) -> 
     leaves = ARRAY_FREE
 
     def visit(obj: Any, depth: int) -> None:
-        if obj.__class__ in leaves or id(obj) in seen or depth > 6:
+        if type(obj) in leaves or id(obj) in seen or depth > 6:  # (type(): no attribute lookup on the object)
             return
         seen.add(id(obj))
         if isinstance(obj, np.ndarray):

@@ -11,7 +11,7 @@ import contextlib
 import mmap
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -162,37 +162,28 @@ class ContextFile:
             self._verify_weights = False
         return raw, self.sections[layout.WEIGHTS].offset
 
-    def check_weights_beside(self, sparse: Sequence[tuple[int, int]] | None = None) -> Callable[[bool], None]:
+    def check_weights_beside(self) -> Callable[[bool], None]:
         """Start the weights section's checksum (once per file) on a thread of its own, so that it runs beside the
         rest of a load (zlib's crc32 releases the GIL; a 12.5 MiB section took ~4 ms of a 22 ms load, now off its
         path on a second core); returns `wait(raise_error=True)`, which joins the thread and raises its FormatError.
-        `sparse`: the (offset in the section, bytes) of the weights kernels read only in part (embedding tables),
-        handed back once checked; the rest stays mapped, as every kernel reads all of it (a decoder's first run
-        paid ~200 page faults, ~0.7 ms, when the check handed back everything). None: everything handed back.
         A section under `_BESIDE` bytes is checked now. The file must not be closed before `wait` returned."""
         if not self._verify_weights:
             return _checked
         raw = self._section(layout.WEIGHTS)
         self._verify_weights = False
         if raw.nbytes < _BESIDE:
-            self._check_weights(raw, sparse)
+            self._check_weights(raw)
             return _checked
-        return beside(lambda: self._check_weights(raw, sparse))
+        return beside(lambda: self._check_weights(raw))
 
-    def _check_weights(self, raw: memoryview, sparse: Sequence[tuple[int, int]] | None = None) -> None:
-        """The weights section's checksum, in chunks each handed back once read (or only its part in `sparse`'s
-        ranges): the check never holds more of the section resident than the kernels will read."""
+    def _check_weights(self, raw: memoryview) -> None:
+        """The weights section's checksum, in chunks each handed back once read: the check never holds the whole
+        section resident (kernels fault back in what they read; a decoder's first run pays ~200 page faults for it,
+        ~0.5 ms, where keeping them mapped would hold a loaded context's every weight resident before any run)."""
         section, crc = self.sections[layout.WEIGHTS], 0
         for start in range(0, raw.nbytes, _CHECK_CHUNK):
-            end = min(start + _CHECK_CHUNK, raw.nbytes)
-            crc = layout.crc32(raw[start:end], crc)
-            if sparse is None:
-                self._release(section.offset + start, end - start)
-                continue
-            for off, n in sparse:  # the parts of this chunk in a range read only in part
-                lo, hi = max(off, start), min(off + n, end)
-                if lo < hi:
-                    self._release(section.offset + lo, hi - lo)
+            crc = layout.crc32(raw[start:start + _CHECK_CHUNK], crc)
+            self._release(section.offset + start, min(_CHECK_CHUNK, raw.nbytes - start))
         layout.check_crc_value(section, crc)
 
     def _release(self, offset: int, nbytes: int) -> None:

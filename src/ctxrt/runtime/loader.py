@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import numpy as np
 
 from ctxrt.backends import Backend, get_backend
-from ctxrt.compiler.program import CONST, CompiledGraph
+from ctxrt.compiler.program import CompiledGraph
 from ctxrt.errors import FormatError
 from ctxrt.format.weights import WeightEntry, pack
 from ctxrt.runtime.context import Context
@@ -31,10 +30,8 @@ def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backen
     f = ContextFile.open(source)
     wait = None
     try:
+        wait = f.check_weights_beside()  # the weights' checksum on another core while the rest loads
         meta = f.metadata
-        graphs = f.graphs()
-        # the weights' checksum on another core while the rest loads; embedding tables handed back once checked
-        wait = f.check_weights_beside(_lookup_tables(graphs, meta["weights"]))
         be = get_backend(meta["backend"] if backend is None else backend)
         if meta["backend"] != be.name:
             raise FormatError(f"context binary was compiled for backend {meta['backend']!r}, not {be.name!r}")
@@ -44,7 +41,7 @@ def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backen
         block = f.weights_block()  # read-only view of the mapped weights section (its checksum: `wait`)
         table = {name: WeightEntry(int(e[0]), int(e[1]), str(e[2]), tuple(int(d) for d in e[3]))
                  for name, e in meta["weights"].items()}
-        external = f.external_weights()
+        graphs, external = f.graphs(), f.external_weights()
         if external and store is None:
             raise FormatError(f"{len(external)} weights of this context binary are kept outside it (format version "
                               "2, an InferenceSession compile cache entry): open the model through "
@@ -80,18 +77,6 @@ def context_from_binary(source: str | os.PathLike | bytes, backend: str | Backen
 def _run_all(checks: list[Callable[[], None]]) -> None:
     for check in checks:
         check()
-
-
-def _lookup_tables(graphs: list[CompiledGraph], table: Mapping[str, Any]) -> list[tuple[int, int]]:
-    """(offset, bytes) in the weights section of the weights only Gathers read (input 0: embedding tables, of
-    which a run reads a few rows); every other weight is read whole by its kernels."""
-    gathered, whole = set(), set()
-    for g in graphs:
-        for step in g.steps:
-            for i, r in enumerate(step.inputs):
-                if r is not None and r.space == CONST:
-                    (gathered if step.op == "Gather" and i == 0 else whole).add(r.key)
-    return sorted((int(table[n][0]), int(table[n][1])) for n in gathered - whole if n in table)
 
 
 def compile_to_context(graphs: list[CompiledGraph], weights: Mapping[str, np.ndarray], backend: Backend,
