@@ -638,10 +638,11 @@ def _check_array(info: TensorInfo, dt: np.dtype, value: Any, role: str, shape: t
         raise ShapeError(f"{role} {info.name!r} expects {dt}{list(shape)}, got {value.dtype}{list(value.shape)}")
 
 
-__all__ = ["InferenceSession", "IOBinding", "NodeArg", "Tensor"]
-
-
 def _boolean(v: Any) -> bool:
+    """A remembered bool (VariantCompiler.remembered's decode)."""
     if not isinstance(v, bool):
         raise ValueError(f"not a bool: {v!r}")
     return v
+
+
+__all__ = ["InferenceSession", "IOBinding", "NodeArg", "Tensor"]
