@@ -220,6 +220,12 @@ def test_a_warm_cache_dir_session_does_not_parse_the_model(tmp_path, monkeypatch
         memo.write_text('{"value": [[["x", 7, []]], []]}')  # not a memo of declared_io's
     with ctxrt.InferenceSession(path, "cpu", cache_dir=cache, default_dim_max=0) as sess:
         assert shapes(sess) == want
+    for memo in [*cache.glob("*.io.json"), *cache.glob("*.epcontext.json"), *cache.glob("*.value_inputs.json"),
+                 cache / compile_cache.DIGESTS]:
+        memo.write_text("[" * 100_000)  # nested past the JSON reader's recursion: computed again, no crash
+    with ctxrt.InferenceSession(path, "cpu", cache_dir=cache, default_dim_max=0) as sess:
+        assert shapes(sess) == want
+        np.testing.assert_array_equal(sess.run(None, {"x": _x(2)})[0], out)
 
 
 def _numpy_held() -> int:

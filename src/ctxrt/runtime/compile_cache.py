@@ -192,8 +192,8 @@ class VariantCompiler:
         if self.folder is None:
             return compute()
         path = self.folder / f"{self.model_key()[:32]}.{kind}.json"
-        with contextlib.suppress(OSError, ValueError, TypeError, KeyError, IndexError):
-            return decode(json.loads(path.read_text())["value"])
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError, IndexError, RecursionError):
+            return decode(json.loads(path.read_text())["value"])  # (RecursionError: JSON nested too deep)
         value = compute()
         with contextlib.suppress(OSError, TypeError, ValueError):
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -211,7 +211,7 @@ class VariantCompiler:
             if self.folder is not None:
                 try:
                     got = json.loads((self.folder / DIGESTS).read_text())
-                except (OSError, ValueError):
+                except (OSError, ValueError, RecursionError):  # unreadable, not JSON, or nested too deep
                     got = None
                 if isinstance(got, dict):
                     self._memo = {k: v for k, v in got.items() if isinstance(k, str) and isinstance(v, list)
@@ -242,7 +242,7 @@ def _stamp(path: Path) -> Stamp:
 def _read_names(path: Path) -> list[str] | None:
     try:
         names = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return names if isinstance(names, list) and all(isinstance(n, str) for n in names) else None
 
