@@ -15,8 +15,11 @@ typedef struct {
     float *y;               /* [m, n], rows ldy floats apart */
     int64_t ldy;
     int64_t accumulate;     /* 1: y holds the residual on entry (the residual's own buffer, updated in place) */
-    int64_t act;            /* after the bias and the residual: 0 none, 1 Relu, 2 GELU (erf), 3 GELU (tanh), 4 SiLU */
+    int64_t act;            /* after the bias and the residual: 0 none, 1 Relu, 2 GELU (erf), 3 GELU (tanh), 4 SiLU,
+                               7 HardSwish x clamp(alpha x + beta, 0, 1), 8 Clip to [alpha, beta], 9 LeakyRelu (slope
+                               alpha), 10 HardSigmoid clamp(alpha x + beta, 0, 1) */
     int64_t threads;        /* threads sharing the work, the caller's included (1: the caller's only) */
+    float alpha, beta;      /* the activation's parameters (7 .. 10) */
 } gemv_args;
 
 typedef struct {            /* y = act(x) over n floats (y may be x): an activation op on its own (Gelu, Erf) */
@@ -25,5 +28,8 @@ typedef struct {            /* y = act(x) over n floats (y may be x): an activat
     float *y;
     int64_t act;            /* csrc/vmath.h act8's codes: gemv_args.act's, 5 GELU by erfc, 6 erf */
 } act_args;
+
+int ctxrt_openmp(void *parallel, void *thread_num, void *num_threads);
+int ctxrt_gemm_avx512(int64_t allowed);
 
 #endif

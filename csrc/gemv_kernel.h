@@ -9,13 +9,27 @@
 
 /* y[c0 .. c1 - 1] = act(y[c0 .. c1 - 1]): 8 lanes at a time in the AVX2 copy (GELU's erf: ~10 ns a value
    scalar, a 1024-wide layer's 10 us) */
-static void NAME(act_row)(float *y, int64_t c0, int64_t c1, int act) {
+#ifdef GEMV_AVX2
+/* act8's codes, and gemv_args' codes 7 .. 10 with their parameters alpha and beta (as gemv_act) */
+static inline __m256 NAME(act8p)(__m256 v, int act, float alpha, float beta) {
+    const __m256 a = _mm256_set1_ps(alpha), b = _mm256_set1_ps(beta), zero = _mm256_setzero_ps();
+    switch (act) {
+    case 7: return _mm256_mul_ps(v, _mm256_min_ps(_mm256_max_ps(_mm256_fmadd_ps(a, v, b), zero), _mm256_set1_ps(1.0f)));
+    case 8: return _mm256_min_ps(_mm256_max_ps(v, a), b);
+    case 9: return _mm256_blendv_ps(_mm256_mul_ps(a, v), v, _mm256_cmp_ps(v, zero, _CMP_GE_OQ));
+    case 10: return _mm256_min_ps(_mm256_max_ps(_mm256_fmadd_ps(a, v, b), zero), _mm256_set1_ps(1.0f));
+    default: return NAME(act8)(v, act);
+    }
+}
+#endif
+
+static void NAME(act_row)(float *y, int64_t c0, int64_t c1, int act, float alpha, float beta) {
     if (!act) return;
     int64_t j = c0;
 #ifdef GEMV_AVX2
-    for (; j + 8 <= c1; j += 8) _mm256_storeu_ps(y + j, NAME(act8)(_mm256_loadu_ps(y + j), act));
+    for (; j + 8 <= c1; j += 8) _mm256_storeu_ps(y + j, NAME(act8p)(_mm256_loadu_ps(y + j), act, alpha, beta));
 #endif
-    for (; j < c1; j++) y[j] = gemv_act(y[j], act);
+    for (; j < c1; j++) y[j] = gemv_act(y[j], act, alpha, beta);
 }
 
 static inline float NAME(dot)(const float *restrict a, const float *restrict w, int64_t k) {
@@ -89,7 +103,7 @@ static void NAME(gemv_nk)(const gemv_args *p, int64_t c0, int64_t c1) {
             p->y[r * p->ldy + c] = v;
         }
     }
-    for (int64_t r = 0; r < p->m; r++) NAME(act_row)(p->y + r * p->ldy, c0_all, c1, (int)p->act);
+    for (int64_t r = 0; r < p->m; r++) NAME(act_row)(p->y + r * p->ldy, c0_all, c1, (int)p->act, p->alpha, p->beta);
 }
 
 /* out[r, c - c0] (rows ldo apart) = sum over rows i0 .. i1 - 1 of W [k, n] of A[r, i] W[i, c], for columns
@@ -153,7 +167,7 @@ static void NAME(gemv_finish)(const gemv_args *p, int64_t c0, int64_t c1, const 
 #pragma omp simd
             for (int64_t j = c0; j < c1; j++) y[j] += (b ? b[j] : 0.0f) + (res ? res[j] : 0.0f);
         }
-        NAME(act_row)(y, c0, c1, act);
+        NAME(act_row)(y, c0, c1, act, p->alpha, p->beta);
     }
 }
 
@@ -167,7 +181,7 @@ static inline void NAME(gemm_store)(const gemv_args *p, int64_t r, int64_t col, 
     if (p->bias) v = _mm256_add_ps(v, _mm256_loadu_ps(p->bias + col));
     if (p->residual) v = _mm256_add_ps(v, _mm256_loadu_ps(p->residual + r * p->ldr + col));
     if (p->accumulate) v = _mm256_add_ps(v, _mm256_loadu_ps(p->y + r * p->ldy + col));
-    _mm256_storeu_ps(p->y + r * p->ldy + col, NAME(act8)(v, (int)p->act));
+    _mm256_storeu_ps(p->y + r * p->ldy + col, NAME(act8p)(v, (int)p->act, p->alpha, p->beta));
 }
 
 #define GEMM_BLOCK(RB)                                                                                            \
@@ -210,12 +224,12 @@ GEMM_BLOCK(5)
 GEMM_BLOCK(6)
 #undef GEMM_BLOCK
 
-/* Y[:, c0 .. c1 - 1] of a few rows (GEMM_ROWS_MAX), W [k, n]: blocks of 6 rows, the columns past the last multiple
-   of 8 by the GEMV's scalar loop */
-static void NAME(gemm_rows)(const gemv_args *p, int64_t c0, int64_t c1) {
+/* Y[r0 .. r1 - 1, c0 .. c1 - 1], W [k, n]: blocks of 6 rows, the columns past the last multiple of 8 by the
+   GEMV's scalar loop */
+static void NAME(gemm_rows)(const gemv_args *p, int64_t rb, int64_t re, int64_t c0, int64_t c1) {
     const int64_t vec = c0 + (c1 - c0) / 8 * 8;
-    for (int64_t r0 = 0; r0 < p->m; r0 += 6) {
-        switch (p->m - r0 < 6 ? p->m - r0 : 6) {
+    for (int64_t r0 = rb; r0 < re; r0 += 6) {
+        switch (re - r0 < 6 ? re - r0 : 6) {
         case 1: NAME(gemm_rows1)(p, r0, c0, vec); break;
         case 2: NAME(gemm_rows2)(p, r0, c0, vec); break;
         case 3: NAME(gemm_rows3)(p, r0, c0, vec); break;
@@ -224,7 +238,7 @@ static void NAME(gemm_rows)(const gemv_args *p, int64_t c0, int64_t c1) {
         default: NAME(gemm_rows6)(p, r0, c0, vec); break;
         }
     }
-    for (int64_t r = 0; r < p->m; r++)  /* the last columns: dot products down W's columns */
+    for (int64_t r = rb; r < re; r++)  /* the last columns: dot products down W's columns */
         for (int64_t c = vec; c < c1; c++) {
             const float *x = p->a + r * p->lda;
             float v = 0.0f;
@@ -232,7 +246,7 @@ static void NAME(gemm_rows)(const gemv_args *p, int64_t c0, int64_t c1) {
             if (p->bias) v += p->bias[c];
             if (p->residual) v += p->residual[r * p->ldr + c];
             if (p->accumulate) v += p->y[r * p->ldy + c];
-            p->y[r * p->ldy + c] = gemv_act(v, (int)p->act);
+            p->y[r * p->ldy + c] = gemv_act(v, (int)p->act, p->alpha, p->beta);
         }
 }
 #endif
@@ -247,7 +261,7 @@ static void NAME(gemv_chunk)(const void *arg, int64_t c) {
 #ifdef GEMV_AVX2
     } else if (j->kind == GEMM_COLUMNS) {  /* whole blocks of 16 columns each, the last chunk the rest */
         const int64_t blocks = (n + 15) / 16, b0 = blocks * c / chunks, b1 = blocks * (c + 1) / chunks;
-        NAME(gemm_rows)(p, 16 * b0, 16 * b1 < n ? 16 * b1 : n);
+        NAME(gemm_rows)(p, 0, p->m, 16 * b0, 16 * b1 < n ? 16 * b1 : n);
 #endif
     } else if (j->kind == GEMV_FINISH) {  /* the parts of a GEMV_ROWS_KN job added, the epilogue: by columns */
         NAME(gemv_finish)(p, n * c / chunks, n * (c + 1) / chunks, j->parts, j->count);
@@ -270,10 +284,10 @@ static void NAME(gemv)(const gemv_args *p) {
             if (chunks > most) chunks = most;
             gemv_job j = {p, chunks, chunks, 0, GEMM_COLUMNS};
             if (chunks >= 2) ctxrt_pool_run(NAME(gemv_chunk), &j, chunks);
-            else NAME(gemm_rows)(p, 0, n);
+            else NAME(gemm_rows)(p, 0, p->m, 0, n);
             ctxrt_pool_end();
         } else {
-            NAME(gemm_rows)(p, 0, n);
+            NAME(gemm_rows)(p, 0, p->m, 0, n);
         }
         return;
     }

@@ -16,7 +16,7 @@ needs_native = pytest.mark.skipif(native.library() is None, reason="the native e
 RNG = np.random.default_rng(7)
 
 
-def _reference(a, wkn, bias, residual, act):
+def _reference(a, wkn, bias, residual, act, alpha=0.0, beta=0.0):
     y = a.astype(np.float64) @ wkn.astype(np.float64)
     if bias is not None:
         y = y + bias
@@ -30,6 +30,14 @@ def _reference(a, wkn, bias, residual, act):
         y = 0.5 * y * (1 + np.tanh(math.sqrt(2 / math.pi) * (y + 0.044715 * y ** 3)))
     elif act == "Swish":
         y = y / (1 + np.exp(-y))
+    elif act == "HardSwish":
+        y = y * np.clip(alpha * y + beta, 0, 1)
+    elif act == "Clip":
+        y = np.clip(y, alpha, beta)
+    elif act == "LeakyRelu":
+        y = np.where(y < 0, alpha * y, y)
+    elif act == "HardSigmoid":
+        y = np.clip(alpha * y + beta, 0, 1)
     return y
 
 
@@ -94,6 +102,93 @@ def test_gemv_declines_what_it_cannot_read() -> None:
     assert gemv.launch(a, w, False, both[:, 1:], residual=both[:, :32]) is None
     if native.library() is not None:
         assert gemv.launch(a, w, False, y) is not None
+
+
+MANY_ACTS = [(None, 0.0, 0.0), ("Relu", 0.0, 0.0), ("Gelu", 0.0, 0.0), ("Swish", 0.0, 0.0),
+             ("HardSwish", 1 / 6, 0.5), ("Clip", -0.25, 0.5), ("LeakyRelu", 0.1, 0.0), ("HardSigmoid", 0.2, 0.5)]
+
+
+def _team(monkeypatch, n: int) -> None:
+    """Runs from now on as a run of `n` OpenMP threads (threads.openmp_now), oneDNN's libgomp loaded."""
+    from ctxrt.backends.cpu.onednn import api
+
+    api.library()
+    monkeypatch.setattr(threads._CURRENT, "n", n, raising=False)
+    monkeypatch.setattr(threads._CURRENT, "idle", n, raising=False)
+
+
+@needs_native
+@pytest.mark.parametrize("m,k,n", [(17, 16, 16), (29, 3, 5), (100, 72, 24), (250, 24, 88), (1111, 16, 72),
+                                   (12, 40, 240), (3073, 40, 33), (64, 200, 17), (130, 1, 31)])
+@pytest.mark.parametrize("nthreads", [1, 2, 3])
+def test_many_rows_gemm_shapes_and_threads(m, k, n, nthreads, monkeypatch) -> None:
+    """Many rows by W [K, N] (`many`, a 1x1 convolution's pixels): register blocks of up to 12 rows (AVX-512) or
+    6 (AVX2) and the rows past the last whole block, 32 / 16 columns and masked or scalar tails, on OpenMP's team
+    (1, 2 or 3 threads) and on ctxrt's pool where the library has no team."""
+    from ctxrt.backends.cpu.onednn import api
+
+    _team(monkeypatch, nthreads)
+    monkeypatch.setattr(gemv, "MANY_SHARED_WORK", 0)  # every size shared
+    assert native.openmp_team() == api.available()  # libgomp found where oneDNN loaded it
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    w = RNG.standard_normal((k, n)).astype(np.float32)
+    bias = RNG.standard_normal(n).astype(np.float32)
+    expect = _reference(a, w, bias, None, "Relu")
+    lib = native.library()
+    for team, avx512 in ((True, True), (False, True), (True, False)):
+        if not team:  # the library without OpenMP's entry points: the pool shares the rows
+            lib.ctxrt_openmp(None, None, None)
+        lib.ctxrt_gemm_avx512(int(avx512))  # the AVX2 blocks (6 rows by 16 columns) where the CPU has AVX-512 too
+        try:
+            y = np.full((m, n), np.nan, np.float32)
+            run = gemv.launch(a, w, False, y, bias, act="Relu", many=True)
+            assert run is not None
+            run()
+        finally:
+            lib.ctxrt_openmp(*native._STATE.get("openmp_entries", (None,) * 3))
+            lib.ctxrt_gemm_avx512(1)
+        np.testing.assert_allclose(y, expect, rtol=1e-4, atol=1e-4 * math.sqrt(k))
+
+
+@needs_native
+@pytest.mark.parametrize("act,alpha,beta", MANY_ACTS, ids=[str(a[0]) for a in MANY_ACTS])
+@pytest.mark.parametrize("epilogue", ["none", "bias", "residual", "both", "in_place"])
+def test_many_rows_gemm_epilogues(act, alpha, beta, epilogue, monkeypatch) -> None:
+    """Every epilogue of many rows, with each fused activation a Conv has (the parameterized ones: HardSwish,
+    Clip, LeakyRelu, HardSigmoid), values on both sides of their bends; 2 threads; and a few rows (the register
+    blocks of gemm_rows) and one row (the GEMV) with the same parameters."""
+    _team(monkeypatch, 2)
+    k, n = 37, 70
+    for m in (203, 9, 1):
+        a = RNG.standard_normal((m, k)).astype(np.float32) / 4
+        w = RNG.standard_normal((k, n)).astype(np.float32) / 4
+        bias = RNG.standard_normal(n).astype(np.float32) if epilogue in ("bias", "both") else None
+        residual = RNG.standard_normal((m, n)).astype(np.float32) if epilogue in ("residual", "both", "in_place") \
+            else None
+        expect = _reference(a, w, bias, residual, act, alpha, beta)
+        for avx512 in (1, 0):
+            native.library().ctxrt_gemm_avx512(avx512)
+            try:
+                y = residual.copy() if epilogue == "in_place" else np.full((m, n), np.nan, np.float32)
+                run = gemv.launch(a, w, False, y, bias, y if epilogue == "in_place" else residual, act, alpha,
+                                  beta, many=True)
+                assert run is not None
+                run()
+            finally:
+                native.library().ctxrt_gemm_avx512(1)
+            np.testing.assert_allclose(y, expect, rtol=1e-5, atol=2e-5)
+
+
+def test_many_rows_gemm_declines_what_it_cannot_read() -> None:
+    """`many` takes W [K, N] only, float32 C-contiguous rows, activations it knows."""
+    a, w, y = np.ones((40, 8), np.float32), np.ones((8, 16), np.float32), np.empty((40, 16), np.float32)
+    assert gemv.launch(a, np.ones((16, 8), np.float32), True, y, many=True) is None
+    assert gemv.launch(a, w, False, y, act="Tanh", many=True) is None
+    assert gemv.launch(np.ones((40, 16), np.float32)[:, ::2], w, False, y, many=True) is None
+    assert gemv.launch(a, w, False, np.empty((40, 16), np.float64), many=True) is None
+    if native.library() is not None:
+        assert gemv.launch(a, w, False, y, many=True) is not None
+        assert gemv.launch(a, w, False, y) is None  # 40 rows without `many`: a GEMM's business
 
 
 def _counting(monkeypatch) -> list[bool]:

@@ -211,6 +211,68 @@ def test_batch_cycle_is_one_compile(backend) -> None:
         assert s["tensors_created"] - s["tensors_destroyed"] <= 2 * Graph.MAX_CHILDREN
 
 
+def _pointwise_block(act: tuple[str, dict, dict] | None, residual: bool) -> onnx.ModelProto:
+    """x[batch, 16, 9, 11] -> 1x1 Conv 16 -> 40 + bias -> `act` (op, attributes, constant inputs) -> depthwise 3x3
+    -> 1x1 Conv 40 -> 16 (+ x): an inverted-residual block, its 1x1 convs' epilogues fused."""
+    rng = np.random.default_rng(3)
+    c, e = 16, 40
+    inits = [numpy_helper.from_array((rng.standard_normal((e, c, 1, 1)) / 4).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal(e).astype(np.float32), "b1"),
+             numpy_helper.from_array((rng.standard_normal((e, 1, 3, 3)) / 3).astype(np.float32), "wd"),
+             numpy_helper.from_array((rng.standard_normal((c, e, 1, 1)) / 6).astype(np.float32), "w2")]
+    nodes, last = [helper.make_node("Conv", ["x", "w1", "b1"], ["h"])], "h"
+    if act is not None:
+        op, attrs, consts = act
+        inits += [numpy_helper.from_array(np.array(v, np.float32), k) for k, v in consts.items()]
+        nodes.append(helper.make_node(op, ["h", *consts], ["ha"], **attrs))
+        last = "ha"
+    nodes += [helper.make_node("Conv", [last, "wd"], ["d"], group=e, pads=[1, 1, 1, 1]),
+              helper.make_node("Conv", ["d", "w2"], ["p" if residual else "y"])]
+    if residual:
+        nodes.append(helper.make_node("Add", ["p", "x"], ["y"]))
+    io = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", c, 9, 11]) for name in ("x", "y")]
+    graph = helper.make_graph(nodes, "block", io[:1], io[1:], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+ACTS = [None, ("Relu", {}, {}), ("HardSwish", {}, {}), ("Clip", {}, {"lo": 0.0, "hi": 6.0}),
+        ("LeakyRelu", {"alpha": 0.1}, {}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}, {}), ("Sigmoid", {}, {})]
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("act", ACTS, ids=[a[0] if a else "none" for a in ACTS])
+def test_a_range_programs_pointwise_convs_run_one_kernel_for_every_batch(act, residual, tmp_path, monkeypatch
+                                                                         ) -> None:
+    """A 1x1 Conv over channels-last rows in a batch range runs csrc/gemv.c's many-rows GEMM with its bias,
+    residual and activation fused (the same code at every batch: no oneDNN primitive per batch size), reading the
+    weights stored [K, N]; equal to onnxruntime at batch 1, 3 and 8, compiled and loaded from its binary; where
+    the extension is missing at run time, a oneDNN matmul on the same weights. An activation its epilogue lacks
+    (Sigmoid) keeps oneDNN's conv."""
+    from ctxrt.backends.cpu import gemv, native
+    from ctxrt.backends.cpu.onednn import api
+
+    model = _pointwise_block(act, residual)
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    feeds = {n: {"x": rng.standard_normal((n, 16, 9, 11)).astype(np.float32)} for n in (1, 3, 8)}
+    from ctxrt.cli import main as cli
+
+    onnx.save(model, tmp_path / "block.onnx")
+    assert cli(["compile", str(tmp_path / "block.onnx"), "-o", str(tmp_path / "block.ctx"), "--dim", "batch=1:8"]) == 0
+    algs = [s.algorithm for s in ctxrt.context_from_binary(tmp_path / "block.ctx").graph().compiled.steps
+            if s.op == "Conv"]
+    if native.library() is not None and api.available():
+        first = "onednn:conv" if act and act[0] == "Sigmoid" else "native:gemm_rows"
+        assert algs[0].startswith(first) and algs[2] == "native:gemm_rows", algs
+    for no_native in (False, True):
+        if no_native:
+            monkeypatch.setattr(gemv, "launch", lambda *args, **kwargs: None)
+        g = ctxrt.context_from_binary(tmp_path / "block.ctx").graph()
+        for n in (8, 1, 3, 8):
+            want = theirs.run(None, feeds[n])[0]
+            np.testing.assert_allclose(g.run(feeds[n])["y"], want, rtol=1e-5, atol=1e-5)
+
+
 MODELS = [(name, exp) for name in exported.MODELS for exp in ("dynamo", "legacy")
           if (name, exp) not in exported.UNEXPORTABLE]
 

@@ -1,5 +1,7 @@
 """A GEMM of a few rows (a decoder's token, a classifier at batch 1) on the native GEMV (csrc/gemv.c): Y = A W
-(+ bias) (+ residual), then a fused Relu or GELU, W float32 constant stored [K, N] or [N, K], in one call.
+(+ bias) (+ residual), then a fused Relu or GELU, W float32 constant stored [K, N] or [N, K], in one call. And
+many rows by W [K, N] (`launch(many=True)`: a range program's 1x1 convolutions, onednn.kernels.AnyRows) on
+register blocks shared among OpenMP's team, the same code for every number of rows.
 
 A GEMV reads each weight once: it is bound by memory, not by arithmetic, and two cores stream nearly twice the
 bytes of one. So once its weights reach `THREADED_BYTES` its launch shares them among the run's threads
@@ -27,8 +29,13 @@ THREADED_BYTES = 256 << 10
 
 # fused after the bias and the residual (csrc/gemv.h); Swish: x sigmoid(x), alpha 1
 ACTIVATIONS = {None: 0, "Relu": 1, "Gelu": 2, "Gelu_tanh": 3, "Swish": 4}
+# ...and a Conv's fused activations with parameters (`launch`'s alpha and beta: onednn.kernels' activation_alpha
+# and activation_beta): x clamp(alpha x + beta, 0, 1), clip to [alpha, beta], slope alpha below 0, clamp(alpha x
+# + beta, 0, 1)
+PARAMETERIZED = {"HardSwish": 7, "Clip": 8, "LeakyRelu": 9, "HardSigmoid": 10}
 F32 = np.dtype(np.float32)
 SHARED_WORK = 1 << 21  # multiply-adds from which a few rows' GEMM shares its columns (csrc/gemv.c, GEMM_SHARED_WORK)
+MANY_SHARED_WORK = 1 << 19  # ...and many rows' GEMM its blocks of rows (csrc/gemv.c, ROWS_SHARED_WORK)
 
 
 def _fits(x: np.ndarray | None, size: int) -> bool:
@@ -56,18 +63,22 @@ def takes(rows: int, trans: bool) -> bool:
 
 
 def launch(a: np.ndarray, w: np.ndarray, trans: bool, y: np.ndarray, bias: np.ndarray | None = None,
-           residual: np.ndarray | None = None, act: str | None = None) -> Callable[[], None] | None:
+           residual: np.ndarray | None = None, act: str | None = None, alpha: float = 0.0, beta: float = 0.0,
+           many: bool = False) -> Callable[[], None] | None:
     """The launch of y = act(a @ W (+ bias) (+ residual)), W = w ([K, N]) or w.T (`trans`: w is [N, K]), `act`
-    one of ACTIVATIONS, a and y (and the residual) C-contiguous rows; rows of a = its size / K (`takes`). None
-    where the native library is not there or the arrays do not fit it (the caller then runs NumPy's or oneDNN's
-    GEMM)."""
+    one of ACTIVATIONS or PARAMETERIZED (its parameters `alpha`, `beta`), a and y (and the residual) C-contiguous
+    rows; rows of a = its size / K (`takes`; `many`: any number of rows by W [K, N], register blocks of 6 rows
+    shared by blocks of rows: a 1x1 convolution's pixels). None where the native library is not there or the
+    arrays do not fit it (the caller then runs NumPy's or oneDNN's GEMM)."""
     lib = native.library()
-    if lib is None or act not in ACTIVATIONS or w.ndim != 2 or not _fits(w, w.size):
+    code = ACTIVATIONS.get(act, PARAMETERIZED.get(act)) if act is not None else 0
+    if lib is None or code is None or w.ndim != 2 or not _fits(w, w.size):
         return None
     n, k = w.shape if trans else w.shape[::-1]
     m = a.size // k if k else 0
-    if not takes(m, trans) or n == 0 or not (_fits(a, m * k) and _fits(y, m * n) and _fits(residual, m * n)
-                                          and _fits(bias, n)):
+    fits = m > 0 and not trans if many else takes(m, trans)
+    if not fits or n == 0 or not (_fits(a, m * k) and _fits(y, m * n) and _fits(residual, m * n)
+                                  and _fits(bias, n)):
         return None
     # addresses in one C call (C-contiguous, as checked): overlaps are of address ranges
     pa, pw, py, pb, pr = native.array_addresses([a, w, y, bias, residual], False)
@@ -80,8 +91,12 @@ def launch(a: np.ndarray, w: np.ndarray, trans: bool, y: np.ndarray, bias: np.nd
     elif pr is not None and _overlap(pr, residual.nbytes, py, y.nbytes) or _overlap(pa, a.nbytes, py, y.nbytes):
         return None
     args = native.GemvArgs(m=m, k=k, n=n, a=pa, lda=k, w=pw, trans=int(trans), bias=pb, residual=pr, ldr=n, y=py,
-                           ldy=n, accumulate=int(accumulate), act=ACTIVATIONS[act], threads=1)
+                           ldy=n, accumulate=int(accumulate), act=code, threads=1, alpha=alpha, beta=beta)
     keep = (a, w, y, bias, residual)
+    if many and m > GEMM_ROWS:  # shared on OpenMP's team where oneDNN loaded it (csrc/gemv.c, gemm_many)
+        if m * k * n < MANY_SHARED_WORK:
+            return native.launch("ctxrt_gemv", args, keep)
+        return native.threaded_launch("ctxrt_gemv", args, keep, team=native.openmp_team())
     if w.nbytes < THREADED_BYTES and m * k * n < SHARED_WORK:
         return native.launch("ctxrt_gemv", args, keep)
     return native.threaded_launch("ctxrt_gemv", args, keep)

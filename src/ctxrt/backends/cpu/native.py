@@ -98,7 +98,8 @@ class GemvArgs(ctypes.Structure):
     _fields_ = [("m", ctypes.c_int64), ("k", ctypes.c_int64), ("n", ctypes.c_int64), ("a", ctypes.c_void_p),
                 ("lda", ctypes.c_int64), ("w", ctypes.c_void_p), ("trans", ctypes.c_int64), ("bias", ctypes.c_void_p),
                 ("residual", ctypes.c_void_p), ("ldr", ctypes.c_int64), ("y", ctypes.c_void_p), ("ldy", ctypes.c_int64),
-                ("accumulate", ctypes.c_int64), ("act", ctypes.c_int64), ("threads", ctypes.c_int64)]
+                ("accumulate", ctypes.c_int64), ("act", ctypes.c_int64), ("threads", ctypes.c_int64),
+                ("alpha", ctypes.c_float), ("beta", ctypes.c_float)]
 
 
 class QSrc(ctypes.Structure):
@@ -291,6 +292,32 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     lib.ctxrt_nbits4_dequantize.restype = ctypes.c_int
     lib.ctxrt_isa.argtypes, lib.ctxrt_isa.restype = [], ctypes.c_char_p
+    lib.ctxrt_openmp.argtypes, lib.ctxrt_openmp.restype = [ctypes.c_void_p] * 3, ctypes.c_int
+    lib.ctxrt_gemm_avx512.argtypes, lib.ctxrt_gemm_avx512.restype = [ctypes.c_int64], ctypes.c_int
+
+
+def openmp_team() -> bool:
+    """Whether csrc/gemv.c's many-rows GEMM shares its rows on OpenMP's team: libgomp's entry points (the runtime
+    oneDNN's primitives run on, found among the process's mapped files once it is loaded) handed to the library
+    once. False where the library or libgomp is not there (it then shares them on its own pool)."""
+    if "openmp" not in _STATE:
+        lib, found = library(), None
+        try:
+            with open("/proc/self/maps") as maps:
+                found = next((line.split()[-1] for line in maps if "/libgomp" in line), None)
+        except OSError:
+            pass
+        if lib is None or found is None:
+            return False  # not kept: libgomp may be loaded later (with oneDNN)
+        try:
+            gomp = ctypes.CDLL(found)
+            entries = [ctypes.cast(getattr(gomp, name), ctypes.c_void_p).value
+                       for name in ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")]
+        except (OSError, AttributeError):
+            entries = [None] * 3
+        lib.ctxrt_openmp(*entries)
+        _STATE["openmp"], _STATE["openmp_entries"] = entries[0] is not None, entries
+    return _STATE["openmp"]
 
 
 def nbits4_work_bytes(m: int, k: int, block: int, int8: bool) -> int:
@@ -345,12 +372,15 @@ def launch(fn: str, args: ctypes.Structure, keep: tuple[Any, ...]) -> Any:
     return run
 
 
-def threaded_launch(fn: str, args: ctypes.Structure, keep: tuple[Any, ...], most: int = MAX_THREADS) -> Any:
+def threaded_launch(fn: str, args: ctypes.Structure, keep: tuple[Any, ...], most: int = MAX_THREADS,
+                    team: bool = False) -> Any:
     """The launch of kernel `fn` whose struct's `threads` is the run's idle cores (threads.idle_now, at most
-    `most`), set as it runs; in a batch, a copy of the struct per count (`native_at`)."""
+    `most`; `team`: its OpenMP count, threads.openmp_now, for a kernel on OpenMP's team), set as it runs; in a
+    batch, a copy of the struct per count (`native_at`)."""
     from ctxrt.backends.cpu import threads
 
-    ref, call, idle = ctypes.byref(args), getattr(library(), fn), threads.idle_now
+    ref, call = ctypes.byref(args), getattr(library(), fn)
+    idle, at = (threads.openmp_now, 0) if team else (threads.idle_now, 1)
     copies: dict[int, ctypes.Structure] = {}
 
     def run(_keep: object = keep) -> None:
@@ -358,7 +388,7 @@ def threaded_launch(fn: str, args: ctypes.Structure, keep: tuple[Any, ...], most
         call(ref)
 
     def native_at(key: tuple[int, int]) -> list[tuple[int, int]]:
-        count = min(key[1] or 1, most)
+        count = min(key[at] or 1, most)
         copy = copies.get(count)
         if copy is None:
             copy = copies[count] = type(args).from_buffer_copy(args)

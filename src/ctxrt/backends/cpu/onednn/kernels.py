@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.cpu import native, threads
+from ctxrt.backends.cpu import gemv, native, threads
 from ctxrt.backends.cpu.onednn import api
 from ctxrt.backends.kernel import Kernel, NodeSpec, TensorSpec
 from ctxrt.errors import CtxrtError, UnsupportedOpError
@@ -215,6 +215,10 @@ def conv(spec: NodeSpec) -> Kernel:
     strides, dil, pb, pe = _window(spec, x, y, (kh, kw))
     has_bias = len(spec.inputs) > 2 and spec.inputs[2] is not None
     residual = bool(spec.attr("residual", 0))
+    if spec.attr("any_rows") or (not packed and spec.options.get("ranges") and g == 1 and (kh, kw) == (1, 1)
+                                 and strides == [1, 1] and pb == pe == [0, 0] and _rows(src, x) and _rows(dst, y)
+                                 and native.library() is not None and _native_act(spec) is not None):
+        return AnyRows(spec, m, cg, has_bias, residual)
     wdims = _weights_dims(m, cg, kh, kw, g)
     src_md = api.Desc.make(x, _tag(src, x, dst))
     dst_md = api.Desc.make(y, _tag(dst, y, src))
@@ -244,6 +248,84 @@ def conv(spec: NodeSpec) -> Kernel:
     kind = "depthwise" if g > 1 and g == m == x[1] else "grouped" if g > 1 else "conv"
     return OneDnnKernel(spec, prim, args, kind, attrs, constants, variant=variant_of(spec, make, wdims, packed),
                         weights=own)
+
+
+def _rows(layout: Layout, logical: tuple[int, ...]) -> bool:
+    """Whether a 4-D value in `layout` is stored as (pixels, channels) rows: channels last, or one pixel."""
+    return layout.channels_last or logical[2] * logical[3] == 1
+
+
+def _native_act(spec: NodeSpec) -> tuple[str | None, float, float] | None:
+    """A Conv's fused activation as csrc/gemv.c's epilogue computes it (gemv.ACTIVATIONS or PARAMETERIZED, alpha,
+    beta), or None where it has none (Tanh, Sigmoid, Elu, a Swish of alpha other than 1)."""
+    act = spec.attr("activation")
+    alpha, beta = float(spec.attr("activation_alpha", 0.0)), float(spec.attr("activation_beta", 0.0))
+    if act == "Swish" and alpha != 1.0:
+        return None
+    if act in gemv.ACTIVATIONS or act in gemv.PARAMETERIZED:
+        return act, alpha, beta
+    return None
+
+
+class AnyRows(Kernel):
+    """A 1x1 convolution (stride 1, no padding, one group) over channels-last rows in a range program: a GEMM of
+    (images x pixels) rows by the weights stored [K, N], run by csrc/gemv.c's many-rows kernel with the bias, the
+    residual and the activation in its epilogue. The same code for every batch: a range program's batch cycle
+    (sizes 1 .. 12 in turn) ran each size's own oneDNN primitives, ~100 KB of JIT code a size, all of it cold
+    when the cycle came back (MobileNetV3 at batch 1: 0.11 ms repeated, 0.25-0.35 ms in the cycle; onnxruntime's
+    MLAS, one code for every shape, 0.11 / 0.14). Where the extension is missing at run time, a oneDNN matmul
+    made for the arrays' rows on the same weights."""
+
+    algorithm = "native:gemm_rows"
+
+    def __init__(self, spec: NodeSpec, m: int, k: int, has_bias: bool, residual: bool) -> None:
+        self.spec, self.shape, self.has_bias, self.residual = spec, (k, m), has_bias, residual
+        self.act = _native_act(spec)
+        self.private_bytes = 0  # (its spec's constants are the model's: not its own)
+        if spec.attr("any_rows"):
+            self.attrs, self.constants = {}, {}
+        else:  # compiled now: the weights stored transposed, [K, N] (the same bytes as ONNX's)
+            self.attrs = {"any_rows": 1}
+            w = spec.consts[1]
+            self.constants = {} if spec.options.get("probe") else {1: memo(
+                "transposed", w, (m, k), lambda: np.ascontiguousarray(w.reshape(m, k).T).reshape(w.shape))}
+
+    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Callable[[], None]:
+        k, n = self.shape
+        rows = ins[0].size // k
+        a, w, y = ins[0].reshape(rows, k), ins[1].reshape(k, n), outs[0].reshape(rows, n)
+        bias = ins[2].reshape(n) if self.has_bias else None
+        residual = ins[3].reshape(rows, n) if self.residual else None
+        act, alpha, beta = self.act or (None, 0.0, 0.0)
+        run = gemv.launch(a, w, False, y, bias, residual, act, alpha, beta, many=True)
+        return run if run is not None else self._onednn(a, w, y, bias, residual)
+
+    def _onednn(self, a: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None,
+                residual: np.ndarray | None) -> Callable[[], None]:
+        """oneDNN's matmul made for these rows, reading the weights as stored (the extension is missing)."""
+        spec = self.spec
+        (rows, k), n = a.shape, y.shape[1]
+        src_md, dst_md = api.Desc.make((rows, k), "ab"), api.Desc.make((rows, n), "ab")
+        bias_md = api.Desc.make((1, n), "ab") if bias is not None else None
+        attr = api.Attr(CONV_ACTIVATIONS[spec.attr("activation")], add=dst_md if residual is not None else None,
+                        alpha=float(spec.attr("activation_alpha", 0.0)),
+                        beta=float(spec.attr("activation_beta", 0.0)))
+        w_md = api.Desc.make((k, n), "ab")
+        prim = create(spec, "matmul", src_md.handle, w_md.handle, bias_md.handle if bias_md else None,
+                      dst_md.handle, attr=attr)
+        args = [(api.ARG_SRC, api.Memory(src_md, a.ctypes.data)), (api.ARG_WEIGHTS, api.Memory(w_md, w.ctypes.data)),
+                (api.ARG_DST, api.Memory(dst_md, y.ctypes.data))]
+        if bias is not None:
+            args.append((api.ARG_BIAS, api.Memory(bias_md, bias.ctypes.data)))
+        if residual is not None:
+            args.append((api.post_op_arg(attr.binary_index, api.ARG_SRC_1), api.Memory(dst_md, residual.ctypes.data)))
+        pad = np.empty(prim.scratchpad_bytes, np.uint8)  # its own: the arena planned none for this kernel
+        self.private_bytes += pad.nbytes
+        if pad.size:
+            args.append((api.ARG_SCRATCHPAD, api.Memory(prim.md(api.Q_SCRATCHPAD_MD), pad.ctypes.data)))
+        run = prim.launch(args)
+        run.held = (pad, a, w, y, bias, residual)  # type: ignore[attr-defined]  # alive with the launch
+        return run
 
 
 # Weights formats tried, in order, when the one oneDNN prefers is padded and prefer="memory" (measured: given
