@@ -57,6 +57,17 @@ def activation(act: str | None, approximate: str = "none", alpha: float = 1.0) -
     return act
 
 
+def conv_activation(attrs: dict) -> tuple[str | None, float, float] | None:
+    """A Conv's fused activation (its `activation`, `activation_alpha`, `activation_beta` attributes) as this
+    kernel's epilogue computes it, (ACTIVATIONS or PARAMETERIZED key, alpha, beta), or None where it has none
+    (Tanh, Sigmoid, Elu, a Swish of alpha other than 1)."""
+    act = attrs.get("activation")
+    alpha, beta = float(attrs.get("activation_alpha", 0.0)), float(attrs.get("activation_beta", 0.0))
+    if act == "Swish" and alpha != 1.0 or act not in ACTIVATIONS and act not in PARAMETERIZED:
+        return None
+    return act, alpha, beta
+
+
 def takes(rows: int, trans: bool) -> bool:
     """Whether a GEMM of `rows` rows by W stored [N, K] (`trans`) or [K, N] runs here (where the extension is)."""
     return 0 < rows < ROWS or not trans and 0 < rows <= GEMM_ROWS

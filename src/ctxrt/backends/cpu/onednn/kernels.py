@@ -217,7 +217,7 @@ def conv(spec: NodeSpec) -> Kernel:
     residual = bool(spec.attr("residual", 0))
     if spec.attr("any_rows") or (not packed and spec.options.get("ranges") and g == 1 and (kh, kw) == (1, 1)
                                  and strides == [1, 1] and pb == pe == [0, 0] and _rows(src, x) and _rows(dst, y)
-                                 and native.library() is not None and _native_act(spec) is not None):
+                                 and native.library() is not None and gemv.conv_activation(spec.attrs) is not None):
         return AnyRows(spec, m, cg, has_bias, residual)
     wdims = _weights_dims(m, cg, kh, kw, g)
     src_md = api.Desc.make(x, _tag(src, x, dst))
@@ -255,18 +255,6 @@ def _rows(layout: Layout, logical: tuple[int, ...]) -> bool:
     return layout.channels_last or logical[2] * logical[3] == 1
 
 
-def _native_act(spec: NodeSpec) -> tuple[str | None, float, float] | None:
-    """A Conv's fused activation as csrc/gemv.c's epilogue computes it (gemv.ACTIVATIONS or PARAMETERIZED, alpha,
-    beta), or None where it has none (Tanh, Sigmoid, Elu, a Swish of alpha other than 1)."""
-    act = spec.attr("activation")
-    alpha, beta = float(spec.attr("activation_alpha", 0.0)), float(spec.attr("activation_beta", 0.0))
-    if act == "Swish" and alpha != 1.0:
-        return None
-    if act in gemv.ACTIVATIONS or act in gemv.PARAMETERIZED:
-        return act, alpha, beta
-    return None
-
-
 class AnyRows(Kernel):
     """A 1x1 convolution (stride 1, no padding, one group) over channels-last rows in a range program: a GEMM of
     (images x pixels) rows by the weights stored [K, N], run by csrc/gemv.c's many-rows kernel with the bias, the
@@ -280,7 +268,7 @@ class AnyRows(Kernel):
 
     def __init__(self, spec: NodeSpec, m: int, k: int, has_bias: bool, residual: bool) -> None:
         self.spec, self.shape, self.has_bias, self.residual = spec, (k, m), has_bias, residual
-        self.act = _native_act(spec)
+        self.act = gemv.conv_activation(spec.attrs)
         self.private_bytes = 0  # (its spec's constants are the model's: not its own)
         if spec.attr("any_rows"):
             self.attrs, self.constants = {}, {}
