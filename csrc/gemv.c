@@ -215,13 +215,15 @@ static void rows_chunk(const void *arg, int64_t c) {
 typedef void (*gomp_parallel_fn)(void (*)(void *), void *, unsigned, unsigned);
 typedef int (*omp_int_fn)(void);
 static gomp_parallel_fn omp_parallel;
-static omp_int_fn omp_thread_num, omp_num_threads;
+static omp_int_fn omp_thread_num, omp_num_threads, omp_max_threads;
 
-/* libgomp's GOMP_parallel, omp_get_thread_num and omp_get_num_threads (all three, or none). Returns 0. */
-int ctxrt_openmp(void *parallel, void *thread_num, void *num_threads) {
-    if (!parallel || !thread_num || !num_threads) parallel = thread_num = num_threads = 0;
+/* libgomp's GOMP_parallel, omp_get_thread_num, omp_get_num_threads and omp_get_max_threads (all four, or none).
+   Returns 0. */
+int ctxrt_openmp(void *parallel, void *thread_num, void *num_threads, void *max_threads) {
+    if (!parallel || !thread_num || !num_threads || !max_threads) parallel = thread_num = num_threads = max_threads = 0;
     omp_thread_num = (omp_int_fn)thread_num;
     omp_num_threads = (omp_int_fn)num_threads;
+    omp_max_threads = (omp_int_fn)max_threads;
     omp_parallel = (gomp_parallel_fn)parallel;
     return 0;
 }
@@ -234,15 +236,18 @@ static void rows_team(void *arg) {  /* one team thread's share: contiguous block
     if (b1 > b0) j->fn(j->p, b0 * ROWS_BLOCK, b1 * ROWS_BLOCK < m ? b1 * ROWS_BLOCK : m);
 }
 
-/* many rows (more than GEMM_ROWS_MAX) by W [k, n]: on OpenMP's team of p->threads where it was given, else on the
-   pool; 0, or -1 where this machine has no AVX2 (the caller's GEMV) */
+/* many rows (more than GEMM_ROWS_MAX) by W [k, n]: on OpenMP's team where it was given (of p->threads, or where
+   that is 0 or less of OpenMP's own count for the calling thread: the run's, which ctxrt sets before each run, so
+   that one struct serves every run and a batch or a shared list calls it as it is), else on the pool; 0, or -1
+   where this machine has no AVX2 (the caller's GEMV) */
 static int gemm_many(const gemv_args *p) {
     const rows_fn fn = avx512() ? rows_avx512 : avx2() ? rows_avx2 : 0;
     if (!fn) return -1;
     const int64_t work = p->m * p->k * p->n;
-    if (omp_parallel && p->threads > 1 && work >= ROWS_SHARED_WORK) {
+    const int64_t team = omp_parallel ? (p->threads > 0 ? p->threads : omp_max_threads()) : 0;
+    if (team > 1 && work >= ROWS_SHARED_WORK) {
         rows_job j = {p, 0, fn};
-        omp_parallel(rows_team, &j, (unsigned)p->threads, 0);
+        omp_parallel(rows_team, &j, (unsigned)team, 0);
         return 0;
     }
     const int granted = p->threads > 1 && work >= ROWS_SHARED_WORK ? ctxrt_pool_begin(p->threads) : 0;
@@ -268,10 +273,11 @@ int ctxrt_gemm_avx512(int64_t allowed) {
     (void)allowed;
     return 0;
 }
-int ctxrt_openmp(void *parallel, void *thread_num, void *num_threads) {
-    (void)parallel, (void)thread_num, (void)num_threads;
+int ctxrt_openmp(void *parallel, void *thread_num, void *num_threads, void *max_threads) {
+    (void)parallel, (void)thread_num, (void)num_threads, (void)max_threads;
     return 0;
 }
+
 #define gemv_avx2 gemv_c
 #endif
 
@@ -283,10 +289,28 @@ int ctxrt_gemv(const gemv_args *p) {
     return 0;
 }
 
+/* A GlobalAveragePool of channels-last images (gap_args), the channels' sums in y, in pixel order. Returns 0. */
+int ctxrt_gap(const gap_args *p) {
+    const int64_t c = p->c;
+    for (int64_t i = 0; i < p->n; i++) {
+        float *restrict y = p->y + i * c;
+        const float *x = p->x + i * p->p * c;
+#pragma omp simd
+        for (int64_t j = 0; j < c; j++) y[j] = 0.0f;
+        for (int64_t q = 0; q < p->p; q++, x += c) {
+#pragma omp simd
+            for (int64_t j = 0; j < c; j++) y[j] += x[j];
+        }
+#pragma omp simd
+        for (int64_t j = 0; j < c; j++) y[j] *= p->scale;
+    }
+    return 0;
+}
+
 /* y = act(x) over n floats, 8 lanes at a time in the AVX2 copy (erf, erfc: N. Juffa's, csrc/vmath.h). Returns 0. */
 int ctxrt_act(const act_args *p) {
     if (p->y != p->x) memmove(p->y, p->x, (size_t)p->n * sizeof(float));
-    if (avx2()) act_row_avx2(p->y, 0, p->n, (int)p->act, 0.0f, 0.0f);
-    else act_row_c(p->y, 0, p->n, (int)p->act, 0.0f, 0.0f);
+    if (avx2()) act_row_avx2(p->y, 0, p->n, (int)p->act, p->alpha, p->beta);
+    else act_row_c(p->y, 0, p->n, (int)p->act, p->alpha, p->beta);
     return 0;
 }

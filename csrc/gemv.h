@@ -18,7 +18,8 @@ typedef struct {
     int64_t act;            /* after the bias and the residual: 0 none, 1 Relu, 2 GELU (erf), 3 GELU (tanh), 4 SiLU,
                                7 HardSwish x clamp(alpha x + beta, 0, 1), 8 Clip to [alpha, beta], 9 LeakyRelu (slope
                                alpha), 10 HardSigmoid clamp(alpha x + beta, 0, 1) */
-    int64_t threads;        /* threads sharing the work, the caller's included (1: the caller's only) */
+    int64_t threads;        /* threads sharing the work, the caller's included (1: the caller's only; many rows on
+                               OpenMP's team: 0 or less, OpenMP's count for the calling thread) */
     float alpha, beta;      /* the activation's parameters (7 .. 10) */
 } gemv_args;
 
@@ -26,10 +27,18 @@ typedef struct {            /* y = act(x) over n floats (y may be x): an activat
     int64_t n;
     const float *x;
     float *y;
-    int64_t act;            /* csrc/vmath.h act8's codes: gemv_args.act's, 5 GELU by erfc, 6 erf */
+    int64_t act;            /* csrc/vmath.h act8's codes: gemv_args.act's, 5 GELU by erfc, 6 erf; 7 .. 10 gemv_args' */
+    float alpha, beta;      /* the parameters of codes 7 .. 10 */
 } act_args;
 
-int ctxrt_openmp(void *parallel, void *thread_num, void *num_threads);
+typedef struct {            /* y[i, :] = scale * sum over q of x[i, q, :]: a GlobalAveragePool of channels-last images */
+    int64_t n, p, c;        /* images, pixels, channels */
+    const float *x;         /* [n, p, c] */
+    float *y;               /* [n, c] */
+    float scale;            /* 1 / p */
+} gap_args;
+
+int ctxrt_openmp(void *parallel, void *thread_num, void *num_threads, void *max_threads);
 int ctxrt_gemm_avx512(int64_t allowed);
 
 #endif

@@ -137,7 +137,7 @@ def test_many_rows_gemm_shapes_and_threads(m, k, n, nthreads, monkeypatch) -> No
     lib = native.library()
     for team, avx512 in ((True, True), (False, True), (True, False)):
         if not team:  # the library without OpenMP's entry points: the pool shares the rows
-            lib.ctxrt_openmp(None, None, None)
+            lib.ctxrt_openmp(None, None, None, None)
         lib.ctxrt_gemm_avx512(int(avx512))  # the AVX2 blocks (6 rows by 16 columns) where the CPU has AVX-512 too
         try:
             y = np.full((m, n), np.nan, np.float32)
@@ -145,7 +145,7 @@ def test_many_rows_gemm_shapes_and_threads(m, k, n, nthreads, monkeypatch) -> No
             assert run is not None
             run()
         finally:
-            lib.ctxrt_openmp(*native._STATE.get("openmp_entries", (None,) * 3))
+            lib.ctxrt_openmp(*native._STATE.get("openmp_entries", (None,) * 4))
             lib.ctxrt_gemm_avx512(1)
         np.testing.assert_allclose(y, expect, rtol=1e-4, atol=1e-4 * math.sqrt(k))
 

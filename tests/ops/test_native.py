@@ -246,3 +246,26 @@ def test_small_softmax_and_layernorm_run_native_rows(rows, monkeypatch) -> None:
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert built.count("_NativeRows") == (2 if rows == 3 else 0), built
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (3, 49, 17), (12, 256, 16), (2, 16, 240)])
+def test_global_average_pool_of_channels_last_images(shape) -> None:
+    """csrc/gemv.c's ctxrt_gap (a range program's GlobalAveragePool, onednn.kernels._gap_launch) and the NumPy
+    loop it falls back to where the extension is missing: the mean over pixels of [n, pixels, c]."""
+    from ctxrt.backends.cpu.onednn.kernels import _gap_launch
+
+    rng = np.random.default_rng(2)
+    n, p, c = shape
+    x = rng.standard_normal((n, 1, p, c)).astype(np.float32)
+    want = x.astype(np.float64).mean(axis=(1, 2))
+    y = np.full((n, c, 1, 1), np.nan, np.float32)
+    _gap_launch([x], [y])()
+    np.testing.assert_allclose(y.reshape(n, c), want, rtol=1e-5, atol=1e-6)
+    if native.library() is not None:
+        assert native.gap(x.reshape(n, p, c), y.reshape(n, c)) is not None
+        assert p == 1 or native.gap(x.reshape(n, p, c)[:, ::2], y.reshape(n, c)) is None  # not contiguous
+        y[:] = np.nan
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(native, "library", lambda: None)
+            _gap_launch([x], [y])()
+        np.testing.assert_allclose(y.reshape(n, c), want, rtol=1e-5, atol=1e-6)

@@ -142,6 +142,8 @@ class ExtentRunner:
         self.cache: dict[int, OrderedDict[tuple[int, ...], Made]] = {k: OrderedDict() for k in makers}
         # kernels of steps whose changing constants their kernel reads only when it runs, by step and shapes
         self.by_shape: dict[tuple[int, Any], Any] = {}
+        # kernels that bind arrays of any shape (`any_shape`: their code and constants do not depend on it), by step
+        self.shape_free: dict[int, Any] = {}
         self.kernels_built = 0  # kernels made for sets of dims (AtDims.built: the new ones of a set)
         self.work = [step_work(s) for s in g.compiled.steps]  # at the upper bound: bounds every shape inside
         fixed = [w for k, w in enumerate(self.work) if k not in makers]
@@ -241,6 +243,7 @@ class ExtentRunner:
         self.shared.clear()
         self.cur = []
         self.by_shape.clear()
+        self.shape_free.clear()
         self.internal_io, self.extents = None, []
 
     @classmethod
@@ -466,7 +469,9 @@ class ExtentRunner:
         if made.make is None:
             made.make = small_rows(step)
             made.blas = made.make is not None and native.library() is None  # NumPy's GEMV (else the native one)
-        if made.make is None:
+        if made.make is None:  # a kernel that binds any shape (AnyRows, ShapeFree): the one made before
+            made.kernel = self.shape_free.get(k)
+        if made.make is None and made.kernel is None:
             weights = ctx.host_weights
             spec = NodeSpec(step.op, step.name, step.attrs,
                             [TensorSpec(r.shape, np.dtype(r.dtype)) if r else None for r in step.inputs],
@@ -487,6 +492,9 @@ class ExtentRunner:
                     self.by_shape[shapes] = made.kernel
                     if len(self.by_shape) > PER_STEP * 4:
                         self.by_shape.pop(next(iter(self.by_shape)))
+                if getattr(made.kernel, "any_shape", False):
+                    self.shape_free[k] = made.kernel
+        if made.kernel is not None:
             made.blas = bool(made.kernel.blas)
             planned = [ref.nbytes for ref in step.scratch]
             sizes = [int(n) for n in made.kernel.scratch]

@@ -104,10 +104,13 @@ def launch(a: np.ndarray, w: np.ndarray, trans: bool, y: np.ndarray, bias: np.nd
     args = native.GemvArgs(m=m, k=k, n=n, a=pa, lda=k, w=pw, trans=int(trans), bias=pb, residual=pr, ldr=n, y=py,
                            ldy=n, accumulate=int(accumulate), act=code, threads=1, alpha=alpha, beta=beta)
     keep = (a, w, y, bias, residual)
-    if many and m > GEMM_ROWS:  # shared on OpenMP's team where oneDNN loaded it (csrc/gemv.c, gemm_many)
-        if m * k * n < MANY_SHARED_WORK:
+    if many and m > GEMM_ROWS:  # shared on OpenMP's team where oneDNN loaded it (csrc/gemv.c, gemm_many): of the
+        if m * k * n < MANY_SHARED_WORK:  # run's OpenMP count, read in C (one struct for every run: batched,
+            return native.launch("ctxrt_gemv", args, keep)  # and in a shared list's slots)
+        if native.openmp_team():
+            args.threads = 0
             return native.launch("ctxrt_gemv", args, keep)
-        return native.threaded_launch("ctxrt_gemv", args, keep, team=native.openmp_team())
+        return native.threaded_launch("ctxrt_gemv", args, keep)
     if w.nbytes < THREADED_BYTES and m * k * n < SHARED_WORK:
         return native.launch("ctxrt_gemv", args, keep)
     return native.threaded_launch("ctxrt_gemv", args, keep)

@@ -177,7 +177,26 @@ class Affine8Args(ctypes.Structure):
 class ActArgs(ctypes.Structure):
     """csrc/gemv.h's act_args: y = act(x) over n floats (`act`: csrc/vmath.h act8's codes)."""
 
-    _fields_ = [("n", ctypes.c_int64), ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("act", ctypes.c_int64)]
+    _fields_ = [("n", ctypes.c_int64), ("x", ctypes.c_void_p), ("y", ctypes.c_void_p), ("act", ctypes.c_int64),
+                ("alpha", ctypes.c_float), ("beta", ctypes.c_float)]
+
+
+class GapArgs(ctypes.Structure):
+    """csrc/gemv.h's gap_args: a GlobalAveragePool of channels-last images."""
+
+    _fields_ = [("n", ctypes.c_int64), ("p", ctypes.c_int64), ("c", ctypes.c_int64), ("x", ctypes.c_void_p),
+                ("y", ctypes.c_void_p), ("scale", ctypes.c_float)]
+
+
+def gap(x: np.ndarray, y: np.ndarray) -> Any | None:
+    """The launch of y[n, c] = the mean over pixels of x[n, pixels, c] (float32, C-contiguous; csrc/gemv.c's
+    ctxrt_gap), or None where they do not fit it; the library must be loaded."""
+    if x.ndim != 3 or y.shape != (x.shape[0], x.shape[2]) or x.dtype != np.float32 or y.dtype != np.float32 \
+            or not x.flags.c_contiguous or not y.flags.c_contiguous or not x.size or not x.shape[1]:
+        return None
+    args = GapArgs(n=x.shape[0], p=x.shape[1], c=x.shape[2], x=x.ctypes.data, y=y.ctypes.data,
+                   scale=1.0 / x.shape[1])
+    return launch("ctxrt_gap", args, (x, y))
 
 
 class Sum8Args(ctypes.Structure):
@@ -286,13 +305,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
     for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "dynquant", "qmatmul",
                  "igemm", "swish", "lstm", "gru", "ln_rows", "softmax_rows", "lut8", "affine8", "act", "sum8", "ew",
-                 "batch", "dnnl", "bmm", "trilu", "range"):
+                 "batch", "dnnl", "bmm", "trilu", "range", "gap"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     lib.ctxrt_nbits4_dequantize.restype = ctypes.c_int
     lib.ctxrt_isa.argtypes, lib.ctxrt_isa.restype = [], ctypes.c_char_p
-    lib.ctxrt_openmp.argtypes, lib.ctxrt_openmp.restype = [ctypes.c_void_p] * 3, ctypes.c_int
+    lib.ctxrt_openmp.argtypes, lib.ctxrt_openmp.restype = [ctypes.c_void_p] * 4, ctypes.c_int
     lib.ctxrt_gemm_avx512.argtypes, lib.ctxrt_gemm_avx512.restype = [ctypes.c_int64], ctypes.c_int
 
 
@@ -311,10 +330,10 @@ def openmp_team() -> bool:
             return False  # not kept: libgomp may be loaded later (with oneDNN)
         try:
             gomp = ctypes.CDLL(found)
-            entries = [ctypes.cast(getattr(gomp, name), ctypes.c_void_p).value
-                       for name in ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")]
+            names = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads", "omp_get_max_threads")
+            entries = [ctypes.cast(getattr(gomp, name), ctypes.c_void_p).value for name in names]
         except (OSError, AttributeError):
-            entries = [None] * 3
+            entries = [None] * 4
         lib.ctxrt_openmp(*entries)
         _STATE["openmp"], _STATE["openmp_entries"] = entries[0] is not None, entries
     return _STATE["openmp"]
@@ -372,15 +391,12 @@ def launch(fn: str, args: ctypes.Structure, keep: tuple[Any, ...]) -> Any:
     return run
 
 
-def threaded_launch(fn: str, args: ctypes.Structure, keep: tuple[Any, ...], most: int = MAX_THREADS,
-                    team: bool = False) -> Any:
+def threaded_launch(fn: str, args: ctypes.Structure, keep: tuple[Any, ...], most: int = MAX_THREADS) -> Any:
     """The launch of kernel `fn` whose struct's `threads` is the run's idle cores (threads.idle_now, at most
-    `most`; `team`: its OpenMP count, threads.openmp_now, for a kernel on OpenMP's team), set as it runs; in a
-    batch, a copy of the struct per count (`native_at`)."""
+    `most`), set as it runs; in a batch, a copy of the struct per count (`native_at`)."""
     from ctxrt.backends.cpu import threads
 
-    ref, call = ctypes.byref(args), getattr(library(), fn)
-    idle, at = (threads.openmp_now, 0) if team else (threads.idle_now, 1)
+    ref, call, idle = ctypes.byref(args), getattr(library(), fn), threads.idle_now
     copies: dict[int, ctypes.Structure] = {}
 
     def run(_keep: object = keep) -> None:
@@ -388,7 +404,7 @@ def threaded_launch(fn: str, args: ctypes.Structure, keep: tuple[Any, ...], most
         call(ref)
 
     def native_at(key: tuple[int, int]) -> list[tuple[int, int]]:
-        count = min(key[at] or 1, most)
+        count = min(key[1] or 1, most)
         copy = copies.get(count)
         if copy is None:
             copy = copies[count] = type(args).from_buffer_copy(args)

@@ -265,6 +265,7 @@ class AnyRows(Kernel):
     made for the arrays' rows on the same weights."""
 
     algorithm = "native:gemm_rows"
+    any_shape = True  # one object binds every batch size (runtime/extents.py keeps it per step)
 
     def __init__(self, spec: NodeSpec, m: int, k: int, has_bias: bool, residual: bool) -> None:
         self.spec, self.shape, self.has_bias, self.residual = spec, (k, m), has_bias, residual
@@ -314,6 +315,41 @@ class AnyRows(Kernel):
         run = prim.launch(args)
         run.held = (pad, a, w, y, bias, residual)  # type: ignore[attr-defined]  # alive with the launch
         return run
+
+
+def shape_free(spec: NodeSpec) -> bool:
+    """Whether the node is compiled into a range program (or was: `any_shape`), whose kernels that exist in a form
+    independent of the shape (ShapeFree, AnyRows) are that form."""
+    return bool(spec.options.get("ranges") or spec.attr("any_shape"))
+
+
+class ShapeFree(Kernel):
+    """A kernel of a range program whose launch is made from the arrays alone (`bind(ins, outs)`): one object and
+    one piece of code for every shape (runtime/extents.py keeps it per step; docs/cpu.md)."""
+
+    any_shape = True
+
+    def __init__(self, bind: Callable[[list[Any], list[Any]], Callable[[], None]], algorithm: str) -> None:
+        self._bind, self.algorithm = bind, algorithm
+        self.attrs = {"any_shape": 1}
+
+    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Callable[[], None]:
+        return self._bind(ins, outs)
+
+
+def _gap_launch(ins: list[Any], outs: list[Any]) -> Callable[[], None]:
+    """GlobalAveragePool of channels-last images into one pixel (bytes (images, channels) in every layout)."""
+    n, h, w, c = ins[0].shape
+    x, y = ins[0].reshape(n, h * w, c), outs[0].reshape(n, c)
+    run = native.gap(x, y) if native.library() is not None else None
+    if run is not None:
+        return run
+    pixels = np.float32(h * w)
+
+    def numpy_gap() -> None:
+        np.add.reduce(x, axis=1, out=y)
+        np.divide(y, pixels, out=y)
+    return numpy_gap
 
 
 # Weights formats tried, in order, when the one oneDNN prefers is padded and prefer="memory" (measured: given
@@ -519,6 +555,9 @@ def avgpool(spec: NodeSpec) -> Kernel:
 
 def global_avgpool(spec: NodeSpec) -> Kernel:
     src, _ = _layouts(spec)
+    if shape_free(spec) and src.channels_last and np.dtype(spec.inputs[0].dtype) == np.float32 \
+            and np.dtype(spec.outputs[0].dtype) == np.float32:
+        return ShapeFree(_gap_launch, "native:gap")
     return _pool(spec, api.POOLING_AVG_EXCLUDE, tuple(src.logical(spec.inputs[0].shape)[2:]))
 
 
@@ -581,6 +620,16 @@ def eltwise(spec: NodeSpec) -> Kernel:
         alg, alpha, beta = api.ELTWISE_HARDSWISH, spec.attr("alpha", 1 / 6), spec.attr("beta", 0.5)
     else:  # clip(alpha x + beta, 0, 1)
         alg, alpha, beta = api.ELTWISE_HARDSIGMOID, spec.attr("alpha", 0.2), spec.attr("beta", 0.5)
+    if shape_free(spec) and native.library() is not None:  # csrc/gemv.c's ctxrt_act (codes 7, 10): one pass
+        code = gemv.PARAMETERIZED[spec.op]
+
+        def act(ins: list[Any], outs: list[Any]) -> Callable[[], None]:
+            x, y = ins[0], outs[0]
+            return native.launch("ctxrt_act", native.ActArgs(n=y.size, x=x.ctypes.data, y=y.ctypes.data, act=code,
+                                                             alpha=alpha, beta=beta), (x, y))
+        kernel = ShapeFree(act, "native:act")
+        kernel.attrs = {"any_shape": 1, "kernel": "onednn"}
+        return kernel
     md = api.Desc.make((size,), "a")
 
     def make(nthr: int | None = None) -> api.Primitive:
@@ -635,7 +684,9 @@ def layernorm(spec: NodeSpec) -> Kernel:
 
 
 def reorder(spec: NodeSpec) -> Kernel:
-    """Between layouts (`from`, `to` attributes)."""
+    """Between layouts (`from`, `to` attributes). (In a range program too: a native transposing copy of a CNN's
+    NCHW input into NHWC, its innermost axis 3 channels 16 KB apart, made MobileNetV3's batch cycle 1.0 -> 1.3-1.6x
+    onnxruntime.)"""
     api.require(f"Reorder {spec.name!r}")
     src, dst = LAYOUTS[spec.attr("from")], LAYOUTS[spec.attr("to")]
     x = src.logical(spec.inputs[0].shape)
