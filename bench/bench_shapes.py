@@ -11,7 +11,9 @@
   already compiled), "steady": the second generation (the same past lengths again); then peak RSS beyond the
   weights of each, each in a fresh process (sampled every millisecond; both runtimes' libraries, oneDNN's and
   ctxrt's compiler and kernel modules included, loaded before the baseline);
-- **batch cycle**: MobileNetV3 (dynamo export) at batch 1, 2, ..., 12, cycled 3 times: median ms per call.
+- **batch cycle**: MobileNetV3 (dynamo export) at batch 1, 2, ..., 12, cycled 3 times: median ms per call (the
+  first cycle, where each runtime meets each size for the first time, included); and apart, the median of the
+  second and third cycles' calls and the mean of the first cycle's (its first call, the compile, left out).
 
     .venv/bin/python bench/bench_shapes.py [--rounds R] [--json]
 
@@ -190,6 +192,8 @@ def batch_cycle(rounds: int) -> dict[str, float]:
     path = exported.exported_model("mobilenet_v3", "dynamo")
     feeds = [exported.exported_feeds("mobilenet_v3", b) for b in range(1, 13)]
     times: dict[str, list[float]] = {"ctxrt": [], "onnxruntime": []}
+    later: dict[str, list[float]] = {"ctxrt": [], "onnxruntime": []}  # cycles 2 and 3
+    first: dict[str, list[float]] = {"ctxrt": [], "onnxruntime": []}  # cycle 1 but its first call
     compiles = 0
     for r in range(rounds):
         order = ["ctxrt", "onnxruntime"] if r % 2 == 0 else ["onnxruntime", "ctxrt"]
@@ -203,10 +207,16 @@ def batch_cycle(rounds: int) -> dict[str, float]:
                     sess.run(None, f)
                     per_call.append(time.perf_counter() - t)
             times[kind].append(statistics.median(per_call) * 1e3)
+            later[kind].append(statistics.median(per_call[len(feeds):]) * 1e3)
+            first[kind].append(statistics.mean(per_call[1:len(feeds)]) * 1e3)
             if kind == "ctxrt":
                 compiles = sess.stats["shape_variants_compiled"]
     c, o = statistics.median(times["ctxrt"]), statistics.median(times["onnxruntime"])
-    return {"ctxrt_ms": c, "onnxruntime_ms": o, "ratio": c / o, "ctxrt_compiles": compiles}
+    lc, lo = statistics.median(later["ctxrt"]), statistics.median(later["onnxruntime"])
+    fc, fo = statistics.median(first["ctxrt"]), statistics.median(first["onnxruntime"])
+    return {"ctxrt_ms": c, "onnxruntime_ms": o, "ratio": c / o, "ctxrt_compiles": compiles,
+            "later_ctxrt_ms": lc, "later_onnxruntime_ms": lo, "later_ratio": lc / lo,
+            "first_cycle_ctxrt_ms": fc, "first_cycle_onnxruntime_ms": fo}
 
 
 def main() -> None:
@@ -233,7 +243,10 @@ def main() -> None:
               f"{m:>15.1f} MiB ({m / max(mem['onnxruntime']['rss_beyond_weights_mib'], 1e-9):.2f}x)")
     print(f"  weights {mem['onnxruntime']['weights_mib']:.1f} MiB")
     print(f"MobileNetV3 batch 1..12 x3: ctxrt {cyc['ctxrt_ms']:.2f} ms, onnxruntime {cyc['onnxruntime_ms']:.2f} ms "
-          f"per call, ratio {cyc['ratio']:.2f} ({cyc['ctxrt_compiles']} compile)")
+          f"per call, ratio {cyc['ratio']:.2f} ({cyc['ctxrt_compiles']} compile); cycles 2-3 alone "
+          f"{cyc['later_ctxrt_ms']:.2f} / {cyc['later_onnxruntime_ms']:.2f} ms, ratio {cyc['later_ratio']:.2f}; "
+          f"the first cycle's new sizes {cyc['first_cycle_ctxrt_ms']:.2f} / {cyc['first_cycle_onnxruntime_ms']:.2f} "
+          "ms a call")
 
 
 if __name__ == "__main__":
