@@ -198,6 +198,8 @@ int ctxrt_gemm_avx512(int64_t allowed) {
 
 static int avx512(void) { return rows_avx512_allowed && __builtin_cpu_supports("avx512f"); }
 
+int ctxrt_gemm_allows_avx512(void) { return rows_avx512_allowed; }
+
 typedef void (*rows_fn)(const gemv_args *p, int64_t r0, int64_t r1);
 typedef struct { const gemv_args *p; int64_t chunks; rows_fn fn; } rows_job;
 
@@ -226,6 +228,23 @@ int ctxrt_openmp(void *parallel, void *thread_num, void *num_threads, void *max_
     omp_max_threads = (omp_int_fn)max_threads;
     omp_parallel = (gomp_parallel_fn)parallel;
     return 0;
+}
+
+typedef struct { void (*fn)(void *, int64_t, int64_t); void *arg; } team_job;
+
+static void team_thread(void *arg) {
+    const team_job *j = (const team_job *)arg;
+    j->fn(j->arg, omp_thread_num(), omp_num_threads());
+}
+
+void ctxrt_team_run(void (*fn)(void *arg, int64_t t, int64_t count), void *arg, int64_t threads) {
+    const int64_t team = omp_parallel ? (threads > 0 ? threads : omp_max_threads()) : 1;
+    if (team <= 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    team_job j = {fn, arg};
+    omp_parallel(team_thread, &j, (unsigned)team, 0);
 }
 
 static void rows_team(void *arg) {  /* one team thread's share: contiguous blocks of rows */
@@ -277,6 +296,11 @@ int ctxrt_openmp(void *parallel, void *thread_num, void *num_threads, void *max_
     (void)parallel, (void)thread_num, (void)num_threads, (void)max_threads;
     return 0;
 }
+void ctxrt_team_run(void (*fn)(void *arg, int64_t t, int64_t count), void *arg, int64_t threads) {
+    (void)threads;
+    fn(arg, 0, 1);
+}
+int ctxrt_gemm_allows_avx512(void) { return 0; }
 
 #define gemv_avx2 gemv_c
 #endif

@@ -40,5 +40,11 @@ typedef struct {            /* y[i, :] = scale * sum over q of x[i, q, :]: a Glo
 
 int ctxrt_openmp(void *parallel, void *thread_num, void *num_threads, void *max_threads);
 int ctxrt_gemm_avx512(int64_t allowed);
+int ctxrt_gemm_allows_avx512(void);  /* what ctxrt_gemm_avx512 last set (1 by default; also csrc/dwconv.c's) */
+int ctxrt_act(const act_args *p);
+
+/* fn(arg, t, count) for each thread t of OpenMP's team of `threads` (0 or less: OpenMP's count for the calling
+   thread) where ctxrt_openmp was given libgomp's entry points, else fn(arg, 0, 1) on the calling thread */
+void ctxrt_team_run(void (*fn)(void *arg, int64_t t, int64_t count), void *arg, int64_t threads);
 
 #endif

@@ -50,3 +50,92 @@ def test_direct_depthwise_with_bias_input_residual_and_relu_in_bands(monkeypatch
 def test_large_outputs_keep_the_batched_gemm() -> None:
     """Above MAX_PIXELS output pixels NumPy's two passes per tap lose to im2col + one GEMM per channel."""
     assert nn.conv(_spec(1, 136, 28, 28, 3, 1, 1, [1, 1, 1, 1])).algorithm == "im2col_gemm"
+
+
+# -- csrc/dwconv.c: a range program's depthwise convs over channels-last images --------------------------------
+def _dw_reference(x, w, bias, residual, window, act, alpha, beta, oh, ow):
+    """float64 depthwise conv of x [n, h, w, c] by w [kh, kw, c], then the epilogue."""
+    sh, sw, ph, pw, dh, dw = window
+    n, h, wd, c = x.shape
+    kh, kw, _ = w.shape
+    pad = np.zeros((n, h + 2 * (ph + kh * dh), wd + 2 * (pw + kw * dw), c))
+    pad[:, ph:ph + h, pw:pw + wd] = x
+    y = np.zeros((n, oh, ow, c)) + (0 if bias is None else bias)
+    for ky in range(kh):
+        for kx in range(kw):
+            y += pad[:, ky * dh:ky * dh + sh * oh:sh, kx * dw:kx * dw + sw * ow:sw][:, :oh, :ow] * w[ky, kx]
+    if residual is not None:
+        y += residual
+    if act == 1:
+        y = np.maximum(y, 0)
+    elif act == 7:
+        y = y * np.clip(alpha * y + beta, 0, 1)
+    elif act == 8:
+        y = np.clip(y, alpha, beta)
+    elif act == 4:
+        y = y / (1 + np.exp(-y))
+    return y
+
+
+DW_CASES = {  # (n, h, w, c, kernel, stride, dilation, pads before)
+    "3x3 s1 c16": (2, 7, 7, 16, 3, 1, 1, 1),
+    "3x3 s2 c17": (3, 9, 13, 17, 3, 2, 1, 1),
+    "5x5 s1 small image": (2, 4, 4, 240, 5, 1, 1, 2),
+    "5x5 s2 c40": (1, 11, 10, 40, 5, 2, 1, 2),
+    "3x3 s2 no pad c24": (2, 16, 19, 24, 3, 2, 1, 0),
+    "dilated c1": (2, 12, 12, 1, 3, 1, 2, 2),
+    "7x7 no pad c33": (1, 15, 9, 33, 7, 1, 1, 0),
+    "wide row c8": (4, 3, 37, 8, 3, 1, 1, 1),
+    "3x3 s3 c16": (1, 10, 10, 16, 3, 3, 1, 1),
+}
+
+
+@pytest.mark.parametrize("case", list(DW_CASES), ids=list(DW_CASES))
+@pytest.mark.parametrize("act,alpha,beta", [(0, 0.0, 0.0), (1, 0.0, 0.0), (7, 1 / 6, 0.5), (8, -0.5, 0.5),
+                                            (4, 0.0, 0.0)], ids=["none", "relu", "hardswish", "clip", "silu"])
+def test_native_dwconv_against_numpy(case, act, alpha, beta) -> None:
+    """Borders, strides 1-3, dilation, no padding, windows 3, 5 and 7 wide, channel tails (1, 8, 17, 24, 33, 40,
+    240 channels), rows of up to 37 pixels (groups of 8 and 4 and their tails), bias and residual, the activations
+    with a vector form and one applied after (SiLU), on OpenMP's team of the run, on AVX-512's window-row kernels
+    (strides 1 and 2 by windows 3 and 5), its one-pixel kernel (the others) and the portable loop."""
+    from ctxrt.backends.cpu import native
+    from ctxrt.backends.cpu.onednn import api
+
+    if native.library() is None:
+        pytest.skip("the native extension is not built here")
+    api.library()
+    native.openmp_team()
+    n, h, w, c, k, s, d, p = DW_CASES[case]
+    oh = (h + 2 * p - d * (k - 1) - 1) // s + 1
+    ow = (w + 2 * p - d * (k - 1) - 1) // s + 1
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((n, h, w, c)).astype(np.float32)
+    wt = rng.standard_normal((k, k, c)).astype(np.float32) / k
+    bias = rng.standard_normal(c).astype(np.float32)
+    window = (s, s, p, p, d, d)
+    for residual in (None, rng.standard_normal((n, oh, ow, c)).astype(np.float32)):
+        want = _dw_reference(x.astype(np.float64), wt, bias, residual, window, act, alpha, beta, oh, ow)
+        for avx512 in (1, 0):
+            native.library().ctxrt_gemm_avx512(avx512)
+            try:
+                y = np.full((n, oh, ow, c), np.nan, np.float32)
+                run = native.dwconv(x, wt, y, bias, residual, window, act, alpha, beta)
+                assert run is not None
+                run()
+            finally:
+                native.library().ctxrt_gemm_avx512(1)
+            np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+def test_native_dwconv_declines_what_it_cannot_read() -> None:
+    from ctxrt.backends.cpu import native
+
+    if native.library() is None:
+        pytest.skip("the native extension is not built here")
+    x, w, y = np.ones((1, 4, 4, 8), np.float32), np.ones((3, 3, 8), np.float32), np.empty((1, 4, 4, 8), np.float32)
+    window = (1, 1, 1, 1, 1, 1)
+    assert native.dwconv(x, w, y, None, None, window, 0, 0.0, 0.0) is not None
+    assert native.dwconv(x.astype(np.float64), w, y, None, None, window, 0, 0.0, 0.0) is None
+    assert native.dwconv(x, np.ones((3, 3, 4), np.float32), y, None, None, window, 0, 0.0, 0.0) is None
+    assert native.dwconv(x, w, np.empty((1, 4, 8, 8), np.float32)[:, :, ::2], None, None, window, 0, 0.0, 0.0) is None
+    assert native.dwconv(x, w, y, np.ones(4, np.float32), None, window, 0, 0.0, 0.0) is None

@@ -245,9 +245,9 @@ def test_a_range_programs_pointwise_convs_run_one_kernel_for_every_batch(act, re
                                                                          ) -> None:
     """A 1x1 Conv over channels-last rows in a batch range runs csrc/gemv.c's many-rows GEMM with its bias,
     residual and activation fused (the same code at every batch: no oneDNN primitive per batch size), reading the
-    weights stored [K, N]; equal to onnxruntime at batch 1, 3 and 8, compiled and loaded from its binary; where
-    the extension is missing at run time, a oneDNN matmul on the same weights. An activation its epilogue lacks
-    (Sigmoid) keeps oneDNN's conv."""
+    weights stored [K, N], and a depthwise Conv csrc/dwconv.c (weights [kh, kw, C]); equal to onnxruntime at batch
+    1, 3 and 8, compiled and loaded from its binary; where the extension is missing at run time, oneDNN's matmul
+    and convolution on the same weights. An activation the GEMM's epilogue lacks (Sigmoid) keeps oneDNN's conv."""
     from ctxrt.backends.cpu import gemv, native
     from ctxrt.backends.cpu.onednn import api
 
@@ -262,19 +262,21 @@ def test_a_range_programs_pointwise_convs_run_one_kernel_for_every_batch(act, re
     algs = [s.algorithm for s in ctxrt.context_from_binary(tmp_path / "block.ctx").graph().compiled.steps
             if s.op == "Conv"]
     if native.library() is not None and api.available():
-        first = "onednn:conv" if act and act[0] == "Sigmoid" else "native:gemm_rows"
-        assert algs[0].startswith(first) and algs[2] == "native:gemm_rows", algs
+        native_act = not (act and act[0] == "Sigmoid")
+        assert algs == ["native:gemm_rows" if native_act else algs[0], "native:dwconv", "native:gemm_rows"], algs
+        assert native_act or algs[0].startswith("onednn:conv")
     for no_native in (False, True):
         if no_native:
             monkeypatch.setattr(gemv, "launch", lambda *args, **kwargs: None)
+            monkeypatch.setattr(native, "dwconv", lambda *args, **kwargs: None)
         g = ctxrt.context_from_binary(tmp_path / "block.ctx").graph()
         for n in (8, 1, 3, 8):
             want = theirs.run(None, feeds[n])[0]
             np.testing.assert_allclose(g.run(feeds[n])["y"], want, rtol=1e-5, atol=1e-5)
         # a kernel that binds any shape is made once per step (runtime/extents.py), the others once per batch size
-        free = {k for k, step in enumerate(g.compiled.steps) if step.attrs.get("any_rows")}
+        free = {k for k, step in enumerate(g.compiled.steps) if step.attrs.get("any_rows") or step.attrs.get("dw_rows")}
         assert set(g._extent.shape_free) == free & set(g._extent.makers)
-        assert len(free) == algs.count("native:gemm_rows")
+        assert len(free) == algs.count("native:gemm_rows") + algs.count("native:dwconv")
 
 
 MODELS = [(name, exp) for name in exported.MODELS for exp in ("dynamo", "legacy")

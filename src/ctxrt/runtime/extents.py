@@ -469,7 +469,7 @@ class ExtentRunner:
         if made.make is None:
             made.make = small_rows(step)
             made.blas = made.make is not None and native.library() is None  # NumPy's GEMV (else the native one)
-        if made.make is None:  # a kernel that binds any shape (AnyRows, ShapeFree): the one made before
+        if made.make is None:  # a kernel that binds any shape (AnyRows, DepthwiseRows, ShapeFree): the one made before
             made.kernel = self.shape_free.get(k)
         if made.make is None and made.kernel is None:
             weights = ctx.host_weights

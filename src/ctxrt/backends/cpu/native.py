@@ -199,6 +199,38 @@ def gap(x: np.ndarray, y: np.ndarray) -> Any | None:
     return launch("ctxrt_gap", args, (x, y))
 
 
+class DwArgs(ctypes.Structure):
+    """csrc/dwconv.h's dw_args: a depthwise convolution of channels-last images."""
+
+    _fields_ = [(name, ctypes.c_int64) for name in ("n", "h", "w", "c", "oh", "ow", "kh", "kw", "sh", "sw", "ph",
+                                                     "pw", "dh", "dw")] + \
+        [("x", ctypes.c_void_p), ("wt", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("residual", ctypes.c_void_p),
+         ("y", ctypes.c_void_p), ("act", ctypes.c_int64), ("alpha", ctypes.c_float), ("beta", ctypes.c_float),
+         ("threads", ctypes.c_int64)]
+
+
+def dwconv(x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None, residual: np.ndarray | None,
+           window: tuple[int, ...], act: int, alpha: float, beta: float) -> Any | None:
+    """The launch of y = act(depthwise conv(x) + bias (+ residual)) on channels-last float32 images x [n, h, w, c]
+    -> y [n, oh, ow, c], weights w [kh, kw, c], `window` (strides, pads before, dilations: sh, sw, ph, pw, dh, dw),
+    `act` csrc/gemv.h's code (csrc/dwconv.c: its rows on OpenMP's team of the run), or None where the arrays do
+    not fit it; the library must be loaded."""
+    arrays = [x, w, y] + [t for t in (bias, residual) if t is not None]
+    if x.ndim != 4 or y.ndim != 4 or w.ndim != 3 or x.shape[0] != y.shape[0] or len({x.shape[3], y.shape[3],
+                                                                                     w.shape[2]}) != 1 \
+            or any(t.dtype != np.float32 or not t.flags.c_contiguous for t in arrays) or not y.size \
+            or residual is not None and residual.shape != y.shape or bias is not None and bias.shape != (y.shape[3],):
+        return None
+    n, h, wd, c = x.shape
+    sh, sw, ph, pw, dh, dw = window
+    args = DwArgs(n=n, h=h, w=wd, c=c, oh=y.shape[1], ow=y.shape[2], kh=w.shape[0], kw=w.shape[1], sh=sh, sw=sw,
+                  ph=ph, pw=pw, dh=dh, dw=dw, x=x.ctypes.data, wt=w.ctypes.data,
+                  bias=None if bias is None else bias.ctypes.data,
+                  residual=None if residual is None else residual.ctypes.data, y=y.ctypes.data, act=act,
+                  alpha=alpha, beta=beta, threads=0)
+    return launch("ctxrt_dwconv", args, tuple(arrays))
+
+
 class Sum8Args(ctypes.Structure):
     """csrc/qelem.h's sum8_args: y[o, i] = sum over c of x[o, c, i], 8 bits into int32."""
 
@@ -305,7 +337,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
     for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "dynquant", "qmatmul",
                  "igemm", "swish", "lstm", "gru", "ln_rows", "softmax_rows", "lut8", "affine8", "act", "sum8", "ew",
-                 "batch", "dnnl", "bmm", "trilu", "range", "gap"):
+                 "batch", "dnnl", "bmm", "trilu", "range", "gap", "dwconv"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]

@@ -219,6 +219,10 @@ def conv(spec: NodeSpec) -> Kernel:
                                  and strides == [1, 1] and pb == pe == [0, 0] and _rows(src, x) and _rows(dst, y)
                                  and native.library() is not None and gemv.conv_activation(spec.attrs) is not None):
         return AnyRows(spec, m, cg, has_bias, residual)
+    if spec.attr("dw_rows") or (not packed and spec.options.get("ranges") and g > 1 and g == m == x[1] and cg == 1
+                                and src.channels_last and dst.channels_last and native.library() is not None
+                                and gemv.conv_activation(spec.attrs) is not None):
+        return DepthwiseRows(spec, (kh, kw), (*strides, *pb, *[d + 1 for d in dil]), has_bias, residual)
     wdims = _weights_dims(m, cg, kh, kw, g)
     src_md = api.Desc.make(x, _tag(src, x, dst))
     dst_md = api.Desc.make(y, _tag(dst, y, src))
@@ -319,7 +323,7 @@ class AnyRows(Kernel):
 
 def shape_free(spec: NodeSpec) -> bool:
     """Whether the node is compiled into a range program (or was: `any_shape`), whose kernels that exist in a form
-    independent of the shape (ShapeFree, AnyRows) are that form."""
+    independent of the shape (ShapeFree, AnyRows, DepthwiseRows) are that form."""
     return bool(spec.options.get("ranges") or spec.attr("any_shape"))
 
 
@@ -350,6 +354,81 @@ def _gap_launch(ins: list[Any], outs: list[Any]) -> Callable[[], None]:
         np.add.reduce(x, axis=1, out=y)
         np.divide(y, pixels, out=y)
     return numpy_gap
+
+
+class DepthwiseRows(Kernel):
+    """A depthwise convolution (one input and one output channel per group) over channels-last images in a range
+    program: csrc/dwconv.c, one object and the same code for every batch size (as AnyRows), its epilogue fused
+    (bias, residual, activation), the weights stored [kh, kw, C]. Where the extension is missing at run time,
+    oneDNN's convolution made for the arrays' batch, on those weights reordered into its format (its own copy)."""
+
+    algorithm = "native:dwconv"
+    any_shape = True
+
+    def __init__(self, spec: NodeSpec, kernel: tuple[int, int], window: tuple[int, ...], has_bias: bool,
+                 residual: bool) -> None:
+        self.spec, self.kernel, self.window, self.has_bias, self.residual = spec, kernel, window, has_bias, residual
+        self.act = gemv.conv_activation(spec.attrs)
+        self.private_bytes = 0  # (its spec's constants are the model's: not its own)
+        if spec.attr("dw_rows"):
+            self.attrs, self.constants = {}, {}
+        else:  # compiled now: the weights stored [kh, kw, C]
+            self.attrs = {"dw_rows": 1}
+            w = spec.consts[1]
+            c = w.shape[0]
+            self.constants = {} if spec.options.get("probe") else {1: memo(
+                "dw_rows", w, kernel, lambda: np.ascontiguousarray(w.reshape(c, -1).T).reshape(w.shape))}
+
+    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Callable[[], None]:
+        kh, kw = self.kernel
+        x, y = ins[0], outs[0]
+        c = x.shape[3]
+        w = ins[1].reshape(kh, kw, c)
+        bias = ins[2].reshape(c) if self.has_bias else None
+        residual = ins[3].reshape(y.shape) if self.residual else None
+        act, alpha, beta = self.act or (None, 0.0, 0.0)
+        code = gemv.ACTIVATIONS.get(act, gemv.PARAMETERIZED.get(act, 0)) if act else 0
+        run = native.dwconv(x, w, y, bias, residual, self.window, code, alpha, beta) \
+            if native.library() is not None else None
+        return run if run is not None else self._onednn(x, w, y, bias, residual)
+
+    def _onednn(self, x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None,
+                residual: np.ndarray | None) -> Callable[[], None]:
+        """oneDNN's depthwise convolution made for these images (the extension is missing)."""
+        spec = self.spec
+        (kh, kw), (sh, sw, ph, pw, dh, dw) = self.kernel, self.window
+        n, h, wd, c = x.shape
+        _, oh, ow, _ = y.shape
+        src_md, dst_md = api.Desc.make((n, c, h, wd), "acdb"), api.Desc.make((n, c, oh, ow), "acdb")
+        wdims = (c, 1, 1, kh, kw)
+        any_md = api.Desc.make(wdims, api.TAG_ANY)  # (held: the call reads it)
+        bias_md = api.Desc.make((c,), "a") if bias is not None else None
+        pe = [(o - 1) * s + (k - 1) * d + 1 - i - b for o, s, k, d, i, b in
+              ((oh, sh, kh, dh, h, ph), (ow, sw, kw, dw, wd, pw))]
+        attr = api.Attr(CONV_ACTIVATIONS[spec.attr("activation")], add=dst_md if residual is not None else None,
+                        alpha=float(spec.attr("activation_alpha", 0.0)),
+                        beta=float(spec.attr("activation_beta", 0.0)))
+        prim = create(spec, "convolution_forward", api.FORWARD_INFERENCE, api.CONVOLUTION_DIRECT, src_md.handle,
+                      any_md.handle, bias_md.handle if bias_md else None, dst_md.handle, api.Dims(sh, sw),
+                      api.Dims(dh - 1, dw - 1), api.Dims(ph, pw), api.Dims(*pe), attr=attr)
+        reject_reference(prim, spec)
+        w_md = prim.md(api.Q_WEIGHTS_MD)  # its depthwise kernel's format: the stored [kh, kw, C] reordered into it
+        packed = _prepack(w, wdims, "decab", w_md)
+        self.private_bytes += packed.nbytes
+        args = [(api.ARG_SRC, api.Memory(src_md, x.ctypes.data)),
+                (api.ARG_WEIGHTS, api.Memory(w_md, packed.ctypes.data)),
+                (api.ARG_DST, api.Memory(dst_md, y.ctypes.data))]
+        if bias is not None:
+            args.append((api.ARG_BIAS, api.Memory(bias_md, bias.ctypes.data)))
+        if residual is not None:
+            args.append((api.post_op_arg(attr.binary_index, api.ARG_SRC_1), api.Memory(dst_md, residual.ctypes.data)))
+        pad = np.empty(prim.scratchpad_bytes, np.uint8)  # its own: the arena planned none for this kernel
+        self.private_bytes += pad.nbytes
+        if pad.size:
+            args.append((api.ARG_SCRATCHPAD, api.Memory(prim.md(api.Q_SCRATCHPAD_MD), pad.ctypes.data)))
+        run = prim.launch(args)
+        run.held = (pad, packed, x, w, y, bias, residual)  # type: ignore[attr-defined]  # alive with the launch
+        return run
 
 
 # Weights formats tried, in order, when the one oneDNN prefers is padded and prefer="memory" (measured: given
