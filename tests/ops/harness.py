@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from typing import Any
@@ -286,3 +287,16 @@ def run_in_threads(work, n: int) -> None:
         t.join()
     if errors:
         raise errors[0]
+
+
+@contextlib.contextmanager
+def native_avx512(allowed: bool):
+    """Inside the block csrc/gemv.c's many-rows GEMM and csrc/dwconv.c run their AVX-512 kernels (allowed) or their
+    AVX2 / portable ones (as on a CPU without AVX-512)."""
+    from ctxrt.backends.cpu import native
+
+    native.library().ctxrt_gemm_avx512(int(allowed))
+    try:
+        yield
+    finally:
+        native.library().ctxrt_gemm_avx512(1)

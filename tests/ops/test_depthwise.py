@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from harness import check, rand
+from harness import check, native_avx512, rand
 from onnx import helper
 
 from ctxrt.backends.cpu import depthwise, nn
@@ -115,15 +115,12 @@ def test_native_dwconv_against_numpy(case, act, alpha, beta) -> None:
     window = (s, s, p, p, d, d)
     for residual in (None, rng.standard_normal((n, oh, ow, c)).astype(np.float32)):
         want = _dw_reference(x.astype(np.float64), wt, bias, residual, window, act, alpha, beta, oh, ow)
-        for avx512 in (1, 0):
-            native.library().ctxrt_gemm_avx512(avx512)
-            try:
-                y = np.full((n, oh, ow, c), np.nan, np.float32)
+        for avx512 in (True, False):
+            y = np.full((n, oh, ow, c), np.nan, np.float32)
+            with native_avx512(avx512):
                 run = native.dwconv(x, wt, y, bias, residual, window, act, alpha, beta)
                 assert run is not None
                 run()
-            finally:
-                native.library().ctxrt_gemm_avx512(1)
             np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
 

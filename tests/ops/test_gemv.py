@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from harness import native_avx512
 
 from ctxrt.backends.cpu import gemv, native, threads
 
@@ -138,15 +139,14 @@ def test_many_rows_gemm_shapes_and_threads(m, k, n, nthreads, monkeypatch) -> No
     for team, avx512 in ((True, True), (False, True), (True, False)):
         if not team:  # the library without OpenMP's entry points: the pool shares the rows
             lib.ctxrt_openmp(None, None, None, None)
-        lib.ctxrt_gemm_avx512(int(avx512))  # the AVX2 blocks (6 rows by 16 columns) where the CPU has AVX-512 too
-        try:
-            y = np.full((m, n), np.nan, np.float32)
-            run = gemv.launch(a, w, False, y, bias, act="Relu", many=True)
-            assert run is not None
-            run()
+        y = np.full((m, n), np.nan, np.float32)
+        try:  # (not avx512: the AVX2 blocks, 6 rows by 16 columns, where the CPU has AVX-512 too)
+            with native_avx512(avx512):
+                run = gemv.launch(a, w, False, y, bias, act="Relu", many=True)
+                assert run is not None
+                run()
         finally:
             lib.ctxrt_openmp(*native._STATE.get("openmp_entries", (None,) * 4))
-            lib.ctxrt_gemm_avx512(1)
         np.testing.assert_allclose(y, expect, rtol=1e-4, atol=1e-4 * math.sqrt(k))
 
 
@@ -166,16 +166,13 @@ def test_many_rows_gemm_epilogues(act, alpha, beta, epilogue, monkeypatch) -> No
         residual = RNG.standard_normal((m, n)).astype(np.float32) if epilogue in ("residual", "both", "in_place") \
             else None
         expect = _reference(a, w, bias, residual, act, alpha, beta)
-        for avx512 in (1, 0):
-            native.library().ctxrt_gemm_avx512(avx512)
-            try:
-                y = residual.copy() if epilogue == "in_place" else np.full((m, n), np.nan, np.float32)
+        for avx512 in (True, False):
+            y = residual.copy() if epilogue == "in_place" else np.full((m, n), np.nan, np.float32)
+            with native_avx512(avx512):
                 run = gemv.launch(a, w, False, y, bias, y if epilogue == "in_place" else residual, act, alpha,
                                   beta, many=True)
                 assert run is not None
                 run()
-            finally:
-                native.library().ctxrt_gemm_avx512(1)
             np.testing.assert_allclose(y, expect, rtol=1e-5, atol=2e-5)
 
 

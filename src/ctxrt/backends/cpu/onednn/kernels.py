@@ -259,6 +259,27 @@ def _rows(layout: Layout, logical: tuple[int, ...]) -> bool:
     return layout.channels_last or logical[2] * logical[3] == 1
 
 
+def _fallback_launch(owner: Kernel, prim: api.Primitive, args: list[tuple[int, api.Memory]], attr: api.Attr,
+                     dst: tuple[api.Desc, np.ndarray], bias: tuple[api.Desc | None, np.ndarray | None],
+                     residual: np.ndarray | None, held: tuple[Any, ...]) -> Callable[[], None]:
+    """The launch of a native kernel's oneDNN fallback (AnyRows, DepthwiseRows where the extension is missing): its
+    source and weights in `args`, then the output, the bias, the residual (binary post-op) and a scratchpad of its
+    own (the arena planned none for it: counted in `owner.private_bytes`); the arrays kept alive with it."""
+    dst_md, y = dst
+    args.append((api.ARG_DST, api.Memory(dst_md, y.ctypes.data)))
+    if bias[1] is not None:
+        args.append((api.ARG_BIAS, api.Memory(bias[0], bias[1].ctypes.data)))
+    if residual is not None:
+        args.append((api.post_op_arg(attr.binary_index, api.ARG_SRC_1), api.Memory(dst_md, residual.ctypes.data)))
+    pad = np.empty(prim.scratchpad_bytes, np.uint8)
+    owner.private_bytes = (owner.private_bytes or 0) + pad.nbytes
+    if pad.size:
+        args.append((api.ARG_SCRATCHPAD, api.Memory(prim.md(api.Q_SCRATCHPAD_MD), pad.ctypes.data)))
+    run = prim.launch(args)
+    run.held = (pad, y, bias[1], residual, *held)  # type: ignore[attr-defined]  # alive with the launch
+    return run
+
+
 class AnyRows(Kernel):
     """A 1x1 convolution (stride 1, no padding, one group) over channels-last rows in a range program: a GEMM of
     (images x pixels) rows by the weights stored [K, N], run by csrc/gemv.c's many-rows kernel with the bias, the
@@ -306,19 +327,8 @@ class AnyRows(Kernel):
         w_md = api.Desc.make((k, n), "ab")
         prim = create(spec, "matmul", src_md.handle, w_md.handle, bias_md.handle if bias_md else None,
                       dst_md.handle, attr=attr)
-        args = [(api.ARG_SRC, api.Memory(src_md, a.ctypes.data)), (api.ARG_WEIGHTS, api.Memory(w_md, w.ctypes.data)),
-                (api.ARG_DST, api.Memory(dst_md, y.ctypes.data))]
-        if bias is not None:
-            args.append((api.ARG_BIAS, api.Memory(bias_md, bias.ctypes.data)))
-        if residual is not None:
-            args.append((api.post_op_arg(attr.binary_index, api.ARG_SRC_1), api.Memory(dst_md, residual.ctypes.data)))
-        pad = np.empty(prim.scratchpad_bytes, np.uint8)  # its own: the arena planned none for this kernel
-        self.private_bytes += pad.nbytes
-        if pad.size:
-            args.append((api.ARG_SCRATCHPAD, api.Memory(prim.md(api.Q_SCRATCHPAD_MD), pad.ctypes.data)))
-        run = prim.launch(args)
-        run.held = (pad, a, w, y, bias, residual)  # type: ignore[attr-defined]  # alive with the launch
-        return run
+        args = [(api.ARG_SRC, api.Memory(src_md, a.ctypes.data)), (api.ARG_WEIGHTS, api.Memory(w_md, w.ctypes.data))]
+        return _fallback_launch(self, prim, args, attr, (dst_md, y), (bias_md, bias), residual, (a, w))
 
 
 def shape_free(spec: NodeSpec) -> bool:
@@ -414,21 +424,10 @@ class DepthwiseRows(Kernel):
         reject_reference(prim, spec)
         w_md = prim.md(api.Q_WEIGHTS_MD)  # its depthwise kernel's format: the stored [kh, kw, C] reordered into it
         packed = _prepack(w, wdims, "decab", w_md)
-        self.private_bytes += packed.nbytes
+        self.private_bytes = (self.private_bytes or 0) + packed.nbytes
         args = [(api.ARG_SRC, api.Memory(src_md, x.ctypes.data)),
-                (api.ARG_WEIGHTS, api.Memory(w_md, packed.ctypes.data)),
-                (api.ARG_DST, api.Memory(dst_md, y.ctypes.data))]
-        if bias is not None:
-            args.append((api.ARG_BIAS, api.Memory(bias_md, bias.ctypes.data)))
-        if residual is not None:
-            args.append((api.post_op_arg(attr.binary_index, api.ARG_SRC_1), api.Memory(dst_md, residual.ctypes.data)))
-        pad = np.empty(prim.scratchpad_bytes, np.uint8)  # its own: the arena planned none for this kernel
-        self.private_bytes += pad.nbytes
-        if pad.size:
-            args.append((api.ARG_SCRATCHPAD, api.Memory(prim.md(api.Q_SCRATCHPAD_MD), pad.ctypes.data)))
-        run = prim.launch(args)
-        run.held = (pad, packed, x, w, y, bias, residual)  # type: ignore[attr-defined]  # alive with the launch
-        return run
+                (api.ARG_WEIGHTS, api.Memory(w_md, packed.ctypes.data))]
+        return _fallback_launch(self, prim, args, attr, (dst_md, y), (bias_md, bias), residual, (packed, x, w))
 
 
 # Weights formats tried, in order, when the one oneDNN prefers is padded and prefer="memory" (measured: given
