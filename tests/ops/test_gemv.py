@@ -357,3 +357,23 @@ def test_fixed_programs_run_a_few_rows_natively(gelu, seq, monkeypatch) -> None:
     monkeypatch.setattr(native, "library", lambda: None)
     with ctxrt.InferenceSession(model, shapes={"x": [1, seq, 256]}) as sess:
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+
+
+@needs_native
+@pytest.mark.parametrize("m", [8, 11, 16])
+def test_wide_takes_nk_weights_up_to_16_rows(m, monkeypatch) -> None:
+    """`wide` (a range program's GEMM by (N, K) weights of at most WIDE_BYTES: a classifier in a batch loop): 8-16
+    rows on the native GEMV, equal to NumPy; larger weights, or without `wide`, left to the caller."""
+    monkeypatch.setattr(threads._CURRENT, "idle", 2, raising=False)
+    k, n = 96, 128
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    wkn = RNG.standard_normal((k, n)).astype(np.float32)
+    bias = RNG.standard_normal(n).astype(np.float32)
+    y = np.full((m, n), np.nan, np.float32)
+    assert gemv.launch(a, np.ascontiguousarray(wkn.T), True, y, bias, act="Relu") is None
+    run = gemv.launch(a, np.ascontiguousarray(wkn.T), True, y, bias, act="Relu", wide=True)
+    assert run is not None
+    run()
+    np.testing.assert_allclose(y, _reference(a, wkn, bias, None, "Relu"), rtol=1e-5, atol=1e-5)
+    big = np.zeros((gemv.WIDE_BYTES // (4 * k) + 1, k), np.float32)
+    assert gemv.launch(a, big, True, np.empty((m, big.shape[0]), np.float32), wide=True) is None

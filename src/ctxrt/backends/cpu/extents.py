@@ -102,10 +102,11 @@ GEMV_ROWS = 8  # rows under which a GEMM is a GEMV that NumPy streams faster tha
 
 def small_rows(step: Any) -> Make | None:
     """For a oneDNN GEMM step (MatMul, Gemm) whose weights are stored plain, (K, N) or (N, K), at fewer than
-    GEMV_ROWS rows: the native GEMV with the same epilogue (bias, residual, then Relu; gemv.py), or NumPy's where
-    the extension is not built, reading the same stored weights. A decoder's projections at one token: NumPy's
-    GEMV was 25% faster than the primitive (8 GEMVs of 1 MiB in a row, one thread); the native one takes the idle
-    cores."""
+    GEMV_ROWS rows (up to 16 by (K, N) weights, or by (N, K) weights of at most gemv.WIDE_BYTES: a classifier in a
+    batch loop, its primitive made per row count otherwise): the native GEMV with the same epilogue (bias,
+    residual, then Relu; gemv.py), or NumPy's where the extension is not built, reading the same stored weights.
+    A decoder's projections at one token: NumPy's GEMV was 25% faster than the primitive (8 GEMVs of 1 MiB in a
+    row, one thread); the native one takes the idle cores."""
     a = step.attrs
     if step.op not in ("MatMul", "Gemm") or a.get("kernel") != "onednn" or a.get("weights_tag") not in ("ab", "ba"):
         return None
@@ -114,7 +115,8 @@ def small_rows(step: Any) -> Make | None:
     k, n = (int(d) for d in a["weight_shape"])
     rows = int(np.prod(step.inputs[0].shape[:-1]))
     act = gemv.activation(a.get("activation"), a.get("approximate", "none"), a.get("alpha", 1.0))
-    if not gemv.takes(rows, a["weights_tag"] == "ba") or step.inputs[0].shape[-1] != k or \
+    wide = k * n * 4 <= gemv.WIDE_BYTES  # [N, K] weights that small: up to 16 rows too, no primitive per count
+    if not gemv.takes(rows, a["weights_tag"] == "ba", wide) or step.inputs[0].shape[-1] != k or \
             act not in gemv.ACTIVATIONS:
         return None
     if rows >= GEMV_ROWS and native.library() is None:  # NumPy's GEMM of a few rows: oneDNN's primitive is faster
@@ -130,7 +132,7 @@ def small_rows(step: Any) -> Make | None:
         x, y = ins[0].reshape(rows, k), outs[0].reshape(rows, n)
         bias = ins[2].reshape(n) if has_bias else None
         res = ins[3].reshape(rows, n) if residual else None
-        fast = gemv.launch(x, stored, a["weights_tag"] == "ba", y, bias, res, act)
+        fast = gemv.launch(x, stored, a["weights_tag"] == "ba", y, bias, res, act, wide=wide)
         if fast is not None:
             return fast
         if not numpy_act:

@@ -68,18 +68,24 @@ def conv_activation(attrs: dict) -> tuple[str | None, float, float] | None:
     return act, alpha, beta
 
 
-def takes(rows: int, trans: bool) -> bool:
-    """Whether a GEMM of `rows` rows by W stored [N, K] (`trans`) or [K, N] runs here (where the extension is)."""
-    return 0 < rows < ROWS or not trans and 0 < rows <= GEMM_ROWS
+# [N, K] weights up to which a range program's GEMM of up to GEMM_ROWS rows runs here too (`wide`): the same code
+# for every row count, where oneDNN made a primitive per count (a classifier in a batch cycle: ~0.5 ms each)
+WIDE_BYTES = 256 << 10
+
+
+def takes(rows: int, trans: bool, wide: bool = False) -> bool:
+    """Whether a GEMM of `rows` rows by W stored [N, K] (`trans`) or [K, N] runs here (where the extension is);
+    `wide`: [N, K] weights of a range program, at most WIDE_BYTES, up to GEMM_ROWS rows too."""
+    return 0 < rows < ROWS or (not trans or wide) and 0 < rows <= GEMM_ROWS
 
 
 def launch(a: np.ndarray, w: np.ndarray, trans: bool, y: np.ndarray, bias: np.ndarray | None = None,
            residual: np.ndarray | None = None, act: str | None = None, alpha: float = 0.0, beta: float = 0.0,
-           many: bool = False) -> Callable[[], None] | None:
+           many: bool = False, wide: bool = False) -> Callable[[], None] | None:
     """The launch of y = act(a @ W (+ bias) (+ residual)), W = w ([K, N]) or w.T (`trans`: w is [N, K]), `act`
     one of ACTIVATIONS or PARAMETERIZED (its parameters `alpha`, `beta`), a and y (and the residual) C-contiguous
-    rows; rows of a = its size / K (`takes`; `many`: any number of rows by W [K, N], register blocks of 6 rows
-    shared by blocks of rows: a 1x1 convolution's pixels). None where the native library is not there or the
+    rows; rows of a = its size / K (`takes`, `wide` its argument; `many`: any number of rows by W [K, N], register
+    blocks shared by blocks of rows: a 1x1 convolution's pixels). None where the native library is not there or the
     arrays do not fit it (the caller then runs NumPy's or oneDNN's GEMM)."""
     lib = native.library()
     code = ACTIVATIONS.get(act, PARAMETERIZED.get(act)) if act is not None else 0
@@ -87,7 +93,7 @@ def launch(a: np.ndarray, w: np.ndarray, trans: bool, y: np.ndarray, bias: np.nd
         return None
     n, k = w.shape if trans else w.shape[::-1]
     m = a.size // k if k else 0
-    fits = m > 0 and not trans if many else takes(m, trans)
+    fits = m > 0 and not trans if many else takes(m, trans, wide and w.nbytes <= WIDE_BYTES)
     if not fits or n == 0 or not (_fits(a, m * k) and _fits(y, m * n) and _fits(residual, m * n)
                                   and _fits(bias, n)):
         return None
