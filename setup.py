@@ -13,7 +13,7 @@ native = Extension("ctxrt._native", ["csrc/nbits.c", "csrc/genai.c", "csrc/gemv.
                             "csrc/norms_kernel.h", "csrc/gemv.h", "csrc/gemv_kernel.h", "csrc/pool.h",
                             "csrc/hsum.h", "csrc/qelem.h", "csrc/qelem_kernel.h", "csrc/act.h", "csrc/act_kernel.h",
                             "csrc/lstm.h", "csrc/lstm_kernel.h", "csrc/vmath.h", "csrc/strided.h",
-                            "csrc/strided_kernel.h", "csrc/dwconv.h"],
+                            "csrc/strided_kernel.h", "csrc/dwconv.h", "csrc/act_param.h"],
                    extra_compile_args=["-O3", "-std=c11", "-fopenmp-simd"],
                    libraries=[] if sys.platform == "win32" else ["m"], optional=True)
 setup(ext_modules=[native])

@@ -19,6 +19,7 @@
 #include <immintrin.h>
 #endif
 
+#include "act_param.h"
 #include "gemv.h"
 
 #define DW_SHARED_WORK (1 << 17)  /* multiply-adds from which the rows are shared (~10 us on one core) */
@@ -26,23 +27,12 @@
 /* the activations with a vector form here (csrc/gemv.h's codes); the others applied after, by ctxrt_act */
 static int vector_act(int64_t act) { return act == 0 || act == 1 || (act >= 7 && act <= 10); }
 
-static inline float act1(float v, int act, float alpha, float beta) {
-    switch (act) {
-    case 1: return v > 0.0f ? v : 0.0f;
-    case 7: return v * fminf(fmaxf(alpha * v + beta, 0.0f), 1.0f);
-    case 8: return fminf(fmaxf(v, alpha), beta);
-    case 9: return v >= 0.0f ? v : alpha * v;
-    case 10: return fminf(fmaxf(alpha * v + beta, 0.0f), 1.0f);
-    default: return v;
-    }
-}
-
 /* output row r (image r / oh, row r % oh), portable */
 static void dw_row_c(const dw_args *p, int64_t r) {
     const int64_t c = p->c, img = r / p->oh, oy = r % p->oh;
     const float *x = p->x + img * p->h * p->w * c;
     float *y = p->y + r * p->ow * c;
-    const int act = vector_act(p->act) ? (int)p->act : 0;
+    const int act = (int)p->act;  /* (act_param1, act_param16: codes 2 .. 6 left to ctxrt_act) */
     for (int64_t ox = 0; ox < p->ow; ox++) {
         float *restrict acc = y + ox * c;
         for (int64_t j = 0; j < c; j++) acc[j] = p->bias ? p->bias[j] : 0.0f;
@@ -58,29 +48,17 @@ static void dw_row_c(const dw_args *p, int64_t r) {
             }
         }
         const float *res = p->residual ? p->residual + (r * p->ow + ox) * c : 0;
-        for (int64_t j = 0; j < c; j++) acc[j] = act1(acc[j] + (res ? res[j] : 0.0f), act, p->alpha, p->beta);
+        for (int64_t j = 0; j < c; j++) acc[j] = act_param1(acc[j] + (res ? res[j] : 0.0f), act, p->alpha, p->beta);
     }
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma")
-static inline __m512 act16v(__m512 v, int act, __m512 a, __m512 b) {
-    const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
-    switch (act) {
-    case 1: return _mm512_max_ps(v, zero);
-    case 7: return _mm512_mul_ps(v, _mm512_min_ps(_mm512_max_ps(_mm512_fmadd_ps(a, v, b), zero), one));
-    case 8: return _mm512_min_ps(_mm512_max_ps(v, a), b);
-    case 9: return _mm512_mask_mul_ps(v, _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), v, a);
-    case 10: return _mm512_min_ps(_mm512_max_ps(_mm512_fmadd_ps(a, v, b), zero), one);
-    default: return v;
-    }
-}
-
 /* the epilogue of pixel q of a group: the residual, the activation, the store (mask m) */
 static inline void dw_store(const dw_args *p, float *y, const float *res, int64_t at, __mmask16 m, __m512 v, int act) {
     if (res) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, res + at));
-    _mm512_mask_storeu_ps(y + at, m, act16v(v, act, _mm512_set1_ps(p->alpha), _mm512_set1_ps(p->beta)));
+    _mm512_mask_storeu_ps(y + at, m, act_param16(v, act, _mm512_set1_ps(p->alpha), _mm512_set1_ps(p->beta)));
 }
 
 /* P output pixels from ox0 (np of them stored) of one row, channels c0 .. c0 + 15 (mask m): the window row's
@@ -120,7 +98,7 @@ static inline void dw_store(const dw_args *p, float *y, const float *res, int64_
         const int64_t c = p->c, img = r / p->oh, oy = r % p->oh;                                                  \
         const float *x = p->x + img * p->h * p->w * c, *res = p->residual ? p->residual + r * p->ow * c : 0;      \
         float *y = p->y + r * p->ow * c;                                                                          \
-        const int act = vector_act(p->act) ? (int)p->act : 0;                                                     \
+        const int act = (int)p->act;                                                                              \
         for (int64_t c0 = 0; c0 < c; c0 += 16) {                                                                  \
             const int64_t left = c - c0;                                                                          \
             const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);                  \
@@ -144,7 +122,7 @@ static void dw_row512(const dw_args *p, int64_t r) {
     const int64_t c = p->c, w = p->w, img = r / p->oh, oy = r % p->oh;
     const float *x = p->x + img * p->h * w * c, *res = p->residual ? p->residual + r * p->ow * c : 0;
     float *y = p->y + r * p->ow * c;
-    const int act = vector_act(p->act) ? (int)p->act : 0;
+    const int act = (int)p->act;
     for (int64_t c0 = 0; c0 < c; c0 += 16) {
         const int64_t left = c - c0;
         const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #endif
 
+#include "act_param.h"
 #include "gemv.h"
 #include "pool.h"
 
@@ -49,11 +50,6 @@ typedef struct {
 /* the fused activation (gemv_args.act) of one value, as onnxruntime's Relu, Gelu and SiLU compute it */
 static inline float gemv_act(float v, int act, float alpha, float beta) {
     switch (act) {
-    case 7: return v * fminf(fmaxf(alpha * v + beta, 0.0f), 1.0f);
-    case 8: return fminf(fmaxf(v, alpha), beta);
-    case 9: return v >= 0.0f ? v : alpha * v;
-    case 10: return fminf(fmaxf(alpha * v + beta, 0.0f), 1.0f);
-    case 1: return v > 0.0f ? v : 0.0f;
     case 2: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
     case 3: return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
     case 4: return v / (1.0f + expf(-v));
@@ -62,7 +58,7 @@ static inline float gemv_act(float v, int act, float alpha, float beta) {
         return c == 0.0f ? 0.0f : 0.5f * v * c;  /* v -> -inf: 0, not -inf x 0 */
     }
     case 6: return erff(v);
-    default: return v;
+    default: return act_param1(v, act, alpha, beta);  /* Relu, the parameterized ones */
     }
 }
 
@@ -94,21 +90,11 @@ static int avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_s
 #pragma GCC target("avx512f,avx2,fma")
 /* the activation of 16 values (gemv_args' codes; act, alpha and beta read once per block) */
 static inline __m512 act16(__m512 v, int act, float alpha, float beta) {
-    const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
-    const __m512 a = _mm512_set1_ps(alpha), b = _mm512_set1_ps(beta);
-    switch (act) {
-    case 0: return v;
-    case 1: return _mm512_max_ps(v, zero);
-    case 7: return _mm512_mul_ps(v, _mm512_min_ps(_mm512_max_ps(_mm512_fmadd_ps(a, v, b), zero), one));
-    case 8: return _mm512_min_ps(_mm512_max_ps(v, a), b);
-    case 9: return _mm512_mask_mul_ps(v, _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), v, a);
-    case 10: return _mm512_min_ps(_mm512_max_ps(_mm512_fmadd_ps(a, v, b), zero), one);
-    default: {  /* GELU, SiLU, erf: vmath.h's 8 lanes twice */
-        const __m256 lo = act8p_avx2(_mm512_castps512_ps256(v), act, alpha, beta);
-        const __m256 hi = act8p_avx2(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)), act, alpha, beta);
-        return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
-    }
-    }
+    if (act < 2 || act > 6) return act_param16(v, act, _mm512_set1_ps(alpha), _mm512_set1_ps(beta));
+    /* GELU, SiLU, erf: vmath.h's 8 lanes twice */
+    const __m256 lo = act8p_avx2(_mm512_castps512_ps256(v), act, alpha, beta);
+    const __m256 hi = act8p_avx2(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)), act, alpha, beta);
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
 }
 
 /* The accumulators start at the bias; the epilogue adds the residual (or y, accumulate) and applies the activation,
@@ -247,12 +233,10 @@ void ctxrt_team_run(void (*fn)(void *arg, int64_t t, int64_t count), void *arg, 
     omp_parallel(team_thread, &j, (unsigned)team, 0);
 }
 
-static void rows_team(void *arg) {  /* one team thread's share: contiguous blocks of rows */
-    const rows_job *j = (const rows_job *)arg;
-    const int64_t t = omp_thread_num(), count = omp_num_threads();
-    const int64_t m = j->p->m, blocks = (m + ROWS_BLOCK - 1) / ROWS_BLOCK;
-    const int64_t b0 = blocks * t / count, b1 = blocks * (t + 1) / count;
-    if (b1 > b0) j->fn(j->p, b0 * ROWS_BLOCK, b1 * ROWS_BLOCK < m ? b1 * ROWS_BLOCK : m);
+static void rows_team(void *arg, int64_t t, int64_t count) {  /* one team thread's share: blocks of rows */
+    rows_job j = *(const rows_job *)arg;
+    j.chunks = count;
+    rows_chunk(&j, t);
 }
 
 /* many rows (more than GEMM_ROWS_MAX) by W [k, n]: on OpenMP's team where it was given (of p->threads, or where
@@ -266,7 +250,7 @@ static int gemm_many(const gemv_args *p) {
     const int64_t team = omp_parallel ? (p->threads > 0 ? p->threads : omp_max_threads()) : 0;
     if (team > 1 && work >= ROWS_SHARED_WORK) {
         rows_job j = {p, 0, fn};
-        omp_parallel(rows_team, &j, (unsigned)team, 0);
+        ctxrt_team_run(rows_team, &j, team);
         return 0;
     }
     const int granted = p->threads > 1 && work >= ROWS_SHARED_WORK ? ctxrt_pool_begin(p->threads) : 0;

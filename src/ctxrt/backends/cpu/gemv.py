@@ -57,6 +57,11 @@ def activation(act: str | None, approximate: str = "none", alpha: float = 1.0) -
     return act
 
 
+def act_code(act: str | None) -> int | None:
+    """csrc/gemv.h's code of an ACTIVATIONS or PARAMETERIZED key (0: none), None where the kernels have none."""
+    return ACTIVATIONS.get(act, PARAMETERIZED.get(act)) if act is not None else 0
+
+
 def conv_activation(attrs: dict) -> tuple[str | None, float, float] | None:
     """A Conv's fused activation (its `activation`, `activation_alpha`, `activation_beta` attributes) as this
     kernel's epilogue computes it, (ACTIVATIONS or PARAMETERIZED key, alpha, beta), or None where it has none
@@ -88,7 +93,7 @@ def launch(a: np.ndarray, w: np.ndarray, trans: bool, y: np.ndarray, bias: np.nd
     blocks shared by blocks of rows: a 1x1 convolution's pixels). None where the native library is not there or the
     arrays do not fit it (the caller then runs NumPy's or oneDNN's GEMM)."""
     lib = native.library()
-    code = ACTIVATIONS.get(act, PARAMETERIZED.get(act)) if act is not None else 0
+    code = act_code(act)
     if lib is None or code is None or w.ndim != 2 or not _fits(w, w.size):
         return None
     n, k = w.shape if trans else w.shape[::-1]

@@ -280,7 +280,28 @@ def _fallback_launch(owner: Kernel, prim: api.Primitive, args: list[tuple[int, a
     return run
 
 
-class AnyRows(Kernel):
+class _NativeConv(Kernel):
+    """A range program's Conv on a native kernel that binds any shape (AnyRows, DepthwiseRows): its spec (for its
+    oneDNN fallback), bias and residual, fused activation; compiled now, the weights stored in the layout the
+    kernel reads (`layout` of the ONNX weights, shared by the compile's probes) and the attribute `flag` that
+    chooses this kernel again when the binary is loaded."""
+
+    any_shape = True  # one object binds every batch size (runtime/extents.py keeps it per step)
+
+    def __init__(self, spec: NodeSpec, flag: str, has_bias: bool, residual: bool,
+                 layout: Callable[[np.ndarray], np.ndarray], key: Any) -> None:
+        self.spec, self.has_bias, self.residual = spec, has_bias, residual
+        self.act = gemv.conv_activation(spec.attrs)
+        self.private_bytes = 0  # (its spec's constants are the model's: not its own)
+        if spec.attr(flag):
+            self.attrs, self.constants = {}, {}
+        else:
+            self.attrs = {flag: 1}
+            w = spec.consts[1]
+            self.constants = {} if spec.options.get("probe") else {1: memo(flag, w, key, lambda: layout(w))}
+
+
+class AnyRows(_NativeConv):
     """A 1x1 convolution (stride 1, no padding, one group) over channels-last rows in a range program: a GEMM of
     (images x pixels) rows by the weights stored [K, N], run by csrc/gemv.c's many-rows kernel with the bias, the
     residual and the activation in its epilogue. The same code for every batch: a range program's batch cycle
@@ -290,19 +311,11 @@ class AnyRows(Kernel):
     made for the arrays' rows on the same weights."""
 
     algorithm = "native:gemm_rows"
-    any_shape = True  # one object binds every batch size (runtime/extents.py keeps it per step)
 
     def __init__(self, spec: NodeSpec, m: int, k: int, has_bias: bool, residual: bool) -> None:
-        self.spec, self.shape, self.has_bias, self.residual = spec, (k, m), has_bias, residual
-        self.act = gemv.conv_activation(spec.attrs)
-        self.private_bytes = 0  # (its spec's constants are the model's: not its own)
-        if spec.attr("any_rows"):
-            self.attrs, self.constants = {}, {}
-        else:  # compiled now: the weights stored transposed, [K, N] (the same bytes as ONNX's)
-            self.attrs = {"any_rows": 1}
-            w = spec.consts[1]
-            self.constants = {} if spec.options.get("probe") else {1: memo(
-                "transposed", w, (m, k), lambda: np.ascontiguousarray(w.reshape(m, k).T).reshape(w.shape))}
+        self.shape = (k, m)  # the weights stored transposed, [K, N] (the same bytes as ONNX's)
+        super().__init__(spec, "any_rows", has_bias, residual,
+                         lambda w: np.ascontiguousarray(w.reshape(m, k).T).reshape(w.shape), (m, k))
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Callable[[], None]:
         k, n = self.shape
@@ -366,28 +379,19 @@ def _gap_launch(ins: list[Any], outs: list[Any]) -> Callable[[], None]:
     return numpy_gap
 
 
-class DepthwiseRows(Kernel):
+class DepthwiseRows(_NativeConv):
     """A depthwise convolution (one input and one output channel per group) over channels-last images in a range
     program: csrc/dwconv.c, one object and the same code for every batch size (as AnyRows), its epilogue fused
     (bias, residual, activation), the weights stored [kh, kw, C]. Where the extension is missing at run time,
     oneDNN's convolution made for the arrays' batch, on those weights reordered into its format (its own copy)."""
 
     algorithm = "native:dwconv"
-    any_shape = True
 
     def __init__(self, spec: NodeSpec, kernel: tuple[int, int], window: tuple[int, ...], has_bias: bool,
                  residual: bool) -> None:
-        self.spec, self.kernel, self.window, self.has_bias, self.residual = spec, kernel, window, has_bias, residual
-        self.act = gemv.conv_activation(spec.attrs)
-        self.private_bytes = 0  # (its spec's constants are the model's: not its own)
-        if spec.attr("dw_rows"):
-            self.attrs, self.constants = {}, {}
-        else:  # compiled now: the weights stored [kh, kw, C]
-            self.attrs = {"dw_rows": 1}
-            w = spec.consts[1]
-            c = w.shape[0]
-            self.constants = {} if spec.options.get("probe") else {1: memo(
-                "dw_rows", w, kernel, lambda: np.ascontiguousarray(w.reshape(c, -1).T).reshape(w.shape))}
+        self.kernel, self.window = kernel, window  # the weights stored [kh, kw, C]
+        super().__init__(spec, "dw_rows", has_bias, residual,
+                         lambda w: np.ascontiguousarray(w.reshape(w.shape[0], -1).T).reshape(w.shape), kernel)
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Callable[[], None]:
         kh, kw = self.kernel
@@ -397,8 +401,7 @@ class DepthwiseRows(Kernel):
         bias = ins[2].reshape(c) if self.has_bias else None
         residual = ins[3].reshape(y.shape) if self.residual else None
         act, alpha, beta = self.act or (None, 0.0, 0.0)
-        code = gemv.ACTIVATIONS.get(act, gemv.PARAMETERIZED.get(act, 0)) if act else 0
-        run = native.dwconv(x, w, y, bias, residual, self.window, code, alpha, beta) \
+        run = native.dwconv(x, w, y, bias, residual, self.window, gemv.act_code(act) or 0, alpha, beta) \
             if native.library() is not None else None
         return run if run is not None else self._onednn(x, w, y, bias, residual)
 
