@@ -634,3 +634,33 @@ def test_a_loaded_programs_extents_are_checked_against_its_arena(coeffs: list[in
     g.inputs[0].shape = (99,)  # both fail: the first entry's message
     with pytest.raises(RangeError, match=match):
         check_fits(g, bad_first, dims)
+
+
+def test_a_native_conv_flag_the_node_cannot_have_is_a_clear_error() -> None:
+    """A binary whose Conv says `any_rows` (the many-rows GEMM) or `dw_rows` (the native depthwise conv) where its
+    shapes do not fit that kernel (damaged or forged): one UnsupportedOpError naming the node, not a failed reshape
+    when it is bound."""
+    from ctxrt.backends.cpu import native
+    from ctxrt.backends.cpu.onednn import api, kernels
+    from ctxrt.backends.kernel import NodeSpec, TensorSpec
+    from ctxrt.errors import UnsupportedOpError
+
+    if not api.available():
+        pytest.skip("oneDNN is not installed here")
+    f32 = np.dtype(np.float32)
+    nhwc = {"src_layout": "nhwc", "dst_layout": "nhwc", "kernel": "onednn", "strides": [1, 1], "dilations": [1, 1]}
+    depthwise = NodeSpec("Conv", "dw", {**nhwc, "group": 8, "pads": [1, 1, 1, 1], "kernel_shape": [3, 3]},
+                         [TensorSpec((2, 5, 5, 8), f32), TensorSpec((8, 1, 3, 3), f32)],
+                         [TensorSpec((2, 5, 5, 8), f32)], [None, np.ones((8, 1, 3, 3), np.float32)])
+    pointwise = NodeSpec("Conv", "pw", {**nhwc, "group": 1, "pads": [0, 0, 0, 0], "kernel_shape": [1, 1]},
+                         [TensorSpec((2, 5, 5, 8), f32), TensorSpec((16, 8, 1, 1), f32)],
+                         [TensorSpec((2, 5, 5, 16), f32)], [None, np.ones((16, 8, 1, 1), np.float32)])
+    for spec, flag in ((depthwise, "any_rows"), (pointwise, "dw_rows")):
+        spec.attrs[flag] = 1
+        with pytest.raises(UnsupportedOpError, match=f"Conv '{spec.name}': compiled for a native kernel \\({flag}\\)"):
+            kernels.conv(spec)
+        del spec.attrs[flag]
+    if native.library() is not None:  # and the right flag on each is taken
+        assert isinstance(kernels.conv(NodeSpec(depthwise.op, "dw", {**depthwise.attrs, "dw_rows": 1},
+                                                depthwise.inputs, depthwise.outputs, depthwise.consts)),
+                          kernels.DepthwiseRows)

@@ -215,13 +215,18 @@ def conv(spec: NodeSpec) -> Kernel:
     strides, dil, pb, pe = _window(spec, x, y, (kh, kw))
     has_bias = len(spec.inputs) > 2 and spec.inputs[2] is not None
     residual = bool(spec.attr("residual", 0))
-    if spec.attr("any_rows") or (not packed and spec.options.get("ranges") and g == 1 and (kh, kw) == (1, 1)
-                                 and strides == [1, 1] and pb == pe == [0, 0] and _rows(src, x) and _rows(dst, y)
-                                 and native.library() is not None and gemv.conv_activation(spec.attrs) is not None):
+    native_act = gemv.conv_activation(spec.attrs) is not None
+    pointwise = g == 1 and (kh, kw) == (1, 1) and strides == [1, 1] and pb == pe == [0, 0] and _rows(src, x) \
+        and _rows(dst, y) and native_act
+    depthwise = g > 1 and g == m == x[1] and cg == 1 and src.channels_last and dst.channels_last and native_act
+    for flag, fits in (("any_rows", pointwise), ("dw_rows", depthwise)):
+        if spec.attr(flag) and not fits:  # a binary's choice this node cannot have (damaged or forged)
+            raise UnsupportedOpError(f"Conv {spec.name!r}: compiled for a native kernel ({flag}) its shapes, "
+                                     "layouts or activation do not fit; compile the model again")
+    ranged = not packed and spec.options.get("ranges") and native.library() is not None
+    if spec.attr("any_rows") or ranged and pointwise:
         return AnyRows(spec, m, cg, has_bias, residual)
-    if spec.attr("dw_rows") or (not packed and spec.options.get("ranges") and g > 1 and g == m == x[1] and cg == 1
-                                and src.channels_last and dst.channels_last and native.library() is not None
-                                and gemv.conv_activation(spec.attrs) is not None):
+    if spec.attr("dw_rows") or ranged and depthwise:
         return DepthwiseRows(spec, (kh, kw), (*strides, *pb, *[d + 1 for d in dil]), has_bias, residual)
     wdims = _weights_dims(m, cg, kh, kw, g)
     src_md = api.Desc.make(x, _tag(src, x, dst))
