@@ -664,3 +664,21 @@ def test_a_native_conv_flag_the_node_cannot_have_is_a_clear_error() -> None:
         assert isinstance(kernels.conv(NodeSpec(depthwise.op, "dw", {**depthwise.attrs, "dw_rows": 1},
                                                 depthwise.inputs, depthwise.outputs, depthwise.consts)),
                           kernels.DepthwiseRows)
+
+
+@pytest.mark.parametrize("dim", ["p2o.DynamicDimension.0", "?"])
+def test_dim_names_exporters_write_are_ranged(dim) -> None:
+    """paddle2onnx names a dynamic dim "p2o.DynamicDimension.0" (a dotted name, not an expression of other dims)
+    and writes "?" for an unnamed one: a batch loop through InferenceSession is one range program over it, equal
+    to onnxruntime (a dotted name was taken for an expression and the model compiled per shape, silently)."""
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Neg", ["h"], ["y"])], "t",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [dim, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [dim, 8])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    theirs = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(4)
+    with ctxrt.InferenceSession(model) as sess:
+        for n in (1, 3, 2, 5):
+            x = rng.standard_normal((n, 8)).astype(np.float32)
+            np.testing.assert_allclose(sess.run(None, {"x": x})[0], theirs.run(None, {"x": x})[0])
+        assert sess.stats["shape_variants_compiled"] == 1 and sess.stats["range_programs_compiled"] == 1

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import itertools
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -339,6 +340,15 @@ def resolve(declared: Sequence[tuple[str, Any, Any]], dims: DimSpec, shapes: Map
     if not order:
         raise RangeError(f"every dim given has one value ({fixed}): give them as shapes")
     return [(k, *ranges[k]) for k in order], layout
+
+
+_DIM_NAME = re.compile(r"[A-Za-z_][\w.]*")
+
+
+def is_dim_name(value: Any) -> bool:
+    """A model's symbolic dim that names a dim of its own ("batch", paddle2onnx's "p2o.DynamicDimension.0"), not an
+    expression of others ("past_sequence + sequence")."""
+    return isinstance(value, str) and _DIM_NAME.fullmatch(value) is not None
 
 
 def is_expression(value: Any) -> bool:

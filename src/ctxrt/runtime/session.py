@@ -23,6 +23,7 @@ import numpy as np
 from ctxrt import dtypes
 from ctxrt.backends import Backend, get_backend
 from ctxrt.compiler.program import TensorInfo
+from ctxrt.compiler.ranges import is_dim_name, is_expression
 from ctxrt.errors import CtxrtError, CtxrtWarning, LifecycleError, RegistrationError, ShapeError, ValueInputError
 from ctxrt.runtime.compile_cache import VariantCompiler
 from ctxrt.runtime.context import Context
@@ -345,9 +346,9 @@ class InferenceSession:
             for axis, d in enumerate(decl):
                 if isinstance(d, int):
                     continue
-                if isinstance(d, str) and not d.isidentifier():
+                if is_expression(d) and not is_dim_name(d):
                     continue  # an expression of other dims (`past + sequence`): derived, not a dim of its own
-                key = d if isinstance(d, str) else f"{name}:{axis}"
+                key = d if is_dim_name(d) else f"{name}:{axis}"  # (unnamed, or a placeholder such as "?")
                 seen[key] = max(seen.get(key, 0), int(shape[axis]))
         dims: dict[str, Any] = {k: v for k, v in self._ranges.items() if isinstance(v, str)}  # derived dims
         for key, n in seen.items():

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ctxrt.compiler.program import TensorInfo
+from ctxrt.compiler.ranges import is_dim_name
 from ctxrt.errors import RegistrationError, ShapeError
 from ctxrt.runtime.chain import RangedChain
 from ctxrt.runtime.context import Context
@@ -247,7 +248,7 @@ def variants_warning(compiled: int, dims: Mapping[tuple[str, int], set[int]],
         seen.append(f"input {name!r} axis {axis}{label} took {len(sizes)} sizes from {sizes[0]} to {sizes[-1]}")
     example = {name: [max(dims[(name, a)]) for a in range(len(declared or []))]
                for name, (_, declared) in decl.items() if any((name, a) in varying for a in range(len(declared or [])))}
-    ranges = {f"{name}:{a}" if not (isinstance(declared[a], str) and declared[a].isidentifier()) else declared[a]:
+    ranges = {f"{name}:{a}" if not is_dim_name(declared[a]) else declared[a]:
               (0, max(dims[(name, a)])) for name, (_, declared) in decl.items()
               for a in range(len(declared or [])) if (name, a) in varying}
     how = (f"give ranges wide enough for every shape, e.g. InferenceSession(..., dim_ranges={ranges}) (one "
