@@ -182,3 +182,187 @@ int ctxrt_dwconv(const dw_args *p) {
     else ctxrt_team_run(dw_share, &j, p->threads);
     return 0;
 }
+
+/* -- a first convolution: few planar input channels into channels-last output --------------------------------
+   A network's first conv reads the graph's NCHW input (3 channels) and writes channels last: one group, any
+   window, stride, padding and dilation, y = act(conv(x, w) + bias), w stored [c, kh, kw, m] (a tap's output
+   channels contiguous). Reading the planar input directly spares the NCHW -> NHWC reorder before it (oneDNN has
+   only its reference kernel for a planar source into a channels-last output), and the same code serves every
+   batch size. AVX-512: per output row and block of 16 output channels, groups of 8 output pixels whose every
+   tap lies inside the image (each tap: its weights loaded once, each pixel's input broadcast into the FMA), the
+   pixels at the borders one at a time with the taps outside skipped; without AVX-512 a portable loop. */
+
+#define PL_SHARED_WORK (1 << 17)
+
+/* output row r (image r / oh, row r % oh), portable */
+static void pl_row_c(const planar_args *p, int64_t r) {
+    const int64_t m = p->m, img = r / p->oh, oy = r % p->oh, plane = p->h * p->w;
+    const float *x = p->x + img * p->c * plane;
+    float *y = p->y + r * p->ow * m;
+    const int act = (int)p->act;
+    for (int64_t ox = 0; ox < p->ow; ox++) {
+        float *restrict acc = y + ox * m;
+        for (int64_t j = 0; j < m; j++) acc[j] = p->bias ? p->bias[j] : 0.0f;
+        for (int64_t ci = 0; ci < p->c; ci++)
+            for (int64_t ky = 0; ky < p->kh; ky++) {
+                const int64_t iy = oy * p->sh - p->ph + ky * p->dh;
+                if (iy < 0 || iy >= p->h) continue;
+                for (int64_t kx = 0; kx < p->kw; kx++) {
+                    const int64_t ix = ox * p->sw - p->pw + kx * p->dw;
+                    if (ix < 0 || ix >= p->w) continue;
+                    const float xv = x[ci * plane + iy * p->w + ix];
+                    const float *restrict wp = p->wt + ((ci * p->kh + ky) * p->kw + kx) * m;
+#pragma omp simd
+                    for (int64_t j = 0; j < m; j++) acc[j] += xv * wp[j];
+                }
+            }
+        for (int64_t j = 0; j < m; j++) acc[j] = act_param1(acc[j], act, p->alpha, p->beta);
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma")
+/* one output pixel, channels m0 .. m0 + 15 (mask k), the taps outside the image skipped */
+static inline __m512 pl_pixel(const planar_args *p, const float *x, int64_t oy, int64_t ox, int64_t m0, __mmask16 k,
+                              __m512 acc) {
+    const int64_t m = p->m, plane = p->h * p->w;
+    for (int64_t ci = 0; ci < p->c; ci++)
+        for (int64_t ky = 0; ky < p->kh; ky++) {
+            const int64_t iy = oy * p->sh - p->ph + ky * p->dh;
+            if (iy < 0 || iy >= p->h) continue;
+            for (int64_t kx = 0; kx < p->kw; kx++) {
+                const int64_t ix = ox * p->sw - p->pw + kx * p->dw;
+                if (ix < 0 || ix >= p->w) continue;
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(x[ci * plane + iy * p->w + ix]),
+                                      _mm512_maskz_loadu_ps(k, p->wt + ((ci * p->kh + ky) * p->kw + kx) * m + m0), acc);
+            }
+        }
+    return acc;
+}
+
+/* P = 8 output pixels from ox whose every tap lies inside the row, NB blocks of 16 output channels from m0 (the
+   last one's mask kl), stride SW (0: p->sw) */
+#define PL_GROUP(SW, NB)                                                                                         \
+    static inline void pl_group_##SW##_##NB(const planar_args *p, const float *x, float *y, int64_t oy,          \
+                                            int64_t ox, int64_t m0, __mmask16 kl, const __m512 *bias, int act,    \
+                                            __m512 alpha, __m512 beta) {                                          \
+        enum { P = 8 };                                                                                           \
+        const int64_t m = p->m, plane = p->h * p->w, sw = SW ? SW : p->sw, dw = p->dw;                            \
+        __m512 acc[NB][P];                                                                                        \
+        _Pragma("GCC unroll 2") for (int b = 0; b < NB; b++)                                                      \
+            _Pragma("GCC unroll 8") for (int q = 0; q < P; q++) acc[b][q] = bias[b];                              \
+        for (int64_t ci = 0; ci < p->c; ci++)                                                                     \
+            for (int64_t ky = 0; ky < p->kh; ky++) {                                                              \
+                const int64_t iy = oy * p->sh - p->ph + ky * p->dh;                                               \
+                if (iy < 0 || iy >= p->h) continue;                                                               \
+                const float *row = x + ci * plane + iy * p->w + ox * sw - p->pw;                                  \
+                const float *wr = p->wt + (ci * p->kh + ky) * p->kw * m + m0;                                     \
+                for (int64_t kx = 0; kx < p->kw; kx++) {                                                          \
+                    const float *xp = row + kx * dw, *wp = wr + kx * m;                                           \
+                    __m512 wv[NB];                                                                                \
+                    _Pragma("GCC unroll 2") for (int b = 0; b < NB; b++)                                          \
+                        wv[b] = b == NB - 1 ? _mm512_maskz_loadu_ps(kl, wp + 16 * b) : _mm512_loadu_ps(wp + 16 * b); \
+                    _Pragma("GCC unroll 8") for (int q = 0; q < P; q++) {                                         \
+                        const __m512 xv = _mm512_set1_ps(xp[q * sw]);                                             \
+                        _Pragma("GCC unroll 2") for (int b = 0; b < NB; b++)                                      \
+                            acc[b][q] = _mm512_fmadd_ps(xv, wv[b], acc[b][q]);                                    \
+                    }                                                                                             \
+                }                                                                                                 \
+            }                                                                                                     \
+        _Pragma("GCC unroll 2") for (int b = 0; b < NB; b++)                                                      \
+            _Pragma("GCC unroll 8") for (int q = 0; q < P; q++)                                                   \
+                _mm512_mask_storeu_ps(y + (ox + q) * m + m0 + 16 * b, b == NB - 1 ? kl : (__mmask16)0xFFFF,         \
+                                      act_param16(acc[b][q], act, alpha, beta));                                  \
+    }
+PL_GROUP(1, 1)
+PL_GROUP(1, 2)
+PL_GROUP(2, 1)
+PL_GROUP(2, 2)
+PL_GROUP(0, 1)
+PL_GROUP(0, 2)
+#undef PL_GROUP
+
+typedef void (*pl_group_fn)(const planar_args *, const float *, float *, int64_t, int64_t, int64_t, __mmask16,
+                            const __m512 *, int, __m512, __m512);
+
+static void pl_row512(const planar_args *p, int64_t r) {
+    enum { P = 8 };
+    const int64_t m = p->m, img = r / p->oh, oy = r % p->oh, plane = p->h * p->w, sw = p->sw, dw = p->dw;
+    const float *x = p->x + img * p->c * plane;
+    float *y = p->y + r * p->ow * m;
+    const int act = (int)p->act;
+    const __m512 alpha = _mm512_set1_ps(p->alpha), beta = _mm512_set1_ps(p->beta);
+    /* the output columns whose every tap lies inside the row: [lo, hi) */
+    int64_t lo = (p->pw + sw - 1) / sw, hi = (p->w - 1 + p->pw - (p->kw - 1) * dw) / sw + 1;
+    if (p->w - 1 + p->pw - (p->kw - 1) * dw < 0) hi = 0;
+    if (hi > p->ow) hi = p->ow;
+    if (lo > hi) lo = hi;
+    const pl_group_fn one = sw == 1 ? pl_group_1_1 : sw == 2 ? pl_group_2_1 : pl_group_0_1;
+    const pl_group_fn two = sw == 1 ? pl_group_1_2 : sw == 2 ? pl_group_2_2 : pl_group_0_2;
+    for (int64_t m0 = 0; m0 < m; ) {
+        const int64_t left = m - m0, nb = left > 16 ? 2 : 1, last = left - 16 * (nb - 1);
+        const __mmask16 kl = last >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << last) - 1);
+        __m512 bias[2];
+        for (int b = 0; b < nb; b++) {
+            const __mmask16 k = b == nb - 1 ? kl : (__mmask16)0xFFFF;
+            bias[b] = p->bias ? _mm512_maskz_loadu_ps(k, p->bias + m0 + 16 * b) : _mm512_setzero_ps();
+        }
+        const pl_group_fn group = nb == 2 ? two : one;
+        int64_t ox = 0, done = hi;  /* the pixels from `done` on are left to the one-pixel loop */
+        for (; ox < lo; ox++)
+            for (int b = 0; b < nb; b++) {
+                const __mmask16 k = b == nb - 1 ? kl : (__mmask16)0xFFFF;
+                _mm512_mask_storeu_ps(y + ox * m + m0 + 16 * b, k,
+                                      act_param16(pl_pixel(p, x, oy, ox, m0 + 16 * b, k, bias[b]), act, alpha, beta));
+            }
+        if (hi - lo >= P) {
+            for (; ox + P <= hi; ox += P) group(p, x, y, oy, ox, m0, kl, bias, act, alpha, beta);
+            if (ox < hi) group(p, x, y, oy, hi - P, m0, kl, bias, act, alpha, beta);  /* overlapping the last */
+        } else {
+            done = lo;
+        }
+        for (ox = done; ox < p->ow; ox++)
+            for (int b = 0; b < nb; b++) {
+                const __mmask16 k = b == nb - 1 ? kl : (__mmask16)0xFFFF;
+                _mm512_mask_storeu_ps(y + ox * m + m0 + 16 * b, k,
+                                      act_param16(pl_pixel(p, x, oy, ox, m0 + 16 * b, k, bias[b]), act, alpha, beta));
+            }
+        m0 += 16 * nb;
+    }
+}
+#pragma GCC pop_options
+
+typedef void (*pl_row_fn)(const planar_args *, int64_t);
+static pl_row_fn pl_row(void) {
+    return __builtin_cpu_supports("avx512f") && ctxrt_gemm_allows_avx512() ? pl_row512 : pl_row_c;
+}
+#else
+typedef void (*pl_row_fn)(const planar_args *, int64_t);
+static pl_row_fn pl_row(void) { return pl_row_c; }
+#endif
+
+typedef struct { const planar_args *p; pl_row_fn row; } pl_job;
+
+static void pl_share(void *arg, int64_t t, int64_t count) {
+    const pl_job *j = (const pl_job *)arg;
+    const planar_args *p = j->p;
+    const int64_t rows = p->n * p->oh, r0 = rows * t / count, r1 = rows * (t + 1) / count;
+    for (int64_t r = r0; r < r1; r++) {
+        j->row(p, r);
+        if (!vector_act(p->act)) {  /* GELU, SiLU, erf: the row's values through ctxrt_act */
+            float *y = p->y + r * p->ow * p->m;
+            const act_args a = {p->ow * p->m, y, y, p->act, p->alpha, p->beta};
+            ctxrt_act(&a);
+        }
+    }
+}
+
+/* y = act(conv(x, w) + bias) for *p (x planar, y channels last). Returns 0. */
+int ctxrt_planar_conv(const planar_args *p) {
+    pl_job j = {p, pl_row()};
+    const int64_t work = p->n * p->oh * p->ow * p->m * p->c * p->kh * p->kw;
+    if (work < PL_SHARED_WORK) pl_share(&j, 0, 1);
+    else ctxrt_team_run(pl_share, &j, p->threads);
+    return 0;
+}

@@ -1,4 +1,4 @@
-/* The argument struct of csrc/dwconv.c (mirrored by ctxrt.backends.cpu.native.DwArgs). */
+/* The argument structs of csrc/dwconv.c (mirrored by ctxrt.backends.cpu.native.DwArgs and PlanarArgs). */
 #ifndef CTXRT_DWCONV_H
 #define CTXRT_DWCONV_H
 #include <stdint.h>
@@ -17,5 +17,19 @@ typedef struct {
     float alpha, beta;
     int64_t threads;            /* OpenMP's team (0 or less: its count for the calling thread) */
 } dw_args;
+
+typedef struct {
+    int64_t n, c, h, w;         /* images, channels, rows, columns of x (planar: a graph's NCHW input) */
+    int64_t m, oh, ow, kh, kw;  /* y's channels, rows, columns (channels last); the window */
+    int64_t sh, sw, ph, pw;     /* strides, pads before */
+    int64_t dh, dw;             /* dilations */
+    const float *x;             /* [n, c, h, w] */
+    const float *wt;            /* [c, kh, kw, m] */
+    const float *bias;          /* [m] or NULL */
+    float *y;                   /* [n, oh, ow, m] */
+    int64_t act;                /* csrc/gemv.h's activation codes */
+    float alpha, beta;
+    int64_t threads;            /* OpenMP's team (0 or less: its count for the calling thread) */
+} planar_args;
 
 #endif

@@ -66,6 +66,11 @@ def _dw_reference(x, w, bias, residual, window, act, alpha, beta, oh, ow):
             y += pad[:, ky * dh:ky * dh + sh * oh:sh, kx * dw:kx * dw + sw * ow:sw][:, :oh, :ow] * w[ky, kx]
     if residual is not None:
         y += residual
+    return _epilogue(y, act, alpha, beta)
+
+
+def _epilogue(y, act, alpha, beta):
+    """csrc/gemv.h's activation `act` (1 Relu, 7 HardSwish, 8 Clip, 4 SiLU) of y, in float64."""
     if act == 1:
         y = np.maximum(y, 0)
     elif act == 7:
@@ -136,3 +141,79 @@ def test_native_dwconv_declines_what_it_cannot_read() -> None:
     assert native.dwconv(x, np.ones((3, 3, 4), np.float32), y, None, None, window, 0, 0.0, 0.0) is None
     assert native.dwconv(x, w, np.empty((1, 4, 8, 8), np.float32)[:, :, ::2], None, None, window, 0, 0.0, 0.0) is None
     assert native.dwconv(x, w, y, np.ones(4, np.float32), None, window, 0, 0.0, 0.0) is None
+
+
+def _planar_reference(x, w, bias, window, act, alpha, beta, oh, ow):
+    """float64 conv of planar x [n, c, h, w] by w [c, kh, kw, m] into channels-last [n, oh, ow, m], the epilogue."""
+    sh, sw, ph, pw, dh, dw = window
+    n, c, h, wd = x.shape
+    _, kh, kw, m = w.shape
+    pad = np.zeros((n, c, h + 2 * (ph + kh * dh) + sh * oh, wd + 2 * (pw + kw * dw) + sw * ow))
+    pad[:, :, ph:ph + h, pw:pw + wd] = x
+    y = np.zeros((n, oh, ow, m)) + (0 if bias is None else bias)
+    for ky in range(kh):
+        for kx in range(kw):
+            patch = pad[:, :, ky * dh:ky * dh + sh * oh:sh, kx * dw:kx * dw + sw * ow:sw][:, :, :oh, :ow]
+            y += np.einsum("ncij,cm->nijm", patch, w[:, ky, kx, :].astype(np.float64))
+    return _epilogue(y, act, alpha, beta)
+
+
+PLANAR_CASES = {  # (n, c, h, w, m, (kh, kw), (sh, sw, ph, pw, dh, dw))
+    "3x3 s2 c3 m16 (a MobileNet's stem)": (2, 3, 17, 19, 16, (3, 3), (2, 2, 1, 1, 1, 1)),
+    "3x3 s1 c3 m32 (two blocks)": (1, 3, 12, 20, 32, (3, 3), (1, 1, 1, 1, 1, 1)),
+    "7x7 s2 c3 m64 (a ResNet's stem)": (1, 3, 23, 37, 64, (7, 7), (2, 2, 3, 3, 1, 1)),
+    "5x5 dilated c1 m8": (2, 1, 15, 26, 8, (5, 5), (1, 1, 4, 4, 2, 2)),
+    "3x3 s3 no pad c4 m40": (1, 4, 20, 30, 40, (3, 3), (3, 3, 0, 0, 1, 1)),
+    "narrow row c3 m17": (1, 3, 5, 6, 17, (3, 3), (1, 1, 1, 1, 1, 1)),
+    "1x1 c2 m16": (3, 2, 4, 40, 16, (1, 1), (1, 1, 0, 0, 1, 1)),
+    "3x1 strides 1x2 pads 0x1 c7 m24": (1, 7, 9, 18, 24, (3, 1), (1, 2, 0, 1, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("case", list(PLANAR_CASES), ids=list(PLANAR_CASES))
+@pytest.mark.parametrize("act,alpha,beta", [(0, 0.0, 0.0), (1, 0.0, 0.0), (7, 1 / 6, 0.5), (8, -0.5, 0.5),
+                                            (4, 0.0, 0.0)], ids=["none", "relu", "hardswish", "clip", "silu"])
+def test_native_planar_conv_against_numpy(case, act, alpha, beta) -> None:
+    """csrc/dwconv.c's conv of few planar input channels into channels-last output (a range program's first conv,
+    on the graph's NCHW input): strides 1-3 and one apart per axis, padding, dilation, windows 1 to 7, output
+    channel tails and one or two blocks of 16 a pass, rows of few pixels (the one-pixel path only) and many (groups
+    of 8, the last overlapping), with and without a bias, the activations with a vector form and one applied after
+    (SiLU), on OpenMP's team of the run, on AVX-512 and the portable loop."""
+    from ctxrt.backends.cpu import native
+    from ctxrt.backends.cpu.onednn import api
+
+    if native.library() is None:
+        pytest.skip("the native extension is not built here")
+    api.library()
+    native.openmp_team()
+    n, c, h, w, m, (kh, kw), window = PLANAR_CASES[case]
+    sh, sw, ph, pw, dh, dw = window
+    oh, ow = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((c, kh, kw, m)) / np.sqrt(c * kh * kw)).astype(np.float32)
+    for bias in (rng.standard_normal(m).astype(np.float32), None):
+        want = _planar_reference(x.astype(np.float64), wt, bias, window, act, alpha, beta, oh, ow)
+        for avx512 in (True, False):
+            y = np.full((n, oh, ow, m), np.nan, np.float32)
+            with native_avx512(avx512):
+                run = native.planar_conv(x, wt, y, bias, window, act, alpha, beta)
+                assert run is not None
+                run()
+            np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+def test_native_planar_conv_declines_what_it_cannot_read() -> None:
+    from ctxrt.backends.cpu import native
+
+    if native.library() is None:
+        pytest.skip("the native extension is not built here")
+    x, w, y = np.ones((1, 3, 4, 4), np.float32), np.ones((3, 3, 3, 8), np.float32), np.empty((1, 4, 4, 8), np.float32)
+    window = (1, 1, 1, 1, 1, 1)
+    assert native.planar_conv(x, w, y, None, window, 0, 0.0, 0.0) is not None
+    assert native.planar_conv(x.astype(np.float64), w, y, None, window, 0, 0.0, 0.0) is None
+    assert native.planar_conv(x, np.ones((2, 3, 3, 8), np.float32), y, None, window, 0, 0.0, 0.0) is None
+    assert native.planar_conv(x, w, np.empty((1, 4, 4, 4), np.float32), None, window, 0, 0.0, 0.0) is None
+    assert native.planar_conv(x, w, np.empty((1, 4, 8, 8), np.float32)[:, :, ::2], None, window, 0, 0.0, 0.0) is None
+    assert native.planar_conv(x, w, y, np.ones(4, np.float32), window, 0, 0.0, 0.0) is None
+    assert native.planar_conv(x, w, np.empty((1, 0, 4, 8), np.float32), None, window, 0, 0.0, 0.0) is None

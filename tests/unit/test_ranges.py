@@ -209,6 +209,18 @@ def test_batch_cycle_is_one_compile(backend) -> None:
         assert s["shape_variants_compiled"] == 1 and s["range_specializations"] >= len(sizes)
         # the tensor cache keeps the IO tensors (one input, one output) of the last MAX_CHILDREN shapes only
         assert s["tensors_created"] - s["tensors_destroyed"] <= 2 * Graph.MAX_CHILDREN
+        if backend == "cpu" and _native_convs():
+            # every step takes the batch (native convs, pools, the classifier's GEMV): no kernel made for a size, one
+            # recording for them all, whose structs are predicted from the fifth new size on (runtime/slots.py)
+            assert s["range_kernels_built"] == 0 and s["recordings"] == 1
+            assert s["range_structs_predicted"] >= 7 * 30
+
+
+def _native_convs() -> bool:
+    from ctxrt.backends.cpu import native
+    from ctxrt.backends.cpu.onednn import api
+
+    return native.library() is not None and api.available()
 
 
 def _pointwise_block(act: tuple[str, dict, dict] | None, residual: bool) -> onnx.ModelProto:
@@ -273,10 +285,65 @@ def test_a_range_programs_pointwise_convs_run_one_kernel_for_every_batch(act, re
         for n in (8, 1, 3, 8):
             want = theirs.run(None, feeds[n])[0]
             np.testing.assert_allclose(g.run(feeds[n])["y"], want, rtol=1e-5, atol=1e-5)
-        # a kernel that binds any shape is made once per step (runtime/extents.py), the others once per batch size
+        # a kernel that binds any shape is the step's one kernel, a live step (runtime/extents.py): no kernel is
+        # made for it at a new batch size (only for oneDNN's conv of a Sigmoid, once per size)
         free = {k for k, step in enumerate(g.compiled.steps) if step.attrs.get("any_rows") or step.attrs.get("dw_rows")}
-        assert set(g._extent.shape_free) == free & set(g._extent.makers)
+        assert free <= set(g._extent.live_raw)
         assert len(free) == algs.count("native:gemm_rows") + algs.count("native:dwconv")
+        made_per_size = set(g.ranges._by_step) - set(g._extent.live_raw)  # the layout's reorders, a Sigmoid's conv
+        assert not free & made_per_size and g.ctx.stats["range_kernels_built"] == 3 * len(made_per_size)  # 8, 1, 3
+
+
+def _stem(act: str | None) -> onnx.ModelProto:
+    """x[batch, 3, 13, 15] -> Conv 3 -> 16, 3x3, stride 2, pads 1, bias -> `act` -> 1x1 Conv 16 -> 8: a CNN's first
+    conv on its NCHW input."""
+    rng = np.random.default_rng(8)
+    inits = [numpy_helper.from_array((rng.standard_normal((16, 3, 3, 3)) / 4).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b1"),
+             numpy_helper.from_array((rng.standard_normal((8, 16, 1, 1)) / 4).astype(np.float32), "w2")]
+    nodes, last = [helper.make_node("Conv", ["x", "w1", "b1"], ["h"], strides=[2, 2], pads=[1, 1, 1, 1])], "h"
+    if act is not None:
+        nodes.append(helper.make_node(act, ["h"], ["ha"]))
+        last = "ha"
+    nodes.append(helper.make_node("Conv", [last, "w2"], ["y"]))
+    io = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 13, 15]),
+          helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8, 7, 8])]
+    graph = helper.make_graph(nodes, "stem", io[:1], io[1:], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("act", [None, "Relu", "HardSwish", "Sigmoid"])
+def test_a_range_programs_first_conv_reads_the_planar_input(act, tmp_path, monkeypatch) -> None:
+    """A range program's conv of few channels on the graph's NCHW input runs csrc/dwconv.c's planar conv (bias and
+    activation fused), with no reorder of the input before it and no kernel made per batch size; equal to
+    onnxruntime at batch 8, 1, 3, 8, compiled and loaded from its binary, and where the extension is missing at run
+    time (the input reordered into a copy of its own, oneDNN's conv). An activation the kernel lacks (Sigmoid) is
+    a step of its own after it. A static program keeps oneDNN's reorder and conv."""
+    from ctxrt.backends.cpu import native
+    from ctxrt.cli import main as cli
+
+    if not _native_convs():
+        pytest.skip("oneDNN or the native extension is missing here")
+    model = _stem(act)
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(6)
+    feeds = {n: {"x": rng.standard_normal((n, 3, 13, 15)).astype(np.float32)} for n in (1, 3, 8)}
+    onnx.save(model, tmp_path / "stem.onnx")
+    assert cli(["compile", str(tmp_path / "stem.onnx"), "-o", str(tmp_path / "stem.ctx"), "--dim", "batch=1:8"]) == 0
+    steps = ctxrt.context_from_binary(tmp_path / "stem.ctx").graph().compiled.steps
+    assert (steps[0].op, steps[0].algorithm) == ("Conv", "native:planar_conv"), [(s.op, s.algorithm) for s in steps]
+    assert steps[1].op == ("Sigmoid" if act == "Sigmoid" else "Conv")
+    static = ctxrt.compile(model.SerializeToString(), {"x": (2, 3, 13, 15)}).graph().compiled.steps
+    assert static[0].op == "Reorder" and static[1].algorithm.startswith("onednn:")
+    for no_native in (False, True):
+        if no_native:
+            monkeypatch.setattr(native, "planar_conv", lambda *args, **kwargs: None)
+        g = ctxrt.context_from_binary(tmp_path / "stem.ctx").graph()
+        for n in (8, 1, 3, 8):
+            want = theirs.run(None, feeds[n])[0]
+            np.testing.assert_allclose(g.run(feeds[n])["y"], want, rtol=1e-5, atol=1e-5)
+        assert 0 in g._extent.live_raw
+        assert g.ctx.stats["range_kernels_built"] == 3 * (len(g.ranges._by_step) - len(g._extent.live_raw))
 
 
 MODELS = [(name, exp) for name in exported.MODELS for exp in ("dynamo", "legacy")
@@ -637,9 +704,9 @@ def test_a_loaded_programs_extents_are_checked_against_its_arena(coeffs: list[in
 
 
 def test_a_native_conv_flag_the_node_cannot_have_is_a_clear_error() -> None:
-    """A binary whose Conv says `any_rows` (the many-rows GEMM) or `dw_rows` (the native depthwise conv) where its
-    shapes do not fit that kernel (damaged or forged): one UnsupportedOpError naming the node, not a failed reshape
-    when it is bound."""
+    """A binary whose Conv says `any_rows` (the many-rows GEMM), `dw_rows` (the native depthwise conv) or
+    `planar_rows` (the native conv of a planar input) where its shapes or layouts do not fit that kernel (damaged
+    or forged): one UnsupportedOpError naming the node, not a failed reshape when it is bound."""
     from ctxrt.backends.cpu import native
     from ctxrt.backends.cpu.onednn import api, kernels
     from ctxrt.backends.kernel import NodeSpec, TensorSpec
@@ -655,7 +722,7 @@ def test_a_native_conv_flag_the_node_cannot_have_is_a_clear_error() -> None:
     pointwise = NodeSpec("Conv", "pw", {**nhwc, "group": 1, "pads": [0, 0, 0, 0], "kernel_shape": [1, 1]},
                          [TensorSpec((2, 5, 5, 8), f32), TensorSpec((16, 8, 1, 1), f32)],
                          [TensorSpec((2, 5, 5, 16), f32)], [None, np.ones((16, 8, 1, 1), np.float32)])
-    for spec, flag in ((depthwise, "any_rows"), (pointwise, "dw_rows")):
+    for spec, flag in ((depthwise, "any_rows"), (pointwise, "dw_rows"), (pointwise, "planar_rows")):
         spec.attrs[flag] = 1
         with pytest.raises(UnsupportedOpError, match=f"Conv '{spec.name}': compiled for a native kernel \\({flag}\\)"):
             kernels.conv(spec)

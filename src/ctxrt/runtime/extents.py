@@ -142,8 +142,6 @@ class ExtentRunner:
         self.cache: dict[int, OrderedDict[tuple[int, ...], Made]] = {k: OrderedDict() for k in makers}
         # kernels of steps whose changing constants their kernel reads only when it runs, by step and shapes
         self.by_shape: dict[tuple[int, Any], Any] = {}
-        # kernels that bind arrays of any shape (`any_shape`: their code and constants do not depend on it), by step
-        self.shape_free: dict[int, Any] = {}
         self.kernels_built = 0  # kernels made for sets of dims (AtDims.built: the new ones of a set)
         self.work = [step_work(s) for s in g.compiled.steps]  # at the upper bound: bounds every shape inside
         fixed = [w for k, w in enumerate(self.work) if k not in makers]
@@ -208,6 +206,14 @@ class ExtentRunner:
         small = [self.work[k] for k in self.live_raw if self.work[k] is not None and self.work[k] < SMALL_WORK]
         self.live_big = [k for k in self.live_raw if self.work[k] is None or self.work[k] >= SMALL_WORK]
         self.live_work: int | None = None if self.static_work is None else max([self.static_work, *small])
+        # the small live steps' work at a set of dims, for the total that decides a thread split (`splits`): their
+        # work at the upper bound scaled by the largest ratio of a view's elements at those dims to the bound's
+        # (exact for work that follows the output, an upper bound for a reduction over a changing axis)
+        idx_of = g.ranges._by_step
+        self.live_small = [(self.work[k], [[(idx_of[k][j], r.shape[axis]) for axis, j in axes if r.shape[axis]]
+                                           for spec in [*self.live_spec[k][0], *self.live_spec[k][1]]
+                                           if spec is not None for r, axes in [spec] if axes])
+                           for k in self.live_raw if k not in self.live_big and self.work[k]]
         # outputs of data-dependent size (GroupQueryAttention's present): (name, axis, the scalar of its real size)
         out_index = {t.name: i for i, t in enumerate(g.outputs)}
         self.extents = [(out_index[name], axis, _view(g, r)) for name, (axis, r) in g.compiled.extents.items()]
@@ -243,7 +249,6 @@ class ExtentRunner:
         self.shared.clear()
         self.cur = []
         self.by_shape.clear()
-        self.shape_free.clear()
         self.internal_io, self.extents = None, []
 
     @classmethod
@@ -254,7 +259,15 @@ class ExtentRunner:
             return None
         from ctxrt.backends.cpu.extents import maker
 
-        return cls(g, {k: maker(g.compiled.steps[k], g.compiled.opset) for k in g.ranges._by_step})
+        makers = {}
+        for k in g.ranges._by_step:
+            step, kernel = g.compiled.steps[k], g._kernels[k]
+            makers[k] = maker(step, g.compiled.opset)
+            if makers[k] is None and getattr(kernel, "any_shape", False) and not kernel.scratch:
+                makers[k] = _any_shape(kernel)  # AnyRows, DepthwiseRows, PlanarRows, ShapeFree: one for all shapes
+            if makers[k] is None and native.library() is not None:
+                makers[k] = small_rows(step)  # a GEMM of a few rows at the upper bound: the GEMV at every count
+        return cls(g, makers)
 
     def _live(self, k: int, idx: list[int], raw: bool) -> Any:
         """Step k's launch at any dims (a live step: its maker's, from views at the upper bound's places with the
@@ -379,6 +392,7 @@ class ExtentRunner:
                 got.append(t.with_shape(tuple(shape)))
         steps: Mapping[int, Made] = _NO_STEPS
         largest = self.live_work
+        gemv, parts, total = 0, [], self.static_total
         for k in self.live_big:  # live steps large at the upper bound: their work at these dims
             if largest is None:
                 break
@@ -388,7 +402,15 @@ class ExtentRunner:
                                    [None if x is None else _shaped(x[0], x[1], key) for x in ins_spec],
                                    [_shaped(x[0], x[1], key) for x in outs_spec]))
             largest = None if work is None else max(largest, work)
-        gemv, parts, total = 0, [], self.static_total
+            total += work or 0
+        for work, views in self.live_small:
+            scale = 0.0
+            for axes in views:
+                ratio = 1.0
+                for i, bound in axes:
+                    ratio *= vals[i] / bound
+                scale = max(scale, ratio)
+            total += int(work * scale)
         for mask, members in self.groups_made.items():  # the steps that follow the same dims change together
             if not members:
                 continue
@@ -469,9 +491,7 @@ class ExtentRunner:
         if made.make is None:
             made.make = small_rows(step)
             made.blas = made.make is not None and native.library() is None  # NumPy's GEMV (else the native one)
-        if made.make is None:  # a kernel that binds any shape (AnyRows, DepthwiseRows, ShapeFree): the one made before
-            made.kernel = self.shape_free.get(k)
-        if made.make is None and made.kernel is None:
+        if made.make is None:
             weights = ctx.host_weights
             spec = NodeSpec(step.op, step.name, step.attrs,
                             [TensorSpec(r.shape, np.dtype(r.dtype)) if r else None for r in step.inputs],
@@ -492,8 +512,6 @@ class ExtentRunner:
                     self.by_shape[shapes] = made.kernel
                     if len(self.by_shape) > PER_STEP * 4:
                         self.by_shape.pop(next(iter(self.by_shape)))
-                if getattr(made.kernel, "any_shape", False):
-                    self.shape_free[k] = made.kernel
         if made.kernel is not None:
             made.blas = bool(made.kernel.blas)
             planned = [ref.nbytes for ref in step.scratch]
@@ -854,6 +872,15 @@ def same_binding(bound: tuple[Any, ...] | None, ins: list[TensorInfo], outs: lis
             return False
         k += 1
     return True
+
+
+def _any_shape(kernel: Any) -> Make:
+    """The launch maker of a kernel that binds arrays of any shape (`any_shape`): its step is live."""
+    bind = kernel.bind
+
+    def make(step: Any, ins: list[Any], outs: list[Any]) -> Any:
+        return bind(ins, outs, [])
+    return make
 
 
 def _view(g: Graph, r: Any) -> Any:

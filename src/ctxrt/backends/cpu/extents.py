@@ -127,8 +127,9 @@ def small_rows(step: Any) -> Make | None:
     has_bias = (step.op == "Gemm" or a.get("bias")) and len(step.inputs) > 2 and step.inputs[2] is not None
     residual = bool(a.get("residual")) and len(step.inputs) > 3 and step.inputs[3] is not None
 
-    def make(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
+    def make(step: Any, ins: list[Any], outs: list[Any]) -> Launch:  # (at any rows up to the step's: live)
         stored = ins[1].reshape(k, n) if a["weights_tag"] == "ab" else ins[1].reshape(n, k)
+        rows = ins[0].size // k
         x, y = ins[0].reshape(rows, k), outs[0].reshape(rows, n)
         bias = ins[2].reshape(n) if has_bias else None
         res = ins[3].reshape(rows, n) if residual else None

@@ -116,10 +116,10 @@ def launch(a: np.ndarray, w: np.ndarray, trans: bool, y: np.ndarray, bias: np.nd
                            ldy=n, accumulate=int(accumulate), act=code, threads=1, alpha=alpha, beta=beta)
     keep = (a, w, y, bias, residual)
     if many and m > GEMM_ROWS:  # shared on OpenMP's team where oneDNN loaded it (csrc/gemv.c, gemm_many): of the
-        if m * k * n < MANY_SHARED_WORK:  # run's OpenMP count, read in C (one struct for every run: batched,
-            return native.launch("ctxrt_gemv", args, keep)  # and in a shared list's slots)
-        if native.openmp_team():
-            args.threads = 0
+        if native.openmp_team():  # run's OpenMP count, read in C from MANY_SHARED_WORK on (one struct for every run:
+            args.threads = 0  # batched, and in a shared list's slots, its fields linear in the rows)
+            return native.launch("ctxrt_gemv", args, keep)
+        if m * k * n < MANY_SHARED_WORK:
             return native.launch("ctxrt_gemv", args, keep)
         return native.threaded_launch("ctxrt_gemv", args, keep)
     if w.nbytes < THREADED_BYTES and m * k * n < SHARED_WORK:

@@ -231,6 +231,35 @@ def dwconv(x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None,
     return launch("ctxrt_dwconv", args, tuple(arrays))
 
 
+class PlanarArgs(ctypes.Structure):
+    """csrc/dwconv.h's planar_args: a convolution of planar (NCHW) images into channels-last output."""
+
+    _fields_ = [(name, ctypes.c_int64) for name in ("n", "c", "h", "w", "m", "oh", "ow", "kh", "kw", "sh", "sw", "ph",
+                                                     "pw", "dh", "dw")] + \
+        [("x", ctypes.c_void_p), ("wt", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("y", ctypes.c_void_p),
+         ("act", ctypes.c_int64), ("alpha", ctypes.c_float), ("beta", ctypes.c_float), ("threads", ctypes.c_int64)]
+
+
+def planar_conv(x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None, window: tuple[int, ...],
+                act: int, alpha: float, beta: float) -> Any | None:
+    """The launch of y = act(conv(x) + bias) of planar float32 images x [n, c, h, w] into channels-last
+    y [n, oh, ow, m], one group, weights w [c, kh, kw, m], `window` (sh, sw, ph, pw, dh, dw), `act` csrc/gemv.h's
+    code (csrc/dwconv.c: its rows on OpenMP's team of the run), or None where the arrays do not fit it; the
+    library must be loaded."""
+    arrays = [x, w, y] + ([bias] if bias is not None else [])
+    if x.ndim != 4 or y.ndim != 4 or w.ndim != 4 or x.shape[0] != y.shape[0] or x.shape[1] != w.shape[0] \
+            or y.shape[3] != w.shape[3] or any(t.dtype != np.float32 or not t.flags.c_contiguous for t in arrays) \
+            or not y.size or bias is not None and bias.shape != (y.shape[3],):
+        return None
+    n, c, h, wd = x.shape
+    sh, sw, ph, pw, dh, dw = window
+    args = PlanarArgs(n=n, c=c, h=h, w=wd, m=y.shape[3], oh=y.shape[1], ow=y.shape[2], kh=w.shape[1], kw=w.shape[2],
+                      sh=sh, sw=sw, ph=ph, pw=pw, dh=dh, dw=dw, x=x.ctypes.data, wt=w.ctypes.data,
+                      bias=None if bias is None else bias.ctypes.data, y=y.ctypes.data, act=act, alpha=alpha,
+                      beta=beta, threads=0)
+    return launch("ctxrt_planar_conv", args, tuple(arrays))
+
+
 class Sum8Args(ctypes.Structure):
     """csrc/qelem.h's sum8_args: y[o, i] = sum over c of x[o, c, i], 8 bits into int32."""
 
@@ -337,7 +366,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
     for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "dynquant", "qmatmul",
                  "igemm", "swish", "lstm", "gru", "ln_rows", "softmax_rows", "lut8", "affine8", "act", "sum8", "ew",
-                 "batch", "dnnl", "bmm", "trilu", "range", "gap", "dwconv"):
+                 "batch", "dnnl", "bmm", "trilu", "range", "gap", "dwconv", "planar_conv"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]

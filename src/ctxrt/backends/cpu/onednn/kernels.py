@@ -219,7 +219,8 @@ def conv(spec: NodeSpec) -> Kernel:
     pointwise = g == 1 and (kh, kw) == (1, 1) and strides == [1, 1] and pb == pe == [0, 0] and _rows(src, x) \
         and _rows(dst, y) and native_act
     depthwise = g > 1 and g == m == x[1] and cg == 1 and src.channels_last and dst.channels_last and native_act
-    for flag, fits in (("any_rows", pointwise), ("dw_rows", depthwise)):
+    planar = g == 1 and src is PLAIN and dst.channels_last and x[1] < PLANAR_CHANNELS and not residual and native_act
+    for flag, fits in (("any_rows", pointwise), ("dw_rows", depthwise), ("planar_rows", planar)):
         if spec.attr(flag) and not fits:  # a binary's choice this node cannot have (damaged or forged)
             raise UnsupportedOpError(f"Conv {spec.name!r}: compiled for a native kernel ({flag}) its shapes, "
                                      "layouts or activation do not fit; compile the model again")
@@ -228,6 +229,8 @@ def conv(spec: NodeSpec) -> Kernel:
         return AnyRows(spec, m, cg, has_bias, residual)
     if spec.attr("dw_rows") or ranged and depthwise:
         return DepthwiseRows(spec, (kh, kw), (*strides, *pb, *[d + 1 for d in dil]), has_bias, residual)
+    if spec.attr("planar_rows") or ranged and planar:
+        return PlanarRows(spec, (m, cg, kh, kw), (*strides, *pb, *[d + 1 for d in dil]), has_bias)
     wdims = _weights_dims(m, cg, kh, kw, g)
     src_md = api.Desc.make(x, _tag(src, x, dst))
     dst_md = api.Desc.make(y, _tag(dst, y, src))
@@ -436,6 +439,77 @@ class DepthwiseRows(_NativeConv):
         args = [(api.ARG_SRC, api.Memory(src_md, x.ctypes.data)),
                 (api.ARG_WEIGHTS, api.Memory(w_md, packed.ctypes.data))]
         return _fallback_launch(self, prim, args, attr, (dst_md, y), (bias_md, bias), residual, (packed, x, w))
+
+
+# input channels under which a range program's conv reads planar (NCHW) images directly (PlanarRows): a network's
+# first conv, on the graph's input (the layout pass offers the planar source below 8)
+PLANAR_CHANNELS = 8
+
+
+class PlanarRows(_NativeConv):
+    """A range program's convolution of few planar input channels (a network's first, on the graph's NCHW input)
+    into channels-last output, one group: csrc/dwconv.c's ctxrt_planar_conv, the weights stored [C, kh, kw, M], the
+    bias and activation fused; no reorder of the input before it (oneDNN has only its reference kernel for a planar
+    source into a channels-last output: the program reordered the input, and made that reorder's and the conv's
+    primitives at each new batch size). Where the extension is missing at run time: the input reordered into a
+    channels-last copy of its own and oneDNN's convolution, both made for the arrays' batch."""
+
+    algorithm = "native:planar_conv"
+
+    def __init__(self, spec: NodeSpec, wshape: tuple[int, int, int, int], window: tuple[int, ...],
+                 has_bias: bool) -> None:
+        self.wshape, self.window = wshape, window
+        super().__init__(spec, "planar_rows", has_bias, False,
+                         lambda w: np.ascontiguousarray(w.reshape(wshape).transpose(1, 2, 3, 0)).reshape(w.shape),
+                         wshape)
+
+    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Callable[[], None]:
+        m, c, kh, kw = self.wshape
+        x, y = ins[0], outs[0]
+        w = ins[1].reshape(c, kh, kw, m)
+        bias = ins[2].reshape(m) if self.has_bias else None
+        act, alpha, beta = self.act or (None, 0.0, 0.0)
+        run = native.planar_conv(x, w, y, bias, self.window, gemv.act_code(act) or 0, alpha, beta) \
+            if native.library() is not None else None
+        return run if run is not None else self._onednn(x, w, y, bias)
+
+    def _onednn(self, x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None) -> Callable[[], None]:
+        """The input reordered channels-last into a buffer of its own, then oneDNN's convolution (the extension
+        is missing): both primitives made for these arrays."""
+        spec = self.spec
+        m, c, kh, kw = self.wshape
+        sh, sw, ph, pw, dh, dw = self.window
+        n, _, h, wd = x.shape
+        _, oh, ow, _ = y.shape
+        plain, src_md = api.Desc.make((n, c, h, wd), "abcd"), api.Desc.make((n, c, h, wd), "acdb")
+        dst_md = api.Desc.make((n, m, oh, ow), "acdb")
+        staged = np.empty((n, h, wd, c), np.float32)
+        to_last = api.reorder(plain, src_md)
+        wdims = (m, c, kh, kw)
+        any_md = api.Desc.make(wdims, api.TAG_ANY)
+        bias_md = api.Desc.make((m,), "a") if bias is not None else None
+        pe = [(o - 1) * s + (k - 1) * d + 1 - i - b for o, s, k, d, i, b in
+              ((oh, sh, kh, dh, h, ph), (ow, sw, kw, dw, wd, pw))]
+        attr = api.Attr(CONV_ACTIVATIONS[spec.attr("activation")], alpha=float(spec.attr("activation_alpha", 0.0)),
+                        beta=float(spec.attr("activation_beta", 0.0)))
+        prim = create(spec, "convolution_forward", api.FORWARD_INFERENCE, api.CONVOLUTION_DIRECT, src_md.handle,
+                      any_md.handle, bias_md.handle if bias_md else None, dst_md.handle, api.Dims(sh, sw),
+                      api.Dims(dh - 1, dw - 1), api.Dims(ph, pw), api.Dims(*pe), attr=attr)
+        reject_reference(prim, spec)
+        w_md = prim.md(api.Q_WEIGHTS_MD)  # the stored [C, kh, kw, M] reordered into its format
+        packed = _prepack(w, wdims, "bcda", w_md)
+        self.private_bytes = (self.private_bytes or 0) + packed.nbytes + staged.nbytes
+        stage = to_last.launch([(api.ARG_FROM, api.Memory(plain, x.ctypes.data)),
+                                (api.ARG_TO, api.Memory(src_md, staged.ctypes.data))])
+        args = [(api.ARG_SRC, api.Memory(src_md, staged.ctypes.data)),
+                (api.ARG_WEIGHTS, api.Memory(w_md, packed.ctypes.data))]
+        conv = _fallback_launch(self, prim, args, attr, (dst_md, y), (bias_md, bias), None, (packed, staged, x, w))
+
+        def run() -> None:
+            stage()
+            conv()
+        run.held = (stage, conv, to_last, plain)  # type: ignore[attr-defined]
+        return run
 
 
 # Weights formats tried, in order, when the one oneDNN prefers is padded and prefer="memory" (measured: given
