@@ -128,6 +128,22 @@ def test_default_takes_away_the_cores_other_processes_use(monkeypatch) -> None:
     assert mon.available() == 4  # others: 0.3 - 0.3 = 0
 
 
+def test_a_burst_that_has_ended_does_not_take_a_core_after_a_long_gap(monkeypatch) -> None:
+    """Two cores; another process busy for 4 of the 5 seconds since the last sample: where nothing else runs now
+    (/proc/loadavg counts this thread only), both cores; where something does, one; a short gap keeps the
+    average."""
+    mon = threads.CoreMonitor(period=0.0)
+    mon.cores = 2
+    samples = iter([(10.0, 100.0, 5.0), (15.0, 104.5, 5.5), (20.0, 109.0, 5.5), (20.5, 109.5, 5.5)])
+    running = iter([1, 3])
+    monkeypatch.setattr(mon, "_sample", lambda: next(samples))
+    monkeypatch.setattr(mon, "_running", lambda: next(running))
+    mon._last = mon._sample()
+    assert mon.available() == 2  # others 0.8 core on average, but only this thread runs now
+    assert mon.available() == 1  # others 0.9 core, and two more tasks run now
+    assert mon.available() == 1  # a short gap: others 1.0 core on average, /proc/loadavg not read
+
+
 def test_busy_ticks_leave_out_idle_iowait_steal_and_guest() -> None:
     """A neighbour on the hypervisor (steal) is not a process on this machine, and guest time is in user."""
     line = b"cpu  100 5 20 9000 40 3 2 700 50 1".split()  # user nice system idle iowait irq softirq steal guest gnice

@@ -266,7 +266,9 @@ class ExtentRunner:
             if makers[k] is None and getattr(kernel, "any_shape", False) and not kernel.scratch:
                 makers[k] = _any_shape(kernel)  # AnyRows, DepthwiseRows, PlanarRows, ShapeFree: one for all shapes
             if makers[k] is None and native.library() is not None:
-                makers[k] = small_rows(step)  # a GEMM of a few rows at the upper bound: the GEMV at every count
+                # a GEMM of a few rows by small weights at the upper bound: the GEMV on one thread at every count
+                # (a classifier in a batch loop; a decoder's larger GEMVs take the idle cores, made per row count)
+                makers[k] = small_rows(step, live=True)
         return cls(g, makers)
 
     def _live(self, k: int, idx: list[int], raw: bool) -> Any:
@@ -687,8 +689,27 @@ class ExtentRunner:
         block = shared.state_block(cur)
         if block is None:
             return False
+        if not shared.samples:
+            self._learn_ahead(shared, recording, st.dims)
         shared.learn(st.dims, block)
         return recording, shared, cur, block
+
+    def _learn_ahead(self, shared: slots.Shared, recording: list[Any], dims: tuple[int, ...]) -> None:
+        """A new shared list of a program with one ranged dim (a batch loop) learns its structs' polynomials now,
+        from the slots' launches at the next values of that dim: the sizes a loop meets next are predicted from
+        the first (MobileNetV3's batch cycle 1..12: sizes 2-5 made their launches, ~0.35 ms each of 33 steps,
+        before any was predicted). A program of several ranged dims (a decoder's past and sequence) learns from
+        the sets it runs, whose varying dims are the ones the fit needs."""
+        ranged = [j for j, (_, lo, hi) in enumerate(self.g.ranges.dims) if hi > lo]
+        if len(ranged) != 1:
+            return
+        j, (_, lo, hi) = ranged[0], self.g.ranges.dims[ranged[0]]
+        for v in [v for v in range(max(lo, slots.FIT_FROM), hi + 1) if v != dims[j]][:slots.FIT_SAMPLES]:
+            at = dims[:j] + (v,) + dims[j + 1:]
+            block = shared.state_block(_at_dims(recording, self.g.ranges.evaluate(at).tolist()))
+            if block is None:
+                return
+            shared.learn(at, block)
 
     def _plan(self, st: AtDims, launches: list[Any], shared: slots.Shared | None) -> feeds.Plan | None:
         """The feeds a run of the batched list `launches` reads in place, at the run's thread key (made once per

@@ -146,6 +146,8 @@ class Shared:
 MAX_VARYING = 2
 MAX_SAMPLES = 16
 VERIFY = 2
+FIT_FROM = 2  # the smallest value of a varying dim a fit learns from (0 and 1 empty or drop an axis)
+FIT_SAMPLES = 2 + VERIFY  # the sets a linear fit in one dim learns from
 
 
 class _Fit:
@@ -170,7 +172,7 @@ class _Fit:
         varying = [j for j in range(dims.shape[1]) if len(set(dims[:, j].tolist())) > 1]
         if not varying or len(varying) > MAX_VARYING:
             return None
-        keep = (dims[:, varying] >= 2).all(axis=1)  # a varying dim of 0 or 1 empties or drops an axis
+        keep = (dims[:, varying] >= FIT_FROM).all(axis=1)  # a varying dim of 0 or 1 empties or drops an axis
         samples = [x for x, kept in zip(samples, keep.tolist(), strict=True) if kept]
         dims = dims[keep]
         if len(samples) < 2 + VERIFY:

@@ -100,13 +100,14 @@ def maker(step: Any, opset: int) -> Make | None:
 GEMV_ROWS = 8  # rows under which a GEMM is a GEMV that NumPy streams faster than oneDNN (onednn/matmul.py)
 
 
-def small_rows(step: Any) -> Make | None:
+def small_rows(step: Any, live: bool = False) -> Make | None:
     """For a oneDNN GEMM step (MatMul, Gemm) whose weights are stored plain, (K, N) or (N, K), at fewer than
     GEMV_ROWS rows (up to 16 by (K, N) weights, or by (N, K) weights of at most gemv.WIDE_BYTES: a classifier in a
     batch loop, its primitive made per row count otherwise): the native GEMV with the same epilogue (bias,
     residual, then Relu; gemv.py), or NumPy's where the extension is not built, reading the same stored weights.
     A decoder's projections at one token: NumPy's GEMV was 25% faster than the primitive (8 GEMVs of 1 MiB in a
-    row, one thread); the native one takes the idle cores."""
+    row, one thread); the native one takes the idle cores. `live`: only where its launch at every row count up to
+    the step's is one thread's (small weights and work), whose struct a shared launch list copies (a live step)."""
     a = step.attrs
     if step.op not in ("MatMul", "Gemm") or a.get("kernel") != "onednn" or a.get("weights_tag") not in ("ab", "ba"):
         return None
@@ -124,6 +125,8 @@ def small_rows(step: Any) -> Make | None:
     numpy_act = act in (None, "Relu")  # a GELU costs NumPy 9 passes: without the native GEMV, oneDNN's fused one
     if not numpy_act and native.library() is None:  # is faster (1 x 256 by 256 x 1024: 26 vs 38 us)
         return None
+    if live and not (k * n * 4 < gemv.THREADED_BYTES and rows * k * n < gemv.SHARED_WORK):
+        return None  # (a launch at any row count up to the step's: one thread's, whose struct a shared list copies)
     has_bias = (step.op == "Gemm" or a.get("bias")) and len(step.inputs) > 2 and step.inputs[2] is not None
     residual = bool(a.get("residual")) and len(step.inputs) > 3 and step.inputs[3] is not None
 
