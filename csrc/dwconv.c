@@ -22,7 +22,7 @@
 #include "act_param.h"
 #include "gemv.h"
 
-#define DW_SHARED_WORK (1 << 17)  /* multiply-adds from which the rows are shared (~10 us on one core) */
+#define CONV_SHARED_WORK (1 << 17)  /* multiply-adds from which the rows are shared (~10 us on one core) */
 
 /* the activations with a vector form here (csrc/gemv.h's codes); the others applied after, by ctxrt_act */
 static int vector_act(int64_t act) { return act == 0 || act == 1 || (act >= 7 && act <= 10); }
@@ -158,28 +158,42 @@ typedef void (*dw_row_fn)(const dw_args *, int64_t);
 static dw_row_fn dw_row(const dw_args *p) { (void)p; return dw_row_c; }
 #endif
 
-typedef struct { const dw_args *p; dw_row_fn row; } dw_job;
+/* a conv's output rows (depthwise or planar: the one given) shared on OpenMP's team: each row by its kernel, then
+   through ctxrt_act where the activation has no vector form here (GELU, SiLU, erf) */
+typedef struct {
+    const dw_args *dw;
+    dw_row_fn dw_row;
+    const planar_args *pl;
+    void (*pl_row)(const planar_args *, int64_t);
+    int64_t rows, row_floats;
+    float *y;
+    int64_t act;
+    float alpha, beta;
+} conv_job;
 
-static void dw_share(void *arg, int64_t t, int64_t count) {
-    const dw_job *j = (const dw_job *)arg;
-    const dw_args *p = j->p;
-    const int64_t rows = p->n * p->oh, r0 = rows * t / count, r1 = rows * (t + 1) / count;
+static void conv_share(void *arg, int64_t t, int64_t count) {
+    const conv_job *j = (const conv_job *)arg;
+    const int64_t r0 = j->rows * t / count, r1 = j->rows * (t + 1) / count;
     for (int64_t r = r0; r < r1; r++) {
-        j->row(p, r);
-        if (!vector_act(p->act)) {  /* GELU, SiLU, erf: the row's values through ctxrt_act */
-            float *y = p->y + r * p->ow * p->c;
-            const act_args a = {p->ow * p->c, y, y, p->act, p->alpha, p->beta};
+        if (j->dw) j->dw_row(j->dw, r);
+        else j->pl_row(j->pl, r);
+        if (!vector_act(j->act)) {
+            float *y = j->y + r * j->row_floats;
+            const act_args a = {j->row_floats, y, y, j->act, j->alpha, j->beta};
             ctxrt_act(&a);
         }
     }
 }
 
+static void conv_run(conv_job *j, int64_t work, int64_t threads) {
+    if (work < CONV_SHARED_WORK) conv_share(j, 0, 1);
+    else ctxrt_team_run(conv_share, j, threads);
+}
+
 /* y = act(depthwise conv(x) + bias (+ residual)) for *p. Returns 0. */
 int ctxrt_dwconv(const dw_args *p) {
-    dw_job j = {p, dw_row(p)};
-    const int64_t work = p->n * p->oh * p->ow * p->c * p->kh * p->kw;
-    if (work < DW_SHARED_WORK) dw_share(&j, 0, 1);
-    else ctxrt_team_run(dw_share, &j, p->threads);
+    conv_job j = {p, dw_row(p), 0, 0, p->n * p->oh, p->ow * p->c, p->y, p->act, p->alpha, p->beta};
+    conv_run(&j, p->n * p->oh * p->ow * p->c * p->kh * p->kw, p->threads);
     return 0;
 }
 
@@ -192,7 +206,6 @@ int ctxrt_dwconv(const dw_args *p) {
    tap lies inside the image (each tap: its weights loaded once, each pixel's input broadcast into the FMA), the
    pixels at the borders one at a time with the taps outside skipped; without AVX-512 a portable loop. */
 
-#define PL_SHARED_WORK (1 << 17)
 
 /* output row r (image r / oh, row r % oh), portable */
 static void pl_row_c(const planar_args *p, int64_t r) {
@@ -342,27 +355,9 @@ typedef void (*pl_row_fn)(const planar_args *, int64_t);
 static pl_row_fn pl_row(void) { return pl_row_c; }
 #endif
 
-typedef struct { const planar_args *p; pl_row_fn row; } pl_job;
-
-static void pl_share(void *arg, int64_t t, int64_t count) {
-    const pl_job *j = (const pl_job *)arg;
-    const planar_args *p = j->p;
-    const int64_t rows = p->n * p->oh, r0 = rows * t / count, r1 = rows * (t + 1) / count;
-    for (int64_t r = r0; r < r1; r++) {
-        j->row(p, r);
-        if (!vector_act(p->act)) {  /* GELU, SiLU, erf: the row's values through ctxrt_act */
-            float *y = p->y + r * p->ow * p->m;
-            const act_args a = {p->ow * p->m, y, y, p->act, p->alpha, p->beta};
-            ctxrt_act(&a);
-        }
-    }
-}
-
 /* y = act(conv(x, w) + bias) for *p (x planar, y channels last). Returns 0. */
 int ctxrt_planar_conv(const planar_args *p) {
-    pl_job j = {p, pl_row()};
-    const int64_t work = p->n * p->oh * p->ow * p->m * p->c * p->kh * p->kw;
-    if (work < PL_SHARED_WORK) pl_share(&j, 0, 1);
-    else ctxrt_team_run(pl_share, &j, p->threads);
+    conv_job j = {0, 0, p, pl_row(), p->n * p->oh, p->ow * p->m, p->y, p->act, p->alpha, p->beta};
+    conv_run(&j, p->n * p->oh * p->ow * p->m * p->c * p->kh * p->kw, p->threads);
     return 0;
 }
