@@ -125,6 +125,44 @@ def test_squeeze_and_excitation_stays_channels_last() -> None:
     assert [s.attrs.get("activation") for s in steps if s.op == "Conv"].count("HardSwish") == 1
 
 
+def paddle_gates(scale: str = "Div", c: float = 6.0) -> onnx.ModelProto:
+    """Hard gates written out as Paddle exports them, between convs: x * clip(x + 3, 0, 6) / 6 (hard-swish) after
+    the first, clip(x + 3, 0, 6) / 6 (hard-sigmoid) scaling the second's output per pixel (`scale`: Div by c, or
+    Mul by 1 / c), and a scalar Add and Mul in between."""
+    inits = {"w1": _w(16, 8, 3, 3), "w2": _w(16, 16, 1, 1), "w3": _w(16, 16, 3, 3),
+             "three": np.array(3.0, np.float32), "zero": np.array(0.0, np.float32), "six": np.array(6.0, np.float32),
+             "c": np.array(c if scale == "Div" else 1 / c, np.float32), "half": np.array([[[[0.5]]]], np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["a", "three"], ["a3"]), helper.make_node("Clip", ["a3", "zero", "six"], ["ac"]),
+             helper.make_node("Mul", ["a", "ac"], ["am"]), helper.make_node(scale, ["am", "c"], ["h"]),
+             helper.make_node("Conv", ["h", "w2"], ["b"]),
+             helper.make_node("Add", ["three", "b"], ["b3"]), helper.make_node("Clip", ["b3", "zero", "six"], ["bc"]),
+             helper.make_node(scale, ["bc", "c"], ["g"]), helper.make_node("Mul", ["h", "g"], ["hg"]),
+             helper.make_node("Mul", ["hg", "half"], ["hh"]), helper.make_node("Add", ["hh", "three"], ["z"]),
+             helper.make_node("Conv", ["z", "w3"], ["y"], pads=[1, 1, 1, 1])]
+    return _model(nodes, inits, (2, 8, 10, 12))
+
+
+@pytest.mark.parametrize("scale", ["Div", "Mul"])
+def test_paddles_hard_gates_fuse_and_stay_channels_last(scale) -> None:
+    """x * clip(x + 3, 0, 6) / 6 after a conv is its HardSwish epilogue, clip(x + 3, 0, 6) / 6 its HardSigmoid (Mul
+    by 1/6 as well as Div by 6), and element-wise ops with one scalar operand (Add 3, Mul by a [1, 1, 1, 1]
+    constant) and Clip with constant bounds run channels-last: the only reorders are the model's input and output
+    (PP-OCR's classifier had 71 reorders around such ops); values as onnx's reference. Bounds that are not a hard
+    gate's (clip to 6, divided by 5) stay as they are, with the same values."""
+    steps = _steps(paddle_gates(scale), onednn=True)
+    ops = [s.op for s in steps]
+    assert [s.attrs.get("activation") for s in steps if s.op == "Conv"] == ["HardSwish", "HardSigmoid", None]
+    assert "Clip" not in ops and "Div" not in ops and ops.count("Mul") == 2
+    assert [(s.inputs[0].space, s.outputs[0].space) for s in steps if s.op == "Reorder"] == \
+        [("input", "arena"), ("arena", "output")]
+    x = RNG.standard_normal((2, 8, 10, 12)).astype(np.float32) * 4
+    for model in (paddle_gates(scale), paddle_gates(scale, c=5.0)):
+        got = ctxrt.compile(model).graph().run({"x": x})["y"]
+        np.testing.assert_allclose(got, _reference(model, x), rtol=1e-4, atol=1e-5)
+    assert "Clip" in [s.op for s in _steps(paddle_gates(scale, c=5.0), onednn=True)]
+
+
 @pytest.mark.parametrize("layout", ["nhwc", "nChw8c", "nChw16c"])
 @pytest.mark.parametrize("make", [conv_chain, chain_with_reshape, se_block])
 def test_layouts_match_the_reference(make, layout: str) -> None:

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 import ctxrt
 from ctxrt.compiler.program import CONST
 from ctxrt.compiler.ranges import RangeError
-from ctxrt.errors import FormatError, ShapeError
+from ctxrt.errors import CtxrtWarning, FormatError, ShapeError
 from ctxrt.runtime.graph import Graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
@@ -346,6 +346,31 @@ def test_a_range_programs_first_conv_reads_the_planar_input(act, tmp_path, monke
             np.testing.assert_allclose(g.run(feeds[n])["y"], want, rtol=1e-5, atol=1e-5)
         assert 0 in g._extent.live_raw
         assert g.ctx.stats["range_kernels_built"] == 3 * (len(g.ranges._by_step) - len(g._extent.live_raw))
+
+
+def test_a_session_ranges_the_batch_where_an_image_size_cannot_be_ranged() -> None:
+    """A model whose height and width are dynamic beside its batch, read by a strided conv (its output size is not
+    linear in them: no program for ranges of all three): the session compiles one program for a range of the batch
+    at the image size met, with one warning naming the dims, so a batch loop at that size is one compile (PP-OCR's
+    classifier and recognizer compiled per batch size); another image size compiles one such program for it."""
+    model = _stem("HardSwish")
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "height"
+    model.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "width"
+    for d in (2, 3):
+        model.graph.output[0].type.tensor_type.shape.dim[d].dim_param = f"out{d}"
+    data = model.SerializeToString()
+    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(7)
+    with pytest.warns(CtxrtWarning, match="one program for a range of 'batch' only, for each size of "
+                                                "\\['height', 'width'\\] met"):
+        sess = ctxrt.InferenceSession(data)
+        for n, h, w in ((1, 13, 15), (3, 13, 15), (8, 13, 15), (2, 13, 15), (2, 9, 21), (5, 9, 21)):
+            feeds = {"x": rng.standard_normal((n, 3, h, w)).astype(np.float32)}
+            np.testing.assert_allclose(sess.run(None, feeds)[0], theirs.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+            assert sess.stats["shape_variants_compiled"] == (1 if h == 13 else 2)
+    assert sess.stats["range_programs_compiled"] == 2 and sess.dim_ranges["batch"][0] == 1
+    assert "height" not in sess.dim_ranges
+    sess.close()
 
 
 MODELS = [(name, exp) for name in exported.MODELS for exp in ("dynamo", "legacy")

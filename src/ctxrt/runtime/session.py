@@ -74,6 +74,9 @@ class InferenceSession:
         self.dim_ranges = dim_ranges or {}
         self._default_dim_max = default_dim_max
         self._range_failed: str | None = None  # why this model cannot be a range program, once known
+        # dims a range program over all of them could not follow (an image's height through a strided conv): each
+        # program is compiled for one value of these, its other dims ranged (a batch loop at a fixed image size)
+        self._fixed_dims: set[str] = set()
         self._range_error: str | None = None  # why the last range compile failed (then exact shapes were compiled)
         if sess_options is None and is_session_options(backend):  # onnxruntime's order: (model, sess_options)
             backend, sess_options = "cpu", backend
@@ -251,17 +254,16 @@ class InferenceSession:
                     try:  # the upper bound may be past what the model allows (e.g. its position table): then tight
                         variant = self._single(self._compile(None, feeds, attempt, prior), None)
                     except RangeError as e:
-                        self._range_failed = str(e)
-                        warnings.warn(f"InferenceSession compiles this model for exact input shapes: it cannot be "
-                                      f"one program for ranges of its dims ({e})", CtxrtWarning, stacklevel=3)
-                        break
+                        variant, attempt = self._one_ranged_dim(feeds, attempt, prior, e)
+                        if variant is None:
+                            break
                     except CtxrtError as e:
                         # only its message: its tracebacks' frames hold the failed compile's probes, which the
                         # next attempt would compile beside (a GPT-2 whose bound 256 fails: peak RSS beyond its
                         # weights 36.5 -> 24.2 MiB)
                         failed = f"{type(e).__name__}: {e}"
                         continue
-                    self._ranges.update(attempt)
+                    self._ranges.update({k: v for k, v in attempt.items() if k not in self._fixed_dims})
                     self._counters["range_programs_compiled"] += 1
                     if variant.ranged is not None and variant.ranged.ranges.widened:
                         self._counters["range_programs_widened"] += 1  # two compiles: the narrower fit held
@@ -277,6 +279,32 @@ class InferenceSession:
         self._keep(variant)  # most recently used last
         self._current = variant
         return variant
+
+    def _one_ranged_dim(self, feeds: Mapping[str, Any], attempt: dict[str, Any], prior: Any, error: Exception
+                        ) -> tuple[Variant | None, dict[str, Any]]:
+        """After a range compile over several dims failed with `error`: a program ranged over one of them (in the
+        order the inputs declare them: a batch first), the others fixed at these feeds' sizes, and those kept fixed
+        from now on (a later size of theirs compiles one such program for it); (None, attempt) where none
+        compiles, and the session compiles exact shapes from now on."""
+        from ctxrt.compiler.ranges import RangeError
+
+        ranged = [k for k, v in attempt.items() if not isinstance(v, str) and v[0] != v[1]]
+        for keep in ranged if len(ranged) > 1 else ():
+            one = {k: v if isinstance(v, str) or k == keep else (self._needed(feeds, k),) * 2
+                   for k, v in attempt.items()}
+            try:
+                variant = self._single(self._compile(None, feeds, one, prior), None)
+            except (RangeError, CtxrtError):
+                continue
+            self._fixed_dims = set(ranged) - {keep}
+            warnings.warn(f"InferenceSession compiles this model as one program for a range of {keep!r} only, for "
+                          f"each size of {sorted(self._fixed_dims)} met: it cannot be one program for ranges of "
+                          f"them all ({error})", CtxrtWarning, stacklevel=4)
+            return variant, one
+        self._range_failed = str(error)
+        warnings.warn(f"InferenceSession compiles this model for exact input shapes: it cannot be one program for "
+                      f"ranges of its dims ({error})", CtxrtWarning, stacklevel=4)
+        return None, attempt
 
     def _retire(self, old: Variant) -> None:
         """Free a variant: its contexts (and the weights no other variant shares), the handles tensors kept of
@@ -353,6 +381,9 @@ class InferenceSession:
         dims: dict[str, Any] = {k: v for k, v in self._ranges.items() if isinstance(v, str)}  # derived dims
         for key, n in seen.items():
             if key in dims:
+                continue
+            if key in self._fixed_dims:  # a dim no range program follows: this program is for its size
+                dims[key] = (n, n)
                 continue
             grown = 2 * (1 << max(n - 1, 0).bit_length())
             if key in self._ranges:

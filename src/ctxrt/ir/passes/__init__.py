@@ -8,18 +8,19 @@ from ctxrt.ir.passes.fold_transpose import FoldTransposeIntoMatMul
 from ctxrt.ir.passes.fuse_activation import FuseActivation
 from ctxrt.ir.passes.fuse_gelu import FuseGelu
 from ctxrt.ir.passes.fuse_rms import FuseRms
-from ctxrt.ir.passes.fuse_silu import FuseSilu
+from ctxrt.ir.passes.fuse_silu import FuseHardGates, FuseSilu
 from ctxrt.ir.passes.transpose_weights import TransposeMatMulWeights
 
 
 def default_passes(in_memory: bool = False, fuse_rms: bool = True) -> list[Pass]:
     """`in_memory`: the program runs from memory, not a binary (weights mapped from a model's file stay there);
     `fuse_rms`: the backend runs RMSNormalization itself."""
-    return [EliminateIdentity(), FoldBatchNormIntoConv(), FoldChannelAffine(), FuseActivation(), FuseGelu(),
-            FuseSilu(), *([FuseRms()] if fuse_rms else []), FoldTransposeIntoMatMul(), EliminateDead(),
-            TransposeMatMulWeights(keep_mapped=in_memory)]
+    # (FuseHardGates before FoldChannelAffine, which would fold a gate's Add into the conv before it)
+    return [EliminateIdentity(), FoldBatchNormIntoConv(), FuseHardGates(), FoldChannelAffine(), FuseActivation(),
+            FuseGelu(), FuseSilu(), *([FuseRms()] if fuse_rms else []), FoldTransposeIntoMatMul(),
+            EliminateDead(), TransposeMatMulWeights(keep_mapped=in_memory)]
 
 
 __all__ = ["Pass", "PassResult", "run_passes", "default_passes", "EliminateDead", "EliminateIdentity",
            "FoldBatchNormIntoConv", "FoldChannelAffine", "FoldTransposeIntoMatMul", "FuseActivation", "FuseGelu",
-           "FuseRms", "FuseSilu", "TransposeMatMulWeights"]
+           "FuseHardGates", "FuseRms", "FuseSilu", "TransposeMatMulWeights"]

@@ -152,12 +152,14 @@ class _Assign:
             self.plain(node)
             if self.p.supports(self.graph, node, PLAIN, PLAIN):
                 node.attrs = {**node.attrs, "kernel": self.p.provider}
-        elif node.op in UNARY and self.is_act(x) and len(ins) == 1:
-            self.emit(node, self.lay[x])
+        elif node.op in UNARY and self.is_act(x) and all(self.one_value(n) for n in ins[1:] if n):
+            self.emit(node, self.lay[x])  # (Clip's min and max: one value each)
         elif node.op in BINARY and len(ins) > 1 and all(self.is_act(n) for n in ins) \
                 and len({self.logical[n] for n in ins}) == 1 and any(self.lay[n] is L for n in ins):
             self.set_inputs(node, dict.fromkeys(range(len(ins)), L))
             self.emit(node, L)
+        elif node.op in BINARY and len(ins) == 2 and self.scalar_in_l(node):
+            pass  # emitted by scalar_in_l
         elif node.op in BINARY and len(ins) == 2 and self.per_channel_in_l(node):
             pass  # emitted by per_channel_in_l
         elif node.op in CHANNEL_OPS and self.channel_op_in_l(node, list(range(len(ins)))):
@@ -217,6 +219,30 @@ class _Assign:
         axes = node.attrs.get("axes")
         return (node.attrs.get("keepdims", 1) == 1 and axes is not None
                 and sorted(int(a) % 4 for a in axes) == [2, 3] and len(axes) == 2)
+
+    def one_value(self, name: str) -> bool:
+        """A plain value of one element (a scalar constant, [1] or [1, 1, 1, 1]): the same in every layout."""
+        v = self.graph.values.get(name)
+        if v is None or self.lay.get(name, PLAIN) is not PLAIN:
+            return False
+        return math.prod(self.logical.get(name, v.shape)) == 1
+
+    def scalar_in_l(self, node: Node) -> bool:
+        """A value in L plus (times, ...) one value (hard-swish written out, x * clip(x + 3, 0, 6) / 6, as Paddle
+        exports it): run in L, a scalar reading the same in any layout, instead of a reorder to plain and back
+        around each op (PP-OCR's direction classifier: 71 reorders)."""
+        a, b = node.inputs
+        big = a if self.is_act(a) and self.lay[a] is self.L else b if self.is_act(b) and self.lay[b] is self.L \
+            else None
+        if big is None:
+            return False
+        other = b if big == a else a
+        v, y = self.graph.values.get(other), node.outputs[0]
+        if v is None or not self.one_value(other) or np.dtype(v.dtype) != np.dtype(self.graph.values[big].dtype) \
+                or self.logical.get(y) != self.logical[big]:
+            return False
+        self.emit(node, self.L)
+        return True
 
     def per_channel_in_l(self, node: Node, pos: tuple[int, int] | list[int] = (0, 1)) -> bool:
         """A value in channels-last L times (plus, ...) a per-channel one (a squeeze-and-excitation block's
