@@ -209,11 +209,23 @@ class ExtentRunner:
         # the small live steps' work at a set of dims, for the total that decides a thread split (`splits`): their
         # work at the upper bound scaled by the largest ratio of a view's elements at those dims to the bound's
         # (exact for work that follows the output, an upper bound for a reduction over a changing axis)
-        idx_of = g.ranges._by_step
-        self.live_small = [(self.work[k], [[(idx_of[k][j], r.shape[axis]) for axis, j in axes if r.shape[axis]]
-                                           for spec in [*self.live_spec[k][0], *self.live_spec[k][1]]
-                                           if spec is not None for r, axes in [spec] if axes])
-                           for k in self.live_raw if k not in self.live_big and self.work[k]]
+        # (flat: the values' indices and bounds of every view's axes, where each view and each step starts)
+        idx_of, flat, views, steps, works = g.ranges._by_step, [], [], [], []
+        for k in self.live_raw:
+            if k in self.live_big or not self.work[k]:
+                continue
+            first = len(views)
+            for spec in [*self.live_spec[k][0], *self.live_spec[k][1]]:
+                axes = [] if spec is None else \
+                    [(idx_of[k][j], spec[0].shape[a]) for a, j in spec[1] if spec[0].shape[a]]
+                if axes:
+                    views.append(len(flat))
+                    flat.extend(axes)
+            if len(views) > first:
+                steps.append(first)
+                works.append(float(self.work[k]))
+        self.live_small = (np.array([i for i, _ in flat], np.intp), np.array([b for _, b in flat], np.float64),
+                           np.array(views, np.intp), np.array(steps, np.intp), np.array(works)) if works else None
         # outputs of data-dependent size (GroupQueryAttention's present): (name, axis, the scalar of its real size)
         out_index = {t.name: i for i, t in enumerate(g.outputs)}
         self.extents = [(out_index[name], axis, _view(g, r)) for name, (axis, r) in g.compiled.extents.items()]
@@ -381,7 +393,8 @@ class ExtentRunner:
 
     def _at(self, dims: tuple[int, ...]) -> AtDims:
         g, r = self.g, self.g.ranges
-        vals = r.evaluate(dims).tolist()
+        values = r.evaluate(dims)
+        vals = values.tolist()
         ins, outs = [], []
         for infos, places, got in ((g.inputs, self.io_axes[0], ins), (g.outputs, self.io_axes[1], outs)):
             for t, axes in zip(infos, places, strict=True):
@@ -405,14 +418,10 @@ class ExtentRunner:
                                    [_shaped(x[0], x[1], key) for x in outs_spec]))
             largest = None if work is None else max(largest, work)
             total += work or 0
-        for work, views in self.live_small:
-            scale = 0.0
-            for axes in views:
-                ratio = 1.0
-                for i, bound in axes:
-                    ratio *= vals[i] / bound
-                scale = max(scale, ratio)
-            total += int(work * scale)
+        if self.live_small is not None:
+            idx, bounds, view_at, step_at, works = self.live_small
+            ratios = np.multiply.reduceat(values[idx] / bounds, view_at)  # per view: its elements / the bound's
+            total += int(np.maximum.reduceat(ratios, step_at) @ works)
         for mask, members in self.groups_made.items():  # the steps that follow the same dims change together
             if not members:
                 continue
