@@ -45,14 +45,13 @@ def compile_graphs(models: Sequence[tuple[Any, ...]], backend: Backend, io_mem_t
     `save_context` stores the winners. `dims`: ranges of dynamic dims (compiler/ranges.py), for every model; `prior`:
     the Ranges of a narrower compile of the same model, whose fit is checked first (compile_ranges)."""
     from ctxrt.compiler import compile_model
-    from ctxrt.tuning import make_tuner
 
     if io_mem_type not in IO_MEM_TYPES:
         raise CtxrtError(f"io_mem_type must be one of {IO_MEM_TYPES}, got {io_mem_type!r}")
     names = [m[2] for m in models]
     if len(set(names)) != len(names):
         raise CtxrtError(f"graph names must be unique, got {names}")
-    tuner = make_tuner(backend, tuning)  # config and cache directory checked before any work
+    tuner = _tuner(backend, tuning)  # config and cache directory checked before any work
     graphs, weights = [], {}
     for model, shapes, name, *rest in models:
         with progress.part(name) if len(models) > 1 else contextlib.nullcontext():
@@ -82,11 +81,10 @@ def compile_split(model: Any, shapes: Mapping[str, Iterable[int]] | None, backen
     `dims`: ranges of dynamic dims (compiler/ranges.py): each part a range program (no `shapes` or `values`)."""
     from ctxrt.compiler import compile_ir, lower
     from ctxrt.compiler.split import check_links, split_graph
-    from ctxrt.tuning import make_tuner
 
     if io_mem_type not in IO_MEM_TYPES:
         raise CtxrtError(f"io_mem_type must be one of {IO_MEM_TYPES}, got {io_mem_type!r}")
-    tuner = make_tuner(backend, tuning)
+    tuner = _tuner(backend, tuning)
     if dims:
         from ctxrt.compiler.ranges import compile_ranges_split
         from ctxrt.frontend.onnx import load_model
@@ -165,3 +163,13 @@ def context_to_bytes(graphs: list[CompiledGraph], weights: Mapping[str, np.ndarr
     from ctxrt.format import context_bytes
 
     return context_bytes(graphs, dict(weights), _info(graphs, backend, source_models), _programs(graphs, backend))
+
+
+def _tuner(backend: Any, tuning: Any) -> Any:
+    """make_tuner's tuner where a compile config was given; None without importing ctxrt.tuning (and with it the
+    OpenCL backend and pyopencl: ~5 MiB resident in a CPU session that compiled an ONNX model)."""
+    if not tuning:
+        return None
+    from ctxrt.tuning import make_tuner
+
+    return make_tuner(backend, tuning)
