@@ -47,9 +47,9 @@ def test_folds_as_onnx_reference(op, attrs, ins, opset) -> None:
     assert got is not None
     names = [f"i{k}" for k in range(len(ins))]
     node = helper.make_node(op, names, ["o"], **attrs)
-    graph = helper.make_graph([node], "t", [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype),
-                                                                           a.shape) for n, a in zip(names, ins, strict=True)],
-                              [helper.make_tensor_value_info("o", 0, None)])
+    io = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+          for n, a in zip(names, ins, strict=True)]
+    graph = helper.make_graph([node], "t", io, [helper.make_tensor_value_info("o", 0, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     want = np.asarray(ReferenceEvaluator(model).run(None, dict(zip(names, ins, strict=True)))[0])
     got = np.asarray(got[0])
