@@ -286,15 +286,13 @@ class InferenceSession:
         order the inputs declare them: a batch first), the others fixed at these feeds' sizes, and those kept fixed
         from now on (a later size of theirs compiles one such program for it); (None, attempt) where none
         compiles, and the session compiles exact shapes from now on."""
-        from ctxrt.compiler.ranges import RangeError
-
         ranged = [k for k, v in attempt.items() if not isinstance(v, str) and v[0] != v[1]]
         for keep in ranged if len(ranged) > 1 else ():
             one = {k: v if isinstance(v, str) or k == keep else (self._needed(feeds, k),) * 2
                    for k, v in attempt.items()}
             try:
                 variant = self._single(self._compile(None, feeds, one, prior), None)
-            except (RangeError, CtxrtError):
+            except CtxrtError:  # (a RangeError too)
                 continue
             self._fixed_dims = set(ranged) - {keep}
             warnings.warn(f"InferenceSession compiles this model as one program for a range of {keep!r} only, for "
