@@ -222,10 +222,12 @@ class InferenceSession:
         else:
             dims = self._range_dims(feeds)
             prior = None
-            if dims:  # a wider range replaces the ranges compiled before (whose fit it tries first)
-                prior = next((old.ranged.ranges for old in self._variants.values() if old.ranged is not None),
-                             None)
-                for k in [k for k, old in self._variants.items() if old.ranged is not None]:
+            if dims:  # a wider range replaces the ranges compiled before (whose fit it tries first); with dims
+                # kept fixed (`_fixed_dims`), only the program for the same sizes of those: the others stay
+                replaced = [k for k, old in self._variants.items() if old.ranged is not None and all(
+                    self._size_in(old, key) == dims[key][0] for key in self._fixed_dims if key in dims)]
+                prior = next((self._variants[k].ranged.ranges for k in replaced), None)
+                for k in replaced:
                     self._retire(self._variants.pop(k))
             while len(self._variants) >= self._max_variants:  # free the least recently used variant first
                 self._retire(self._variants.pop(next(iter(self._variants))))
@@ -348,6 +350,15 @@ class InferenceSession:
                 if len(seen) > 1:
                     out.add(d if isinstance(d, str) else f"{name}:{axis}")
         return out
+
+    def _size_in(self, variant: Variant, key: str) -> int | None:
+        """The size of dim `key` in the inputs `variant` was compiled for (a fixed dim's), None where none has it."""
+        for name, (_, decl) in self._in_decl.items():
+            info = variant.in_info.get(name)
+            for axis, d in enumerate(decl or ()):
+                if info is not None and (d == key or f"{name}:{axis}" == key):
+                    return int(info.shape[axis])
+        return None
 
     def _needed(self, feeds: Mapping[str, Any], key: str) -> int:
         """The size of dim `key` in these feeds."""
