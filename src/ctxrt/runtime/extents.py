@@ -698,17 +698,19 @@ class ExtentRunner:
         block = shared.state_block(cur)
         if block is None:
             return False
-        if not shared.samples:
+        if not shared.samples and not st.steps:  # (every changed step live: all sizes share this recording)
             self._learn_ahead(shared, recording, st.dims)
         shared.learn(st.dims, block)
         return recording, shared, cur, block
 
     def _learn_ahead(self, shared: slots.Shared, recording: list[Any], dims: tuple[int, ...]) -> None:
-        """A new shared list of a program with one ranged dim (a batch loop) learns its structs' polynomials now,
-        from the slots' launches at the next values of that dim: the sizes a loop meets next are predicted from
-        the first (MobileNetV3's batch cycle 1..12: sizes 2-5 made their launches, ~0.35 ms each of 33 steps,
-        before any was predicted). A program of several ranged dims (a decoder's past and sequence) learns from
-        the sets it runs, whose varying dims are the ones the fit needs."""
+        """A new shared list of a program with one ranged dim (a batch loop) whose changed steps are all live (one
+        recording for every size) learns its structs' polynomials now, from the slots' launches at the next values
+        of that dim: the sizes a loop meets next are predicted from the first (MobileNetV3's batch cycle 1..12:
+        sizes 2-5 made their launches, ~0.35 ms each of 33 steps, before any was predicted). Where a size has
+        kernels of its own (a recording of its own, never shared: PP-OCR's recognizer, a new size 77 -> 35 ms
+        without it), and in a program of several ranged dims (a decoder's past and sequence), the fit is learnt from
+        the sets run, whose varying dims are the ones it needs."""
         ranged = [j for j, (_, lo, hi) in enumerate(self.g.ranges.dims) if hi > lo]
         if len(ranged) != 1:
             return
