@@ -715,7 +715,9 @@ class ExtentRunner:
         if len(ranged) != 1:
             return
         j, (_, lo, hi) = ranged[0], self.g.ranges.dims[ranged[0]]
-        for v in [v for v in range(max(lo, slots.FIT_FROM), hi + 1) if v != dims[j]][:slots.FIT_SAMPLES]:
+        first = max(lo, slots.FIT_FROM)
+        values = [v for v in range(first, min(hi, first + slots.FIT_SAMPLES) + 1) if v != dims[j]]
+        for v in values[:slots.FIT_SAMPLES]:
             at = dims[:j] + (v,) + dims[j + 1:]
             block = shared.state_block(_at_dims(recording, self.g.ranges.evaluate(at).tolist()))
             if block is None:
