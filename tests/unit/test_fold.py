@@ -18,6 +18,7 @@ CASES = [  # (op, attributes, inputs, opset)
     ("Gather", {"axis": 1}, [np.arange(12, dtype=np.float32).reshape(3, 4), np.array([[-1, 0]], i64)], 17),
     ("Squeeze", {}, [np.zeros((1, 3, 1), i64), np.array([-1], i64)], 17),
     ("Squeeze", {}, [np.zeros((1, 3, 1), i64)], 17),
+    ("Squeeze", {}, [np.zeros((1, 3, 1), i64), np.array([], i64)], 17),  # empty axes: nothing squeezed
     ("Squeeze", {"axes": [0]}, [np.zeros((1, 3, 1), i64)], 11),
     ("Unsqueeze", {}, [np.array(5, i64), np.array([0], i64)], 17),
     ("Unsqueeze", {}, [np.zeros((2, 3), i64), np.array([-1, 0], i64)], 17),
@@ -67,3 +68,6 @@ def test_what_it_does_not_take_is_left_to_onnx_reference() -> None:
     assert fold("Slice", {"starts": [0], "ends": [1]}, [np.arange(3, dtype=i64)], 9) is None  # attributes (opset 1)
     assert fold("Unsqueeze", {}, [np.ones(2, i64)], 17) is None  # no axes
     assert fold("Softmax", {}, [np.ones(2, f32)], 17) is None
+    assert fold("Range", {}, [np.array(0, i64), np.array(4, i64), np.array(0, i64)], 17) is None  # a zero step
+    assert fold("Slice", {}, [np.arange(3, dtype=i64), np.array([0], i64), np.array([2], i64), np.array([0], i64),
+                              np.array([0], i64)], 17) is None  # a zero step

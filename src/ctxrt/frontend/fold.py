@@ -22,7 +22,7 @@ def fold(op: str, attrs: Mapping[str, Any], ins: Sequence[np.ndarray | None], op
     absent) as onnx.reference computes them, or None where it is not one of these."""
     try:
         return _fold(op, attrs, ins, opset)
-    except (ValueError, IndexError, TypeError):
+    except (ValueError, IndexError, TypeError, ArithmeticError):
         return None  # (onnx.reference says what is wrong with it)
 
 
@@ -35,10 +35,10 @@ def _fold(op: str, attrs: Mapping[str, Any], ins: Sequence[np.ndarray | None], o
             return None
         return [np.concatenate(tuple(ins), int(attrs["axis"]))]
     if op in ("Squeeze", "Unsqueeze"):
-        axes = (ins[1] if len(ins) > 1 else None) if opset >= 13 else attrs.get("axes")
+        axes = (ins[1] if len(ins) > 1 else None) if opset >= 13 else attrs.get("axes") or None
         axes = None if axes is None else tuple(int(a) for a in np.asarray(axes).reshape(-1))
-        if op == "Squeeze":
-            return [np.squeeze(x, axis=axes) if axes else np.squeeze(x)]
+        if op == "Squeeze":  # (an empty axes input squeezes nothing; no axes, every axis of 1)
+            return [np.squeeze(x) if axes is None else np.squeeze(x, axis=axes)]
         return None if not axes else [np.expand_dims(x, axis=axes)]
     if op == "Gather" and len(ins) == 2 and ins[1] is not None and ins[1].dtype.kind in "iu":
         idx = ins[1] if ins[1].flags.c_contiguous else np.ascontiguousarray(ins[1])  # (a 0-d index stays 0-d)
