@@ -65,7 +65,7 @@ def _fold(op: str, attrs: Mapping[str, Any], ins: Sequence[np.ndarray | None], o
                               strict=True):
             slices[int(a)] = slice(int(s), int(e), int(d))
         return [x[tuple(slices)]]
-    if op == "Range" and len(ins) == 3 and all(a is not None and a.dtype.kind in "iu" for a in ins):
+    if op == "Range" and len(ins) == 3 and all(a is not None and a.dtype.kind in "iu" for a in ins) and ins[2].any():
         return [np.arange(ins[0], ins[1], ins[2]).astype(ins[0].dtype)]
     if op == "Trilu" and x.ndim >= 2:
         k = 0 if len(ins) < 2 or ins[1] is None else int(np.asarray(ins[1]).item())
