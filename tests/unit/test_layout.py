@@ -163,6 +163,46 @@ def test_paddles_hard_gates_fuse_and_stay_channels_last(scale) -> None:
     assert "Clip" in [s.op for s in _steps(paddle_gates(scale, c=5.0), onednn=True)]
 
 
+RESIZES = {  # attributes, scales or sizes (NCHW), as exporters write them
+    "nearest 2x (Paddle)": ({"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
+                             "nearest_mode": "floor"}, [1.0, 1.0, 2.0, 2.0], None),
+    "linear half_pixel": ({"mode": "linear"}, [1.0, 1.0, 2.0, 2.0], None),
+    "nearest sizes": ({"mode": "nearest"}, None, [2, 16, 10, 12]),
+    "cubic downscale": ({"mode": "cubic", "coordinate_transformation_mode": "pytorch_half_pixel"},
+                        [1.0, 1.0, 0.5, 0.5], None),
+}
+
+
+@pytest.mark.parametrize("case", list(RESIZES))
+def test_resize_between_convs_stays_channels_last(case) -> None:
+    """A Resize between convs (an FPN's upsample: PP-OCR's detector had 10 reorders around its six) runs on the
+    channels-last value, its scales, sizes and roi mapped onto the stored axes: the only reorders are the model's
+    input and output, values as onnx's reference."""
+    attrs, scales, sizes = RESIZES[case]
+    n, h, w = 2, 5, 6
+    inits = {"w1": _w(16, 8, 3, 3), "w2": _w(16, 8, 1, 1), "w3": _w(16, 16, 3, 3),
+             "roi": np.zeros(0, np.float32), "scales": np.array(scales or [], np.float32)}
+    inputs = ["roi", "scales"]
+    if sizes:
+        inits["sizes"] = np.array(sizes, np.int64)
+        inputs = ["roi", "", "sizes"]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["x", "w2"], ["b"]),
+             helper.make_node("Resize", ["a", *inputs], ["ra"], **attrs),
+             helper.make_node("Resize", ["b", *inputs], ["rb"], **attrs),
+             helper.make_node("Add", ["ra", "rb"], ["s"]),
+             helper.make_node("Conv", ["s", "w3"], ["y"], pads=[1, 1, 1, 1])]
+    model = _model(nodes, inits, (n, 8, h, w))
+    steps = _steps(model, onednn=True)
+    assert [(s.inputs[0].space, s.outputs[0].space) for s in steps if s.op == "Reorder"] == \
+        [("input", "arena"), ("arena", "output")]
+    resized = [s for s in steps if s.op == "Resize"]
+    assert len(resized) == 2 and all(s.attrs.get("channels_last") == 1 for s in resized)
+    x = RNG.standard_normal((n, 8, h, w)).astype(np.float32)
+    got = ctxrt.compile(model).graph().run({"x": x})["y"]
+    np.testing.assert_allclose(got, _reference(model, x), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("layout", ["nhwc", "nChw8c", "nChw16c"])
 @pytest.mark.parametrize("make", [conv_chain, chain_with_reshape, se_block])
 def test_layouts_match_the_reference(make, layout: str) -> None:

@@ -132,8 +132,13 @@ def _params(spec: NodeSpec) -> dict[str, Any]:
 
 
 def _scales(spec: NodeSpec, p: dict[str, Any]) -> tuple[list[float], list[tuple[float, float]]]:
-    """Per-axis scale and roi (onnx.reference's rules: sizes give scales, keep_aspect_ratio_policy unifies them)."""
+    """Per-axis scale and roi (onnx.reference's rules: sizes give scales, keep_aspect_ratio_policy unifies them), in
+    the order the tensors are stored: channels last where the layout pass says so (`channels_last`: the
+    attributes name the logical NCHW axes)."""
     shape, out = spec.inputs[0].shape, spec.outputs[0].shape
+    last = bool(spec.attr("channels_last", 0)) and len(shape) > 2
+    if last:  # stored (N, H, W, C): the logical (N, C, H, W) the attributes follow
+        shape = (shape[0], shape[-1], *shape[1:-1])
     r = len(shape)
     # The frontend moved constant inputs to attributes by position: Resize-10's input 1 is its scales.
     scales = spec.attr("scales") if spec.op == "Upsample" or spec.opset >= 11 else spec.attr("roi")
@@ -162,6 +167,8 @@ def _scales(spec: NodeSpec, p: dict[str, Any]) -> tuple[list[float], list[tuple[
         raise _fail(spec, "roi", roi)
     if any(s <= 0 for s in full) or len(out) != r:
         raise _fail(spec, "scales", full)
+    if last:  # back to the stored order
+        full, rois = [full[0], *full[2:], full[1]], [rois[0], *rois[2:], rois[1]]
     return full, rois
 
 

@@ -48,6 +48,7 @@ CHANNEL_OPS = {"Concat", "ChannelShuffle"}  # along the channel axis: the attrib
 QUANT_BINARY = {"QLinearAdd", "QLinearMul"}
 QUANT_LAID = QUANT_BINARY | {"QLinearConcat", "QLinearGlobalAveragePool", "QLinearLookup"}
 CONVS = {"Conv", "QLinearConv"}
+RESIZES = {"Resize", "Upsample"}  # run on a channels-last L with constant scales (resize_in_l)
 ACTIVATION_TYPES = {np.dtype(np.float32), np.dtype(np.uint8), np.dtype(np.int8)}
 SMALL_INPUT = 8  # channels under which a conv reads its plain input directly (a network's first conv)
 
@@ -101,6 +102,7 @@ class _Assign:
     def can_take_l(self, name: str) -> bool:
         """Whether some consumer of `name` could read it in L (by op kind; lookahead of one node)."""
         return any(c.op in self.p.ops or c.op in UNARY or c.op in BINARY or c.op in CHANNEL_OPS or c.op in QUANT_LAID
+                   or c.op in RESIZES and self.L.channels_last and not self.L.block
                    for c in self.consumers.get(name, []))
 
     def convert(self, name: str, to: Layout) -> str:
@@ -162,6 +164,8 @@ class _Assign:
             pass  # emitted by scalar_in_l
         elif node.op in BINARY and len(ins) == 2 and self.per_channel_in_l(node):
             pass  # emitted by per_channel_in_l
+        elif node.op in RESIZES and self.resize_in_l(node):
+            pass  # emitted by resize_in_l
         elif node.op in CHANNEL_OPS and self.channel_op_in_l(node, list(range(len(ins)))):
             self.set_inputs(node, dict.fromkeys(range(len(ins)), L))
             node.attrs = {**node.attrs, "axis": L.channel_axis}
@@ -242,6 +246,19 @@ class _Assign:
                 or self.logical.get(y) != self.logical[big]:
             return False
         self.emit(node, self.L)
+        return True
+
+    def resize_in_l(self, node: Node) -> bool:
+        """A Resize (Upsample) of a value in channels-last L whose scales, sizes and roi are attributes (constants
+        the frontend moved there): the CPU kernel resizes each stored axis (`channels_last` maps the attributes'
+        NCHW axes onto them), instead of a reorder to plain and back around it (PP-OCR's detector: its FPN's
+        nearest 2x upsamples, 10 reorders)."""
+        L, x, y = self.L, node.inputs[0], node.outputs[0]
+        if not L.channels_last or L.block or self.lay[x] is not L or not self.is_act(x) or not self.is_act(y) \
+                or any(node.inputs[1:]) or node.attrs.get("channels_last"):
+            return False
+        node.attrs = {**node.attrs, "channels_last": 1}
+        self.emit(node, L)
         return True
 
     def per_channel_in_l(self, node: Node, pos: tuple[int, int] | list[int] = (0, 1)) -> bool:
