@@ -351,22 +351,23 @@ class InferenceSession:
                     out.add(d if isinstance(d, str) else f"{name}:{axis}")
         return out
 
-    def _size_in(self, variant: Variant, key: str) -> int | None:
-        """The size of dim `key` in the inputs `variant` was compiled for (a fixed dim's), None where none has it."""
-        for name, (_, decl) in self._in_decl.items():
-            info = variant.in_info.get(name)
-            for axis, d in enumerate(decl or ()):
-                if info is not None and (d == key or f"{name}:{axis}" == key):
-                    return int(info.shape[axis])
-        return None
-
-    def _needed(self, feeds: Mapping[str, Any], key: str) -> int:
-        """The size of dim `key` in these feeds."""
+    def _axis_of(self, key: str) -> tuple[str, int] | None:
+        """The first (input, axis) whose extent is dim `key` (a symbolic name, or INPUT:AXIS), None where none."""
         for name, (_, decl) in self._in_decl.items():
             for axis, d in enumerate(decl or ()):
                 if d == key or f"{name}:{axis}" == key:
-                    return int(feeds[name].shape[axis])
-        return 0
+                    return name, axis
+        return None
+
+    def _size_in(self, variant: Variant, key: str) -> int | None:
+        """The size of dim `key` in the inputs `variant` was compiled for (a fixed dim's), None where none has it."""
+        at = self._axis_of(key)
+        return None if at is None or at[0] not in variant.in_info else int(variant.in_info[at[0]].shape[at[1]])
+
+    def _needed(self, feeds: Mapping[str, Any], key: str) -> int:
+        """The size of dim `key` in these feeds."""
+        at = self._axis_of(key)
+        return 0 if at is None else int(feeds[at[0]].shape[at[1]])
 
     def _range_dims(self, feeds: Mapping[str, Any]) -> dict[str, tuple[int, int]] | None:
         """The ranges to compile these feeds' shapes for: each symbolic dim (an unnamed one as INPUT:AXIS) in

@@ -175,7 +175,7 @@ class _Fit:
         keep = (dims[:, varying] >= FIT_FROM).all(axis=1)  # a varying dim of 0 or 1 empties or drops an axis
         samples = [x for x, kept in zip(samples, keep.tolist(), strict=True) if kept]
         dims = dims[keep]
-        if len(samples) < 2 + VERIFY:
+        if len(samples) < FIT_SAMPLES:
             return None
         fixed = {j: int(dims[0, j]) for j in range(dims.shape[1]) if j not in varying}
         best = None

@@ -255,8 +255,7 @@ class NativeAct(Blocked):
         if native.library() is None or not (x.dtype == y.dtype == np.float32 and x.flags.c_contiguous
                                             and y.flags.c_contiguous):
             return super().bind(ins, outs, scratch)
-        return native.launch("ctxrt_act", native.ActArgs(n=y.size, x=x.ctypes.data, y=y.ctypes.data, act=self.act),
-                             (x, y))
+        return native.act(x, y, self.act)
 
 
 def _native_act(spec: NodeSpec, block: Callable[..., None], act: int) -> Kernel:

@@ -125,7 +125,7 @@ def small_rows(step: Any, live: bool = False) -> Make | None:
     numpy_act = act in (None, "Relu")  # a GELU costs NumPy 9 passes: without the native GEMV, oneDNN's fused one
     if not numpy_act and native.library() is None:  # is faster (1 x 256 by 256 x 1024: 26 vs 38 us)
         return None
-    if live and not (k * n * 4 < gemv.THREADED_BYTES and rows * k * n < gemv.SHARED_WORK):
+    if live and not gemv.one_thread(rows, k, n):
         return None  # (a launch at any row count up to the step's: one thread's, whose struct a shared list copies)
     has_bias = (step.op == "Gemm" or a.get("bias")) and len(step.inputs) > 2 and step.inputs[2] is not None
     residual = bool(a.get("residual")) and len(step.inputs) > 3 and step.inputs[3] is not None

@@ -78,6 +78,12 @@ def conv_activation(attrs: dict) -> tuple[str | None, float, float] | None:
 WIDE_BYTES = 256 << 10
 
 
+def one_thread(m: int, k: int, n: int) -> bool:
+    """Whether `launch` runs a GEMM of m rows by float32 W [K, N] (or [N, K]) on the caller's thread alone: its
+    launch is then one struct (batched, and copied into a range program's shared lists)."""
+    return k * n * 4 < THREADED_BYTES and m * k * n < SHARED_WORK
+
+
 def takes(rows: int, trans: bool, wide: bool = False) -> bool:
     """Whether a GEMM of `rows` rows by W stored [N, K] (`trans`) or [K, N] runs here (where the extension is);
     `wide`: [N, K] weights of a range program, at most WIDE_BYTES, up to GEMM_ROWS rows too."""
@@ -122,6 +128,6 @@ def launch(a: np.ndarray, w: np.ndarray, trans: bool, y: np.ndarray, bias: np.nd
         if m * k * n < MANY_SHARED_WORK:
             return native.launch("ctxrt_gemv", args, keep)
         return native.threaded_launch("ctxrt_gemv", args, keep)
-    if w.nbytes < THREADED_BYTES and m * k * n < SHARED_WORK:
+    if one_thread(m, k, n):
         return native.launch("ctxrt_gemv", args, keep)
     return native.threaded_launch("ctxrt_gemv", args, keep)

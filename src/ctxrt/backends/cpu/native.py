@@ -181,6 +181,13 @@ class ActArgs(ctypes.Structure):
                 ("alpha", ctypes.c_float), ("beta", ctypes.c_float)]
 
 
+def act(x: np.ndarray, y: np.ndarray, code: int, alpha: float = 0.0, beta: float = 0.0) -> Any:
+    """The launch of y = act(x) over float32 C-contiguous arrays of one size (csrc/gemv.c's ctxrt_act, `code` its
+    act_args code, `alpha` and `beta` those of codes 7 .. 10); the library must be loaded."""
+    return launch("ctxrt_act", ActArgs(n=y.size, x=x.ctypes.data, y=y.ctypes.data, act=code, alpha=alpha, beta=beta),
+                  (x, y))
+
+
 class GapArgs(ctypes.Structure):
     """csrc/gemv.h's gap_args: a GlobalAveragePool of channels-last images."""
 

@@ -270,9 +270,10 @@ def _rows(layout: Layout, logical: tuple[int, ...]) -> bool:
 def _fallback_launch(owner: Kernel, prim: api.Primitive, args: list[tuple[int, api.Memory]], attr: api.Attr,
                      dst: tuple[api.Desc, np.ndarray], bias: tuple[api.Desc | None, np.ndarray | None],
                      residual: np.ndarray | None, held: tuple[Any, ...]) -> Callable[[], None]:
-    """The launch of a native kernel's oneDNN fallback (AnyRows, DepthwiseRows where the extension is missing): its
-    source and weights in `args`, then the output, the bias, the residual (binary post-op) and a scratchpad of its
-    own (the arena planned none for it: counted in `owner.private_bytes`); the arrays kept alive with it."""
+    """The launch of a native kernel's oneDNN fallback (AnyRows, DepthwiseRows, PlanarRows where the extension is
+    missing): its source and weights in `args`, then the output, the bias, the residual (binary post-op) and a
+    scratchpad of its own (the arena planned none for it: counted in `owner.private_bytes`); the arrays kept alive
+    with it."""
     dst_md, y = dst
     args.append((api.ARG_DST, api.Memory(dst_md, y.ctypes.data)))
     if bias[1] is not None:
@@ -289,9 +290,9 @@ def _fallback_launch(owner: Kernel, prim: api.Primitive, args: list[tuple[int, a
 
 
 class _NativeConv(Kernel):
-    """A range program's Conv on a native kernel that binds any shape (AnyRows, DepthwiseRows): its spec (for its
-    oneDNN fallback), bias and residual, fused activation; compiled now, the weights stored in the layout the
-    kernel reads (`layout` of the ONNX weights, shared by the compile's probes) and the attribute `flag` that
+    """A range program's Conv on a native kernel that binds any shape (AnyRows, DepthwiseRows, PlanarRows): its spec
+    (for its oneDNN fallback), bias and residual, fused activation; compiled now, the weights stored in the layout
+    the kernel reads (`layout` of the ONNX weights, shared by the compile's probes) and the attribute `flag` that
     chooses this kernel again when the binary is loaded."""
 
     any_shape = True  # one object binds every batch size (runtime/extents.py keeps it per step)
@@ -307,6 +308,31 @@ class _NativeConv(Kernel):
             self.attrs = {flag: 1}
             w = spec.consts[1]
             self.constants = {} if spec.options.get("probe") else {1: memo(flag, w, key, lambda: layout(w))}
+
+
+    def _onednn_conv(self, src: tuple[api.Desc, int, int], dst: tuple[api.Desc, int, int], kernel: tuple[int, int],
+                     wdims: tuple[int, ...], w: np.ndarray, stored: str, bias: np.ndarray | None, residual: bool
+                     ) -> tuple[api.Primitive, api.Attr, api.Desc | None, np.ndarray]:
+        """A fallback's oneDNN convolution of `src` (its descriptor, rows, columns) into `dst` over `self.window`:
+        the primitive, its post-ops, the bias descriptor and the stored weights `w` (tag `stored` of `wdims`)
+        reordered into its format (its own copy, counted in `private_bytes`)."""
+        spec = self.spec
+        (src_md, h, wd), (dst_md, oh, ow), (kh, kw) = src, dst, kernel
+        sh, sw, ph, pw, dh, dw = self.window
+        bias_md = api.Desc.make((wdims[0],), "a") if bias is not None else None
+        pe = [(o - 1) * s + (k - 1) * d + 1 - i - b for o, s, k, d, i, b in
+              ((oh, sh, kh, dh, h, ph), (ow, sw, kw, dw, wd, pw))]
+        attr = api.Attr(CONV_ACTIVATIONS[spec.attr("activation")], add=dst_md if residual else None,
+                        alpha=float(spec.attr("activation_alpha", 0.0)),
+                        beta=float(spec.attr("activation_beta", 0.0)))
+        any_md = api.Desc.make(wdims, api.TAG_ANY)  # (held: the call reads it)
+        prim = create(spec, "convolution_forward", api.FORWARD_INFERENCE, api.CONVOLUTION_DIRECT, src_md.handle,
+                      any_md.handle, bias_md.handle if bias_md else None, dst_md.handle, api.Dims(sh, sw),
+                      api.Dims(dh - 1, dw - 1), api.Dims(ph, pw), api.Dims(*pe), attr=attr)
+        reject_reference(prim, spec)
+        packed = _prepack(w, wdims, stored, prim.md(api.Q_WEIGHTS_MD))
+        self.private_bytes = (self.private_bytes or 0) + packed.nbytes
+        return prim, attr, bias_md, packed
 
 
 class AnyRows(_NativeConv):
@@ -354,7 +380,7 @@ class AnyRows(_NativeConv):
 
 def shape_free(spec: NodeSpec) -> bool:
     """Whether the node is compiled into a range program (or was: `any_shape`), whose kernels that exist in a form
-    independent of the shape (ShapeFree, AnyRows, DepthwiseRows) are that form."""
+    independent of the shape (ShapeFree, AnyRows, DepthwiseRows, PlanarRows) are that form."""
     return bool(spec.options.get("ranges") or spec.attr("any_shape"))
 
 
@@ -415,29 +441,16 @@ class DepthwiseRows(_NativeConv):
 
     def _onednn(self, x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None,
                 residual: np.ndarray | None) -> Callable[[], None]:
-        """oneDNN's depthwise convolution made for these images (the extension is missing)."""
-        spec = self.spec
-        (kh, kw), (sh, sw, ph, pw, dh, dw) = self.kernel, self.window
+        """oneDNN's depthwise convolution made for these images (the extension is missing), on the stored
+        [kh, kw, C] weights reordered into its depthwise kernel's format."""
         n, h, wd, c = x.shape
         _, oh, ow, _ = y.shape
         src_md, dst_md = api.Desc.make((n, c, h, wd), "acdb"), api.Desc.make((n, c, oh, ow), "acdb")
-        wdims = (c, 1, 1, kh, kw)
-        any_md = api.Desc.make(wdims, api.TAG_ANY)  # (held: the call reads it)
-        bias_md = api.Desc.make((c,), "a") if bias is not None else None
-        pe = [(o - 1) * s + (k - 1) * d + 1 - i - b for o, s, k, d, i, b in
-              ((oh, sh, kh, dh, h, ph), (ow, sw, kw, dw, wd, pw))]
-        attr = api.Attr(CONV_ACTIVATIONS[spec.attr("activation")], add=dst_md if residual is not None else None,
-                        alpha=float(spec.attr("activation_alpha", 0.0)),
-                        beta=float(spec.attr("activation_beta", 0.0)))
-        prim = create(spec, "convolution_forward", api.FORWARD_INFERENCE, api.CONVOLUTION_DIRECT, src_md.handle,
-                      any_md.handle, bias_md.handle if bias_md else None, dst_md.handle, api.Dims(sh, sw),
-                      api.Dims(dh - 1, dw - 1), api.Dims(ph, pw), api.Dims(*pe), attr=attr)
-        reject_reference(prim, spec)
-        w_md = prim.md(api.Q_WEIGHTS_MD)  # its depthwise kernel's format: the stored [kh, kw, C] reordered into it
-        packed = _prepack(w, wdims, "decab", w_md)
-        self.private_bytes = (self.private_bytes or 0) + packed.nbytes
+        prim, attr, bias_md, packed = self._onednn_conv((src_md, h, wd), (dst_md, oh, ow), self.kernel,
+                                                        (c, 1, 1, *self.kernel), w, "decab", bias,
+                                                        residual is not None)
         args = [(api.ARG_SRC, api.Memory(src_md, x.ctypes.data)),
-                (api.ARG_WEIGHTS, api.Memory(w_md, packed.ctypes.data))]
+                (api.ARG_WEIGHTS, api.Memory(prim.md(api.Q_WEIGHTS_MD), packed.ctypes.data))]
         return _fallback_launch(self, prim, args, attr, (dst_md, y), (bias_md, bias), residual, (packed, x, w))
 
 
@@ -476,33 +489,20 @@ class PlanarRows(_NativeConv):
     def _onednn(self, x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None) -> Callable[[], None]:
         """The input reordered channels-last into a buffer of its own, then oneDNN's convolution (the extension
         is missing): both primitives made for these arrays."""
-        spec = self.spec
         m, c, kh, kw = self.wshape
-        sh, sw, ph, pw, dh, dw = self.window
         n, _, h, wd = x.shape
         _, oh, ow, _ = y.shape
         plain, src_md = api.Desc.make((n, c, h, wd), "abcd"), api.Desc.make((n, c, h, wd), "acdb")
         dst_md = api.Desc.make((n, m, oh, ow), "acdb")
+        prim, attr, bias_md, packed = self._onednn_conv((src_md, h, wd), (dst_md, oh, ow), (kh, kw), self.wshape,
+                                                        w, "bcda", bias, False)  # (the stored [C, kh, kw, M])
         staged = np.empty((n, h, wd, c), np.float32)
+        self.private_bytes += staged.nbytes
         to_last = api.reorder(plain, src_md)
-        wdims = (m, c, kh, kw)
-        any_md = api.Desc.make(wdims, api.TAG_ANY)
-        bias_md = api.Desc.make((m,), "a") if bias is not None else None
-        pe = [(o - 1) * s + (k - 1) * d + 1 - i - b for o, s, k, d, i, b in
-              ((oh, sh, kh, dh, h, ph), (ow, sw, kw, dw, wd, pw))]
-        attr = api.Attr(CONV_ACTIVATIONS[spec.attr("activation")], alpha=float(spec.attr("activation_alpha", 0.0)),
-                        beta=float(spec.attr("activation_beta", 0.0)))
-        prim = create(spec, "convolution_forward", api.FORWARD_INFERENCE, api.CONVOLUTION_DIRECT, src_md.handle,
-                      any_md.handle, bias_md.handle if bias_md else None, dst_md.handle, api.Dims(sh, sw),
-                      api.Dims(dh - 1, dw - 1), api.Dims(ph, pw), api.Dims(*pe), attr=attr)
-        reject_reference(prim, spec)
-        w_md = prim.md(api.Q_WEIGHTS_MD)  # the stored [C, kh, kw, M] reordered into its format
-        packed = _prepack(w, wdims, "bcda", w_md)
-        self.private_bytes = (self.private_bytes or 0) + packed.nbytes + staged.nbytes
         stage = to_last.launch([(api.ARG_FROM, api.Memory(plain, x.ctypes.data)),
                                 (api.ARG_TO, api.Memory(src_md, staged.ctypes.data))])
         args = [(api.ARG_SRC, api.Memory(src_md, staged.ctypes.data)),
-                (api.ARG_WEIGHTS, api.Memory(w_md, packed.ctypes.data))]
+                (api.ARG_WEIGHTS, api.Memory(prim.md(api.Q_WEIGHTS_MD), packed.ctypes.data))]
         conv = _fallback_launch(self, prim, args, attr, (dst_md, y), (bias_md, bias), None, (packed, staged, x, w))
 
         def run() -> None:
@@ -784,9 +784,7 @@ def eltwise(spec: NodeSpec) -> Kernel:
         code = gemv.PARAMETERIZED[spec.op]
 
         def act(ins: list[Any], outs: list[Any]) -> Callable[[], None]:
-            x, y = ins[0], outs[0]
-            return native.launch("ctxrt_act", native.ActArgs(n=y.size, x=x.ctypes.data, y=y.ctypes.data, act=code,
-                                                             alpha=alpha, beta=beta), (x, y))
+            return native.act(ins[0], outs[0], code, alpha, beta)
         kernel = ShapeFree(act, "native:act")
         kernel.attrs = {"any_shape": 1, "kernel": "onednn"}
         return kernel
