@@ -542,6 +542,33 @@ def test_probe_compiles_share_the_weights_work(monkeypatch) -> None:
     assert len(made) == len(stored)  # a static compile: its own, nothing kept from before
 
 
+def test_values_that_follow_the_dims_are_found_by_the_frontend_before_any_probe_is_compiled(monkeypatch) -> None:
+    """The decoder's mask, positions and causal triangle change with the dims: the frontend alone at the upper bound
+    and below it finds them (kept, computed at run time), so no probe is compiled twice: 2^k corners and one check
+    point compiled (k = 2 dims), two more frontend reads, the model checked once; the program runs as onnxruntime."""
+    from ctxrt import compiler
+    from ctxrt.frontend import onnx as frontend
+
+    counts = {"read": 0, "compiled": 0, "checked": 0}
+
+    def counting(key, real):
+        def call(*a, **k):
+            counts[key] += 1
+            return real(*a, **k)
+        return call
+    monkeypatch.setattr(compiler, "read", counting("read", compiler.read))
+    monkeypatch.setattr(compiler, "compile_ir", counting("compiled", compiler.compile_ir))
+    monkeypatch.setattr(frontend, "check_model", counting("checked", frontend.check_model))
+    path = decoders.gpt2_decoder("dynamo")
+    ctx = ctxrt.compile(path, dims={"batch": (1, 1), "sequence": (1, 8), "past_sequence": (0, 32)})
+    assert counts == {"read": 7, "compiled": 5, "checked": 1}
+    assert {"arange", "triu"} <= set(ctx.graph().compiled.ranges.keep)
+    feeds = decoders.empty_past(batch=1, seq=3)
+    want = _ort(path).run(None, feeds)
+    for got, w in zip(ctx.graph().run(feeds).values(), want, strict=True):
+        np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("axes, keepdims, dtype", [([1], 1, np.int64), ([1], 0, np.float32), ([0, 1], 1, np.float32),
                                                    (None, 0, np.int64)])
 def test_reduce_sum_takes_extents(axes, keepdims, dtype) -> None:

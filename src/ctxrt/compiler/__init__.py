@@ -26,17 +26,28 @@ def lower(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backe
     """ONNX model -> IR graph with static shapes, after the default passes (on control-flow bodies too).
     `values` bakes in value inputs; missing ones are taken from `feeds` when given (docs/shapes-and-control-flow.md).
     `options["kv_shared"]`: past inputs bound to one buffer with their presents (frontend.onnx.to_ir)."""
+    return lower_ir(read(model, shapes, backend, name, values, feeds, keep, options), backend, options)
+
+
+def read(model: Any, shapes: Mapping[str, Iterable[int]] | None, backend: Backend, name: str = "main",
+         values: Mapping[str, Any] | None = None, feeds: Mapping[str, Any] | None = None,
+         keep: frozenset[str] = frozenset(), options: Mapping[str, Any] | None = None) -> IRGraph:
+    """The first half of `lower`: the frontend alone (read, shapes inferred, constants folded), no passes."""
     from ctxrt.frontend.onnx import to_ir
 
     progress.stage("reading and folding")
     shared = frozenset((options or {}).get("kv_shared", ()))
+    probe = bool((options or {}).get("ranges"))  # a range compile compares what each probe folded
+    return to_ir(model, supported_ops(backend), shapes, name, values, feeds, keep, shared, probe)
+
+
+def lower_ir(graph: IRGraph, backend: Backend, options: Mapping[str, Any] | None = None) -> IRGraph:
+    """The second half of `lower`: the default passes on what `read` gave."""
     in_memory = bool((options or {}).get("in_memory"))
     # the RMS norm fused only where the backend itself runs RMSNormalization (the CPU): elsewhere its kernel
     # would be a CPU partition between two device ones
     fuse_rms = "RMSNormalization" in getattr(backend, "kernels", {})
-    probe = bool((options or {}).get("ranges"))  # a range compile compares what each probe folded
-    return _passes(to_ir(model, supported_ops(backend), shapes, name, values, feeds, keep, shared, probe), in_memory,
-                   fuse_rms)
+    return _passes(graph, in_memory, fuse_rms)
 
 
 def _passes(graph: IRGraph, in_memory: bool = False, fuse_rms: bool = True) -> IRGraph:

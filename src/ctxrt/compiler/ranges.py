@@ -18,10 +18,11 @@ or attributes changed (the others are the upper bound's), bound to views at the 
 from __future__ import annotations
 
 import ast
+import contextlib
 import itertools
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -418,7 +419,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
                     prior: Ranges | None, split: int = 0) -> list[tuple[CompiledGraph, dict[str, Any]]]:
     """The range program(s): one, or with `split` K that many parts of the model."""
     from ctxrt import progress
-    from ctxrt.compiler import compile_ir, compile_options, lower
+    from ctxrt.compiler import compile_ir, compile_options, lower_ir, read
     from ctxrt.compiler.split import check_links, cut_bounds, split_graph
     from ctxrt.frontend.io_types import declared_io
 
@@ -441,6 +442,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
     Made = list[tuple[CompiledGraph, dict[str, Any]]]
     cache: dict[tuple[int, ...], tuple[Made, bool]] = {}  # per probe: (its parts' programs and weights, light)
     folded: dict[tuple[int, ...], dict[str, tuple[Any, ...]]] = {}  # per probe: what the frontend folded
+    read_only: dict[tuple[int, ...], Any] = {}  # per probe: the frontend's graph not lowered further yet (this keep)
     cuts: dict[frozenset[str], list[int]] = {}  # a split's node bounds, chosen at the first probe of a round
 
     def light(w: Mapping[str, Any]) -> dict[str, Any]:
@@ -458,27 +460,49 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
         check_links(graph, parts)
         return parts
 
+    @contextlib.contextmanager
+    def probing(key: tuple[int, ...]) -> Iterator[None]:
+        """A probe's progress line; its errors say where in the ranges they happened."""
+        label = ", ".join(f"{d[0]}={v}" for d, v in zip(spec, key, strict=True))
+        with progress.part(f"probe {label}"):
+            try:
+                yield
+            except CtxrtError as e:
+                if isinstance(e, RangeError):
+                    raise
+                raise type(e)(f"at {label} (inside the ranges): {e}") from e
+
     def at(point: Sequence[int], full: bool = False) -> Made:
         """The program(s) at a probe point; their weights kept whole only at the upper bound (or when `full`): a
         probe holding a copy of the model's weights each would cost 2^k copies."""
         key = tuple(point)
         if key not in cache or full and key != tuple(hi) and cache[key][1]:
-            label = ", ".join(f"{d[0]}={v}" for d, v in zip(spec, key, strict=True))
-            with progress.part(f"probe {label}"):
-                try:
-                    graph = lower(model, shapes_of(point), backend, name, values, feeds, frozenset(keep), options)
-                    folded[key] = graph.folded
-                    top = key == tuple(hi)  # the program that runs; the other probes are only compared
-                    made = [compile_ir(part, backend, options if top else {**options, "probe_arena": True},
-                                       tuner if top else None) for part in parts_of(graph)]
-                    del graph
-                except CtxrtError as e:
-                    if isinstance(e, RangeError):
-                        raise
-                    raise type(e)(f"at {label} (inside the ranges): {e}") from e
+            with probing(key):
+                graph = read_only.pop(key, None)
+                graph = lower_ir(front(point) if graph is None else graph, backend, options)
+                top = key == tuple(hi)  # the program that runs; the other probes are only compared
+                made = [compile_ir(part, backend, options if top else {**options, "probe_arena": True},
+                                   tuner if top else None) for part in parts_of(graph)]
+                del graph
                 whole = full or key == tuple(hi)
                 cache[key] = ([(g, w if whole else light(w)) for g, w in made], not whole)
         return cache[key][0]
+
+    def front(point: Sequence[int]) -> Any:
+        """The frontend's graph at a probe (what it folded recorded), before the passes."""
+        graph = read(model, shapes_of(point), backend, name, values, feeds, frozenset(keep), options)
+        folded[tuple(point)] = graph.folded
+        return graph
+
+    def read_first() -> set[str]:
+        """The values the frontend folded differently at the upper bound and below it, found by the frontend alone
+        (kept, they cost no compile of either probe); the two graphs lowered later when nothing was found."""
+        for p in (hi, alt):
+            key = tuple(p)
+            if key not in cache and key not in read_only:
+                with probing(key):
+                    read_only[key] = front(p)
+        return _varying_folded(folded.get(tuple(hi), {}), folded.get(tuple(alt), {})) - keep
 
     if prior is not None and [(n, lo) for n, lo, _ in prior.dims] == [(n, lo) for n, lo, _ in spec]:
         keep = set(prior.keep)
@@ -489,6 +513,12 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
             cache.clear()
     for _ in range(_KEEP_ROUNDS):
         for _ in range(_KEEP_ROUNDS):
+            early = read_first()
+            if early:
+                keep |= early
+                cache.clear()
+                read_only.clear()
+                continue
             up, below = at(hi), at(alt, full=True)
             grow = _varying_folded(folded.get(tuple(hi), {}), folded.get(tuple(alt), {}))
             for (gu, wu), (ga, wa) in zip(up, below, strict=True):
@@ -501,6 +531,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
                 break
             keep |= grow
             cache.clear()
+            read_only.clear()
         else:
             raise RangeError(f"constants {sorted(grow)[:4]} still depend on the dims after {_KEEP_ROUNDS} rounds")
         k = len(spec)
@@ -516,6 +547,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
                 raise
             keep |= e.names  # computed at run time in the part that reads the dim, passed on as a tensor
             cache.clear()
+            read_only.clear()
     raise RangeError(f"the parts still use dims none of their inputs give after {_KEEP_ROUNDS} rounds")
 
 

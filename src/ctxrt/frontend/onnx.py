@@ -417,12 +417,17 @@ def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str
     the graph's `folded` says what was folded (a range compile's probe, compiler/ranges.py)."""
     from ctxrt.frontend.build import bind_inputs, build_graph
 
-    proto = sorted_model(load_model(model))
+    loaded = load_model(model)
+    proto = memo("sorted", loaded, None, lambda: sorted_model(loaded))  # once per range compile (ir/memo.py)
     if proto.graph.node and all(n.op_type == "EPContext" for n in proto.graph.node):
         label = os.fspath(model) if isinstance(model, str | os.PathLike) else "this model"
         raise ModelError(f"{label} is an EPContext model (already compiled): run or inspect it, not compile")
-    check_model(proto, supported & extensions.STAND_INS.keys())  # SimplifiedLayerNormalization where it runs
-    check_supported(control.all_nodes(proto.graph), supported, FOLD_ONLY | {"Scan"})
+
+    def checked() -> bool:
+        check_model(proto, supported & extensions.STAND_INS.keys())  # SimplifiedLayerNormalization where it runs
+        check_supported(control.all_nodes(proto.graph), supported, FOLD_ONLY | {"Scan"})
+        return True
+    memo("checked", proto, frozenset(supported), checked)  # the same proto at every probe: checked once
     scope = Scope(proto)
     scope.supported = set(supported)
     scope.shared_kv = frozenset(shared_kv)
