@@ -85,6 +85,7 @@ static int avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_s
    pool's threads. Without AVX-512: gemm_rows' AVX2 blocks of 6 rows by 16 columns. */
 #define ROWS_BLOCK 12
 #define ROWS_SHARED_WORK (1 << 19)  /* multiply-adds from which many rows are shared (~10 us on one core) */
+#define ROWS_TEAM_WORK (1 << 18)  /* the same on OpenMP's team, already awake between oneDNN's primitives */
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma")
@@ -248,7 +249,7 @@ static int gemm_many(const gemv_args *p) {
     if (!fn) return -1;
     const int64_t work = p->m * p->k * p->n;
     const int64_t team = omp_parallel ? (p->threads > 0 ? p->threads : omp_max_threads()) : 0;
-    if (team > 1 && work >= ROWS_SHARED_WORK) {
+    if (team > 1 && work >= ROWS_TEAM_WORK) {
         rows_job j = {p, 0, fn};
         ctxrt_team_run(rows_team, &j, team);
         return 0;
