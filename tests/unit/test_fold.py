@@ -8,7 +8,7 @@ import pytest
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from ctxrt.frontend.fold import fold
+from ctxrt.frontend.fold import FoldError, fold
 
 i64 = np.int64
 CASES = [  # (op, attributes, inputs, opset)
@@ -64,10 +64,29 @@ def test_what_it_does_not_take_is_left_to_onnx_reference() -> None:
     assert fold("Div", {}, [np.ones(2, i64), np.ones(2, i64)], 17) is None  # (truncation, not NumPy's floor)
     assert fold("Range", {}, [np.array(0.5, f32), np.array(2, f32), np.array(0.5, f32)], 17) is None
     assert fold("Concat", {"axis": 0}, [np.array(1, i64), np.array([2], i64)], 17) is None  # a 0-d input
-    assert fold("Gather", {"axis": 0}, [np.arange(3, dtype=i64), np.array([5], i64)], 17) is None  # out of range
     assert fold("Slice", {"starts": [0], "ends": [1]}, [np.arange(3, dtype=i64)], 9) is None  # attributes (opset 1)
     assert fold("Unsqueeze", {}, [np.ones(2, i64)], 17) is None  # no axes
     assert fold("Softmax", {}, [np.ones(2, f32)], 17) is None
     assert fold("Range", {}, [np.array(0, i64), np.array(4, i64), np.array(0, i64)], 17) is None  # a zero step
     assert fold("Slice", {}, [np.arange(3, dtype=i64), np.array([0], i64), np.array([2], i64), np.array([0], i64),
                               np.array([0], i64)], 17) is None  # a zero step
+
+
+@pytest.mark.parametrize("op, attrs, ins", [
+    ("Gather", {"axis": 0}, [np.arange(3, dtype=i64), np.array([5], i64)]),  # past a position table's rows
+    ("Gather", {"axis": 0}, [np.arange(3, dtype=i64), np.array([-4], i64)]),
+    ("Squeeze", {}, [np.zeros((1, 3), i64), np.array([2], i64)]),  # an axis out of range
+    ("Unsqueeze", {}, [np.zeros((2, 3), i64), np.array([3], i64)])])
+def test_an_index_out_of_bounds_is_the_models_error_not_a_fallback(op, attrs, ins) -> None:
+    """Raised at once (onnx.reference, whose NumPy calls fail the same way, is not imported to say so): a session's
+    first upper bound past a decoder's position table fails fast, then is halved (runtime/session.py)."""
+    with pytest.raises(FoldError):
+        fold(op, attrs, ins, 17)
+    names = [f"i{k}" for k in range(len(ins))]
+    io = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+          for n, a in zip(names, ins, strict=True)]
+    graph = helper.make_graph([helper.make_node(op, names, ["o"], **attrs)], "t", io,
+                              [helper.make_tensor_value_info("o", 0, None)])
+    with pytest.raises(Exception):  # noqa: B017, PT011  (onnx.reference's own: an IndexError or a ValueError)
+        ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])).run(
+            None, dict(zip(names, ins, strict=True)))

@@ -116,6 +116,27 @@ def test_default_ranges_widen_instead_of_compiling_per_shape() -> None:
         assert ctx.threads.cap == 1
 
 
+def test_a_bound_past_the_position_table_fails_without_onnx_reference(tmp_path) -> None:
+    """The default session's first upper bound (past 256 at sequence 16) is past the decoder's 256 positions: its
+    folded Gather fails at once as the model's error, without importing onnx.reference's op modules (3 MiB resident
+    and their import time), and the halved bound compiles (in a fresh process: this one has imported them)."""
+    import subprocess
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[1] / "models")!r})
+        import ctxrt, decoders
+        feeds = decoders.empty_past(batch=1, seq=4)
+        with ctxrt.InferenceSession(decoders.gpt2_decoder("dynamo")) as sess:
+            decoders.generate(lambda f: sess.run(None, f), feeds, 3)
+            print(sess.stats["range_programs_compiled"], sess.dim_ranges["past_sequence"])
+        print(sorted(m for m in sys.modules if m.startswith("onnx.reference.ops.")))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split("\n")[:2] == ["1 (0, 128)", "[]"], out.stdout + out.stderr
+
+
 def test_a_new_past_length_makes_no_kernel_and_no_tensor(gpt2) -> None:
     """On the CPU a decoder's token at a past length not seen before changes only its attention steps, whose
     launches take the new extents from views: after the first tokens no kernel is made and (runs on arrays) no

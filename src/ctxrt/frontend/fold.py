@@ -4,7 +4,9 @@ Expand, Range, Trilu, integer Add/Sub/Mul) with the NumPy calls onnx.reference m
 The evaluator was built per folded node (a one-node model each) and its first use imported onnx.reference's
 ~200 op modules: 3.4 MiB resident in a session that compiled an ONNX model, and a GPT-2-style decoder folds
 ~60 such nodes at each of a range compile's probe points. Anything else, or any input these do not take, is
-left to onnx.reference (`fold` returns None).
+left to onnx.reference (`fold` returns None); an index out of bounds (a Gather past a position table's rows, as a
+session's first upper bound can ask) is the model's error, raised as FoldError without trying the evaluator,
+whose NumPy calls would fail the same way.
 """
 
 from __future__ import annotations
@@ -22,8 +24,14 @@ def fold(op: str, attrs: Mapping[str, Any], ins: Sequence[np.ndarray | None], op
     absent) as onnx.reference computes them, or None where it is not one of these."""
     try:
         return _fold(op, attrs, ins, opset)
-    except (ValueError, IndexError, TypeError, ArithmeticError):
+    except IndexError as e:  # (an AxisError too: a ValueError and an IndexError)
+        raise FoldError(str(e)) from e
+    except (ValueError, TypeError, ArithmeticError):
         return None  # (onnx.reference says what is wrong with it)
+
+
+class FoldError(Exception):
+    """The node cannot be computed on these inputs: an index or an axis out of bounds."""
 
 
 def _fold(op: str, attrs: Mapping[str, Any], ins: Sequence[np.ndarray | None], opset: int) -> list[np.ndarray] | None:

@@ -23,7 +23,7 @@ from ctxrt.format.codec import MAX_TENSOR_BYTES
 from ctxrt.frontend import contrib, control, extensions, values
 from ctxrt.frontend.checks import check_model, check_supported, op_key
 from ctxrt.frontend.external import load_in_place, tensor_array
-from ctxrt.frontend.fold import fold
+from ctxrt.frontend.fold import FoldError, fold
 from ctxrt.frontend.order import sorted_model
 from ctxrt.frontend.pools import POOLS, ceil_pool_shape
 from ctxrt.ir.canonical import INFER_AS_IDENTITY
@@ -247,7 +247,10 @@ class Folder:
             idx = np.where(idx < 0, idx + data.shape[axis], idx)
             return [np.take_along_axis(data, idx, axis)]
         ins = [self.consts[n] if n else None for n in node.input]
-        got = fold(op, {k: helper.get_attribute_value(a) for k, a in attrs.items()}, ins, self.scope.opset)
+        try:
+            got = fold(op, {k: helper.get_attribute_value(a) for k, a in attrs.items()}, ins, self.scope.opset)
+        except FoldError as e:
+            raise ModelError(f"constant folding failed at node {node.name!r} ({op}){self._in()}: {e}") from e
         if got is not None:
             return got
         feeds = {n: self.consts[n] for n in node.input if n}
