@@ -355,3 +355,36 @@ def test_conv_activations_fold_into_onednn_epilogues(act, layout) -> None:
     got = np.empty_like(want)
     ctx.graph().execute(feeds, {"y": got})
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_pass_that_changes_the_graph_out_of_order_is_refused_and_an_unchanged_one_is_not_checked() -> None:
+    """The graph is checked in topological order once before the passes, then after each pass that says it
+    changed the graph (PlanError naming the node): a pass that changed nothing is not checked again."""
+    from ctxrt.errors import PlanError
+    from ctxrt.ir.graph import Graph, Node, Value
+    from ctxrt.ir.passes import base
+
+    def graph(order):
+        nodes = {"a": Node("Relu", "a", ["x"], ["y"]), "b": Node("Relu", "b", ["y"], ["z"])}
+        values = {n: Value(n, np.dtype(np.float32), (2,)) for n in "xyz"}
+        return Graph("g", [nodes[k] for k in order], values, ["x"], ["z"])
+
+    class Swap(base.Pass):
+        def __init__(self, modified):
+            self.modified, self.checked = modified, 0
+
+        def call(self, g):
+            g.nodes = g.nodes[::-1]
+            return base.PassResult(g, self.modified)
+
+        def ensures(self, g):
+            self.checked += 1
+            base.check_topological(g)
+
+    with pytest.raises(PlanError, match="node 'b' \\(Relu\\) reads 'y' before it is produced"):
+        base.run_passes(graph("ab"), [Swap(True)])
+    quiet = Swap(False)
+    base.run_passes(graph("ab"), [quiet])
+    assert quiet.checked == 0
+    with pytest.raises(PlanError, match="before it is produced"):  # an input out of order: refused before any pass
+        base.run_passes(graph("ba"), [])

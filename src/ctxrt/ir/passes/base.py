@@ -32,12 +32,13 @@ class Pass:
         raise NotImplementedError
 
     def ensures(self, graph: Graph) -> None:
-        """Raise if the pass left the graph in a wrong state."""
+        """Raise if the pass left the graph in a wrong state (checked where it says it modified the graph)."""
 
     def __call__(self, graph: Graph) -> PassResult:
         self.requires(graph)
         result = self.call(graph)
-        self.ensures(result.graph)
+        if result.modified or result.graph is not graph:  # an unchanged graph is as its producer left it
+            self.ensures(result.graph)
         return result
 
 
@@ -55,6 +56,7 @@ def check_topological(graph: Graph) -> None:
 
 
 def run_passes(graph: Graph, passes: list[Pass]) -> Graph:
+    check_topological(graph)  # once here: each pass checks what it changed
     for p in passes:
         graph = p(graph).graph
     return graph
