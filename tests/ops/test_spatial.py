@@ -317,30 +317,3 @@ def _run_shapes(op: str, attrs: dict, ins: list[np.ndarray]) -> list[tuple[int, 
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     return [tuple(d.dim_value for d in o.type.tensor_type.shape.dim) for o in inferred.graph.output]
 
-
-def test_a_weights_format_is_named_by_its_blocking_and_the_name_gives_the_same_descriptor() -> None:
-    """oneDNN's chosen weights format is stored by its tag name (api.Desc.tag_name): spelled from the descriptor's
-    strides and inner blocks, one descriptor made to confirm it, instead of one per tag of the ~760 (60% of
-    MobileNetV3's compile). Every tag of the library, at dims with and without ones (stride ties), gets a name
-    whose descriptor equals it; the spelled name is found for most, the rest by the scan of the tags of its rank."""
-    from ctxrt.backends.cpu.onednn import api
-
-    if not api.available():
-        pytest.skip("oneDNN is not installed")
-    spelled = checked = 0
-    for dims_of in (lambda n: [48] * n, lambda n: [16 * k + 24 for k in range(n)], lambda n: [1] + [32] * (n - 1),
-                    lambda n: ([64, 1, 1] + [3] * n)[:n]):
-        for name, value in api.tags().items():
-            n = len({c.lower() for c in name if c.isalpha()})
-            dims = dims_of(n)
-            try:
-                desc = api.Desc.make(dims, value)
-            except api.CtxrtError:
-                continue
-            got = desc.tag_name(dims)
-            assert got is not None and api.Desc.make(dims, got) == desc, (name, dims, got)
-            checked += 1
-            spelled += got in desc._spelled(n)
-    assert checked > 2000 and spelled > 0.8 * checked
-    plain = api.Desc.strided([2, 3], [1, 4])  # a layout no tag of rank 2 has: None
-    assert plain.tag_name([2, 3]) is None or api.Desc.make([2, 3], plain.tag_name([2, 3])) == plain

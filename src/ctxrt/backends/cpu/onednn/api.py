@@ -8,12 +8,13 @@ format tags are looked up by name through `dnnl_fmt_tag2str`, so a binary record
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,7 @@ def post_op_arg(index: int, arg: int) -> int:
 
 # -- the library ---------------------------------------------------------------------------------------------
 _LOCK = threading.Lock()
+_MAKING = threading.Lock()  # around making a primitive on its first launch (Primitive.made)
 _STATE: dict[str, Any] = {}
 
 
@@ -404,13 +406,24 @@ class Attr:
 
 
 class Primitive:
-    """A primitive descriptor and the primitive made from it (created once, when a kernel is built)."""
+    """A primitive descriptor and the primitive made from it, when its first launch is made: a descriptor the
+    layout pass only asks about, or a range compile's probe program only compares, never makes its primitive
+    (oneDNN's JIT: 13% of a ViT's range compile). `scope()`: entered around making it (the OpenMP threads the
+    descriptor was made for)."""
 
-    def __init__(self, pd: ctypes.c_void_p, what: str) -> None:
-        lib = library()
-        self.pd, self.what = pd, what
+    def __init__(self, pd: ctypes.c_void_p, what: str,
+                 scope: Callable[[], contextlib.AbstractContextManager[None]] | None = None) -> None:
+        self.pd, self.what, self._scope = pd, what, scope
         self.handle = ctypes.c_void_p()
-        check(lib.dnnl_primitive_create(ctypes.byref(self.handle), pd), f"{what} primitive")
+
+    def made(self) -> ctypes.c_void_p:
+        """The primitive (made now where it was not)."""
+        if not self.handle:
+            with _MAKING, self._scope() if self._scope is not None else contextlib.nullcontext():
+                if not self.handle:
+                    check(library().dnnl_primitive_create(ctypes.byref(self.handle), self.pd),
+                          f"{self.what} primitive")
+        return self.handle
 
     def md(self, query: int, index: int = 0) -> Desc:
         """A memory descriptor the primitive uses (owned by it: valid while it lives)."""
@@ -430,7 +443,7 @@ class Primitive:
         """A zero-argument launch running the primitive on these memory objects (kept alive by the launch)."""
         lib, strm = library(), stream()
         packed = (ExecArg * len(args))(*[ExecArg(a, m.handle) for a, m in args])
-        execute, handle, n, keep = lib.dnnl_primitive_execute, self.handle, len(args), (self, args)
+        execute, handle, n, keep = lib.dnnl_primitive_execute, self.made(), len(args), (self, args)
 
         def run() -> None:
             status = execute(handle, strm, n, packed)
@@ -453,26 +466,24 @@ class Primitive:
         self.handle = self.pd = None
 
 
-def create(fn: str, what: str, *args: Any) -> Primitive:
-    """Make a primitive descriptor with `dnnl_<fn>_primitive_desc_create(&pd, engine, *args)`, then the
-    primitive. An unsupported combination raises UnsupportedOpError."""
+def create(fn: str, what: str, *args: Any,
+           scope: Callable[[], contextlib.AbstractContextManager[None]] | None = None) -> Primitive:
+    """A primitive descriptor made with `dnnl_<fn>_primitive_desc_create(&pd, engine, *args)` (the primitive
+    itself when a launch is made, inside `scope()`). An unsupported combination raises UnsupportedOpError."""
     lib = library()
     pd = ctypes.c_void_p()
     check(getattr(lib, f"dnnl_{fn}_primitive_desc_create")(ctypes.byref(pd), engine(), *args), what)
-    try:
-        return Primitive(pd, what)
-    except BaseException:
-        lib.dnnl_primitive_desc_destroy(pd)
-        raise
+    return Primitive(pd, what, scope)
 
 
-def reorder(src: Desc, dst: Desc) -> Primitive:
+def reorder(src: Desc, dst: Desc, scope: Callable[[], contextlib.AbstractContextManager[None]] | None = None
+            ) -> Primitive:
     lib = library()
     pd = ctypes.c_void_p()
     attr = Attr()
     check(lib.dnnl_reorder_primitive_desc_create(ctypes.byref(pd), src.handle, engine(), dst.handle, engine(),
                                                  attr.handle), "reorder")
-    return Primitive(pd, "reorder")
+    return Primitive(pd, "reorder", scope)
 
 
 ARRAY_FREE.update({Desc, Memory, Attr, Primitive})  # handles only: not searched for a kernel's own arrays

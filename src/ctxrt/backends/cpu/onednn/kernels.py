@@ -21,7 +21,7 @@ scratch is not made: the node then runs its first primitive, as before).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -173,15 +173,19 @@ class OneDnnKernel(Kernel):
 def create(spec: NodeSpec, fn: str, *args: Any, attr: api.Attr | None = None, nthr: int | None = None
            ) -> api.Primitive:
     """`api.create` for the node's creation threads (or a variant's `nthr`), the last argument the attributes
-    (default ones: a user-managed scratchpad). `attr` is held until the primitive exists."""
+    (default ones: a user-managed scratchpad). `attr` is held until the descriptor exists."""
     attr = attr or api.Attr()
-    with _creating(spec, nthr):
-        return api.create(fn, f"{spec.op} {spec.name!r}", *args, attr.handle)
+    with _creating(spec, nthr) as scope:
+        return api.create(fn, f"{spec.op} {spec.name!r}", *args, attr.handle, scope=scope)
 
 
-def _creating(spec: NodeSpec, nthr: int | None) -> contextlib.AbstractContextManager[None]:
-    """threads.creation for the node's first primitive (nthr None: its creation threads) or a variant's."""
-    return threads.creation(nthr or creation_threads(spec), variant=nthr is not None)
+@contextlib.contextmanager
+def _creating(spec: NodeSpec, nthr: int | None) -> Iterator[Callable[[], contextlib.AbstractContextManager[None]]]:
+    """threads.creation for the node's first primitive descriptor (nthr None: its creation threads) or a
+    variant's; gives the scope its primitive is made in on its first launch (the same threads)."""
+    n = nthr or creation_threads(spec)
+    with threads.creation(n, variant=nthr is not None):
+        yield lambda: threads.creation(n, variant=True)
 
 
 # -- Conv --------------------------------------------------------------------------------------------------
@@ -858,6 +862,6 @@ def reorder(spec: NodeSpec) -> Kernel:
 def reorder_maker(spec: NodeSpec, src: api.Desc, dst: api.Desc) -> Callable[..., api.Primitive]:
     """A reorder primitive from `src` to `dst` for the node's creation threads, or (given) a variant's."""
     def make(nthr: int | None = None) -> api.Primitive:
-        with _creating(spec, nthr):
-            return api.reorder(src, dst)
+        with _creating(spec, nthr) as scope:
+            return api.reorder(src, dst, scope)
     return make
