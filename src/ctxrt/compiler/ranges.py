@@ -397,11 +397,8 @@ def compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str = "mai
     from ctxrt.frontend.onnx import load_model
 
     model = load_model(model)  # once: every probe lowers the same proto (the file is not read and parsed again)
-    try:
-        with memo.shared():  # and shares its arrays, transposed and prepacked weights
-            return _compile_ranges(model, dims, backend, name, shapes, values, feeds, options, tuner, prior)[0]
-    finally:
-        _dropped(backend)
+    with memo.shared():  # and shares its arrays, transposed and prepacked weights
+        return _compile_ranges(model, dims, backend, name, shapes, values, feeds, options, tuner, prior)[0]
 
 
 def compile_ranges_split(model: Any, dims: DimSpec, backend: Backend, k: int,
@@ -412,18 +409,8 @@ def compile_ranges_split(model: Any, dims: DimSpec, backend: Backend, k: int,
     from ctxrt.frontend.onnx import load_model
 
     model = load_model(model)
-    try:
-        with memo.shared():
-            return _compile_ranges(model, dims, backend, "main", None, None, None, options, tuner, None, k)
-    finally:
-        _dropped(backend)
-
-
-def _dropped(backend: Backend) -> None:
-    """The backend's caches keep nothing of the probe programs (compared, then dropped): CpuBackend.probes_dropped."""
-    hook = getattr(backend, "probes_dropped", None)
-    if hook is not None:
-        hook()
+    with memo.shared():
+        return _compile_ranges(model, dims, backend, "main", None, None, None, options, tuner, None, k)
 
 
 def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,

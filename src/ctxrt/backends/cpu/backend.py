@@ -161,12 +161,6 @@ class CpuBackend:
         return FuseMatMulEpilogue(onednn.NAME, lambda g, node: supports(g, node, PLAIN, PLAIN),
                                   {"Relu", "Gelu", "Swish"})(graph).graph
 
-    def probes_dropped(self) -> None:
-        """After a range compile (compiler/ranges.py): oneDNN's primitive cache keeps nothing of the probe programs
-        it compared and dropped."""
-        if self.onednn:
-            onednn_api.flush_cache()
-
     def alloc_shared(self, nbytes: int, alignment: int = 64) -> CpuBuffer:
         buf = CpuBuffer(int(nbytes), int(alignment))
         self.stats["buffers_created"] += 1

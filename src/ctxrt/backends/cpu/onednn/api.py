@@ -147,19 +147,6 @@ def available() -> bool:
     return library() is not None
 
 
-def flush_cache() -> None:
-    """Empty oneDNN's primitive cache (its capacity set to 0 and back): after a range compile, whose probe programs,
-    compared then dropped, would leave their primitives and JIT code resident in it (the 4-layer decoder's session:
-    1.4 MiB; 3.3 with a third ranged dim). Primitives a kernel holds stay alive; only the cache's own copies go."""
-    lib = library()
-    if lib is None:
-        return
-    capacity = ctypes.c_int(0)
-    check(lib.dnnl_get_primitive_cache_capacity(ctypes.byref(capacity)), "primitive cache capacity")
-    check(lib.dnnl_set_primitive_cache_capacity(0), "primitive cache capacity")
-    check(lib.dnnl_set_primitive_cache_capacity(capacity.value), "primitive cache capacity")
-
-
 class _Version(ctypes.Structure):
     _fields_ = [("major", ctypes.c_int), ("minor", ctypes.c_int), ("patch", ctypes.c_int), ("hash", ctypes.c_char_p),
                 ("cpu_runtime", ctypes.c_uint), ("gpu_runtime", ctypes.c_uint)]
