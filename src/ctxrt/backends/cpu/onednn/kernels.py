@@ -158,9 +158,12 @@ class OneDnnKernel(Kernel):
         if n <= 0 or n >= self.threads or self._variant is None:
             return None
         if n not in self._variants:
-            prim: api.Primitive | None = None
-            with contextlib.suppress(CtxrtError):
+            prim: api.Primitive | None
+            try:
                 prim = self._variant(n)
+                prim.made()  # (made now: one that cannot be is not used, as one whose descriptor cannot)
+            except CtxrtError:
+                prim = None
             if prim is not None and (prim.impl.startswith("ref")
                                      or prim.scratchpad_bytes > (self.scratch[0] if self.scratch else 0)
                                      or any(prim.md(api.Q_WEIGHTS_MD) != md
