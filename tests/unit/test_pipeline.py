@@ -388,3 +388,33 @@ def test_a_pass_that_changes_the_graph_out_of_order_is_refused_and_an_unchanged_
     assert quiet.checked == 0
     with pytest.raises(PlanError, match="before it is produced"):  # an input out of order: refused before any pass
         base.run_passes(graph("ba"), [])
+
+
+def test_shape_inference_runs_once_where_folding_changes_no_type(monkeypatch) -> None:
+    """After the first inference every value of the exported decoder has a static shape: folding its shape chains
+    then changes no other value's type, so onnx's inference is not run again (twice before: a range compile's
+    probes each paid it); the graph is the same as with a second inference."""
+    import sys
+    from pathlib import Path
+
+    import onnx.shape_inference
+
+    from ctxrt.backends import get_backend, supported_ops
+    from ctxrt.frontend import onnx as frontend
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+    import decoders
+
+    path = decoders.gpt2_decoder("dynamo")
+    shapes = {"input_ids": [1, 5]} | {k: [1, decoders.HEADS, 7, 16] for k in decoders.names()[0][1:]}
+    calls = []
+    real = onnx.shape_inference.infer_shapes
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", lambda *a, **k: calls.append(1) or real(*a, **k))
+    once = frontend.to_ir(str(path), supported_ops(get_backend("cpu")), shapes)
+    assert len(calls) == 1
+    monkeypatch.setattr(frontend.Folder, "_all_typed", lambda self: False)  # as before: inferred again
+    again = frontend.to_ir(str(path), supported_ops(get_backend("cpu")), shapes)
+    assert len(calls) == 3
+    assert [(n.op, n.inputs, n.outputs) for n in once.nodes] == [(n.op, n.inputs, n.outputs) for n in again.nodes]
+    assert {k: (v.dtype, v.shape) for k, v in once.values.items()} == \
+        {k: (v.dtype, v.shape) for k, v in again.values.items()}

@@ -120,11 +120,26 @@ class Folder:
 
     # -- the loop ------------------------------------------------------------------------------------
     def settle(self, feeds: Mapping[str, Any] | None) -> None:
+        known = False  # every remaining node's outputs typed with a static shape: folding changes no other type
         while True:
-            self.infer()
-            if self.fold_once() or self.rewrite_control() or self.take_values(feeds) or self.annotate():
+            if not known:
+                self.infer()
+            if self.fold_once():
+                known = self._all_typed()
+                continue
+            known = False
+            if self.rewrite_control() or self.take_values(feeds) or self.annotate():
                 continue
             return
+
+    def _all_typed(self) -> bool:
+        """Whether every output of the nodes left has a type with a static shape (then inference, run again after
+        a fold, would find the same: a range compile's probes skip one of their two inferences)."""
+        for node in self.nodes:
+            for o in node.output:
+                if o and (self.types.get(o, (None, None))[1] is None or o in self.bounded):
+                    return False
+        return True
 
     def skeleton(self) -> onnx.ModelProto:
         """A weight-free copy of the current graph for shape inference."""
