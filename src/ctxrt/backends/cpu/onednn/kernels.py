@@ -20,8 +20,8 @@ scratch is not made: the node then runs its first primitive, as before).
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -178,17 +178,10 @@ def create(spec: NodeSpec, fn: str, *args: Any, attr: api.Attr | None = None, nt
     """`api.create` for the node's creation threads (or a variant's `nthr`), the last argument the attributes
     (default ones: a user-managed scratchpad). `attr` is held until the descriptor exists."""
     attr = attr or api.Attr()
-    with _creating(spec, nthr) as scope:
-        return api.create(fn, f"{spec.op} {spec.name!r}", *args, attr.handle, scope=scope)
-
-
-@contextlib.contextmanager
-def _creating(spec: NodeSpec, nthr: int | None) -> Iterator[Callable[[], contextlib.AbstractContextManager[None]]]:
-    """threads.creation for the node's first primitive descriptor (nthr None: its creation threads) or a
-    variant's; gives the scope its primitive is made in on its first launch (the same threads)."""
     n = nthr or creation_threads(spec)
-    with threads.creation(n, variant=nthr is not None):
-        yield lambda: threads.creation(n, variant=True)
+    with threads.creation(n, variant=nthr is not None):  # its primitive on its first launch, for the same threads
+        return api.create(fn, f"{spec.op} {spec.name!r}", *args, attr.handle,
+                          scope=functools.partial(threads.creation, n, True))
 
 
 # -- Conv --------------------------------------------------------------------------------------------------
@@ -865,6 +858,7 @@ def reorder(spec: NodeSpec) -> Kernel:
 def reorder_maker(spec: NodeSpec, src: api.Desc, dst: api.Desc) -> Callable[..., api.Primitive]:
     """A reorder primitive from `src` to `dst` for the node's creation threads, or (given) a variant's."""
     def make(nthr: int | None = None) -> api.Primitive:
-        with _creating(spec, nthr) as scope:
-            return api.reorder(src, dst, scope)
+        n = nthr or creation_threads(spec)
+        with threads.creation(n, variant=nthr is not None):
+            return api.reorder(src, dst, functools.partial(threads.creation, n, True))
     return make
