@@ -520,7 +520,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
                 read_only.clear()
                 continue
             up, below = at(hi), at(alt, full=True)
-            grow = _varying_folded(folded.get(tuple(hi), {}), folded.get(tuple(alt), {}))
+            grow: set[str] = set()  # (what the frontend folded differently: none, read_first found)
             for (gu, wu), (ga, wa) in zip(up, below, strict=True):
                 _same_structure(gu, ga, spec)
                 grow |= {_value_of(key) for key in _varying_consts(gu, wu, wa)}

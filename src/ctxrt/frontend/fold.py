@@ -77,7 +77,7 @@ def _fold(op: str, attrs: Mapping[str, Any], ins: Sequence[np.ndarray | None], o
         return [np.arange(ins[0], ins[1], ins[2]).astype(ins[0].dtype)]
     if op == "Trilu" and x.ndim >= 2:
         k = 0 if len(ins) < 2 or ins[1] is None else int(np.asarray(ins[1]).item())
-        return [np.triu(x, k) if attrs.get("upper", 1) else np.tril(x, k).astype(x.dtype)]
+        return [np.triu(x, k) if attrs.get("upper", 1) else np.tril(x, k)]
     if op in _ARITH and len(ins) == 2 and ins[1] is not None and x.dtype == ins[1].dtype and x.dtype.kind in "iu":
         return [_ARITH[op](x, ins[1]).astype(x.dtype, copy=False)]
     return None

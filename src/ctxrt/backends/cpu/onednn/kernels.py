@@ -178,10 +178,16 @@ def create(spec: NodeSpec, fn: str, *args: Any, attr: api.Attr | None = None, nt
     """`api.create` for the node's creation threads (or a variant's `nthr`), the last argument the attributes
     (default ones: a user-managed scratchpad). `attr` is held until the descriptor exists."""
     attr = attr or api.Attr()
+    made, scope = _creating(spec, nthr)
+    with made:
+        return api.create(fn, f"{spec.op} {spec.name!r}", *args, attr.handle, scope=scope)
+
+
+def _creating(spec: NodeSpec, nthr: int | None) -> tuple[Any, Callable[[], Any]]:
+    """threads.creation for the node's first primitive descriptor (nthr None: its creation threads) or a variant's,
+    and the scope its primitive is made in on its first launch (the same threads)."""
     n = nthr or creation_threads(spec)
-    with threads.creation(n, variant=nthr is not None):  # its primitive on its first launch, for the same threads
-        return api.create(fn, f"{spec.op} {spec.name!r}", *args, attr.handle,
-                          scope=functools.partial(threads.creation, n, True))
+    return threads.creation(n, variant=nthr is not None), functools.partial(threads.creation, n, True)
 
 
 # -- Conv --------------------------------------------------------------------------------------------------
@@ -308,7 +314,6 @@ class _NativeConv(Kernel):
             self.attrs = {flag: 1}
             w = spec.consts[1]
             self.constants = {} if spec.options.get("probe") else {1: memo(flag, w, key, lambda: layout(w))}
-
 
     def _onednn_conv(self, src: tuple[api.Desc, int, int], dst: tuple[api.Desc, int, int], kernel: tuple[int, int],
                      wdims: tuple[int, ...], w: np.ndarray, stored: str, bias: np.ndarray | None, residual: bool
@@ -858,7 +863,7 @@ def reorder(spec: NodeSpec) -> Kernel:
 def reorder_maker(spec: NodeSpec, src: api.Desc, dst: api.Desc) -> Callable[..., api.Primitive]:
     """A reorder primitive from `src` to `dst` for the node's creation threads, or (given) a variant's."""
     def make(nthr: int | None = None) -> api.Primitive:
-        n = nthr or creation_threads(spec)
-        with threads.creation(n, variant=nthr is not None):
-            return api.reorder(src, dst, functools.partial(threads.creation, n, True))
+        made, scope = _creating(spec, nthr)
+        with made:
+            return api.reorder(src, dst, scope)
     return make
