@@ -36,7 +36,7 @@ from bench_latency import machine_line, markdown, open_ort, peak_rss_bytes  # no
 from bench_latency import model_and_feeds as _zoo_model  # noqa: E402
 
 MODELS = ("squeezenet", "resnet50", "shufflenet", "densenet121", "bert")
-COLD = {"POCL_KERNEL_CACHE": "0", "PYOPENCL_NO_CACHE": "1"}
+COLD = {"POCL_KERNEL_CACHE": "0", "PYOPENCL_NO_CACHE": "1", "CUDA_CACHE_DISABLE": "1"}  # PoCL, PyOpenCL, NVIDIA
 
 
 def model_and_feeds(name: str) -> tuple[Path, dict[str, np.ndarray]]:

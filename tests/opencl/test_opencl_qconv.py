@@ -287,3 +287,26 @@ def test_16_bit_declines_to_the_cpu() -> None:
              "wz": np.int8(0), "ys": np.float32(0.5), "yz": np.uint16(32768)}
     node = helper.make_node("QLinearConv", ["x", *inits], ["y"], pads=[1, 1, 1, 1])
     check(qmodel(node, {"x": x}, inits), {"x": x}, placement=("cpu",), ort=False)
+
+
+
+def test_gpu_defaults_fit_every_case() -> None:
+    """A GPU's defaults hold for every case's shape (an H200 ran u8s8_same_upper_stride2's 3 output channels on the
+    CPU: its 4-wide default refused, no scalar default for GPUs): where the device type's default does not fit, the
+    next level of the chain does. PoCL posing as a GPU compiles each case on the device, and the programs of the
+    kernels that divide ask for correctly rounded division."""
+    import copy
+    import dataclasses
+
+    from ctxrt.backends.opencl.kernel import DIVIDE, _correct_divide
+
+    be = copy.copy(get_backend("opencl"))
+    be.info = dataclasses.replace(be.info, type="gpu")
+    for name, args in CASES.items():
+        model, feeds = qconv_model(**args)
+        with ctxrt.compile(model, backend=be) as ctx:
+            assert [p["backend"] for p in ctx.graph().partitions] == ["opencl"], name
+    spec, _ = _spec(5, 3, 1, (10, 13), (3, 3), (1, 1, 1, 1), (2, 2))
+    k = QConv(spec, be)
+    assert k.params["VW"] == 1 and k.divides
+    assert (DIVIDE in k.programs[0].options) == _correct_divide(be)

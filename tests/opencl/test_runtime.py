@@ -41,11 +41,20 @@ def _mixed():
 PARTITIONS = ["cpu", "opencl", "cpu", "opencl", "cpu", "opencl", "cpu"]
 
 
+def _backend(zero_copy: bool) -> OpenCLBackend:
+    """Device 0 in that mode; zero copy where the device has its own memory (a discrete GPU) is refused, once."""
+    if zero_copy and not get_backend("opencl").info.unified_memory:
+        with pytest.raises(CtxrtError, match="zero_copy=True needs a device whose memory is shared"):
+            OpenCLBackend(0, zero_copy=True)
+        pytest.skip("zero copy is refused on a device with its own memory (checked above)")
+    return OpenCLBackend(0, zero_copy=zero_copy)
+
+
 @pytest.mark.parametrize("zero_copy", [True, False], ids=["mapped", "copies"])
 def test_cpu_partitions_over_mappings_or_counted_copies(zero_copy) -> None:
     model, feeds = _mixed()
     (want,) = reference(model, feeds)
-    be = OpenCLBackend(0, zero_copy=zero_copy)
+    be = _backend(zero_copy)
     with ctxrt.compile(model, backend=be) as ctx:
         g = ctx.graph()
         assert [p["backend"] for p in g.partitions] == PARTITIONS
@@ -70,7 +79,7 @@ def test_cpu_partitions_over_mappings_or_counted_copies(zero_copy) -> None:
 def test_steady_loop_with_fallback_creates_and_records_nothing(zero_copy) -> None:
     """reference/003: per-run tensor creation at fallback boundaries is the cost to avoid."""
     model, feeds = _mixed()
-    be = OpenCLBackend(0, zero_copy=zero_copy)
+    be = _backend(zero_copy)
     with ctxrt.compile(model, backend=be, io_mem_type="memhandle") as ctx:
         g = ctx.graph()
         buf = be.alloc_shared(4096, 64)
@@ -95,7 +104,7 @@ def test_only_weights_device_kernels_read_are_uploaded(zero_copy) -> None:
              helper.make_node("Add", ["g", "bias"], ["y"])]
     feeds = {"x": rand(2, 1000)}
     model = make_model(nodes, feeds, {"table": table, "bias": bias})
-    with ctxrt.compile(model, backend=OpenCLBackend(0, zero_copy=zero_copy)) as ctx:
+    with ctxrt.compile(model, backend=_backend(zero_copy)) as ctx:
         assert [p["backend"] for p in ctx.graph().partitions] == ["cpu", "opencl"]
         assert ctx.stats["alloc_weights_bytes"] == ctx.stats["weights_uploaded_bytes"] == bias.nbytes
         np.testing.assert_allclose(ctx.graph().run(feeds)["y"], feeds["x"] @ table + bias, rtol=1e-5, atol=1e-5)
@@ -271,3 +280,21 @@ def test_no_platform_is_one_clear_error(monkeypatch, tmp_path, capsys) -> None:
     assert err.startswith("ctxrt: error: ") and "no OpenCL platform or device found" in err and err.count("\n") == 1
     assert cli(["devices"]) == 0
     assert "no OpenCL device" in capsys.readouterr().out
+
+
+def test_zero_copy_is_refused_where_the_device_has_its_own_memory(monkeypatch) -> None:
+    """On a discrete GPU a mapping is the host's copy: zero copy would hand CPU partitions stale bytes (an H100
+    gave zeros), so it is refused there with one clear error; the default there is copies."""
+    import dataclasses
+
+    from ctxrt.backends.opencl import backend as cl_backend
+
+    real = cl_backend.open_device
+
+    def discrete(index: int):
+        dev, info = real(index)
+        return dev, dataclasses.replace(info, unified_memory=False)
+    monkeypatch.setattr(cl_backend, "open_device", discrete)
+    with pytest.raises(CtxrtError, match="has its own memory: use zero_copy=False"):
+        OpenCLBackend(0, zero_copy=True)
+    assert not OpenCLBackend(0).zero_copy  # copies by default there

@@ -27,7 +27,7 @@ from ctxrt.backends.kernel import KernelFactory
 from ctxrt.backends.opencl.device import normalise, open_device
 from ctxrt.backends.opencl.memory import ClBuffer, ClTensor
 from ctxrt.backends.opencl.program import ProgramStore
-from ctxrt.errors import RegistrationError, ShapeError
+from ctxrt.errors import CtxrtError, RegistrationError, ShapeError
 
 ZERO_COPY_ENV = "CTXRT_OPENCL_ZERO_COPY"
 
@@ -50,6 +50,11 @@ class OpenCLBackend:
         props = cl.command_queue_properties.PROFILING_ENABLE if profiling else 0
         self.queue = cl.CommandQueue(self.context, self.device, properties=props)
         env = os.environ.get(ZERO_COPY_ENV, "")
+        if zero_copy and not self.info.unified_memory:
+            # a buffer mapped for the host is a copy of the device's on such a device (a discrete GPU): kernels
+            # and the host would each see their own bytes (the outputs of CPU partitions read back as zeros)
+            raise CtxrtError(f"zero_copy=True needs a device whose memory is shared with the host; "
+                             f"{self.info.name} has its own memory: use zero_copy=False (copies, the default there)")
         self.zero_copy = self.info.unified_memory and env != "0" if zero_copy is None else bool(zero_copy)
         # Arena offsets and registered buffers' starts are multiples of this: 16-float vector loads stay aligned.
         # Kernels take (buffer, offset) arguments, so no tensor needs to be a sub-buffer: MEM_BASE_ADDR_ALIGN

@@ -23,6 +23,7 @@ OpenCL event (profiling info when the backend's queue profiles).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -59,11 +60,15 @@ class Space:
     work_group: Callable[[Params], tuple[int, ...]] = field(default=lambda p: (1,))
     local_memory: Callable[[Params, Mapping[str, int]], int] = field(default=lambda p, problem: 0)
 
-    def default(self, device: DeviceInfo, variant: str = "") -> dict[str, Any]:
-        for key in (f"{device.type}:{variant}", device.type, "default"):
-            if key in self.defaults:
-                return dict(self.defaults[key])
-        raise KeyError("a Space needs a 'default' entry")
+    def default(self, device: DeviceInfo, variant: str = "", problem: Mapping[str, int] | None = None
+                ) -> dict[str, Any]:
+        """The first default of the chain present (valid for `problem` on `device` where one is given: a default
+        for the device type that this problem or device refuses falls back to the next level, not to the CPU)."""
+        found = [self.defaults[k] for k in (f"{device.type}:{variant}", device.type, "default") if k in self.defaults]
+        if not found:
+            raise KeyError("a Space needs a 'default' entry")
+        valid = [p for p in found if problem is None or self.why_invalid(p, problem, device) is None]
+        return dict((valid or found)[0])
 
     def why_invalid(self, p: Params, problem: Mapping[str, int], device: DeviceInfo) -> str | None:
         """None when `p` can run on `device` for `problem`, else the reason."""
@@ -142,8 +147,8 @@ class ClKernel(Kernel):
         if halves:
             raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: OpenCL {type(self).__name__} does not read "
                                      f"the half-precision constant inputs {halves}")
-        self.params: dict[str, Any] = (self.space.default(backend.info, self.variant()) if params is None
-                                       else dict(params))
+        self.params: dict[str, Any] = (self.space.default(backend.info, self.variant(), self.problem())
+                                       if params is None else dict(params))
         why = self.space.why_invalid(self.params, self.problem(), backend.info)
         if why is not None:
             raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: OpenCL {type(self).__name__}: {why}")
@@ -161,8 +166,17 @@ class ClKernel(Kernel):
         return dict(self.params)
 
     @property
+    def divides(self) -> bool:
+        """Whether its float divisions must round as NumPy's (quantized kernels' scales): then its program is
+        built with DIVIDE where the device takes it."""
+        return False
+
+    @property
     def programs(self) -> tuple[ProgramKey, ...]:  # type: ignore[override]
-        return (ProgramKey.make(self.source, self.defines()),)
+        key = ProgramKey.make(self.source, self.defines())
+        if self.divides and _correct_divide(self.backend):
+            key = ProgramKey(key.name, key.source_hash, f"{key.options} {DIVIDE}")
+        return (key,)
 
     def cl_type(self, dtype: np.dtype) -> str:
         """The OpenCL type of a dtype this device can compute in; declines (falls back) otherwise."""
@@ -187,3 +201,22 @@ class ClKernel(Kernel):
             return lambda: None
         enqueue, queue = self.backend.cl.enqueue_nd_range_kernel, self.backend.queue
         return lambda: enqueue(queue, k, gsize, local_size)
+
+
+# Float division rounded as NumPy's (OpenCL's own may be 2.5 ulp off). Dividing through double in the kernel is not
+# enough alone: a compiler may fold (float)((double)x / (double)y) back into a float division (exact for floats),
+# which NVIDIA's OpenCL then rounds approximately (DynamicQuantizeMatMul's scale an ulp off on an H100 and an H200).
+DIVIDE = "-cl-fp32-correctly-rounded-divide-sqrt"
+
+
+def _correct_divide(backend: Any) -> bool:
+    try:
+        return _divides_correctly(backend.device, backend.cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT)
+    except AttributeError:  # (no such query: plain division)
+        return False
+
+
+@functools.cache
+def _divides_correctly(device: Any, flag: int) -> bool:
+    """Whether the device takes DIVIDE (CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT in its single_fp_config)."""
+    return bool(device.single_fp_config & flag)

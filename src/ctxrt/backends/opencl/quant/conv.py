@@ -149,8 +149,12 @@ class _Node:
 
 def _fp64(kernel: ClKernel) -> dict[str, int]:
     """FP64 where the device has doubles: the multiplier's division made through double, correctly rounded (as
-    the CPU's float32 division; OpenCL's float division may be off by 2.5 ulp, rounding a half-way value apart)."""
+    the CPU's float32 division; OpenCL's float division may be off by 2.5 ulp, rounding a half-way value apart;
+    the program is also built with DIVIDE where the device takes it: `divides`)."""
     return {"FP64": 1} if kernel.backend.info.fp64 and kernel.q.qlinear else {}
+
+
+_DIVIDES = property(lambda kernel: kernel.q.qlinear)  # ClKernel.divides: QLinearConv's multiplier divides by y_scale
 
 
 class QConv(ClKernel):
@@ -172,6 +176,7 @@ class QConv(ClKernel):
                   "cpu:v4": {"RM": 1, "RN": 1, "WM": 2, "WN": 8, "VW": 4},
                   "cpu:v1": {"RM": 1, "RN": 1, "WM": 1, "WN": 16, "VW": 1},
                   "gpu": {"RM": 4, "RN": 16, "WM": 1, "WN": 4, "VW": 4},
+                  "gpu:v1": {"RM": 4, "RN": 16, "WM": 1, "WN": 4, "VW": 1},
                   "default": {"RM": 4, "RN": 16, "WM": 1, "WN": 4, "VW": 1}},
         constraints=(lambda p, s: p["VW"] <= s["M"],),  # a vector of channels past M starts at M - VW
         work_group=lambda p: (p["RN"], p["RM"]))
@@ -212,6 +217,8 @@ class QConv(ClKernel):
         return {**self.q.defines(), "KH": self.win.kh, "KW": self.win.kw, "PADDED": int(self.win.padded),
                 **_fp64(self), **self.params}
 
+    divides = _DIVIDES
+
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         win, p, q = self.win, self.params, self.q
         if win.n * win.oh * win.ow * q.mg * q.g == 0:
@@ -246,6 +253,8 @@ class QDepthwise(ClKernel):
         win = self.win
         return {**self.q.defines(), "KH": win.kh, "KW": win.kw, "SH": win.sh, "SW": win.sw, "DH": win.dh,
                 **_fp64(self), **self.params}
+
+    divides = _DIVIDES
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         win, p, q = self.win, self.params, self.q

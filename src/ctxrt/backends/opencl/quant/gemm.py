@@ -224,9 +224,13 @@ class QGemmKernel(ClKernel):
             d["YLO"], d["YHI"] = self.yrange
         if self.dq:
             d["DQ"], d["DQ_WGS"] = 1, _DQ_WGS
-        if self.mode > 0 and (self._given("y_s") or self.dq) and self.backend.info.fp64:
+        if self.divides and self.backend.info.fp64:
             d["FP64"] = 1
         return d
+
+    @property
+    def divides(self) -> bool:
+        return self.mode > 0 and (self._given("y_s") or self.dq)
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         if self.M * self.N * math.prod(self.batch) == 0:

@@ -15,7 +15,6 @@ overflow. Scales and zero points are read by the kernels at run time (constants 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +34,6 @@ LIMIT = 1 << 31  # the kernels index elements with 32-bit ints
 F32 = np.dtype(np.float32)
 EIGHT = {np.dtype(np.uint8), np.dtype(np.int8)}
 WIDE = EIGHT | {np.dtype(np.uint16), np.dtype(np.int16)}
-DIVIDE = "-cl-fp32-correctly-rounded-divide-sqrt"  # x / scale rounded as NumPy's division (where the device can)
 
 SPACE_1D = Space(params={"WGS": (32, 64, 128, 256)},
                  defaults={"cpu": {"WGS": 256}, "gpu": {"WGS": 256}, "default": {"WGS": 64}},
@@ -84,6 +82,7 @@ class QuantKernel(ClKernel):
     source = SOURCE
     space = SPACE_1D
     kind = ""
+    divides = True  # type: ignore[assignment]  # x / scale rounded as NumPy's division (where the device can)
 
     def __init__(self, spec: NodeSpec, backend: Any, params: Any = None) -> None:
         super().__init__(spec, backend, params)
@@ -94,29 +93,9 @@ class QuantKernel(ClKernel):
     def defines(self) -> dict[str, Any]:
         return {f"K_{self.kind}": 1, **self.params}
 
-    @property
-    def programs(self) -> tuple[ProgramKey, ...]:  # type: ignore[override]
-        key = ProgramKey.make(self.source, self.defines())
-        if _correct_divide(self.backend):
-            key = ProgramKey(key.name, key.source_hash, f"{key.options} {DIVIDE}")
-        return (key,)
-
     def launch_1d(self, name: str, n: int, *args: Any) -> Launch:
         wgs = self.params["WGS"]
         return self.launch(self.kernel(name, *args), (max(n, 0),), (wgs,))
-
-
-def _correct_divide(backend: Any) -> bool:
-    try:
-        return _divides_correctly(backend.device, backend.cl.device_fp_config.CORRECTLY_ROUNDED_DIVIDE_SQRT)
-    except AttributeError:  # (no such query: plain division)
-        return False
-
-
-@functools.cache
-def _divides_correctly(device: Any, flag: int) -> bool:
-    """Whether the device takes -cl-fp32-correctly-rounded-divide-sqrt (CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT)."""
-    return bool(device.single_fp_config & flag)
 
 
 def _per_axis(spec: NodeSpec, pshape: tuple[int, ...]) -> tuple[int, int]:
