@@ -25,10 +25,9 @@ _COL_BUDGET = 2 << 20  # bytes of GEMM output columns per block
 
 def begin_pads(spec: NodeSpec, isp: tuple[int, ...], osp: tuple[int, ...], kernel: tuple[int, ...],
                strides: list[int], dil: list[int], out_pad: list[int]) -> list[int]:
-    """Padding removed before the first output, per axis. The total follows from the output shape; auto_pad
-    splits it as the ONNX spec, onnx.reference and onnxruntime do: SAME_UPPER puts the odd one at the end,
-    SAME_LOWER at the start. With output_shape and no auto_pad, as onnxruntime does (the reference crops the end
-    instead): the odd one at the end."""
+    """Padding removed before the first output, per axis. The total follows from the output shape and is split
+    as the ONNX spec and onnxruntime do: SAME_UPPER puts the odd one at the end; SAME_LOWER, and an output_shape
+    with no auto_pad, at the start (the reference crops the end instead)."""
     auto = spec.attr("auto_pad", "NOTSET")
     if auto == "VALID":
         return [0] * len(isp)
@@ -36,7 +35,7 @@ def begin_pads(spec: NodeSpec, isp: tuple[int, ...], osp: tuple[int, ...], kerne
         return list(spec.attr("pads") or [0] * 2 * len(isp))[:len(isp)]
     totals = [max(0, s * (i - 1) + p + (k - 1) * d + 1 - o)
               for i, o, k, s, d, p in zip(isp, osp, kernel, strides, dil, out_pad, strict=True)]
-    return [t - t // 2 if auto == "SAME_LOWER" else t // 2 for t in totals]
+    return [t // 2 if auto == "SAME_UPPER" else t - t // 2 for t in totals]
 
 
 def _reach(lo: int, hi: int, t: int, stride: int, dilation: int, pad: int, out: int) -> tuple[int, int]:

@@ -47,7 +47,7 @@ CHANNEL_OPS = {"Concat", "ChannelShuffle"}  # along the channel axis: the attrib
 # same-shape operands (inputs 0 and 3), a concatenation along channels (inputs 2, 5, ...), a global pool
 QUANT_BINARY = {"QLinearAdd", "QLinearMul"}
 QUANT_LAID = QUANT_BINARY | {"QLinearConcat", "QLinearGlobalAveragePool", "QLinearLookup"}
-CONVS = {"Conv", "QLinearConv"}
+CONVS = {"Conv", "QLinearConv", "ConvTranspose"}
 RESIZES = {"Resize", "Upsample"}  # run on a channels-last L with constant scales (resize_in_l)
 ACTIVATION_TYPES = {np.dtype(np.float32), np.dtype(np.uint8), np.dtype(np.int8)}
 SMALL_INPUT = 8  # channels under which a conv reads its plain input directly (a network's first conv)

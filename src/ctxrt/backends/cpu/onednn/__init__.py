@@ -13,7 +13,7 @@ NAME = "onednn"  # the `kernel` attribute of the nodes it runs
 LAYOUT_OPS: dict[str, KernelFactory] = {
     "Conv": kernels.conv, "MaxPool": kernels.maxpool, "AveragePool": kernels.avgpool,
     "GlobalAveragePool": kernels.global_avgpool, "LRN": kernels.lrn, "BatchNormalization": kernels.batchnorm,
-    "QLinearConv": int8.qconv}
+    "QLinearConv": int8.qconv, "ConvTranspose": kernels.conv_transpose}
 # Not LogSoftmax: oneDNN's log is off by up to 1.2e-4 relative near 0 (onnxruntime's, NumPy's: 1e-7).
 # The integer GEMMs of QDQ units (int8.py) too; QLinearConv is in both: NHWC between int8 convs, NCHW where
 # the layout pass leaves its input or output plain (int8.py reorders those sides inside its launch).

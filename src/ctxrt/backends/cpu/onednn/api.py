@@ -26,7 +26,7 @@ from ctxrt.errors import CtxrtError, UnsupportedOpError
 F32, S32, S8, U8 = 3, 4, 5, 6
 TAG_ANY = 1
 FORWARD_INFERENCE = 96
-CONVOLUTION_DIRECT = 1
+CONVOLUTION_DIRECT, DECONVOLUTION_DIRECT = 1, 0xA
 ELTWISE_RELU, ELTWISE_GELU_TANH, ELTWISE_SWISH, ELTWISE_GELU_ERF = 32, 43, 44, 49
 ELTWISE_HARDSIGMOID, ELTWISE_HARDSWISH = 40, 52  # dnnl_alg_kind_t, oneDNN 3.x
 ELTWISE_TANH, ELTWISE_ELU, ELTWISE_LOGISTIC, ELTWISE_CLIP = 33, 34, 41, 46
@@ -98,6 +98,8 @@ def _prototype(lib: ctypes.CDLL) -> None:
         "dnnl_post_ops_create": [pp], "dnnl_post_ops_destroy": [vp],
         "dnnl_post_ops_append_eltwise": [vp, i, f, f], "dnnl_post_ops_append_binary": [vp, i, vp],
         "dnnl_convolution_forward_primitive_desc_create": [pp, vp, i, i, vp, vp, vp, vp, Dims, Dims, Dims, Dims, vp],
+        "dnnl_deconvolution_forward_primitive_desc_create": [pp, vp, i, i, vp, vp, vp, vp, Dims, Dims, Dims, Dims,
+                                                             vp],
         "dnnl_pooling_forward_primitive_desc_create": [pp, vp, i, i, vp, vp, Dims, Dims, Dims, Dims, Dims, vp],
         "dnnl_lrn_forward_primitive_desc_create": [pp, vp, i, i, vp, vp, i64, f, f, f, vp],
         "dnnl_batch_normalization_forward_primitive_desc_create": [pp, vp, i, vp, vp, f, ctypes.c_uint, vp],

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.cpu import gemv, native, threads
+from ctxrt.backends.cpu.convtranspose import begin_pads
 from ctxrt.backends.cpu.onednn import api
 from ctxrt.backends.kernel import Kernel, NodeSpec, TensorSpec
 from ctxrt.errors import CtxrtError, UnsupportedOpError
@@ -265,6 +266,61 @@ def conv(spec: NodeSpec) -> Kernel:
     args = weighted_args(prim, src_md, dst_md, bias_md, attr.binary_index if residual else None)
     kind = "depthwise" if g > 1 and g == m == x[1] else "grouped" if g > 1 else "conv"
     return OneDnnKernel(spec, prim, args, kind, attrs, constants, variant=variant_of(spec, make, wdims, packed),
+                        weights=own)
+
+
+# -- ConvTranspose -------------------------------------------------------------------------------------------
+def conv_transpose(spec: NodeSpec) -> Kernel:
+    """A 2-D ConvTranspose as oneDNN's deconvolution, on plain NCHW tensors, its constant weights (ONNX's [C, M/g,
+    kH, kW]: oneDNN's "iohw", "giohw" grouped) prepacked into the format the primitive prefers. Output padding
+    past what the window covers, and any other layout, stay with NumPy's kernel (convtranspose.py)."""
+    api.require(f"ConvTranspose {spec.name!r}")
+    src, dst = _layouts(spec)
+    packed = spec.attr("weights_tag")
+    wshape = tuple(spec.attr("weight_shape") if packed else spec.inputs[1].shape)
+    g = int(spec.attr("group", 1))
+    if len(wshape) != 4 or spec.consts[1] is None or np.dtype(spec.outputs[0].dtype) != np.float32 \
+            or wshape[0] % g:
+        raise UnsupportedOpError(f"ConvTranspose {spec.name!r}: oneDNN here takes 2-D float32 tensors and constant "
+                                 "weights")
+    c, mg, kh, kw = wshape
+    x, y = src.logical(spec.inputs[0].shape), dst.logical(spec.outputs[0].shape)
+    strides = list(spec.attr("strides") or [1, 1])
+    dil = list(spec.attr("dilations") or [1, 1])
+    pb = begin_pads(spec, x[2:], y[2:], (kh, kw), strides, dil, list(spec.attr("output_padding") or [0, 0]))
+    pe = [(i - 1) * s + (k - 1) * d + 1 - b - o
+          for i, o, k, s, d, b in zip(x[2:], y[2:], (kh, kw), strides, dil, pb, strict=True)]
+    if min(*pb, *pe) < 0:
+        raise UnsupportedOpError(f"ConvTranspose {spec.name!r}: output padding past the window (oneDNN here takes "
+                                 "pads of 0 or more)")
+    m = mg * g
+    wdims = (m, c, kh, kw) if g == 1 else (g, mg, c // g, kh, kw)
+    stored = "bacd" if g == 1 else "acbde"  # ONNX's [C, M/g, kH, kW] over oneDNN's (o, i, h, w) / (g, o, i, h, w)
+    has_bias = len(spec.inputs) > 2 and spec.inputs[2] is not None
+    src_md, dst_md = api.Desc.make(x, _tag(src, x, dst)), api.Desc.make(y, _tag(dst, y, src))
+    bias_md = api.Desc.make((m,), "a") if has_bias else None
+    attr = api.Attr()
+
+    def make(wfmt: int | str, nthr: int | None = None) -> api.Primitive:
+        w_md = api.Desc.make(wdims, wfmt)
+        return create(spec, "deconvolution_forward", api.FORWARD_INFERENCE, api.DECONVOLUTION_DIRECT,
+                      src_md.handle, w_md.handle, bias_md.handle if bias_md else None, dst_md.handle,
+                      api.Dims(*strides), api.Dims(*[d - 1 for d in dil]), api.Dims(*pb), api.Dims(*pe), attr=attr,
+                      nthr=nthr)
+
+    attrs: dict[str, Any] = {}
+    constants: dict[int, np.ndarray | None] = {}
+    own = None
+    if packed:
+        prim, own = recreate_or_reorder(spec, make, wdims, packed)
+    else:
+        prim, packed = choose_weights(spec, make, wdims, int(spec.consts[1].nbytes))
+        if not spec.options.get("probe"):
+            constants = {1: prepack(spec.consts[1], wdims, stored, prim.md(api.Q_WEIGHTS_MD))}
+        attrs = {"weights_tag": packed, "weight_shape": [c, mg, kh, kw]}
+    reject_reference(prim, spec)
+    args = weighted_args(prim, src_md, dst_md, bias_md, None)
+    return OneDnnKernel(spec, prim, args, "deconv", attrs, constants, variant=variant_of(spec, make, wdims, packed),
                         weights=own)
 
 
