@@ -38,10 +38,22 @@ typedef struct {            /* y[i, :] = scale * sum over q of x[i, q, :]: a Glo
     float scale;            /* 1 / p */
 } gap_args;
 
+/* A separable resize of two adjacent axes (Resize's linear, cubic or nearest): x [n, h, w, c] -> y [n, oh, ow, c],
+   output row oy reading input rows iy[oy * ty + a] with weights wy[oy * ty + a] (a < ty), columns likewise. */
+typedef struct {
+    int64_t n, h, w, c, oh, ow, ty, tx;
+    const int64_t *iy, *ix; /* [oh, ty], [ow, tx] */
+    const float *wy, *wx;   /* [oh, ty], [ow, tx] */
+    const float *x;         /* [n, h, w, c] */
+    float *y;               /* [n, oh, ow, c] */
+    float *tmp;             /* [w, c]: an output row's input rows blended */
+} resize_args;
+
 int ctxrt_openmp(void *parallel, void *thread_num, void *num_threads, void *max_threads);
 int ctxrt_gemm_avx512(int64_t allowed);
 int ctxrt_gemm_allows_avx512(void);  /* what ctxrt_gemm_avx512 last set (1 by default; also csrc/dwconv.c's) */
 int ctxrt_act(const act_args *p);
+int ctxrt_resize2d(const resize_args *p);
 
 /* fn(arg, t, count) for each thread t of OpenMP's team of `threads` (0 or less: OpenMP's count for the calling
    thread) where ctxrt_openmp was given libgomp's entry points, else fn(arg, 0, 1) on the calling thread */

@@ -214,3 +214,71 @@ def test_no_allocation_per_launch(attrs: dict, out: tuple[int, ...]) -> None:
     x = rand(*out[:2], *[10, 12, 4][:len(out) - 2])
     # the weights broadcast along the resized axis: NumPy buffers such short loops (bufsize-bounded)
     assert allocated(bind("Resize", [x], [np.empty(out, np.float32)], attrs, opset=19)) < ITERATOR_BUFFER
+
+
+IMAGE_RESIZES = {  # between convs: channels last, csrc/gemv.c's one-pass resize (8 and 12 channels)
+    "linear up2 half_pixel": dict(mode="linear", scales=[2.0, 2.0]),
+    "linear down0.5 align_corners": dict(mode="linear", scales=[0.5, 0.5],
+                                         coordinate_transformation_mode="align_corners"),
+    "linear 1.7 x 0.6 asymmetric": dict(mode="linear", scales=[1.7, 0.6], coordinate_transformation_mode="asymmetric"),
+    "linear down antialias": dict(mode="linear", scales=[0.4, 0.5], antialias=1),
+    "cubic up2 exclude_outside": dict(mode="cubic", scales=[2.0, 2.0], exclude_outside=1, cubic_coeff_a=-0.5),
+    "cubic 1.5 pytorch_half_pixel": dict(mode="cubic", scales=[1.5, 1.5],
+                                         coordinate_transformation_mode="pytorch_half_pixel"),
+    "nearest up3 floor": dict(mode="nearest", scales=[3.0, 3.0], nearest_mode="floor"),
+    "nearest 0.6 x 1 round_prefer_ceil": dict(mode="nearest", scales=[0.6, 1.0], nearest_mode="round_prefer_ceil"),
+}
+
+
+@pytest.mark.parametrize("channels", [8, 12])
+@pytest.mark.parametrize("case", list(IMAGE_RESIZES))
+def test_image_resize_between_convs(case: str, channels: int) -> None:
+    """A Resize of channels-last images (the layout of the convs around it) in one native pass per output row:
+    against onnxruntime, for every mode; the pass is the one that ran (where the extension is built)."""
+    import harness
+
+    from ctxrt.backends.cpu import native
+
+    attrs = dict(IMAGE_RESIZES[case])
+    scales = np.array([1.0, 1.0, *attrs.pop("scales")], np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["h"], pads=[1, 1, 1, 1]),
+             helper.make_node("Resize", ["h", "", "s"], ["r"], **attrs),
+             helper.make_node("Conv", ["r", "w1"], ["y"])]
+    inits = {"w0": rand(channels, 4, 3, 3), "s": scales, "w1": rand(4, channels, 1, 1)}
+    feeds = {"x": rand(2, 4, 11, 13)}
+    check(nodes, feeds, inits, opset=18, rtol=1e-4, atol=1e-5, oracle="onnxruntime")
+    if harness.BACKEND == "cpu" and native.library() is not None:
+        with ctxrt.compile(make_model(nodes, feeds, inits, opset=18)) as ctx:
+            (step,) = [s for s in ctx.graph().compiled.steps if s.op == "Resize"]
+        assert step.algorithm.startswith("native:"), step.algorithm
+
+
+def test_image_resize_compiled_native_runs_without_the_extension(tmp_path, monkeypatch) -> None:
+    """A binary whose Resize was compiled for the native pass, loaded where the extension is missing: NumPy's passes
+    on scratch of the kernel's own (counted as its private bytes), the same outputs."""
+    import harness
+    import onnx
+
+    from ctxrt.backends import get_backend
+    from ctxrt.backends.cpu import native
+    from ctxrt.compiler import compile_graphs, save_context
+
+    if harness.BACKEND != "cpu" or native.library() is None:
+        pytest.skip("the native pass is the CPU backend's, where the extension is built")
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["h"], pads=[1, 1, 1, 1]),
+             helper.make_node("Resize", ["h", "", "s"], ["r"], mode="linear"),
+             helper.make_node("Conv", ["r", "w1"], ["y"])]
+    inits = {"w0": rand(8, 4, 3, 3), "s": np.array([1, 1, 2, 2], np.float32), "w1": rand(4, 8, 1, 1)}
+    feeds = {"x": rand(2, 4, 9, 10)}
+    onnx.save(make_model(nodes, feeds, inits, opset=18), tmp_path / "m.onnx")
+    backend = get_backend("cpu")
+    graphs, weights = compile_graphs([(str(tmp_path / "m.onnx"), {"x": feeds["x"].shape}, "main")], backend)
+    path = save_context(tmp_path / "m.ctx", graphs, weights, backend, [str(tmp_path / "m.onnx")])
+    with ctxrt.context_from_binary(path) as ctx:
+        want = ctx.graph().run(feeds)["y"]
+    monkeypatch.setitem(native._STATE, "lib", None)
+    with ctxrt.context_from_binary(path) as ctx:
+        g = ctx.graph()
+        (k,) = [k for s, k in zip(g.compiled.steps, g._kernels, strict=True) if s.op == "Resize"]
+        assert k.algorithm.startswith("native:") and k.private_bytes
+        np.testing.assert_allclose(g.run(feeds)["y"], want, rtol=1e-5, atol=1e-6)

@@ -206,6 +206,34 @@ def gap(x: np.ndarray, y: np.ndarray) -> Any | None:
     return launch("ctxrt_gap", args, (x, y))
 
 
+class ResizeArgs(ctypes.Structure):
+    """csrc/gemv.h's resize_args: a separable resize of two adjacent axes."""
+
+    _fields_ = [(name, ctypes.c_int64) for name in ("n", "h", "w", "c", "oh", "ow", "ty", "tx")] + \
+        [(name, ctypes.c_void_p) for name in ("iy", "ix", "wy", "wx", "x", "y", "tmp")]
+
+
+def resize2d(x: np.ndarray, y: np.ndarray, rows: tuple[np.ndarray, np.ndarray],
+             cols: tuple[np.ndarray, np.ndarray], tmp: np.ndarray) -> Any | None:
+    """The launch of y [n, oh, ow, c] = x [n, h, w, c] resized along axes 1 and 2 (csrc/gemv.c's ctxrt_resize2d):
+    `rows` (int64 [oh, ty] input rows, float32 [oh, ty] weights), `cols` likewise, `tmp` a float32 scratch of w * c
+    values; or None where the arrays do not fit it. The tables are kept alive with the launch."""
+    (iy, wy), (ix, wx) = rows, cols
+    tables = [iy, wy, ix, wx]
+    if x.ndim != 4 or y.ndim != 4 or x.shape[0] != y.shape[0] or x.shape[3] != y.shape[3] or not y.size \
+            or tmp.dtype != np.float32 or tmp.size < x.shape[2] * x.shape[3] or not tmp.flags.c_contiguous \
+            or x.dtype != np.float32 or y.dtype != np.float32 or not x.flags.c_contiguous \
+            or not y.flags.c_contiguous or iy.shape != wy.shape or ix.shape != wx.shape \
+            or iy.shape[0] != y.shape[1] or ix.shape[0] != y.shape[2] \
+            or any(not t.flags.c_contiguous for t in tables) or iy.dtype != np.int64 or ix.dtype != np.int64 \
+            or wy.dtype != np.float32 or wx.dtype != np.float32:
+        return None
+    args = ResizeArgs(n=x.shape[0], h=x.shape[1], w=x.shape[2], c=x.shape[3], oh=y.shape[1], ow=y.shape[2],
+                      ty=iy.shape[1], tx=ix.shape[1], iy=iy.ctypes.data, ix=ix.ctypes.data, wy=wy.ctypes.data,
+                      wx=wx.ctypes.data, x=x.ctypes.data, y=y.ctypes.data, tmp=tmp.ctypes.data)
+    return launch("ctxrt_resize2d", args, (x, y, tmp, *tables))
+
+
 class DwArgs(ctypes.Structure):
     """csrc/dwconv.h's dw_args: a depthwise convolution of channels-last images."""
 
@@ -373,7 +401,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
     for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "dynquant", "qmatmul",
                  "igemm", "swish", "lstm", "gru", "ln_rows", "softmax_rows", "lut8", "affine8", "act", "sum8", "ew",
-                 "batch", "dnnl", "bmm", "trilu", "range", "gap", "dwconv", "planar_conv"):
+                 "batch", "dnnl", "bmm", "trilu", "range", "gap", "dwconv", "planar_conv", "resize2d"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
