@@ -290,43 +290,33 @@ int ctxrt_gemm_allows_avx512(void) { return 0; }
 #define gemv_avx2 gemv_c
 #endif
 
+/* d[0:n] = the sum over taps a of w[a] * base[idx[a] * stride + 0:n] (inlined where it is used) */
+static inline __attribute__((always_inline)) void blend(float *restrict d, const float *base, const int64_t *idx,
+                                                         const float *w, int64_t taps, int64_t stride, int64_t n) {
+    const float *s = base + idx[0] * stride;
+    const float w0 = w[0];
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) d[j] = w0 * s[j];
+    for (int64_t a = 1; a < taps; a++) {
+        const float *sa = base + idx[a] * stride;
+        const float wa = w[a];
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) d[j] += wa * sa[j];
+    }
+}
+
 /* A separable resize of two adjacent axes (resize_args), an output row at a time: the input rows it reads blended
    into tmp (ty passes over w * c contiguous values), then each output pixel's c values blended from tx of tmp's
    pixels. Inlined into a generic and an AVX2 copy. */
 static inline __attribute__((always_inline)) void resize_body(const resize_args *p) {
     const int64_t c = p->c, ty = p->ty, tx = p->tx, row = p->w * c, orow = p->ow * c;
-    float *restrict t = p->tmp;
     for (int64_t i = 0; i < p->n; i++) {
         const float *x = p->x + i * p->h * row;
         float *y = p->y + i * p->oh * orow;
         for (int64_t oy = 0; oy < p->oh; oy++, y += orow) {
-            const int64_t *iy = p->iy + oy * ty;
-            const float *wy = p->wy + oy * ty;
-            const float *r = x + iy[0] * row;
-            const float w0 = wy[0];
-#pragma omp simd
-            for (int64_t j = 0; j < row; j++) t[j] = w0 * r[j];
-            for (int64_t a = 1; a < ty; a++) {
-                const float *ra = x + iy[a] * row;
-                const float wa = wy[a];
-#pragma omp simd
-                for (int64_t j = 0; j < row; j++) t[j] += wa * ra[j];
-            }
-            for (int64_t ox = 0; ox < p->ow; ox++) {
-                const int64_t *ix = p->ix + ox * tx;
-                const float *wx = p->wx + ox * tx;
-                float *restrict o = y + ox * c;
-                const float *s0 = t + ix[0] * c;
-                const float v0 = wx[0];
-#pragma omp simd
-                for (int64_t j = 0; j < c; j++) o[j] = v0 * s0[j];
-                for (int64_t b = 1; b < tx; b++) {
-                    const float *sb = t + ix[b] * c;
-                    const float vb = wx[b];
-#pragma omp simd
-                    for (int64_t j = 0; j < c; j++) o[j] += vb * sb[j];
-                }
-            }
+            blend(p->tmp, x, p->iy + oy * ty, p->wy + oy * ty, ty, row, row);
+            for (int64_t ox = 0; ox < p->ow; ox++)
+                blend(y + ox * c, p->tmp, p->ix + ox * tx, p->wx + ox * tx, tx, c, c);
         }
     }
 }

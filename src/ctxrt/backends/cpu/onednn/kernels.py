@@ -251,17 +251,8 @@ def conv(spec: NodeSpec) -> Kernel:
                        src_md.handle, w_md.handle, bias_md.handle if bias_md else None, dst_md.handle,
                        api.Dims(*strides), api.Dims(*dil), api.Dims(*pb), api.Dims(*pe), attr=attr, nthr=nthr)
 
-    attrs: dict[str, Any] = {}
-    constants: dict[int, np.ndarray | None] = {}
-    own = None
-    if packed:
-        prim, own = recreate_or_reorder(spec, make, wdims, packed)
-    else:
-        prim, packed = choose_weights(spec, make, wdims, int(spec.consts[1].nbytes))
-        if not spec.options.get("probe"):  # the layout pass only asks whether oneDNN can
-            plain = "abcd" if len(wdims) == 4 else "abcde"
-            constants = {1: prepack(spec.consts[1], wdims, plain, prim.md(api.Q_WEIGHTS_MD))}
-        attrs = {"weights_tag": packed, "weight_shape": [m, cg, kh, kw]}
+    prim, packed, attrs, constants, own = _weighted(spec, make, wdims, "abcd" if len(wdims) == 4 else "abcde",
+                                                    [m, cg, kh, kw])
     reject_reference(prim, spec)
     args = weighted_args(prim, src_md, dst_md, bias_md, attr.binary_index if residual else None)
     kind = "depthwise" if g > 1 and g == m == x[1] else "grouped" if g > 1 else "conv"
@@ -308,20 +299,27 @@ def conv_transpose(spec: NodeSpec) -> Kernel:
                       api.Dims(*strides), api.Dims(*[d - 1 for d in dil]), api.Dims(*pb), api.Dims(*pe), attr=attr,
                       nthr=nthr)
 
-    attrs: dict[str, Any] = {}
-    constants: dict[int, np.ndarray | None] = {}
-    own = None
-    if packed:
-        prim, own = recreate_or_reorder(spec, make, wdims, packed)
-    else:
-        prim, packed = choose_weights(spec, make, wdims, int(spec.consts[1].nbytes))
-        if not spec.options.get("probe"):
-            constants = {1: prepack(spec.consts[1], wdims, stored, prim.md(api.Q_WEIGHTS_MD))}
-        attrs = {"weights_tag": packed, "weight_shape": [c, mg, kh, kw]}
+    prim, packed, attrs, constants, own = _weighted(spec, make, wdims, stored, [c, mg, kh, kw])
     reject_reference(prim, spec)
     args = weighted_args(prim, src_md, dst_md, bias_md, None)
     return OneDnnKernel(spec, prim, args, "deconv", attrs, constants, variant=variant_of(spec, make, wdims, packed),
                         weights=own)
+
+
+def _weighted(spec: NodeSpec, make: Callable[..., api.Primitive], wdims: tuple[int, ...], stored: str,
+              shape: list[int]) -> tuple[api.Primitive, str, dict[str, Any], dict[int, np.ndarray | None],
+                                         np.ndarray | None]:
+    """A Conv's or ConvTranspose's primitive and weights: (primitive, weights format, the attributes that make it
+    again from a binary, the prepacked weights as input 1's constant (from the ONNX weights stored as `stored` over
+    `wdims`; none while the layout pass only asks whether oneDNN can), weights reordered for this kernel alone)."""
+    packed = spec.attr("weights_tag")
+    if packed:
+        prim, own = recreate_or_reorder(spec, make, wdims, packed)
+        return prim, packed, {}, {}, own
+    prim, packed = choose_weights(spec, make, wdims, int(spec.consts[1].nbytes))
+    constants = {} if spec.options.get("probe") else {
+        1: prepack(spec.consts[1], wdims, stored, prim.md(api.Q_WEIGHTS_MD))}
+    return prim, packed, {"weights_tag": packed, "weight_shape": shape}, constants, None
 
 
 def _rows(layout: Layout, logical: tuple[int, ...]) -> bool:
