@@ -356,3 +356,11 @@ def test_conv_transpose_between_convs(case: str) -> None:
             (step,) = [s for s in ctx.graph().compiled.steps if s.op == "ConvTranspose"]
         numpy = case in ("output_padding", "stride 3 > kernel")
         assert step.algorithm.startswith("onednn:deconv") != numpy, step.algorithm
+
+
+@pytest.mark.parametrize("k, stride", [(80, 4), (12, 3)])
+def test_audio_front_end_conv(k: int, stride: int) -> None:
+    """A 1-D conv over a waveform with a wide kernel and a stride (an audio front end's): windows copied at once
+    (wide) or per column tap from a phase-split input (narrow), the same outputs."""
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=[stride], pads=[k // 2 - 2, k // 2 - 2])
+    check(node, {"x": rand(2, 1, 2000)}, {"w": _w(16, 1, k), "b": rand(16)}, rtol=1e-4, atol=1e-5)

@@ -108,6 +108,7 @@ _COL_BUDGET = 2 << 20  # bytes of im2col columns (or of 1x1 input columns) per G
 _POOL_BUDGET = 256 << 10  # bytes of a pool's row-reduced scratch: pooled in blocks of channels
 _FOLD_MIN = 1 << 20  # bytes of conv output (per image) from which a constant bias is folded into the GEMM
 _PHASE_MIN_COLS = 64  # output columns from which strided windows are read from a phase-split input
+_PHASE_MAX_TAPS = 16  # column taps up to which it is (one copy per tap)
 
 
 def _activation(spec: NodeSpec) -> bool:
@@ -160,7 +161,10 @@ def conv(spec: NodeSpec) -> Kernel:
     pointwise = kh == kw == 1 and strides == [1, 1] and pb == pe == [0, 0]
     # Strided windows from a phase-split input where output rows are long enough for that to pay (ResNet-50's
     # 7x7 stride-2 stem, 112 columns: im2col copy 0.73 -> 0.48 ms; 3x3 stride 2 to 28 columns: no gain).
-    phases = strides[1] if strides[1] > 1 and dil[1] == 1 and kw > 1 and ow >= _PHASE_MIN_COLS else 1
+    # Not for wide kernels: a copy per column tap (a 1-D audio front end's 80 taps at stride 4: 0.165 ms of copies
+    # against one strided copy of every window, 0.05).
+    phases = strides[1] if strides[1] > 1 and dil[1] == 1 and 1 < kw <= _PHASE_MAX_TAPS and ow >= _PHASE_MIN_COLS \
+        else 1
     pad = _Padded(spec, (kh, kw), strides, dil, pb, pe, 0.0, phases)
     # A constant bias rides in the GEMM as one more column of the weights against a row of ones below the
     # im2col columns: a pass over the output saved where the output is large (1 MiB and up; a smaller one is
