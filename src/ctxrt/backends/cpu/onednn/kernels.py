@@ -262,9 +262,10 @@ def conv(spec: NodeSpec) -> Kernel:
 
 # -- ConvTranspose -------------------------------------------------------------------------------------------
 def conv_transpose(spec: NodeSpec) -> Kernel:
-    """A 2-D ConvTranspose as oneDNN's deconvolution, on plain NCHW tensors, its constant weights (ONNX's [C, M/g,
-    kH, kW]: oneDNN's "iohw", "giohw" grouped) prepacked into the format the primitive prefers. Output padding
-    past what the window covers, and any other layout, stay with NumPy's kernel (convtranspose.py)."""
+    """A 2-D ConvTranspose as oneDNN's deconvolution, in the layouts the layout pass gave it (that of the convs
+    around it, as a conv's), its constant weights (ONNX's [C, M/g, kH, kW]: oneDNN's "iohw", "giohw" grouped)
+    prepacked into the format the primitive prefers. Output padding past what the window covers stays with NumPy's
+    kernel (convtranspose.py)."""
     api.require(f"ConvTranspose {spec.name!r}")
     src, dst = _layouts(spec)
     packed = spec.attr("weights_tag")
