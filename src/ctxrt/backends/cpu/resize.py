@@ -215,6 +215,7 @@ class Resize(Kernel):
         if self.native:  # its scratch: an output row's input rows blended
             row = math.prod(self.in_shape[a + 1:]) * dt.itemsize
             self.scratch, self.algorithm = (row,), f"native:{p['mode']}"
+            self.native_axes = [self._native_axis(ax) for ax in (a, a + 1)]  # made once, bound by every launch
 
     def _cost(self, order: tuple[int, ...]) -> int:
         """Values moved by the gathers in this axis order. A gather along the last axis moves single values, the
@@ -276,6 +277,16 @@ class Resize(Kernel):
         return run
 
 
+    def _native_axis(self, ax: int) -> tuple[np.ndarray, np.ndarray]:
+        """(int64 input positions, float32 weights), [out, taps], of one of the native pass's axes (one tap of
+        weight 1 where the axis is not resized)."""
+        t = self.tables.get(ax)
+        if t is None:
+            n = self.in_shape[ax]
+            return np.arange(n, dtype=np.int64)[:, None], np.ones((n, 1), np.float32)
+        w = np.ones(t.index.shape, np.float32) if t.weights is None else t.weights.astype(np.float32)
+        return np.ascontiguousarray(t.index, np.int64), np.ascontiguousarray(w)
+
     def _native(self, x: np.ndarray, y: np.ndarray, scratch: np.ndarray) -> Launch | None:
         """One pass of csrc/gemv.c's ctxrt_resize2d (`self.native`: the resized axes two adjacent ones, an image's
         H and W, channels last or not, of float32 tensors, nothing extrapolated); None where the extension is
@@ -283,19 +294,10 @@ class Resize(Kernel):
         a = self.lead
         if native.library() is None or not x.flags.c_contiguous or not y.flags.c_contiguous:
             return None
-        axes = []
-        for ax in (a, a + 1):
-            t = self.tables.get(ax)
-            if t is None:  # this axis unchanged: one tap each
-                axes.append((np.arange(self.in_shape[ax], dtype=np.int64)[:, None], np.ones((self.in_shape[ax], 1),
-                                                                                           np.float32)))
-            else:
-                w = np.ones(t.index.shape, np.float32) if t.weights is None else t.weights.astype(np.float32)
-                axes.append((np.ascontiguousarray(t.index, np.int64), np.ascontiguousarray(w)))
         inner = math.prod(self.in_shape[a + 2:])
         return native.resize2d(x.reshape(self.rows, self.in_shape[a], self.in_shape[a + 1], inner),
-                               y.reshape(self.rows, self.out_shape[a], self.out_shape[a + 1], inner), *axes,
-                               scratch_view(scratch, (self.in_shape[a + 1] * inner,), np.float32))
+                               y.reshape(self.rows, self.out_shape[a], self.out_shape[a + 1], inner),
+                               *self.native_axes, scratch_view(scratch, (self.in_shape[a + 1] * inner,), np.float32))
 
 
 def resize(spec: NodeSpec) -> Kernel:

@@ -8,7 +8,7 @@ made once per value. Graph inputs and outputs stay plain. Rules, in graph order:
 
 - a provider node whose input is in `L` runs in `L` when the provider supports it there, else its input is
   reordered to plain and a plain kernel runs it;
-- a Conv reading a plain input writes `L` when some consumer can take `L`: reading the plain input directly
+- a Conv (or ConvTranspose) reading a plain input writes `L` when some consumer can take `L`: reading it directly
   where it has fewer than 8 channels (a network's first conv) and the provider has a kernel for that, else
   through a reorder;
 - a value of one pixel per image (e.g. GlobalAveragePool's output) is stored identically in `L` and plain:
