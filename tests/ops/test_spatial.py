@@ -364,3 +364,46 @@ def test_audio_front_end_conv(k: int, stride: int) -> None:
     (wide) or per column tap from a phase-split input (narrow), the same outputs."""
     node = helper.make_node("Conv", ["x", "w", "b"], ["y"], strides=[stride], pads=[k // 2 - 2, k // 2 - 2])
     check(node, {"x": rand(2, 1, 2000)}, {"w": _w(16, 1, k), "b": rand(16)}, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_conv_transpose_bias_add_batchnorm_relu_fold(group: int) -> None:
+    """PP-OCR det's upsampling head (a Paddle export): ConvTranspose, Add of its bias, BatchNormalization, Relu. The
+    Add and the BN fold into the ConvTranspose's weights and bias (per output channel, grouped too), the Relu into
+    oneDNN's deconvolution: one step, onnxruntime's outputs. Output channels fewer than 8 stay NumPy's."""
+    import harness
+
+    from ctxrt.backends.cpu.onednn import api
+
+    m = 16
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["h"], pads=[1, 1, 1, 1]),
+             helper.make_node("ConvTranspose", ["h", "w"], ["t"], strides=[2, 2], group=group),
+             helper.make_node("Add", ["t", "b"], ["a"]),
+             helper.make_node("BatchNormalization", ["a", "g", "beta", "mean", "var"], ["n"]),
+             helper.make_node("Relu", ["n"], ["r"]),
+             helper.make_node("ConvTranspose", ["r", "w2"], ["y"], strides=[2, 2])]
+    inits = {"w0": _w(16, 8, 3, 3), "w": _w(16, m // group, 2, 2), "b": rand(m, 1, 1), "g": rand(m) + 2,
+             "beta": rand(m), "mean": rand(m), "var": rand(m) + 2, "w2": _w(m, 1, 2, 2)}
+    feeds = {"x": rand(1, 8, 7, 9)}
+    check(nodes, feeds, inits, rtol=1e-4, atol=2e-5, oracle="onnxruntime")
+    if harness.BACKEND == "cpu" and api.available():
+        with ctxrt.compile(make_model(nodes, feeds, inits)) as ctx:
+            steps = ctx.graph().compiled.steps
+        assert not [s.op for s in steps if s.op in ("Add", "BatchNormalization", "Relu")]
+        first, last = [s for s in steps if s.op == "ConvTranspose"]
+        assert first.algorithm.startswith("onednn:deconv") and first.attrs.get("activation") == "Relu"
+        assert not last.algorithm.startswith("onednn")  # one output channel
+
+
+def test_numpy_conv_transpose_refuses_a_fused_activation() -> None:
+    """A ConvTranspose compiled with oneDNN's fused activation, built where NumPy's kernel must run it: one clear
+    error, not its outputs without the activation."""
+    from ctxrt.backends.cpu.convtranspose import conv_transpose
+    from ctxrt.backends.kernel import NodeSpec, TensorSpec
+
+    w = _w(4, 3, 2, 2)
+    spec = NodeSpec("ConvTranspose", "t", {"strides": [2, 2], "activation": "Relu"},
+                    [TensorSpec((1, 4, 5, 5), np.dtype(np.float32)), TensorSpec(w.shape, w.dtype)],
+                    [TensorSpec((1, 3, 10, 10), np.dtype(np.float32))], [None, w], 17, {})
+    with pytest.raises(UnsupportedOpError, match="compile it again"):
+        conv_transpose(spec)

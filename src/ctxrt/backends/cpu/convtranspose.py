@@ -51,6 +51,9 @@ class ConvTranspose(Kernel):
         n, c, *isp = spec.inputs[0].shape
         wc, mg, *k = spec.inputs[1].shape
         nd = check_window(spec, tuple(k))
+        if spec.attr("activation") is not None:  # (fused for oneDNN's deconvolution: a binary compiled with it)
+            raise UnsupportedOpError(f"ConvTranspose node {spec.name!r}: compiled with oneDNN's fused activation "
+                                     f"{spec.attr('activation')!r}, which this kernel does not run; compile it again")
         self.g = g = int(spec.attr("group", 1))
         if wc != c or g < 1 or c % g:
             raise UnsupportedOpError(f"ConvTranspose node {spec.name!r}: weights {spec.inputs[1].shape} do not fit "

@@ -15,8 +15,9 @@ from ctxrt.ir.passes.transpose_weights import TransposeMatMulWeights
 def default_passes(in_memory: bool = False, fuse_rms: bool = True) -> list[Pass]:
     """`in_memory`: the program runs from memory, not a binary (weights mapped from a model's file stay there);
     `fuse_rms`: the backend runs RMSNormalization itself."""
-    # (FuseHardGates before FoldChannelAffine, which would fold a gate's Add into the conv before it)
-    return [EliminateIdentity(), FoldBatchNormIntoConv(), FuseHardGates(), FoldChannelAffine(), FuseActivation(),
+    # (FuseHardGates before FoldChannelAffine, which would fold a gate's Add into the conv before it; FoldChannelAffine
+    # before FoldBatchNormIntoConv: a ConvTranspose's bias Add between it and its BN, PP-OCR det's, is folded first)
+    return [EliminateIdentity(), FuseHardGates(), FoldChannelAffine(), FoldBatchNormIntoConv(), FuseActivation(),
             FuseGelu(), FuseSilu(), *([FuseRms()] if fuse_rms else []), FoldTransposeIntoMatMul(),
             EliminateDead(), TransposeMatMulWeights(keep_mapped=in_memory)]
 

@@ -1,4 +1,4 @@
-"""Fold Mul/Add by a per-channel constant into the Conv or BatchNormalization that feeds it.
+"""Fold Mul/Add by a per-channel constant into the Conv, ConvTranspose or BatchNormalization that feeds it.
 
 Caffe2-converted models (DenseNet-121, Inception-v2) follow each Conv and BatchNormalization with
 `Mul(x, scale[C,1,1])` and `Add(x, bias[C,1,1])`: two extra passes over every activation.
@@ -10,6 +10,7 @@ import numpy as np
 
 from ctxrt.ir.graph import Graph, Node, Value
 from ctxrt.ir.passes.base import Pass, PassResult, check_topological
+from ctxrt.ir.passes.fold_bn import CONVS, output_channels, scale_outputs
 
 
 def _per_channel(c: np.ndarray, out_shape: tuple[int, ...]) -> np.ndarray | None:
@@ -36,7 +37,7 @@ class FoldChannelAffine(Pass):
                 continue
             x = node.inputs[1 - const_pos[0]]
             src = producers.get(x)
-            if (src is None or id(src) in removed or src.op not in ("Conv", "BatchNormalization")
+            if (src is None or id(src) in removed or src.op not in (*CONVS, "BatchNormalization")
                     or len(consumers[x]) != 1 or x in graph.outputs):
                 continue
             out_shape = graph.values[node.outputs[0]].shape
@@ -58,14 +59,15 @@ class FoldChannelAffine(Pass):
 
 def _apply(graph: Graph, src: Node, op: str, vec: np.ndarray) -> bool:
     """Rewrite src's constant parameters so that it computes `src(x) op vec`."""
-    if src.op == "Conv":
+    if src.op in CONVS:
         w = graph.const(src.inputs[1])
         has_b = len(src.inputs) > 2 and bool(src.inputs[2])
-        b = graph.const(src.inputs[2]) if has_b else np.zeros(w.shape[0] if w is not None else 0, np.float32)
+        b = graph.const(src.inputs[2]) if has_b else np.zeros(output_channels(src, w) if w is not None else 0,
+                                                                np.float32)
         if w is None or b is None:
             return False
         if op == "Mul":
-            w = w * vec.reshape(-1, *[1] * (w.ndim - 1))
+            w = scale_outputs(src, w, vec)
             b = b * vec
         else:
             b = b + vec

@@ -129,7 +129,8 @@ class FuseConvActivation(Pass):
         consumers = graph.consumers()
         dropped: set[str] = set()
         for node in graph.nodes:
-            if node.op != "Conv" or node.attrs.get("kernel") != self.provider or "activation" in node.attrs:
+            if node.op not in ("Conv", "ConvTranspose") or node.attrs.get("kernel") != self.provider \
+                    or "activation" in node.attrs:
                 continue
             out = node.outputs[0]
             users = consumers.get(out, [])
