@@ -565,8 +565,9 @@ def test_probe_compiles_share_the_weights_work(monkeypatch) -> None:
 
 def test_values_that_follow_the_dims_are_found_by_the_frontend_before_any_probe_is_compiled(monkeypatch) -> None:
     """The decoder's mask, positions and causal triangle change with the dims: the frontend alone at the upper bound
-    and below it finds them (kept, computed at run time), so no probe is compiled twice: 2^k corners and one check
-    point compiled (k = 2 dims), two more frontend reads, the model checked once; the program runs as onnxruntime."""
+    and below it finds them (kept, computed at run time), so no probe is compiled twice: the k + 1 points of an
+    affine fit and one check point compiled (k = 2 dims), two more frontend reads, the model checked once; the
+    program runs as onnxruntime."""
     from ctxrt import compiler
     from ctxrt.frontend import onnx as frontend
 
@@ -582,7 +583,7 @@ def test_values_that_follow_the_dims_are_found_by_the_frontend_before_any_probe_
     monkeypatch.setattr(frontend, "check_model", counting("checked", frontend.check_model))
     path = decoders.gpt2_decoder("dynamo")
     ctx = ctxrt.compile(path, dims={"batch": (1, 1), "sequence": (1, 8), "past_sequence": (0, 32)})
-    assert counts == {"read": 7, "compiled": 5, "checked": 1}
+    assert counts == {"read": 6, "compiled": 4, "checked": 1}
     assert {"arange", "triu"} <= set(ctx.graph().compiled.ranges.keep)
     feeds = decoders.empty_past(batch=1, seq=3)
     want = _ort(path).run(None, feeds)
@@ -827,3 +828,84 @@ def test_dim_names_exporters_write_are_ranged(dim) -> None:
             x = rng.standard_normal((n, 8)).astype(np.float32)
             np.testing.assert_allclose(sess.run(None, {"x": x})[0], theirs.run(None, {"x": x})[0])
         assert sess.stats["shape_variants_compiled"] == 1 and sess.stats["range_programs_compiled"] == 1
+
+
+def _counting_compiles(monkeypatch) -> list[int]:
+    from ctxrt import compiler
+
+    made: list[int] = []
+    real = compiler.compile_ir
+
+    def call(*a, **k):
+        made.append(1)
+        return real(*a, **k)
+    monkeypatch.setattr(compiler, "compile_ir", call)
+    return made
+
+
+def _merged_rows(tmp_path) -> Path:
+    """x (batch, seq, 8) -> Reshape (batch * seq, 8) -> MatMul -> Reshape (batch, seq, 4): an extent that is a
+    product of two dims (no affine fit holds)."""
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32), "w")
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Constant", [], ["rows"], value=numpy_helper.from_array(np.array([-1, 8], np.int64))),
+             helper.make_node("Reshape", ["x", "rows"], ["flat"]),
+             helper.make_node("MatMul", ["flat", "w"], ["m"]),
+             helper.make_node("Slice", ["s", "zero", "two"], ["bs"]),
+             helper.make_node("Concat", ["bs", "four"], ["back"], axis=0),
+             helper.make_node("Reshape", ["m", "back"], ["y"])]
+    consts = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+              (("zero", [0]), ("two", [2]), ("four", [4]))]
+    graph = helper.make_graph(nodes, "merged", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", 4])],
+                              initializer=[w, *consts])
+    path = tmp_path / "merged.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_product_of_dims_is_fitted_over_every_corner(tmp_path, monkeypatch) -> None:
+    """An extent batch * seq: the affine fit (3 points) misses it at the check point, so every corner of the box is
+    compiled (5 probes in all, the first four reused); right at shapes inside the ranges."""
+    made = _counting_compiles(monkeypatch)
+    path = _merged_rows(tmp_path)
+    ctx = ctxrt.compile(path, dims={"b": (1, 6), "s": (1, 9)})
+    assert len(made) == 5
+    g = ctx.graph()
+    assert any(c[3] for _, c in g.compiled.ranges.entries)  # the product's coefficient
+    sess = _ort(path)
+    for b, sq in ((1, 1), (6, 9), (2, 7), (5, 3)):
+        x = np.random.default_rng(b * 10 + sq).standard_normal((b, sq, 8)).astype(np.float32)
+        np.testing.assert_allclose(g.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_three_dims_fitted_affine_from_six_probes(monkeypatch) -> None:
+    """The decoder ranged over batch, sequence and past: its integers are affine in the three, found from U, U - 1,
+    U - e_j for two dims and two check points (6 probes, not 2^3 + 1); the program runs as onnxruntime at shapes
+    inside the ranges."""
+    made = _counting_compiles(monkeypatch)
+    path = decoders.gpt2_decoder("dynamo")
+    ctx = ctxrt.compile(path, dims={"batch": (1, 4), "sequence": (1, 8), "past_sequence": (0, 32)})
+    assert len(made) == 6
+    g, sess = ctx.graph(), _ort(path)
+    for batch, seq, past in ((1, 1, 0), (4, 8, 32), (3, 2, 17), (2, 5, 1)):
+        feeds = decoders.empty_past(batch=batch, seq=seq)
+        rng = np.random.default_rng(batch + seq + past)
+        feeds = {k: v if k == "input_ids" else rng.standard_normal((*v.shape[:2], past, v.shape[3])).astype(np.float32)
+                 for k, v in feeds.items()}
+        for got, want in zip(g.run(feeds).values(), sess.run(None, feeds), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("checks, shown", [
+    ([(4, 4, 2)], False),  # (U - V) = (2, 2, 4) per dim is (-2, -2, -4): batch * seq alone is off by 0 there
+    ([(3, 4, 2), (2, 3, 1)], True),
+])
+def test_a_check_point_where_a_product_would_fit_is_not_used(checks, shown) -> None:
+    """The affine fit's check points must each show every product of dims left out: one that a product alone
+    fits (its miss c (v0 v1 + v2) is 0 at v = (-2, -2, -4)) is not taken, and the fit then uses every corner."""
+    from ctxrt.compiler.ranges import _shows_products
+
+    hi, alt = (6, 6, 6), (5, 5, 5)
+    points = [hi, alt, (5, 6, 6), (6, 5, 6)]
+    assert _shows_products(points, [0, 1, 2, 4], checks, 3) is shown

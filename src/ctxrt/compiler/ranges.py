@@ -2,11 +2,12 @@
 (docs/shapes.md), as TensorRT's optimization profiles are.
 
 The model is compiled with ctxrt's static pipeline at a few *probe* points of the ranges: the upper bound U (every
-dim at its maximum; the program's arena is planned there) and the corners of a box {U, U - 1}^k, then one more
-point to verify. The programs must have the same structure (kernels, storage, fusions, layouts); every integer
-that differs between them (a tensor's extent, a Reshape target or Slice bound folded from a Shape chain, a small
-integer constant such as Range's limit or Trilu's k) is fitted as a multilinear polynomial with integer
-coefficients in the dims and evaluated at run time from the feeds' shapes. A constant that depends on a dim in
+dim at its maximum; the program's arena is planned there), U - 1 and U - e_j for all dims but the last, then one
+or two points to verify. The programs must have the same structure (kernels, storage, fusions, layouts); every
+integer that differs between them (a tensor's extent, a Reshape target or Slice bound folded from a Shape chain, a
+small integer constant such as Range's limit or Trilu's k) is fitted as an affine function of the dims with integer
+coefficients (where a check point refutes that, as a multilinear polynomial over every corner of the box
+{U, U - 1}^k) and evaluated at run time from the feeds' shapes. A constant that depends on a dim in
 any other way (a mask or a positional slice folded at compile time) is not folded: the nodes making it run as
 kernels, and the probes are compiled again. Sizes must not grow when a dim shrinks, so every tensor fits the
 arena planned at U.
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from ctxrt.backends import Backend
     from ctxrt.tuning.tuner import Tuner
 
-MAX_DIMS = 4  # dynamic dims of one range program (its probes: 2^k + 1 compiles)
+MAX_DIMS = 4  # dynamic dims of one range program (its probes: k + 2 or k + 3 compiles, 2^k + 1 at most)
 _DYN_CONST_MAX = 64  # integer constants up to this many elements may vary with the dims (fitted per element)
 _KEEP_ROUNDS = 8
 
@@ -392,7 +393,7 @@ def compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str = "mai
     constants). RangeError when the model's programs differ in structure between shapes of the ranges.
 
     `prior`: the ranges of the same model's program for narrower ranges of the same dims (a session widening
-    them): its fit is checked at the new upper bound U and at U - 1 (two compiles, not 2^k + 3); where it does not
+    them): its fit is checked at the new upper bound U and at U - 1 (two compiles, not k + 2 or more); where it does not
     hold there, the ranges are fitted anew."""
     from ctxrt.frontend.onnx import load_model
 
@@ -474,7 +475,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
 
     def at(point: Sequence[int], full: bool = False) -> Made:
         """The program(s) at a probe point; their weights kept whole only at the upper bound (or when `full`): a
-        probe holding a copy of the model's weights each would cost 2^k copies."""
+        probe holding a copy of the model's weights each would cost a copy per probe."""
         key = tuple(point)
         if key not in cache or full and key != tuple(hi) and cache[key][1]:
             with probing(key):
@@ -535,13 +536,32 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
         else:
             raise RangeError(f"constants {sorted(grow)[:4]} still depend on the dims after {_KEEP_ROUNDS} rounds")
         k = len(spec)
-        corners = [tuple(hi[j] if not b >> j & 1 else alt[j] for j in range(k)) for b in range(1 << k)]
-        graphs = [at(p) for p in corners]
-        verify = _verify_point(spec, hi, alt)
-        checked = at(verify) if verify is not None else None
+
+        def corner(b: int, k: int = k) -> tuple[int, ...]:
+            return tuple(hi[j] if not b >> j & 1 else alt[j] for j in range(k))
+        checks = _verify_points(spec, hi, alt)
+
+        def fitted(terms: list[int], points: list[tuple[int, ...]], at_points: list[tuple[int, ...]],
+                   kept: frozenset[str] = frozenset(keep)) -> list[tuple[CompiledGraph, dict[str, Any]]]:
+            graphs = [at(p) for p in points]
+            checked = [(v, at(v)) for v in at_points]
+            return [_fit([g[j] for g in graphs], points, [(v, c[j]) for v, c in checked], spec, kept,
+                         bool(split), terms) for j in range(len(graphs[0]))]
         try:
-            return [_fit([g[j] for g in graphs], corners, None if checked is None else (verify, checked[j]), spec,
-                         frozenset(keep), bool(split)) for j in range(len(graphs[0]))]
+            # Affine first, over U, U - 1 (compiled above) and U - e_j for all dims but the last: k + 1 probes,
+            # then checked at one point (k = 2) or two (k > 2) that differ from U and U - 1 in every dim, where
+            # each product of dims alone would be off (_shows_products): k + 2 or k + 3 probes, not 2^k + 1.
+            affine = [0, *(1 << j for j in range(k))]
+            points = [corner(0), corner((1 << k) - 1), *(corner(1 << j) for j in range(k - 1))]
+            few = checks[:1 if k == 2 else 2]
+            if k > 1 and len(few) == (1 if k == 2 else 2) and _shows_products(points, affine, few, k):
+                try:
+                    return fitted(affine, points, few)
+                except _Unreadable:
+                    raise
+                except RangeError:
+                    pass  # an integer with a product of the dims (or one that fits nothing): every corner
+            return fitted(list(range(1 << k)), [corner(b) for b in range(1 << k)], checks[:1])
         except _Unreadable as e:  # a part uses a dim as a folded integer but has no input to read it from
             if not split or not e.names - keep:
                 raise
@@ -552,29 +572,32 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
 
 
 def _fit(graphs: list[tuple[CompiledGraph, dict[str, Any]]], corners: list[tuple[int, ...]],
-         verify: tuple[tuple[int, ...], tuple[CompiledGraph, dict[str, Any]]] | None, spec: list[tuple[str, int, int]],
-         keep: frozenset[str], reduce: bool) -> tuple[CompiledGraph, dict[str, Any]]:
-    """One program's integers fitted over the corners of the box (multilinear, integer coefficients), checked at
-    the verify point: the upper bound's program with its Ranges. `reduce`: a dim none of its integers follows is
-    left out of its ranges (a part of a split model that does not depend on it, and has no input to read it from)."""
+         verify: list[tuple[tuple[int, ...], tuple[CompiledGraph, dict[str, Any]]]],
+         spec: list[tuple[str, int, int]], keep: frozenset[str], reduce: bool, terms: Sequence[int] | None = None
+         ) -> tuple[CompiledGraph, dict[str, Any]]:
+    """One program's integers fitted over `corners` (points of the box {U, U - 1}^k) as polynomials over the
+    monomials `terms` (default: all, multilinear), integer coefficients, checked at each `verify` point: the upper
+    bound's program with its Ranges. `reduce`: a dim none of its integers follows is left out of its ranges (a
+    part of a split model that does not depend on it, and has no input to read it from)."""
     for g, _ in graphs[1:]:
         _same_structure(graphs[0][0], g, spec)
     flat = [_integers(g, w, graphs[0][1]) for g, w in graphs]
     where = flat[0][0]
     x = np.array([f[1] for f in flat], np.int64)  # corners x integers
-    basis = np.array([_monomials(p) for p in corners], np.float64)
+    terms = list(range(1 << len(spec))) if terms is None else list(terms)
+    basis = np.array([_monomials(p) for p in corners], np.float64)[:, terms]
     # integers the same at every corner are constants (monomial 0 is 1): not solved in float64, where one as large
     # as Slice's "to the end" (2^63 - 1, torch's x[..., d:]) would not round back
-    coeffs = np.zeros((basis.shape[1], x.shape[1]), np.int64)
+    coeffs = np.zeros((1 << len(spec), x.shape[1]), np.int64)
     coeffs[0] = x[0]
     moving = np.flatnonzero((x != x[0]).any(0))
     if len(moving):
-        coeffs[:, moving] = np.rint(np.linalg.solve(basis, x[:, moving].astype(np.float64))).astype(np.int64)
-    if not np.array_equal(basis.astype(np.int64) @ coeffs, x):
-        bad = where[int(np.argmax((basis.astype(np.int64) @ coeffs != x).any(0)))]
+        coeffs[np.ix_(terms, moving)] = np.rint(np.linalg.solve(basis, x[:, moving].astype(np.float64))
+                                                ).astype(np.int64)
+    if not np.array_equal(basis.astype(np.int64) @ coeffs[terms], x):
+        bad = where[int(np.argmax((basis.astype(np.int64) @ coeffs[terms] != x).any(0)))]
         raise RangeError(f"{_label(bad, graphs[0][0])} is not a polynomial of the dims with integer coefficients")
-    if verify is not None:
-        point, (gv, wv) = verify
+    for point, (gv, wv) in verify:
         _same_structure(graphs[0][0], gv, spec)
         got = np.array(_integers(gv, wv, graphs[0][1])[1], np.int64)
         want = coeffs.T @ _monomials(point)
@@ -625,16 +648,33 @@ def _widened(prior: Ranges, spec: list[tuple[str, int, int]], upper: tuple[Any, 
     return replace(gu, ranges=ranges), wu
 
 
-def _verify_point(spec: list[tuple[str, int, int]], hi: list[int], alt: list[int]) -> tuple[int, ...] | None:
-    """A third value of every dim (inside its range, at least 1 where possible), or None when a range has only two."""
-    point = []
+def _verify_points(spec: list[tuple[str, int, int]], hi: list[int], alt: list[int]) -> list[tuple[int, ...]]:
+    """Up to two points whose every dim takes a third value (inside its range, at least 1 where possible); none
+    when a range has only two values."""
+    per_dim = []
     for (_, lo, h), a in zip(spec, alt, strict=True):
-        candidates = [v for v in (lo + (h - lo) // 3, (lo + h) // 2, lo + 1, lo) if lo <= v <= h and v not in (h, a)]
+        candidates = [v for v in dict.fromkeys((lo + (h - lo) // 3, (lo + h) // 2, lo + 1, lo, lo + 2 * (h - lo) // 3))
+                      if lo <= v <= h and v not in (h, a)]
         good = [v for v in candidates if v >= 1] or candidates
         if not good:
-            return None
-        point.append(good[0])
-    return tuple(point)
+            return []
+        per_dim.append(good)
+    first = tuple(c[0] for c in per_dim)
+    second = tuple(c[1] if len(c) > 1 else c[0] for c in per_dim)
+    return [first] if second == first else [first, second]
+
+
+def _shows_products(points: list[tuple[int, ...]], terms: list[int], checks: list[tuple[int, ...]], k: int) -> bool:
+    """Whether every product of dims left out of the fit (a monomial not in `terms`), alone with any nonzero
+    coefficient, would make the fit over `points` miss its value at each of `checks`."""
+    basis = np.array([_monomials(p) for p in points], np.float64)
+    solve = np.linalg.solve(basis[:, terms], basis)  # the fit of every monomial from its values at the points
+    for v in checks:
+        m = _monomials(v).astype(np.float64)
+        miss = m - m[terms] @ solve  # per monomial: its value at v less its fit's
+        if any(abs(miss[t]) < 0.5 for t in range(1 << k) if t not in terms):
+            return False
+    return True
 
 
 def _value_of(key: str) -> str:

@@ -17,6 +17,7 @@ from onnx import helper, numpy_helper
 from ctxrt.errors import ModelError, ShapeError, UnsupportedOpError
 from ctxrt.frontend import control, values
 from ctxrt.frontend.checks import check_supported, op_key
+from ctxrt.ir import memo
 from ctxrt.ir.canonical import OUTPUTS_PRESENT, PARAM_INPUTS, RUNTIME_PARAMS, SHAPE_INPUTS, SLOTTED_OUTPUTS
 from ctxrt.ir.dynamic import PASS_THROUGH
 from ctxrt.ir.graph import Graph, Node, Value
@@ -265,7 +266,7 @@ def _node(st: Folder, proto: onnx.NodeProto, name: str, read: set[str]) -> Node:
         outputs.append(_extent(st, name))
     elif op in _OPTIONAL_OUTPUTS:  # unread optional outputs are dropped (a Split still keeps all its parts)
         outputs = [o if o in read or k == 0 else "" for k, o in enumerate(outputs)]
-    node = Node(op, name, list(proto.input), outputs, {a.name: _attr_value(a, name) for a in proto.attribute})
+    node = Node(op, name, list(proto.input), outputs, _attrs(proto, name))
     if op == "Compress" and "axis" in node.attrs:
         node.attrs["axis"] %= len(st.shape_of(proto.input[0]))
     if op == "Unique" and "axis" in node.attrs:
@@ -290,6 +291,13 @@ def _control_node(st: Folder, proto: onnx.NodeProto, name: str) -> Node:
     if lowered.get("bounded"):
         outputs.append(_extent(st, name))
     return Node(proto.op_type, name, [*proto.input, *lowered["captures"]], outputs, attrs)
+
+
+def _attrs(proto: onnx.NodeProto, name: str) -> dict[str, Any]:
+    """A node's attributes as Python values: read once per node proto in a range compile (ir/memo.py), where
+    every probe builds the same nodes; each node gets its own dict and lists."""
+    made = memo.memo("attrs", proto, name, lambda: {a.name: _attr_value(a, name) for a in proto.attribute})
+    return {k: list(v) if isinstance(v, list) else v for k, v in made.items()}
 
 
 def _attr_value(a: onnx.AttributeProto, node: str) -> Any:

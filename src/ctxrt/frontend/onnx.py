@@ -8,6 +8,7 @@ IR graph with a static shape and dtype on every value (frontend/build.py).
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import warnings
 from collections.abc import Iterable, Mapping
@@ -180,21 +181,29 @@ class Folder:
         except Exception as e:
             raise ShapeError(f"shape inference failed{self._in()}: {e}") from e
         g = inferred.graph
-        for vi in list(g.value_info) + list(g.output):
+        dtypes_of: dict[int, np.dtype] = {}  # (this loop reads every value of the model, at every probe)
+        for vi in [*g.value_info, *g.output]:
+            if not vi.type.HasField("tensor_type"):
+                continue
             tt = vi.type.tensor_type
-            if not vi.type.HasField("tensor_type") or not tt.elem_type:
+            et = tt.elem_type
+            if not et:
                 continue
             shape = None
-            if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
-                shape = tuple(d.dim_value for d in tt.shape.dim)
-            dt = np_dtype(tt.elem_type, f"value {vi.name!r}")
-            if shape is not None and any(d < 0 for d in shape):  # onnx infers e.g. a window past its input
+            if tt.HasField("shape"):
+                dims = tt.shape.dim
+                if all(d.HasField("dim_value") for d in dims):
+                    shape = tuple([d.dim_value for d in dims])
+            dt = dtypes_of.get(et)
+            if dt is None:
+                dt = dtypes_of[et] = np_dtype(et, f"value {vi.name!r}")
+            if shape is not None and min(shape, default=0) < 0:  # onnx infers e.g. a window past its input
                 node = next((n for n in self.nodes if vi.name in n.output), None)
                 by = "" if node is None else f" made by node {node.name!r} ({node.op_type})" if node.name else \
                     f" made by a {node.op_type} node"
                 raise ShapeError(f"value {vi.name!r}{by} would have the negative shape {list(shape)}{self._in()} "
                                  "(a kernel larger than its padded input?)")
-            if shape is not None:
+            if shape is not None and math.prod(shape) * dt.itemsize > MAX_TENSOR_BYTES:
                 check_size(f"value {vi.name!r} at these input shapes", dt, shape)
             self.types[vi.name] = (dt, shape)
         self.types.update(self.fixed)
