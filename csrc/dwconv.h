@@ -32,4 +32,19 @@ typedef struct {
     int64_t threads;            /* OpenMP's team (0 or less: its count for the calling thread) */
 } planar_args;
 
+typedef struct {
+    int64_t n, c, l;            /* images, channels, length of x (planar 1-D signals) */
+    int64_t m, ol, k, g;        /* y's channels and length, taps, groups */
+    int64_t s, p, d;            /* stride, pad before, dilation */
+    int64_t lp;                 /* floats per channel of `pad`: >= max(p + l, (round_up(ol, 4) - 1) s + (k - 1) d + 1) */
+    const float *x;             /* [n, c, l] */
+    const float *wt;            /* [g, c / g, k, m / g]: a tap's output channels contiguous */
+    const float *bias;          /* [m] or NULL */
+    float *y;                   /* [n, m, ol] */
+    float *pad;                 /* scratch [n, c, lp]: x with p zeros before it and zeros after */
+    int64_t act;                /* csrc/gemv.h's activation codes */
+    float alpha, beta;
+    int64_t threads;            /* OpenMP's team (0 or less: its count for the calling thread) */
+} conv1d_args;
+
 #endif

@@ -4,6 +4,7 @@ that fall off the end, dilation > 1, groups, stride > kernel, every auto_pad; no
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -407,3 +408,132 @@ def test_numpy_conv_transpose_refuses_a_fused_activation() -> None:
                     [TensorSpec((1, 3, 10, 10), np.dtype(np.float32))], [None, w], 17, {})
     with pytest.raises(UnsupportedOpError, match="compile it again"):
         conv_transpose(spec)
+
+
+CONV1D_NATIVE = {  # (input channels, output channels, length, taps, attributes): tails of 8 and of fewer per group
+    "k3 pad1 relu": (16, 32, 125, 3, dict(pads=[1, 1]), "Relu"),
+    "dilated": (16, 32, 125, 3, dict(pads=[2, 2], dilations=[2]), None),
+    "groups 4, 8 a group": (32, 32, 31, 3, dict(pads=[1, 1], group=4), "Relu"),
+    "20 a group (16 + 4)": (8, 40, 17, 5, dict(pads=[2, 1], group=2), None),
+    "12 a group (8 + 4)": (6, 24, 9, 2, dict(strides=[2], group=2), "LeakyRelu"),
+    "front end 80 taps stride 4": (1, 16, 2000, 80, dict(strides=[4], pads=[38, 38]), "Relu"),
+    "few positions (a VAD's)": (129, 128, 3, 3, dict(pads=[1, 1]), "Relu"),
+    "stft stride 128": (1, 258, 576, 256, dict(strides=[128]), None),
+    "same upper": (4, 16, 10, 4, dict(auto_pad="SAME_UPPER", strides=[3]), "HardSigmoid"),
+    "clip": (4, 16, 11, 3, dict(pads=[0, 2]), "Clip"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONV1D_NATIVE))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_native_conv1d(case: str, batch: int) -> None:
+    """Small 1-D convs (an audio front end's, a VAD's) in one native call (csrc/dwconv.c ctxrt_conv1d): strides,
+    dilations, pads, groups with 16, 8 and fewer channels left in a group, fused activations; the reference's
+    outputs, and the native kernel is what ran."""
+    import harness
+
+    from ctxrt.backends.cpu import native
+
+    c, m, length, k, attrs, act = CONV1D_NATIVE[case]
+    g = attrs.get("group", 1)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs)]
+    params = {"LeakyRelu": dict(alpha=0.2), "HardSigmoid": dict(alpha=0.3, beta=0.4), "Clip": {}}
+    extra = {"lo": np.array(-0.3, np.float32), "hi": np.array(0.5, np.float32)} if act == "Clip" else {}
+    nodes.append(helper.make_node(act, ["c", *extra], ["y"], **params.get(act, {})) if act else
+                 helper.make_node("Identity", ["c"], ["y"]))
+    inits = {"w": _w(m, c // g, k), "b": rand(m), **extra}
+    feeds = {"x": rand(batch, c, length)}
+    check(nodes, feeds, inits, rtol=1e-4, atol=1e-5)
+    if harness.BACKEND == "cpu" and native.library() is not None:
+        with ctxrt.compile(make_model(nodes, feeds, inits)) as ctx:
+            steps = ctx.graph().compiled.steps
+        (step,) = [s for s in steps if s.op == "Conv"]
+        assert step.algorithm == "native:conv1d" and step.attrs["conv1d"] == 1
+        if act == "Relu":  # fused into the kernel's epilogue (FuseActivation: others stay steps of their own)
+            assert not [s for s in steps if s.op == act]
+
+
+def test_native_conv1d_loads_without_the_extension(tmp_path, monkeypatch) -> None:
+    """A binary whose 1-D conv was compiled for the native kernel (weights stored [G, C/G, K, M/G]), loaded where the
+    extension is missing: NumPy's lifted kernel on the weights put back in ONNX's order (a copy of its own, counted
+    in private_bytes), the same outputs."""
+    from ctxrt.backends import get_backend
+    from ctxrt.backends.cpu import native
+    from ctxrt.compiler import compile_graphs, save_context
+
+    if native.library() is None:
+        pytest.skip("the native extension is not built here")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1], group=2),
+             helper.make_node("Relu", ["c"], ["y"])]
+    inits, feeds = {"w": _w(24, 4, 3), "b": rand(24)}, {"x": rand(2, 8, 21)}
+    model = make_model(nodes, feeds, inits)
+    backend = get_backend("cpu")
+    graphs, weights = compile_graphs([(model.SerializeToString(), {"x": feeds["x"].shape}, "main")], backend)
+    path = save_context(tmp_path / "m.ctx", graphs, weights, backend, ["m.onnx"])
+    with ctxrt.context_from_binary(path) as ctx:
+        (step,) = ctx.graph().compiled.steps
+        assert step.algorithm == "native:conv1d"
+        want = ctx.graph().run(feeds)["y"]
+    monkeypatch.setitem(native._STATE, "lib", None)
+    with ctxrt.context_from_binary(path) as ctx:
+        g = ctx.graph()
+        (kernel,) = g._kernels
+        got = g.run(feeds)["y"]
+        assert kernel.private_bytes >= 24 * 4 * 3 * 4
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, np.maximum(check(nodes[:1], feeds, inits, rtol=1e-4, atol=1e-5)[0], 0),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_large_gemm_conv_runs_on_onednns_gemm(monkeypatch) -> None:
+    """A conv NumPy's kernel runs with a large GEMM (magika's 5 x 1 conv over 256 channels, smaller here) computes
+    it with oneDNN's GEMM on OpenMP's threads (a context with oneDNN kernels holds BLAS at one thread): the
+    reference's outputs."""
+    import harness
+
+    from ctxrt.backends.cpu.onednn import api
+
+    made = []
+    real = api.sgemm
+
+    def counting(a, b, out):
+        call = real(a, b, out)
+        made.append(call is not None)
+        return call
+    monkeypatch.setattr(api, "sgemm", counting)
+    nodes = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[5, 1])
+    check(nodes, {"x": rand(1, 64, 300, 1)}, {"w": _w(128, 64, 5, 1)}, rtol=1e-4, atol=1e-5)
+    if harness.BACKEND == "cpu" and api.available():
+        assert made and all(made)
+
+
+@pytest.mark.parametrize("act, alpha, beta", [("LeakyRelu", 0.2, 0.0), ("Clip", -0.3, 0.5), ("HardSigmoid", 0.3, 0.4),
+                                              ("HardSwish", 1 / 6, 0.5), ("Gelu", 0.0, 0.0)])
+def test_native_conv1d_epilogue_activations(act: str, alpha: float, beta: float) -> None:
+    """The native 1-D kernel's fused activations (as a Conv's `activation` attributes record them): its epilogue's,
+    and GELU's pass after it, against NumPy."""
+    from ctxrt.backends.cpu import native
+    from ctxrt.backends.cpu.registry import KERNELS
+    from ctxrt.backends.kernel import NodeSpec, TensorSpec
+
+    if native.library() is None:
+        pytest.skip("the native extension is not built here")
+    x, w, b = rand(2, 8, 19), _w(24, 4, 3), rand(24)
+    attrs = {"pads": [1, 1], "group": 2, "activation": act, "activation_alpha": alpha, "activation_beta": beta}
+    out = np.empty((2, 24, 19), np.float32)
+    spec = NodeSpec("Conv", "c", attrs, [TensorSpec(a.shape, a.dtype) for a in (x, w, b)],
+                    [TensorSpec(out.shape, out.dtype)], [None, w, b], options={"prefer": "speed"})
+    kernel = KERNELS["Conv"](spec)
+    assert kernel.algorithm == "native:conv1d"
+    stored = kernel.constants[1]
+    scratch = [np.zeros(int(n), np.uint8) for n in kernel.scratch]
+    kernel.bind([x, stored, b], [out], scratch)()
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1)))
+    ref = np.stack([np.einsum("ock,nckl->nol", w[12 * j:12 * j + 12],
+                              np.stack([xp[:, 4 * j:4 * j + 4, t:t + 19] for t in range(3)], 2)) for j in range(2)], 1)
+    ref = ref.reshape(2, 24, 19) + b[:, None]
+    fn = {"LeakyRelu": lambda v: np.where(v >= 0, v, alpha * v), "Clip": lambda v: np.clip(v, alpha, beta),
+          "HardSigmoid": lambda v: np.clip(alpha * v + beta, 0, 1),
+          "HardSwish": lambda v: v * np.clip(alpha * v + beta, 0, 1),
+          "Gelu": lambda v: 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2)))}[act]
+    np.testing.assert_allclose(out, fn(ref), rtol=1e-4, atol=1e-5)

@@ -295,6 +295,45 @@ def planar_conv(x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | 
     return launch("ctxrt_planar_conv", args, tuple(arrays))
 
 
+class Conv1dArgs(ctypes.Structure):
+    """csrc/dwconv.h's conv1d_args: a convolution of planar 1-D signals."""
+
+    _fields_ = [(name, ctypes.c_int64) for name in ("n", "c", "l", "m", "ol", "k", "g", "s", "p", "d", "lp")] + \
+        [("x", ctypes.c_void_p), ("wt", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("y", ctypes.c_void_p),
+         ("pad", ctypes.c_void_p), ("act", ctypes.c_int64), ("alpha", ctypes.c_float), ("beta", ctypes.c_float),
+         ("threads", ctypes.c_int64)]
+
+
+def conv1d_pad(c: int, length: int, out: int, window: tuple[int, int, int, int]) -> int:
+    """Floats per channel of csrc/dwconv.c's padded copy of a signal of `length` (Conv1dArgs.lp), the output of
+    `out` positions over `window` (taps, stride, pad before, dilation): every read of its blocks of 4 positions."""
+    k, s, p, d = window
+    return max(p + length, (-(-max(out, 1) // 4) * 4 - 1) * s + (k - 1) * d + 1)
+
+
+def conv1d(x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None, pad: np.ndarray,
+           window: tuple[int, int, int, int], groups: int, act: int, alpha: float, beta: float) -> Any | None:
+    """The launch of y = act(conv1d(x) + bias) of planar float32 signals x [n, c, l] into y [n, m, ol], weights w
+    stored [g, c / g, k, m / g] (flat or shaped), `window` (taps, stride, pad before, dilation), `pad` float32
+    scratch of n * c * conv1d_pad(...) floats at least, `act` csrc/gemv.h's code (csrc/dwconv.c: its positions on
+    OpenMP's team of the run); None where the arrays do not fit it. The library must be loaded."""
+    k, s, p, d = window
+    arrays = [x, w, y, pad] + ([bias] if bias is not None else [])
+    if x.ndim != 3 or y.ndim != 3 or x.shape[0] != y.shape[0] or any(
+            t.dtype != np.float32 or not t.flags.c_contiguous for t in arrays) or not y.size or not x.size:
+        return None
+    n, c, length = x.shape
+    m, ol = y.shape[1:]
+    lp = conv1d_pad(c, length, ol, window)
+    if groups < 1 or c % groups or m % groups or w.size != m * (c // groups) * k or pad.size < n * c * lp \
+            or bias is not None and bias.size != m or min(k, s, d) < 1 or p < 0:
+        return None
+    args = Conv1dArgs(n=n, c=c, l=length, m=m, ol=ol, k=k, g=groups, s=s, p=p, d=d, lp=lp, x=x.ctypes.data,
+                      wt=w.ctypes.data, bias=None if bias is None else bias.ctypes.data, y=y.ctypes.data,
+                      pad=pad.ctypes.data, act=act, alpha=alpha, beta=beta, threads=0)
+    return launch("ctxrt_conv1d", args, tuple(arrays))
+
+
 class Sum8Args(ctypes.Structure):
     """csrc/qelem.h's sum8_args: y[o, i] = sum over c of x[o, c, i], 8 bits into int32."""
 
@@ -401,7 +440,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
     for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "dynquant", "qmatmul",
                  "igemm", "swish", "lstm", "gru", "ln_rows", "softmax_rows", "lut8", "affine8", "act", "sum8", "ew",
-                 "batch", "dnnl", "bmm", "trilu", "range", "gap", "dwconv", "planar_conv", "resize2d"):
+                 "batch", "dnnl", "bmm", "trilu", "range", "gap", "dwconv", "planar_conv", "resize2d", "conv1d"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]

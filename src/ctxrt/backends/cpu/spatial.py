@@ -1,7 +1,8 @@
 """Conv and pooling for every spatial rank: checks the attributes, then dispatches.
 
-2-D nodes run nn.py's tuned kernels; 1-D nodes run the same kernels on zero-copy (N, C, 1, L) views (`Lifted`),
-except long convolutions, whose single im2col row would be unbounded; 3-D (and higher) nodes, MaxPool's Indices
+2-D nodes run nn.py's tuned kernels; 1-D convolutions compiled with the native extension there run conv1d.py's
+kernel (one native call); other 1-D nodes run nn.py's kernels on zero-copy (N, C, 1, L) views (`Lifted`), except
+long convolutions, whose single im2col row would be unbounded; 3-D (and higher) nodes, MaxPool's Indices
 output, dilated AveragePool, LpPool and integer MaxPool run the N-D kernels of convnd.py and poolnd.py.
 """
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.cpu import convnd, nn, poolnd
+from ctxrt.backends.cpu import conv1d, convnd, nn, poolnd
 from ctxrt.backends.kernel import Kernel, KernelFactory, Launch, NodeSpec, TensorSpec
 from ctxrt.errors import UnsupportedOpError
 
@@ -103,6 +104,8 @@ def conv(spec: NodeSpec) -> Kernel:
     if len(w) != nd + 2 or g < 1 or c % g or w[0] % g or w[1] * g != c:
         raise UnsupportedOpError(f"Conv node {spec.name!r}: weights {w} do not fit input {spec.inputs[0].shape} "
                                  f"with group={g}")
+    if nd == 1 and conv1d.eligible(spec):  # one native call (csrc/dwconv.c), chosen at compile time
+        return conv1d.Conv1d(spec)
     if nd == 1 and w[2] > 1 and c * w[2] * spec.outputs[0].shape[2] * spec.outputs[0].dtype.itemsize > _LIFT_COLS:
         # nn.py blocks im2col by output rows, and a lifted 1-D conv has one: long signals go to the N-D kernel,
         # which blocks along the signal (64 channels x 16000 samples, k=3: 13.4 -> 6.8 ms, 16 -> 6 MiB scratch).

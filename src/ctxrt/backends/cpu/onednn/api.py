@@ -207,6 +207,37 @@ def check(status: int, what: str) -> None:
         raise error(f"oneDNN {what}: {_STATUS.get(status, f'status {status}')}")
 
 
+def sgemm(a: Any, b: Any, out: Any) -> Callable[[], None] | None:
+    """A call that computes `out = a @ b` (2-D float32 arrays, each row of unit stride; their addresses fixed) with
+    oneDNN's GEMM on OpenMP's threads, the pool a context with oneDNN kernels gives the cores (threads.py: BLAS
+    has one there); None without oneDNN or for other arrays."""
+    lib = library()
+    arrays = (a, b, out)
+    if lib is None or any(str(x.dtype) != "float32" or x.ndim != 2 or x.strides[1] != 4 or x.strides[0] % 4
+                          or x.shape[0] > 1 and x.strides[0] < 4 * x.shape[1] for x in arrays) \
+            or not out.flags.writeable:
+        return None
+    (m, k), n = a.shape, b.shape[1]
+    if b.shape[0] != k or out.shape != (m, n) or 0 in (m, n, k):
+        return None
+    fn = _STATE.get("sgemm")
+    if fn is None:
+        fn = lib.dnnl_sgemm
+        fn.argtypes = [ctypes.c_char, ctypes.c_char, *[ctypes.c_int64] * 3, ctypes.c_float, ctypes.c_void_p,
+                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]
+        fn.restype = ctypes.c_int
+        _STATE["sgemm"] = fn
+    args = (b"N", b"N", m, n, k, 1.0, a.ctypes.data, max(a.strides[0] // 4, k), b.ctypes.data,
+            max(b.strides[0] // 4, n), 0.0, out.ctypes.data, max(out.strides[0] // 4, n))
+
+    def call() -> None:
+        status = fn(*args)
+        if status:
+            check(status, "sgemm")
+    call.arrays = arrays  # type: ignore[attr-defined]  (kept alive with the call)
+    return call
+
+
 def _engine_stream() -> tuple[ctypes.c_void_p, ctypes.c_void_p]:
     if "engine" not in _STATE:
         with _LOCK:
