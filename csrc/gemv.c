@@ -58,6 +58,8 @@ static inline float gemv_act(float v, int act, float alpha, float beta) {
         return c == 0.0f ? 0.0f : 0.5f * v * c;  /* v -> -inf: 0, not -inf x 0 */
     }
     case 6: return erff(v);
+    case 11: return 1.0f / (1.0f + expf(-v));
+    case 12: return tanhf(v);
     default: return act_param1(v, act, alpha, beta);  /* Relu, the parameterized ones */
     }
 }
@@ -91,7 +93,7 @@ static int avx2(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_s
 #pragma GCC target("avx512f,avx2,fma")
 /* the activation of 16 values (gemv_args' codes; act, alpha and beta read once per block) */
 static inline __m512 act16(__m512 v, int act, float alpha, float beta) {
-    if (act < 2 || act > 6) return act_param16(v, act, _mm512_set1_ps(alpha), _mm512_set1_ps(beta));
+    if (act < 2 || (act > 6 && act < 11)) return act_param16(v, act, _mm512_set1_ps(alpha), _mm512_set1_ps(beta));
     /* GELU, SiLU, erf: vmath.h's 8 lanes twice */
     const __m256 lo = act8p_avx2(_mm512_castps512_ps256(v), act, alpha, beta);
     const __m256 hi = act8p_avx2(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)), act, alpha, beta);

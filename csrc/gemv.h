@@ -27,7 +27,8 @@ typedef struct {            /* y = act(x) over n floats (y may be x): an activat
     int64_t n;
     const float *x;
     float *y;
-    int64_t act;            /* csrc/vmath.h act8's codes: gemv_args.act's, 5 GELU by erfc, 6 erf; 7 .. 10 gemv_args' */
+    int64_t act;            /* csrc/vmath.h act8's codes: gemv_args.act's, 5 GELU by erfc, 6 erf, 11 Sigmoid, 12 Tanh;
+                               7 .. 10 gemv_args' */
     float alpha, beta;      /* the parameters of codes 7 .. 10 */
 } act_args;
 

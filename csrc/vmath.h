@@ -99,7 +99,7 @@ static inline __m256 NAME(erfc8)(__m256 x, __m256 dx) {
 
 /* a fused activation of 8 lanes, as gemv_args.act numbers them: 1 Relu, 2 GELU (erf), 3 GELU (tanh), 4 SiLU,
    5 GELU as x erfc(-x / sqrt 2) / 2 (the GELU op's: relative accuracy kept in the negative tail), 6 erf (the Erf
-   op's) */
+   op's), 11 Sigmoid, 12 Tanh (the ops'; 7 .. 10 are gemv_args' parameterized ones) */
 static inline __m256 NAME(act8)(__m256 v, int act) {
     const __m256 one = _mm256_set1_ps(1.0f), half = _mm256_set1_ps(0.5f);
     switch (act) {
@@ -124,6 +124,18 @@ static inline __m256 NAME(act8)(__m256 v, int act) {
         return _mm256_andnot_ps(_mm256_cmp_ps(c, _mm256_setzero_ps(), _CMP_EQ_OQ), _mm256_mul_ps(_mm256_mul_ps(half, v), c));
     }
     case 6: return NAME(erf8)(v);
+    case 11: return _mm256_div_ps(one, _mm256_add_ps(one, NAME(exp8_full)(_mm256_sub_ps(_mm256_setzero_ps(), v))));
+    case 12: {  /* tanh: |v| < 1/4 its series to v^9 (relative accuracy near 0), else 1 - 2 / (e^2|v| + 1), signed */
+        const __m256 sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0f)), a = _mm256_xor_ps(v, sign);
+        const __m256 e = NAME(exp8_full)(_mm256_add_ps(a, a));
+        const __m256 big = _mm256_or_ps(_mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one))), sign);
+        const __m256 v2 = _mm256_mul_ps(v, v);
+        __m256 q = _mm256_fmadd_ps(v2, _mm256_set1_ps(62.0f / 2835.0f), _mm256_set1_ps(-17.0f / 315.0f));
+        q = _mm256_fmadd_ps(q, v2, _mm256_set1_ps(2.0f / 15.0f));
+        q = _mm256_fmadd_ps(q, v2, _mm256_set1_ps(-1.0f / 3.0f));
+        const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(q, v2), v, v);
+        return _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.25f), _CMP_LT_OQ));
+    }
     default: return v;
     }
 }

@@ -193,3 +193,32 @@ def test_fused_model_matches_onnxruntime() -> None:
     model = make_model(nodes, feeds, inits, opset=13)
     want = onnxruntime_outputs(model, feeds)[0]
     np.testing.assert_allclose(run_ctxrt(model, feeds)[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("op", ["Sigmoid", "Tanh"])
+def test_sigmoid_and_tanh_in_one_native_pass(op: str) -> None:
+    """float32 Sigmoid and Tanh (an LSTM cell written out as ops, silero VAD's) in one native pass (csrc/vmath.h
+    act8's codes 11 and 12): within 4e-7 relative of float64 across the range, tanh's series near 0 (no
+    cancellation: 1e-8 stays 1e-8), the limits at +-inf and past exp's range, NaN kept; NumPy's passes where the
+    extension is missing."""
+    from ctxrt.backends.cpu import native
+    from ctxrt.backends.cpu.elementwise import NativeAct
+    from ctxrt.backends.cpu.registry import KERNELS
+    from ctxrt.backends.kernel import NodeSpec, TensorSpec
+
+    x = np.concatenate([np.linspace(-100, 100, 20001), np.linspace(-0.3, 0.3, 6001),
+                        [1e-8, -1e-30, 88.5, -88.5, 1e30, np.inf, -np.inf, np.nan]]).astype(np.float32)
+    spec = NodeSpec(op, "a", {}, [TensorSpec(x.shape, x.dtype)], [TensorSpec(x.shape, x.dtype)])
+    kernel = KERNELS[op](spec)
+    assert isinstance(kernel, NativeAct) and kernel.act == {"Sigmoid": 11, "Tanh": 12}[op]
+    ref = (1 / (1 + np.exp(-x.astype(np.float64))) if op == "Sigmoid" else np.tanh(x.astype(np.float64)))
+    for lib in ([native.library()] if native.library() is not None else []) + [None]:
+        native._STATE["lib"], keep = lib, native._STATE.get("lib")
+        try:
+            y = np.empty_like(x)
+            kernel.bind([x], [y], [np.zeros(int(n), np.uint8) for n in kernel.scratch])()
+        finally:
+            native._STATE["lib"] = keep
+        big = np.abs(ref) > 1e-30
+        np.testing.assert_allclose(y[big], ref[big], rtol=4e-7, atol=0)
+        assert np.isnan(y[-1]) and (y[-3:-1] == ([1, 0] if op == "Sigmoid" else [1, -1])).all()

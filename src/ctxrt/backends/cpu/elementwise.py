@@ -77,6 +77,8 @@ def unary_kernel(f: np.ufunc) -> Kernel:
 
 
 def unary(spec: NodeSpec) -> Kernel:
+    if spec.op == "Tanh" and np.dtype(spec.inputs[0].dtype) == np.float32:  # one native pass (NativeAct)
+        return _native_act(spec, lambda x, y: np.tanh(x, out=y), 12, ())
     return unary_kernel(_UNARY[spec.op])
 
 
@@ -98,7 +100,17 @@ def leaky_relu(spec: NodeSpec) -> Kernel:
     return Blocked(spec, block, (dt,))
 
 
+def _sigmoid_block(x: np.ndarray, y: np.ndarray) -> None:
+    np.negative(x, out=y)
+    np.exp(y, out=y)  # exp(-x) = inf for x << 0 gives the right limit, 0
+    np.add(y, 1, out=y)
+    np.reciprocal(y, out=y)
+
+
 def sigmoid(spec: NodeSpec) -> Kernel:
+    if _float(spec) == np.float32:  # one native pass (NativeAct), four NumPy calls where the extension is missing
+        return _native_act(spec, _sigmoid_block, 11, ())
+
     def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
         x, y = ins[0], outs[0]
 
@@ -244,7 +256,8 @@ class NativeAct(Blocked):
     """An activation of float32 tensors in one native pass (csrc/gemv.c ctxrt_act, 8 lanes at a time, N. Juffa's
     erf and erfc): GELU as x erfc(-x / sqrt 2) / 2, relative accuracy kept in the negative tail where
     onnxruntime's 1 + erf cancels, and Erf (BERT-6's six GELUs of 128 x 1536, or a float16 model's unfused Erfs:
-    ~7-8 ms in the NumPy blocks); the blocks where the extension is not built."""
+    ~7-8 ms in the NumPy blocks); Sigmoid and Tanh (an LSTM cell written out, silero VAD's: 4 NumPy calls a
+    Sigmoid, ~5 us at 128 values); the blocks where the extension is not built."""
 
     act: int  # csrc/vmath.h act8's code
 
@@ -258,8 +271,8 @@ class NativeAct(Blocked):
         return native.act(x, y, self.act)
 
 
-def _native_act(spec: NodeSpec, block: Callable[..., None], act: int) -> Kernel:
-    kernel = NativeAct(spec, block, _TEMPS, _QUIET)
+def _native_act(spec: NodeSpec, block: Callable[..., None], act: int, temps: tuple[Any, ...] = _TEMPS) -> Kernel:
+    kernel = NativeAct(spec, block, temps, _QUIET)
     kernel.act = act
     return kernel
 
