@@ -549,3 +549,39 @@ int ctxrt_conv1d(const conv1d_args *p) {
     }
     return 0;
 }
+
+
+/* -- 1-D pools of planar signals: y[r, o] = max (NaN skipped), or the sum times inv[o], of x[r, o s + t d - p] over
+   the taps t that fall inside the signal (an audio net's MaxPool1d and AvgPool1d between its convs: NumPy's separable passes
+   took 4-6 calls, 6-10 us at 16-32 channels by 125-500 samples). Returns 0. */
+int ctxrt_pool1d(const pool1d_args *a) {
+    const int64_t rows = a->rows, l = a->l, ol = a->ol, k = a->k, s = a->s, p = a->p, d = a->d;
+    const float *inv = a->inv;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *restrict x = a->x + r * l;
+        float *restrict y = a->y + r * ol;
+        for (int64_t o = 0; o < ol; o++) {
+            const int64_t start = o * s - p;
+            const int inside = start >= 0 && start + (k - 1) * d < l;
+            if (a->max) {
+                float acc = -INFINITY;
+                for (int64_t t = 0; t < k; t++) {
+                    const int64_t q = start + t * d;
+                    if (!inside && (q < 0 || q >= l)) continue;
+                    const float v = x[q];
+                    acc = v > acc ? v : acc;  /* a NaN skipped, as onnxruntime's MLAS skips it */
+                }
+                y[o] = acc;
+            } else {
+                float acc = 0.0f;
+                for (int64_t t = 0; t < k; t++) {
+                    const int64_t q = start + t * d;
+                    if (!inside && (q < 0 || q >= l)) continue;
+                    acc += x[q];
+                }
+                y[o] = acc * inv[o];
+            }
+        }
+    }
+    return 0;
+}

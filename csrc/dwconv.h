@@ -47,4 +47,13 @@ typedef struct {
     int64_t threads;            /* OpenMP's team (0 or less: its count for the calling thread) */
 } conv1d_args;
 
+typedef struct {
+    int64_t rows, l, ol;        /* signals (images x channels), their length, the output's */
+    int64_t k, s, p, d;         /* window, stride, pad before, dilation */
+    int64_t max;                /* 1: MaxPool (positions outside and NaN skipped), 0: AveragePool */
+    const float *x;             /* [rows, l] */
+    const float *inv;           /* [ol]: 1 / the divisor of each output position (AveragePool) */
+    float *y;                   /* [rows, ol] */
+} pool1d_args;
+
 #endif

@@ -537,3 +537,31 @@ def test_native_conv1d_epilogue_activations(act: str, alpha: float, beta: float)
           "HardSwish": lambda v: v * np.clip(alpha * v + beta, 0, 1),
           "Gelu": lambda v: 0.5 * v * (1 + np.vectorize(math.erf)(v / math.sqrt(2)))}[act]
     np.testing.assert_allclose(out, fn(ref), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("op, attrs", [
+    ("MaxPool", dict(kernel_shape=[4], strides=[4])),
+    ("MaxPool", dict(kernel_shape=[3], strides=[2], pads=[1, 1], dilations=[2], ceil_mode=1)),
+    ("AveragePool", dict(kernel_shape=[2], strides=[2], ceil_mode=1)),
+    ("AveragePool", dict(kernel_shape=[3], strides=[2], pads=[1, 2], count_include_pad=1)),
+])
+def test_native_pool1d(op: str, attrs: dict, monkeypatch) -> None:
+    """float32 1-D pools (an audio net's, between its convs) in one native call (csrc/dwconv.c ctxrt_pool1d): the
+    reference's outputs with pads, dilation, ceil_mode windows off the end and either divisor; NumPy's lifted
+    kernel, the same outputs, where the extension is missing."""
+    import harness
+
+    from ctxrt.backends.cpu import native
+
+    x = rand(2, 5, 31)
+    node = helper.make_node(op, ["x"], ["y"], **attrs)
+    want = check(node, {"x": x}, rtol=1e-5, atol=1e-6)[0]
+    if harness.BACKEND != "cpu" or native.library() is None:
+        return
+    with ctxrt.compile(make_model(node, {"x": x})) as ctx:
+        (step,) = ctx.graph().compiled.steps
+        assert step.algorithm == "native:pool1d"
+        np.testing.assert_array_equal(ctx.graph().run({"x": x})["y"], want)
+    monkeypatch.setitem(native._STATE, "lib", None)
+    with ctxrt.compile(make_model(node, {"x": x})) as ctx:
+        np.testing.assert_allclose(ctx.graph().run({"x": x})["y"], want, rtol=1e-6, atol=1e-7)

@@ -334,6 +334,28 @@ def conv1d(x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None,
     return launch("ctxrt_conv1d", args, tuple(arrays))
 
 
+class Pool1dArgs(ctypes.Structure):
+    """csrc/dwconv.h's pool1d_args: MaxPool or AveragePool of planar 1-D signals."""
+
+    _fields_ = [(name, ctypes.c_int64) for name in ("rows", "l", "ol", "k", "s", "p", "d", "max")] + \
+        [("x", ctypes.c_void_p), ("inv", ctypes.c_void_p), ("y", ctypes.c_void_p)]
+
+
+def pool1d(x: np.ndarray, y: np.ndarray, window: tuple[int, int, int, int], inv: np.ndarray | None) -> Any | None:
+    """The launch of a 1-D MaxPool (`inv` None) or AveragePool (`inv` [OL]: 1 / each position's divisor) of float32
+    signals x [..., L] into y [..., OL] over `window` (taps, stride, pad before, dilation); None where the arrays do
+    not fit it. The library must be loaded."""
+    k, s, p, d = window
+    arrays = [x, y] + ([inv] if inv is not None else [])
+    if x.shape[:-1] != y.shape[:-1] or any(t.dtype != np.float32 or not t.flags.c_contiguous for t in arrays) \
+            or not y.size or inv is not None and inv.shape != (y.shape[-1],) or min(k, s, d) < 1:
+        return None
+    args = Pool1dArgs(rows=y.size // y.shape[-1], l=x.shape[-1], ol=y.shape[-1], k=k, s=s, p=p, d=d,
+                      max=int(inv is None), x=x.ctypes.data, inv=None if inv is None else inv.ctypes.data,
+                      y=y.ctypes.data)
+    return launch("ctxrt_pool1d", args, tuple(arrays))
+
+
 class Sum8Args(ctypes.Structure):
     """csrc/qelem.h's sum8_args: y[o, i] = sum over c of x[o, c, i], 8 bits into int32."""
 
@@ -440,7 +462,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
     for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "dynquant", "qmatmul",
                  "igemm", "swish", "lstm", "gru", "ln_rows", "softmax_rows", "lut8", "affine8", "act", "sum8", "ew",
-                 "batch", "dnnl", "bmm", "trilu", "range", "gap", "dwconv", "planar_conv", "resize2d", "conv1d"):
+                 "batch", "dnnl", "bmm", "trilu", "range", "gap", "dwconv", "planar_conv", "resize2d", "conv1d", "pool1d"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]

@@ -329,7 +329,7 @@ def _pool(spec: NodeSpec, fill: float, combine, inv: np.ndarray | None = None) -
 def maxpool(spec: NodeSpec) -> Kernel:
     if len(spec.outputs) > 1:
         raise UnsupportedOpError(f"MaxPool {spec.name!r}: the Indices output is not supported")
-    return _pool(spec, -np.inf, np.maximum)
+    return _pool(spec, -np.inf, np.fmax)  # a NaN skipped, as onnxruntime's MLAS skips it
 
 
 def avgpool(spec: NodeSpec) -> Kernel:

@@ -75,7 +75,7 @@ class SeparablePool(Kernel):
         self.op = spec.op
         if spec.op != "MaxPool":
             _float_only(spec)
-        self.combine = np.maximum if spec.op == "MaxPool" else np.add
+        self.combine = np.fmax if spec.op == "MaxPool" else np.add  # a NaN skipped, as onnxruntime's MLAS skips it
         fill = _lowest(dt) if spec.op == "MaxPool" else 0.0
         self.p = _lp_power(spec) if spec.op == "LpPool" else None
         self.inv = geo.avg_divisor(bool(spec.attr("count_include_pad", 0))) if spec.op == "AveragePool" else None

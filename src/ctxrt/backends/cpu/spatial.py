@@ -1,8 +1,8 @@
 """Conv and pooling for every spatial rank: checks the attributes, then dispatches.
 
 2-D nodes run nn.py's tuned kernels; 1-D convolutions compiled with the native extension there run conv1d.py's
-kernel (one native call); other 1-D nodes run nn.py's kernels on zero-copy (N, C, 1, L) views (`Lifted`), except
-long convolutions, whose single im2col row would be unbounded; 3-D (and higher) nodes, MaxPool's Indices
+kernel and float32 1-D pools `Pool1d` (one native call each); other 1-D nodes run nn.py's kernels on zero-copy
+(N, C, 1, L) views (`Lifted`), except long convolutions, whose single im2col row would be unbounded; 3-D (and higher) nodes, MaxPool's Indices
 output, dilated AveragePool, LpPool and integer MaxPool run the N-D kernels of convnd.py and poolnd.py.
 """
 
@@ -88,6 +88,26 @@ class Lifted(Kernel):
         return self.inner.bind(up(ins, self.spec2.inputs), up(outs, self.spec2.outputs), scratch)
 
 
+class Pool1d(Kernel):
+    """A 1-D MaxPool (`inv` None) or AveragePool (`inv`: 1 / each output position's divisor) of float32 signals in
+    one native call (csrc/dwconv.c ctxrt_pool1d); `fallback` (NumPy's lifted kernel) where the extension is
+    missing."""
+
+    algorithm = "native:pool1d"
+
+    def __init__(self, spec: NodeSpec, fallback: Kernel, inv: np.ndarray | None) -> None:
+        (k,) = spec.attr("kernel_shape")
+        (s,), (d,), (b,), _ = nn._window(spec, (k,))
+        self.window, self.inv, self.fallback = (k, s, b, d), inv, fallback
+        self.scratch = fallback.scratch  # (the native call needs none)
+
+    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        from ctxrt.backends.cpu import native
+
+        run = native.pool1d(ins[0], outs[0], self.window, self.inv) if native.library() is not None else None
+        return run if run is not None else self.fallback.bind(ins, outs, scratch)
+
+
 def _by_rank(spec: NodeSpec, nd: int, two_d: KernelFactory, n_d: KernelFactory) -> Kernel:
     if nd == 2:
         return two_d(spec)
@@ -139,6 +159,8 @@ def maxpool(spec: NodeSpec) -> Kernel:
         return poolnd.maxpool_with_indices(spec)
     if np.dtype(spec.inputs[0].dtype).kind != "f":  # nn.py pads with -inf
         return poolnd.pool(spec)
+    if nd == 1 and np.dtype(spec.inputs[0].dtype) == np.float32:
+        return Pool1d(spec, Lifted(spec, nn.maxpool), None)
     return _by_rank(spec, nd, nn.maxpool, poolnd.pool)
 
 
@@ -148,6 +170,14 @@ def avgpool(spec: NodeSpec) -> Kernel:
         raise fail(spec, "count_include_pad", spec.attr("count_include_pad"))
     if max(spec.attr("dilations") or [1]) > 1:  # nn.py's divisor counts undilated windows
         return poolnd.pool(spec)
+    if nd == 1 and np.dtype(spec.inputs[0].dtype) == np.float32:
+        (k,) = spec.attr("kernel_shape")
+        (s,), _, (b,), (e,) = nn._window(spec, (k,))
+        size, out = spec.inputs[0].shape[2], spec.outputs[0].shape[2]
+        lo, hi = (-b, size + e) if spec.attr("count_include_pad", 0) else (0, size)
+        starts = np.arange(out) * s - b  # each window's divisor, as nn.avgpool counts it
+        counts = np.clip(np.minimum(starts + k, hi) - np.maximum(starts, lo), 1, None)
+        return Pool1d(spec, Lifted(spec, nn.avgpool), (1.0 / counts).astype(np.float32))
     return _by_rank(spec, nd, nn.avgpool, poolnd.pool)
 
 
