@@ -2,8 +2,9 @@
 
 2-D nodes run nn.py's tuned kernels; 1-D convolutions compiled with the native extension there run conv1d.py's
 kernel and float32 1-D pools `Pool1d` (one native call each); other 1-D nodes run nn.py's kernels on zero-copy
-(N, C, 1, L) views (`Lifted`), except long convolutions, whose single im2col row would be unbounded; 3-D (and higher) nodes, MaxPool's Indices
-output, dilated AveragePool, LpPool and integer MaxPool run the N-D kernels of convnd.py and poolnd.py.
+(N, C, 1, L) views (`Lifted`), except long convolutions, whose single im2col row would be unbounded; 3-D (and
+higher) nodes, MaxPool's Indices output, dilated AveragePool, LpPool and integer MaxPool run the N-D kernels of
+convnd.py and poolnd.py.
 """
 
 from __future__ import annotations
