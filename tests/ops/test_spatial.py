@@ -486,25 +486,38 @@ def test_native_conv1d_loads_without_the_extension(tmp_path, monkeypatch) -> Non
 
 
 def test_large_gemm_conv_runs_on_onednns_gemm(monkeypatch) -> None:
-    """A conv NumPy's kernel runs with a large GEMM (magika's 5 x 1 conv over 256 channels, smaller here) computes
-    it with oneDNN's GEMM on OpenMP's threads (a context with oneDNN kernels holds BLAS at one thread): the
-    reference's outputs."""
+    """A conv NumPy's kernel runs with a large GEMM (magika's 5 x 1 conv over 256 channels, smaller here, its output
+    read by a Slice), in a program with oneDNN kernels (which holds BLAS at one thread): the GEMM runs on oneDNN's
+    GEMM, on OpenMP's threads; in a program without them, on NumPy's (BLAS has the threads there). The reference's
+    outputs either way."""
     import harness
 
     from ctxrt.backends.cpu.onednn import api
 
-    made = []
+    ran = []
     real = api.sgemm
 
     def counting(a, b, out):
         call = real(a, b, out)
-        made.append(call is not None)
-        return call
+        if call is None:
+            return None
+
+        def counted():
+            ran.append(1)
+            call()
+        return counted
     monkeypatch.setattr(api, "sgemm", counting)
-    nodes = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[5, 1])
-    check(nodes, {"x": rand(1, 64, 300, 1)}, {"w": _w(128, 64, 5, 1)}, rtol=1e-4, atol=1e-5)
+    conv = helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[5, 1])
+    cut = helper.make_node("Slice", ["c", "s0", "s1", "ax"], ["y"])
+    head = helper.make_node("MatMul", ["y", "m"], ["z"])
+    feeds = {"x": rand(1, 64, 300, 1)}
+    inits = {"w": _w(128, 64, 5, 1), "s0": np.array([1], np.int64), "s1": np.array([200], np.int64),
+             "ax": np.array([2], np.int64), "m": rand(1, 32)}
+    check([conv, cut], feeds, inits, rtol=1e-4, atol=1e-5)
+    alone = len(ran)
+    check([conv, cut, head], feeds, inits, rtol=1e-4, atol=1e-4)
     if harness.BACKEND == "cpu" and api.available():
-        assert made and all(made)
+        assert alone == 0 and len(ran) > 0
 
 
 @pytest.mark.parametrize("act, alpha, beta", [("LeakyRelu", 0.2, 0.0), ("Clip", -0.3, 0.5), ("HardSigmoid", 0.3, 0.4),

@@ -7,7 +7,7 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ctxrt.backends.cpu import depthwise, gemv, winograd
+from ctxrt.backends.cpu import depthwise, gemv, threads, winograd
 from ctxrt.backends.cpu.shared import relu_zeros
 from ctxrt.backends.kernel import FnKernel, Kernel, NodeSpec, scratch_view
 from ctxrt.errors import UnsupportedOpError
@@ -242,9 +242,9 @@ def conv(spec: NodeSpec) -> Kernel:
                             np.copyto(to, frm)
                         if fold:
                             cols[:, k].fill(1)  # the arena is shared: the ones are rewritten every run
-                    if calls is None:
+                    if calls is None or not threads.blas_held():
                         np.matmul(wb, cols, out=out)
-                    else:
+                    else:  # (BLAS has one thread here: oneDNN's GEMM on OpenMP's)
                         for call in calls:
                             call()
                     if bias_b is not None:
@@ -262,7 +262,7 @@ def conv(spec: NodeSpec) -> Kernel:
 
 
 # multiply-adds of a conv's GEMM block from which it runs on oneDNN's GEMM (OpenMP's threads) rather than NumPy's
-# (BLAS, which a context with oneDNN kernels holds at one thread: threads.py). magika's 256 -> 512 conv of 5 taps
+# where a run holds BLAS at one thread (a context with oneDNN kernels: threads.blas_held). magika's 256 -> 512 conv of 5 taps
 # along 508 rows (333 M): 7.5 ms on one BLAS thread, 3.5 on two, oneDNN's GEMM on two OpenMP threads 3.1-3.5.
 _SGEMM_MIN = 1 << 22
 

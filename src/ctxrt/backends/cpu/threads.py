@@ -204,6 +204,12 @@ def openmp_now() -> int:
     return getattr(_CURRENT, "n", 0)
 
 
+def blas_held() -> bool:
+    """Whether the run in progress on this thread holds BLAS to one thread while OpenMP has more (a context with
+    oneDNN kernels): a NumPy kernel's large GEMM then runs on oneDNN's GEMM, on OpenMP's threads (nn.py)."""
+    return getattr(_CURRENT, "blas_held", False)
+
+
 def idle_now() -> int:
     """The threads a native kernel on ctxrt's own pool may use in the run in progress (gemv.py): the run's count
     (the context's setting, else the cores other processes leave idle), not rounded to what oneDNN's primitives
@@ -236,6 +242,7 @@ class ThreadScope:
         # cores: 78-90 ms with both pools at 2 threads, 40-46 ms with BLAS at 1).
         self.openmp_owns = False
         self._outer = self._outer_idle = 0
+        self._outer_held = False
         self.cap: int | None = None  # set by the program about to run: 1 when all its kernels are small (work.py)
         self.blas = False  # set by the program about to run: its large kernels are BLAS calls (GEMVs)
 
@@ -250,6 +257,7 @@ class ThreadScope:
         self._outer, _CURRENT.n = openmp_now(), omp
         self._outer_idle = idle_now()
         _CURRENT.idle = (self.num_threads or monitor().available()) if self.cap == 1 else n
+        self._outer_held, _CURRENT.blas_held = blas_held(), bool(self.openmp_owns and not self.blas and omp > 1)
         for pool in pools():
             want = omp if pool.openmp else 1 if self.openmp_owns and not self.blas else n
             old = pool.get()
@@ -262,7 +270,7 @@ class ThreadScope:
         for pool, old in self._restore:
             pool.set(old)
         self._restore.clear()
-        _CURRENT.n, _CURRENT.idle = self._outer, self._outer_idle
+        _CURRENT.n, _CURRENT.idle, _CURRENT.blas_held = self._outer, self._outer_idle, self._outer_held
 
 
 @contextlib.contextmanager

@@ -1,0 +1,96 @@
+"""ctxrt against onnxruntime, side by side in one run, on the architectures people export (tests/models/exported.py:
+MobileNetV3, EfficientNet, U-Net, ViT, a GPT, LSTM/GRU taggers, a 1-D audio conv net, a model with a data-dependent
+branch; torch's dynamo exporter, batch 1) and on ONNX files shipped inside PyPI packages (tests/models/field.py:
+silero VAD, magika, PaddleOCR det/rec/cls), each opened as a user opens it: `InferenceSession(path)`.
+
+    .venv/bin/python bench/bench_models.py [--rounds R] [--runs N] [--models a,b,...] [--json]
+
+Per model: R rounds, each timing N runs of one runtime then N of the other (which goes first alternates), a pause
+before each block so neither runtime's spinning worker threads take the cores from the other's block; medians of
+the blocks' medians. The outputs are compared once (max abs difference). The machine is shared: say what else ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "models"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_latency import machine_line  # noqa: E402
+
+EXPORTED = ["mobilenet_v3", "efficientnet", "unet", "vit", "gpt", "lstm_tagger", "gru_tagger", "audio1d", "branchy"]
+FIELD = ["silero_vad", "silero_vad_op18_ifless", "magika", "ppocr_det", "ppocr_rec", "ppocr_cls"]
+
+
+def _model(name: str) -> tuple[Path, dict[str, np.ndarray]]:
+    if name in FIELD:
+        import field
+
+        return field.field_model(name), field.field_feeds(name, 1)
+    import exported
+
+    return exported.exported_model(name, "dynamo"), exported.exported_feeds(name, batch=1)
+
+
+def _block(run: Any, n: int) -> float:
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
+def bench(name: str, rounds: int, runs: int) -> dict[str, float]:
+    import onnxruntime as ort
+
+    import ctxrt
+
+    path, feeds = _model(name)
+    ours = ctxrt.InferenceSession(path)
+    theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got, want = ours.run(None, feeds), theirs.run(None, feeds)
+    diff = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)))) if np.size(a) else 0.0
+               for a, b in zip(got, want, strict=True))
+    pair = [("ctxrt", lambda: ours.run(None, feeds)), ("onnxruntime", lambda: theirs.run(None, feeds))]
+    blocks: dict[str, list[float]] = {"ctxrt": [], "onnxruntime": []}
+    for r in range(rounds):
+        for kind, run in pair if r % 2 == 0 else pair[::-1]:
+            time.sleep(0.2)  # the other runtime's worker threads stop spinning
+            run()
+            blocks[kind].append(_block(run, runs))
+    a, b = statistics.median(blocks["ctxrt"]), statistics.median(blocks["onnxruntime"])
+    return {"ctxrt_ms": a, "onnxruntime_ms": b, "ratio": a / b, "max_abs_diff": diff}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--runs", type=int, default=30)
+    p.add_argument("--models", default=",".join(EXPORTED + FIELD))
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    warnings.simplefilter("ignore")  # (a session's notes on ranges: not figures)
+    results = {m: bench(m, args.rounds, args.runs) for m in args.models.split(",") if m}
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return
+    print(machine_line())
+    print(f"{'model':<24}{'ctxrt ms':>10}{'ort ms':>10}{'ratio':>8}{'max diff':>11}")
+    for m, r in results.items():
+        print(f"{m:<24}{r['ctxrt_ms']:>10.3f}{r['onnxruntime_ms']:>10.3f}{r['ratio']:>8.2f}{r['max_abs_diff']:>11.1e}")
+    print(f"command: .venv/bin/python bench/bench_models.py --rounds {args.rounds} --runs {args.runs}")
+
+
+if __name__ == "__main__":
+    main()
