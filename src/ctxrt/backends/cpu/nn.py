@@ -262,8 +262,9 @@ def conv(spec: NodeSpec) -> Kernel:
 
 
 # multiply-adds of a conv's GEMM block from which it runs on oneDNN's GEMM (OpenMP's threads) rather than NumPy's
-# where a run holds BLAS at one thread (a context with oneDNN kernels: threads.blas_held). magika's 256 -> 512 conv of 5 taps
-# along 508 rows (333 M): 7.5 ms on one BLAS thread, 3.5 on two, oneDNN's GEMM on two OpenMP threads 3.1-3.5.
+# where a run holds BLAS at one thread (a context with oneDNN kernels: threads.blas_held). magika's 256 -> 512
+# conv of 5 taps along 508 rows (333 M): 7.5 ms on one BLAS thread, 3.5 on two, oneDNN's GEMM on two OpenMP
+# threads 3.1-3.5.
 _SGEMM_MIN = 1 << 22
 
 
