@@ -909,3 +909,35 @@ def test_a_check_point_where_a_product_would_fit_is_not_used(checks, shown) -> N
     hi, alt = (6, 6, 6), (5, 5, 5)
     points = [hi, alt, (5, 6, 6), (6, 5, 6)]
     assert _shows_products(points, [0, 1, 2, 4], checks, 3) is shown
+
+
+def test_a_probe_read_again_reuses_its_first_inference(monkeypatch) -> None:
+    """Within a range compile (ir/memo.py), the frontend read again at a probe point (the first read found values
+    that follow the dims, now kept unfolded) reuses its inference before anything was folded: one onnx shape
+    inference fewer, the same graph as a read without the memo."""
+    import onnx
+
+    from ctxrt.backends import get_backend
+    from ctxrt.compiler import read
+    from ctxrt.ir import memo
+
+    calls = []
+    real = onnx.shape_inference.infer_shapes
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", counting)
+    path = decoders.gpt2_decoder("dynamo")
+    model = onnx.load(str(path))
+    shapes = {"input_ids": [1, 8], **{k: [1, decoders.HEADS, 5, 16] for k in decoders.names()[0][1:]}}
+    backend = get_backend("cpu")
+    plain = read(model, shapes, backend, keep=frozenset({"arange"}))
+    without = len(calls)  # the inferences of that read alone
+    calls.clear()
+    with memo.shared():
+        read(model, shapes, backend)
+        calls.clear()
+        again = read(model, shapes, backend, keep=frozenset({"arange"}))
+        assert len(calls) == without - 1
+    assert [(n.op, n.inputs, n.outputs) for n in again.nodes] == [(n.op, n.inputs, n.outputs) for n in plain.nodes]

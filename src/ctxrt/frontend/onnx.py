@@ -98,7 +98,7 @@ class Folder:
 
     def __init__(self, scope: Scope, graph: onnx.GraphProto, inputs: dict[str, Type], consts: dict[str, np.ndarray],
                  label: str = "") -> None:
-        self.scope, self.label = scope, label
+        self.scope, self.label, self.graph = scope, label, graph
         self.consts = dict(consts)
         for init in graph.initializer:
             try:
@@ -122,8 +122,12 @@ class Folder:
     # -- the loop ------------------------------------------------------------------------------------
     def settle(self, feeds: Mapping[str, Any] | None) -> None:
         known = False  # every remaining node's outputs typed with a static shape: folding changes no other type
+        first = True
         while True:
-            if not known:
+            if first:
+                self._first_infer()
+                first = False
+            elif not known:
                 self.infer()
             if self.fold_once():
                 known = self._all_typed()
@@ -132,6 +136,24 @@ class Folder:
             if self.rewrite_control() or self.take_values(feeds) or self.annotate():
                 continue
             return
+
+    def _first_infer(self) -> None:
+        """The inference before anything is folded: within a range compile (ir/memo.py), made once per graph, input
+        types, constants and decided types, whatever values a round keeps unfolded (a probe's frontend read again
+        after the first read found values that follow the dims: the decoder's two, ~3.5 ms each)."""
+        key = (tuple((n, str(t[0]), t[1]) for n, t in self.inputs.items()),
+               tuple((n, a.dtype.str, a.shape, a.tobytes() if a.size <= _DATA_PROP_MAX else id(a))
+                     for n, a in self.consts.items()),
+               tuple((n, str(t[0]), t[1]) for n, t in self.fixed.items()))
+
+        def inferred() -> tuple[dict[str, Type], list[str]]:
+            taken = self.scope.fresh.taken
+            before = set(taken)
+            self.infer()
+            return dict(self.types), [n for n in taken if n not in before]
+        types, names = memo("first_inference", self.graph, key, inferred)
+        self.types = dict(types)
+        self.scope.fresh.taken.update(names)  # the fresh names it made (a pool's decided shape): taken again
 
     def _all_typed(self) -> bool:
         """Whether every output of the nodes left has a type with a static shape (then inference, run again after
