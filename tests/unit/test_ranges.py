@@ -941,3 +941,36 @@ def test_a_probe_read_again_reuses_its_first_inference(monkeypatch) -> None:
         again = read(model, shapes, backend, keep=frozenset({"arange"}))
         assert len(calls) == without - 1
     assert [(n.op, n.inputs, n.outputs) for n in again.nodes] == [(n.op, n.inputs, n.outputs) for n in plain.nodes]
+
+
+def test_onednn_is_asked_once_per_node_in_a_range_compile(monkeypatch) -> None:
+    """A range compile asks oneDNN whether it runs each node (layouts, fusions) at its first probe, the upper bound,
+    and takes the answers as such at the other probes: as many questions as one static compile, not one set a
+    probe; the program the same as when every probe asks."""
+    from ctxrt.backends.cpu import backend as cpu_backend
+    from ctxrt.backends.cpu import onednn
+    from ctxrt.backends.cpu.onednn import api
+
+    if not api.available():
+        pytest.skip("oneDNN is not installed here")
+    asked = []
+    real = onednn.supports
+
+    def counting(spec):
+        asked.append(spec.name)
+        return real(spec)
+    monkeypatch.setattr(onednn, "supports", counting)
+    path = decoders.gpt2_decoder("dynamo")
+    dims = {"batch": (1, 1), "sequence": (1, 8), "past_sequence": (0, 32)}
+    ctxrt.compiler.compile_model(str(path), {"input_ids": [1, 8], **{k: [1, decoders.HEADS, 32, 16] for k in
+                                                                     decoders.names()[0][1:]}})
+    static = len(asked)
+    asked.clear()
+    ranged, _ = ctxrt.compiler.compile_model(str(path), dims=dims)
+    assert 0 < len(asked) <= static
+    monkeypatch.setattr(cpu_backend, "_decided", lambda g, node, how, ask: ask())
+    asked.clear()
+    again, _ = ctxrt.compiler.compile_model(str(path), dims=dims)
+    assert len(asked) > static  # every probe asks
+    assert [(s.op, s.algorithm, s.attrs.get("kernel")) for s in again.steps] == \
+        [(s.op, s.algorithm, s.attrs.get("kernel")) for s in ranged.steps]
