@@ -83,6 +83,32 @@ def region(arr: np.ndarray) -> tuple[str, int] | None:
     return f"{base.filename}#{id(base)}", arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
 
 
+# id(block) -> (the block, the file version its bytes were read from, the file offset of its first byte)
+_READ: dict[int, tuple[weakref.ref[np.ndarray], str, int]] = {}
+
+
+def read_from(block: np.ndarray, version: str, position: int) -> None:
+    """Record that the new read-only array `block` holds bytes read from a file (`version`: its identity and
+    version; `position`: the offset its first byte stands for, frontend/external.py), for `read_key`; forgotten
+    when the block dies."""
+    key = id(block)
+    _READ[key] = (weakref.ref(block, lambda _r, key=key: _READ.pop(key, None)), version, position)
+
+
+def read_key(arr: np.ndarray) -> str | None:
+    """A name for a C-contiguous view of a block recorded by `read_from`: where its bytes were read (the same file
+    version and region: the same bytes), not their SHA-256 (a weight store's key for them: a 12 MiB model's
+    weights hashed in ~8 ms at each compile); None for any other array."""
+    base = arr
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    hit = _READ.get(id(base))
+    if hit is None or hit[0]() is not base or not arr.flags.c_contiguous:
+        return None
+    offset = hit[2] + arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    return f"read:{hit[1]}@{offset}:{arr.nbytes}:{arr.dtype.str}:{arr.shape}"
+
+
 def frozen(arr: np.ndarray, alignment: int = 64) -> bool:
     """Whether an array's bytes can be held as they are: C-contiguous, aligned to `alignment`, and read-only down
     to the memory they live in (a weight read from a model file, frontend/external.py): nothing can change them."""

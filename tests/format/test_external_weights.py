@@ -157,3 +157,44 @@ def test_version_1_with_outside_weights_and_mismatched_versions_are_refused() ->
         read_metadata(_rebuild(valid, lambda m: None, version=1))
     with pytest.raises(FormatError, match="SHA-256"):  # the writer runs the reader's checks first
         context_bytes([_graph()], {"b": B}, INFO, external={"w": ExternalWeight("xyz", W.nbytes, F32, W.shape, 0)})
+
+
+def test_weights_read_from_a_model_file_are_named_by_where_they_were_read(tmp_path, monkeypatch) -> None:
+    """A model's inline weights, read into blocks of their own, are named in a weight store by the file version and
+    region they were read from, not hashed (a 12 MiB model's ~8 ms at each compile): two compiles of the same file
+    share them; after the file changes (same size, another content) they are other weights."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ctxrt.compiler import compile_graphs
+    from ctxrt.runtime import weightstore
+
+    hashed = []
+    real = weightstore.content_key
+
+    def counting(raw):
+        hashed.append(raw.nbytes)
+        return real(raw)
+    monkeypatch.setattr(weightstore, "content_key", counting)
+
+    def save(w: np.ndarray) -> None:  # a file of 1 MiB or more: its initializers read from it in place
+        nodes = [helper.make_node("Add", ["x", "w"], ["y"])]
+        graph = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [512, 512])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [512, 512])],
+                                  initializer=[numpy_helper.from_array(w, "w")])
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+
+    be = get_backend("cpu")
+    big = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
+    save(big)
+    store = WeightStore(be)
+
+    def intern() -> list[str]:
+        graphs, weights = compile_graphs([(str(tmp_path / "m.onnx"), {"x": [512, 512]}, "main")], be)
+        return store.intern(weights)[2]
+    first, second = intern(), intern()
+    assert first == second and any(k.startswith("read:") for k in first) and not [n for n in hashed if n >= 1024]
+    assert store.stats["weights_shared"] == len(second)
+    save(big[::-1].copy())  # the same size, other bytes
+    third = intern()
+    assert set(third).isdisjoint(k for k in first if k.startswith("read:"))

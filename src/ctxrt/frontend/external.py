@@ -15,7 +15,7 @@ from onnx import external_data_helper, helper, numpy_helper
 
 from ctxrt import dtypes
 from ctxrt.errors import ModelError
-from ctxrt.mapped import file_view
+from ctxrt.mapped import file_view, read_from
 
 ALIGNMENT = 64  # an external tensor at an offset of this many bytes is read in place; others are copied
 
@@ -254,5 +254,9 @@ def tensor_array(t: onnx.TensorProto) -> np.ndarray:
         f.seek(offset)
         if f.readinto(block[start:start + nbytes]) != nbytes:
             raise ModelError(f"tensor {t.name!r}: {location} ended before its {nbytes} bytes")
+        after = os.fstat(f.fileno())
     block.flags.writeable = False
+    version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if version == (after.st_dev, after.st_ino, after.st_size, after.st_mtime_ns, after.st_ctime_ns):
+        read_from(block, ":".join(map(str, version)), offset - start)  # (the file unchanged while it was read)
     return block[start:start + nbytes].view(dt).reshape(shape)

@@ -31,7 +31,7 @@ from ctxrt.errors import FormatError
 from ctxrt.format import layout
 from ctxrt.format.atomic import atomic_write
 from ctxrt.format.weights import ExternalWeight, WeightEntry, content_key, raw_bytes
-from ctxrt.mapped import frozen, region
+from ctxrt.mapped import frozen, read_key, region
 
 EXTERNAL_MIN_BYTES = 4096  # smaller weights stay inside a cached context binary: a file each would cost more
 
@@ -69,7 +69,7 @@ class WeightStore:
                 arr, raw = raw_bytes(value, name)
                 where = None if dtypes.is_4bit(arr.dtype) else region(arr)
                 if where is None:
-                    key = content_key(raw)
+                    key = read_key(arr) or content_key(raw)  # (read from a model file: named by where it was read)
                     make = (lambda raw=raw: raw) if frozen(raw, layout.WEIGHT_ALIGNMENT) else \
                         (lambda raw=raw: _aligned_copy(raw))
                 else:  # a view of a model's external data file: used in place, named by where it lies
