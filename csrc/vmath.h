@@ -31,6 +31,10 @@ static inline __m256 NAME(exp8_full)(__m256 t) {
     return _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), over);
 }
 
+/* e^t for 8 lanes held to [e^-87, e^88] (an activation's 1 / (1 + e^t) or 2 / (e^t + 1), within 1e-38 of its limit
+   past those either way): one exp8, not exp8_full's two */
+static inline __m256 NAME(exp8_held)(__m256 t) { return NAME(exp8)(_mm256_min_ps(_mm256_set1_ps(88.0f), t)); }
+
 /* erf for 8 lanes: the faithfully rounded float approximation of N. Juffa (max error ~1 ulp), a polynomial in x^2
    up to |x| 0.927734375 and 1 - e^(polynomial in |x|) above, the sign copied back; NaN gives NaN */
 static inline __m256 NAME(erf8)(__m256 a) {
@@ -109,11 +113,15 @@ static inline __m256 NAME(act8)(__m256 v, int act) {
     case 3: {  /* tanh(z) = 1 - 2 / (e^2z + 1); e^2z past 88.72 is inf, tanh 1 */
         const __m256 z = _mm256_mul_ps(_mm256_set1_ps(0.79788456080286536f),
                                        _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), v), _mm256_mul_ps(v, v), v));
-        const __m256 e = NAME(exp8_full)(_mm256_add_ps(z, z));
+        const __m256 e = NAME(exp8_held)(_mm256_add_ps(z, z));
         const __m256 th = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
         return _mm256_mul_ps(_mm256_mul_ps(half, v), _mm256_add_ps(one, th));
     }
-    case 4: return _mm256_div_ps(v, _mm256_add_ps(one, NAME(exp8_full)(_mm256_sub_ps(_mm256_setzero_ps(), v))));
+    case 4: {  /* past -v = 88, -0 (v / e^-v underflows; v / e^88 would not, for v as low as -1e30, or -inf) */
+        const __m256 nv = _mm256_sub_ps(_mm256_setzero_ps(), v);
+        const __m256 r = _mm256_div_ps(v, _mm256_add_ps(one, NAME(exp8_held)(nv)));
+        return _mm256_blendv_ps(r, _mm256_set1_ps(-0.0f), _mm256_cmp_ps(nv, _mm256_set1_ps(88.0f), _CMP_GT_OQ));
+    }
     case 5: {  /* z = -v / sqrt 2 and its rounding error (1 / sqrt 2 = c_hi + c_lo), the sign of |z| */
         const __m256 ch = _mm256_set1_ps(-0.707106769084930419921875f), cl = _mm256_set1_ps(-1.2101617e-8f);
         const __m256 z = _mm256_mul_ps(v, ch);
@@ -124,10 +132,14 @@ static inline __m256 NAME(act8)(__m256 v, int act) {
         return _mm256_andnot_ps(_mm256_cmp_ps(c, _mm256_setzero_ps(), _CMP_EQ_OQ), _mm256_mul_ps(_mm256_mul_ps(half, v), c));
     }
     case 6: return NAME(erf8)(v);
-    case 11: return _mm256_div_ps(one, _mm256_add_ps(one, NAME(exp8_full)(_mm256_sub_ps(_mm256_setzero_ps(), v))));
+    case 11: {  /* past -v = 88, 0 (as e^-v overflowing to inf gives it) */
+        const __m256 nv = _mm256_sub_ps(_mm256_setzero_ps(), v);
+        const __m256 r = _mm256_div_ps(one, _mm256_add_ps(one, NAME(exp8_held)(nv)));
+        return _mm256_andnot_ps(_mm256_cmp_ps(nv, _mm256_set1_ps(88.0f), _CMP_GT_OQ), r);
+    }
     case 12: {  /* tanh: |v| < 1/4 its series to v^9 (relative accuracy near 0), else 1 - 2 / (e^2|v| + 1), signed */
         const __m256 sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0f)), a = _mm256_xor_ps(v, sign);
-        const __m256 e = NAME(exp8_full)(_mm256_add_ps(a, a));
+        const __m256 e = NAME(exp8_held)(_mm256_add_ps(a, a));
         const __m256 big = _mm256_or_ps(_mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one))), sign);
         const __m256 v2 = _mm256_mul_ps(v, v);
         __m256 q = _mm256_fmadd_ps(v2, _mm256_set1_ps(62.0f / 2835.0f), _mm256_set1_ps(-17.0f / 315.0f));
