@@ -6,8 +6,8 @@ silero VAD, magika, PaddleOCR det/rec/cls), each opened as a user opens it: `Inf
     .venv/bin/python bench/bench_models.py [--rounds R] [--runs N] [--models a,b,...] [--json]
 
 Per model: R rounds, each timing N runs of one runtime then N of the other (which goes first alternates), a pause
-before each block so neither runtime's spinning worker threads take the cores from the other's block; medians of
-the blocks' medians. The outputs are compared once (max abs difference). The machine is shared: say what else ran.
+and 3 untimed runs before each block so neither runtime's spinning worker threads take the cores from the other's
+block (nor make ctxrt count them as busy cores); medians of the blocks' medians. The outputs are compared once (max abs difference). The machine is shared: say what else ran.
 """
 
 from __future__ import annotations
@@ -66,8 +66,11 @@ def bench(name: str, rounds: int, runs: int) -> dict[str, float]:
     blocks: dict[str, list[float]] = {"ctxrt": [], "onnxruntime": []}
     for r in range(rounds):
         for kind, run in pair if r % 2 == 0 else pair[::-1]:
-            time.sleep(0.2)  # the other runtime's worker threads stop spinning
-            run()
+            # the other runtime's worker threads stop spinning, and ctxrt's count of idle cores (sampled from
+            # /proc/stat every 0.25 s) no longer sees them busy
+            time.sleep(0.6)
+            for _ in range(3):
+                run()
             blocks[kind].append(_block(run, runs))
     a, b = statistics.median(blocks["ctxrt"]), statistics.median(blocks["onnxruntime"])
     return {"ctxrt_ms": a, "onnxruntime_ms": b, "ratio": a / b, "max_abs_diff": diff}
