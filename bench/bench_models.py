@@ -7,7 +7,8 @@ silero VAD, magika, PaddleOCR det/rec/cls), each opened as a user opens it: `Inf
 
 Per model: R rounds, each timing N runs of one runtime then N of the other (which goes first alternates), a pause
 and 3 untimed runs before each block so neither runtime's spinning worker threads take the cores from the other's
-block (nor make ctxrt count them as busy cores); medians of the blocks' medians. The outputs are compared once (max abs difference). The machine is shared: say what else ran.
+block (nor make ctxrt count them as busy cores); medians of the blocks' medians. The outputs are compared once (max
+abs difference). The machine is shared: say what else ran.
 """
 
 from __future__ import annotations
