@@ -367,13 +367,12 @@ int ctxrt_planar_conv(const planar_args *p) {
    y[i, j, o] = act(bias[j] + sum over channels c of j's group and taps t of w[j, c, t] x[i, c, o s + t d - p]),
    x, y planar ([n, c, l], [n, m, ol]: an audio front end's or a VAD's convs between their pools), any stride,
    dilation, padding and groups, w stored [g, c / g, k, m / g]. The input is first copied into a zero-padded
-   scratch (no bounds in the loops); then per block of 16 output channels and 4 output positions, 8 vector
-   accumulators start at the bias, and each (channel, tap) loads the 16 weights once and broadcasts the 4 input
-   values into 8 FMAs; the 4 x 16 results stored transposed into y's rows. A group's last channels (fewer than 16)
-   run a portable loop. Work is shared on OpenMP's team by blocks of positions. NumPy's im2col and GEMM took 4-7
+   scratch (no bounds in the loops); then, with AVX2 and FMA, per block of 16 (or 8) output channels and 4 output
+   positions, 8 (or 4) vector accumulators start at the bias, and each (channel, tap) loads the weights once and
+   broadcasts the 4 input values into the FMAs; the results stored transposed into y's rows. A group's last
+   channels (fewer than 8), and every block without AVX2, run a portable loop. Work is shared on OpenMP's team by blocks of positions. NumPy's im2col and GEMM took 4-7
    calls a conv: 8-30 us for convs of 0.1-0.6 M multiply-adds (the exported audio net's, silero VAD's). */
 
-typedef float c1v8 __attribute__((vector_size(32), aligned(4)));
 #define C1_POS 4           /* output positions per block */
 #define C1_CHUNK 64        /* output positions per unit of shared work */
 
@@ -382,8 +381,6 @@ typedef struct {
     int64_t blocks;        /* per (image, group): blocks of 16 channels (the last one partial) */
     int64_t chunks;        /* per (image, group, block of channels): chunks of C1_CHUNK positions */
 } c1_job;
-
-static inline float c1_act(float v, int act, float alpha, float beta) { return act_param1(v, act, alpha, beta); }
 
 /* channels j0 .. j0 + jn - 1 of group gi of image i, positions o0 .. o1 - 1: a portable loop */
 static void c1_narrow(const conv1d_args *a, int64_t i, int64_t gi, int64_t j0, int64_t jn, int64_t o0, int64_t o1) {
@@ -400,48 +397,10 @@ static void c1_narrow(const conv1d_args *a, int64_t i, int64_t gi, int64_t j0, i
                 const float *wp = wg + (ci * a->k + t) * mg + j0;
                 for (int64_t j = 0; j < jn; j++) acc[j] += xv * wp[j];
             }
-        for (int64_t j = 0; j < jn; j++) yg[(j0 + j) * a->ol + o] = c1_act(acc[j], (int)act, a->alpha, a->beta);
+        for (int64_t j = 0; j < jn; j++) yg[(j0 + j) * a->ol + o] = act_param1(acc[j], (int)act, a->alpha, a->beta);
     }
 }
 
-/* C1_WIDE: 16 channels j0 .. j0 + 15 of group gi of image i, positions o0 .. o1 - 1, 4 at a time */
-#define C1_WIDE(NAME)                                                                                              \
-    static void NAME(const conv1d_args *a, int64_t i, int64_t gi, int64_t j0, int64_t o0, int64_t o1) {          \
-        const int64_t cg = a->c / a->g, mg = a->m / a->g, k = a->k, s = a->s, d = a->d, lp = a->lp;              \
-        const float *xg = a->pad + (i * a->c + gi * cg) * lp;                                                   \
-        const float *wg = a->wt + gi * cg * k * mg + j0;                                                          \
-        float *yg = a->y + (i * a->m + gi * mg + j0) * a->ol;                                                     \
-        c1v8 b0 = {0}, b1 = {0};                                                                                  \
-        if (a->bias) {                                                                                            \
-            __builtin_memcpy(&b0, a->bias + gi * mg + j0, 32);                                                    \
-            __builtin_memcpy(&b1, a->bias + gi * mg + j0 + 8, 32);                                                \
-        }                                                                                                         \
-        for (int64_t o = o0; o < o1; o += C1_POS) {                                                               \
-            c1v8 a00 = b0, a01 = b1, a10 = b0, a11 = b1, a20 = b0, a21 = b1, a30 = b0, a31 = b1;                  \
-            for (int64_t ci = 0; ci < cg; ci++) {                                                                 \
-                const float *xc = xg + ci * lp + o * s;                                                           \
-                const float *wc = wg + ci * k * mg;                                                               \
-                for (int64_t t = 0; t < k; t++) {                                                                 \
-                    const c1v8 w0 = *(const c1v8 *)(wc + t * mg), w1 = *(const c1v8 *)(wc + t * mg + 8);          \
-                    const float *xt = xc + t * d;                                                                 \
-                    const float x0 = xt[0], x1 = xt[s], x2 = xt[2 * s], x3 = xt[3 * s];                           \
-                    a00 += w0 * x0; a01 += w1 * x0; a10 += w0 * x1; a11 += w1 * x1;                               \
-                    a20 += w0 * x2; a21 += w1 * x2; a30 += w0 * x3; a31 += w1 * x3;                               \
-                }                                                                                                 \
-            }                                                                                                     \
-            float out[C1_POS][16];                                                                                \
-            __builtin_memcpy(out[0], &a00, 32); __builtin_memcpy(out[0] + 8, &a01, 32);                           \
-            __builtin_memcpy(out[1], &a10, 32); __builtin_memcpy(out[1] + 8, &a11, 32);                           \
-            __builtin_memcpy(out[2], &a20, 32); __builtin_memcpy(out[2] + 8, &a21, 32);                           \
-            __builtin_memcpy(out[3], &a30, 32); __builtin_memcpy(out[3] + 8, &a31, 32);                           \
-            const int64_t nb = o1 - o < C1_POS ? o1 - o : C1_POS;                                                 \
-            for (int64_t j = 0; j < 16; j++)                                                                      \
-                for (int64_t b = 0; b < nb; b++)                                                                  \
-                    yg[j * a->ol + o + b] = c1_act(out[b][j], (int)a->act, a->alpha, a->beta);                    \
-        }                                                                                                         \
-    }
-
-C1_WIDE(c1_wide_c)
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
@@ -452,11 +411,10 @@ static inline void c1_store8(const conv1d_args *a, float *yg, int64_t o, int64_t
     _mm256_storeu_ps(out[0], v0); _mm256_storeu_ps(out[1], v1); _mm256_storeu_ps(out[2], v2);
     _mm256_storeu_ps(out[3], v3);
     for (int64_t j = 0; j < 8; j++)
-        for (int64_t b = 0; b < nb; b++) yg[j * a->ol + o + b] = c1_act(out[b][j], (int)a->act, a->alpha, a->beta);
+        for (int64_t b = 0; b < nb; b++) yg[j * a->ol + o + b] = act_param1(out[b][j], (int)a->act, a->alpha, a->beta);
 }
 
-/* AVX2 and FMA: 16 channels (`wide`) or 8, 4 positions at a time (the portable copy above leaves its products and
-   sums unfused: ISO C) */
+/* AVX2 and FMA: 16 channels (`wide`) or 8, 4 positions at a time */
 static void c1_avx2(const conv1d_args *a, int64_t i, int64_t gi, int64_t j0, int wide, int64_t o0, int64_t o1) {
     const int64_t cg = a->c / a->g, mg = a->m / a->g, k = a->k, s = a->s, d = a->d, lp = a->lp;
     const float *xg = a->pad + (i * a->c + gi * cg) * lp;
@@ -521,8 +479,6 @@ static void c1_share(void *arg, int64_t t, int64_t count) {
         if (avx2 && jn >= 8) {  /* 16 channels, or 8 and the rest (fewer than 8) the portable way */
             c1_avx2(a, i, gi, j0, jn == 16, o0, o1);
             if (jn > 8 && jn < 16) c1_narrow(a, i, gi, j0 + 8, jn - 8, o0, o1);
-        } else if (jn == 16) {
-            c1_wide_c(a, i, gi, j0, o0, o1);
         } else {
             c1_narrow(a, i, gi, j0, jn, o0, o1);
         }

@@ -155,22 +155,21 @@ class Folder:
         self.types = dict(types)
         self.scope.fresh.taken.update(names)  # the fresh names it made (a pool's decided shape): taken again
 
+    def _untyped(self, node: onnx.NodeProto) -> bool:
+        """Whether an output of the node has no type with a static shape yet."""
+        return any(o and (self.types.get(o, (None, None))[1] is None or o in self.bounded) for o in node.output)
+
     def _all_typed(self) -> bool:
         """Whether every output of the nodes left has a type with a static shape (then inference, run again after
         a fold, would find the same: a range compile's probes skip one of their two inferences)."""
-        for node in self.nodes:
-            for o in node.output:
-                if o and (self.types.get(o, (None, None))[1] is None or o in self.bounded):
-                    return False
-        return True
+        return not any(self._untyped(node) for node in self.nodes)
 
     def _infer_untyped(self) -> bool:
         """After a fold, the inference of the nodes still untyped and of the nodes they read from (the others'
         types stand: folding gave constants, which type no other node differently), where those are at most half
         the graph, without control flow or a pool typed by a decided shape, and read only constants or values of a
         static type. False: a whole inference is needed. (A range compile's probe: ~3.5 of its ~12 ms a read.)"""
-        untyped = [n for n in self.nodes if any(o and (self.types.get(o, (None, None))[1] is None or o in self.bounded)
-                                                for o in n.output)]
+        untyped = [n for n in self.nodes if self._untyped(n)]
         producer = {o: n for n in self.nodes for o in n.output if o}
         seen: dict[int, onnx.NodeProto] = {}
         stack = list(untyped)

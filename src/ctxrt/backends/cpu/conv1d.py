@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.cpu import gemv, native
-from ctxrt.backends.kernel import Kernel, NodeSpec, TensorSpec
+from ctxrt.backends.kernel import Kernel, NodeSpec
 from ctxrt.errors import UnsupportedOpError
 from ctxrt.ir.memo import memo
 
@@ -117,4 +117,4 @@ def _plain_conv(spec: NodeSpec) -> Kernel:
     return nn.conv(spec)
 
 
-__all__ = ["FLAG", "Conv1d", "TensorSpec", "eligible"]
+__all__ = ["FLAG", "Conv1d", "eligible"]

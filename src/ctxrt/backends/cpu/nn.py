@@ -333,19 +333,22 @@ def maxpool(spec: NodeSpec) -> Kernel:
     return _pool(spec, -np.inf, np.fmax)  # a NaN skipped, as onnxruntime's MLAS skips it
 
 
+def window_counts(out: int, size: int, k: int, stride: int, begin: int, end: int, include: bool) -> np.ndarray:
+    """AveragePool's divisor of each of `out` windows along one axis (undilated): its taps inside the input, or
+    inside the padded input with `include` (count_include_pad), at least 1."""
+    lo, hi = (-begin, size + end) if include else (0, size)
+    starts = np.arange(out) * stride - begin
+    return np.clip(np.minimum(starts + k, hi) - np.maximum(starts, lo), 1, None)
+
+
 def avgpool(spec: NodeSpec) -> Kernel:
     kernel, strides, _, pb, pe = _pool_attrs(spec)
     _, _, h, w = spec.inputs[0].shape
     oh, ow = spec.outputs[0].shape[2:]
     include = bool(spec.attr("count_include_pad", 0))
-
-    def counts(o_n, size, k, st, b, e):
-        lo, hi = (-b, size + e) if include else (0, size)
-        starts = np.arange(o_n) * st - b
-        return np.clip(np.minimum(starts + k, hi) - np.maximum(starts, lo), 1, None)
-
-    inv = (1.0 / np.outer(counts(oh, h, kernel[0], strides[0], pb[0], pe[0]),
-                          counts(ow, w, kernel[1], strides[1], pb[1], pe[1]))).astype(spec.outputs[0].dtype)
+    inv = (1.0 / np.outer(window_counts(oh, h, kernel[0], strides[0], pb[0], pe[0], include),
+                          window_counts(ow, w, kernel[1], strides[1], pb[1], pe[1], include))
+           ).astype(spec.outputs[0].dtype)
     return _pool(spec, 0.0, np.add, inv)
 
 

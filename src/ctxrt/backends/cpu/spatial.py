@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.cpu import conv1d, convnd, nn, poolnd
+from ctxrt.backends.cpu import conv1d, convnd, native, nn, poolnd
 from ctxrt.backends.kernel import Kernel, KernelFactory, Launch, NodeSpec, TensorSpec
 from ctxrt.errors import UnsupportedOpError
 
@@ -103,8 +103,6 @@ class Pool1d(Kernel):
         self.scratch = fallback.scratch  # (the native call needs none)
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
-        from ctxrt.backends.cpu import native
-
         run = native.pool1d(ins[0], outs[0], self.window, self.inv) if native.library() is not None else None
         return run if run is not None else self.fallback.bind(ins, outs, scratch)
 
@@ -174,10 +172,8 @@ def avgpool(spec: NodeSpec) -> Kernel:
     if nd == 1 and np.dtype(spec.inputs[0].dtype) == np.float32:
         (k,) = spec.attr("kernel_shape")
         (s,), _, (b,), (e,) = nn._window(spec, (k,))
-        size, out = spec.inputs[0].shape[2], spec.outputs[0].shape[2]
-        lo, hi = (-b, size + e) if spec.attr("count_include_pad", 0) else (0, size)
-        starts = np.arange(out) * s - b  # each window's divisor, as nn.avgpool counts it
-        counts = np.clip(np.minimum(starts + k, hi) - np.maximum(starts, lo), 1, None)
+        counts = nn.window_counts(spec.outputs[0].shape[2], spec.inputs[0].shape[2], k, s, b, e,
+                                  bool(spec.attr("count_include_pad", 0)))
         return Pool1d(spec, Lifted(spec, nn.avgpool), (1.0 / counts).astype(np.float32))
     return _by_rank(spec, nd, nn.avgpool, poolnd.pool)
 
