@@ -150,3 +150,34 @@ def test_kernel_byte_count_reads_no_attribute_of_what_it_skips() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert held_constants_bytes([run]) == own.nbytes
+
+
+@pytest.mark.parametrize("dims", [[4, 8], ["n", 8]], ids=["fixed", "range-program"])
+def test_a_session_its_user_drops_frees_its_contexts_without_a_garbage_collection(dims) -> None:
+    """As onnxruntime's: `del sess` (no close) frees the session and its contexts' arenas at once; its cached
+    tensors, variants and tensor cache refer to it weakly (no reference cycle waits for the collector)."""
+    import gc
+    import weakref
+
+    model = _model()
+    if dims[0] == "n":  # a symbolic batch: InferenceSession compiles a range program
+        model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "n"
+    gc.disable()
+    try:
+        sess = ctxrt.InferenceSession(model.SerializeToString())
+        (y,) = sess.run(None, {"x": X})
+        b = sess.io_binding()
+        b.bind_input("x", X)
+        b.bind_output("y")
+        sess.run_with_iobinding(b)  # (session tensors from its cache)
+        np.testing.assert_allclose(b.copy_outputs_to_cpu()[0], WANT, rtol=1e-6)
+        del b
+        np.testing.assert_allclose(y, WANT, rtol=1e-6)
+        ctxs = [c for v in sess._variants.values() for c in v.contexts]
+        assert ctxs and all(c.arena is not None for c in ctxs)
+        alive = weakref.ref(sess)
+        del sess
+        assert alive() is None
+        assert all(c.arena is None for c in ctxs)  # freed by the session's close, not left to the collector
+    finally:
+        gc.enable()

@@ -11,6 +11,7 @@ closes or when the cache's byte cap evicts the least recently used.
 from __future__ import annotations
 
 import math
+import weakref
 from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -30,12 +31,12 @@ class Tensor:
     contents change when a run writes the tensor, where the backend has one (cpu, OpenCL on memory shared
     with the host), else None."""
 
-    __slots__ = ("session", "shape", "dtype", "nbytes", "buffer", "view", "array", "_handles", "destroyed",
+    __slots__ = ("_session", "shape", "dtype", "nbytes", "buffer", "view", "array", "_handles", "destroyed",
                  "cached", "strides", "owner", "windows", "__weakref__")
 
     def __init__(self, session: InferenceSession, shape: tuple[int, ...], dtype: np.dtype) -> None:
         session._check_open()
-        self.session = session
+        self._session: Any = session
         self.shape = shape
         self.dtype = dtype
         self.nbytes = math.prod(shape) * dtype.itemsize
@@ -49,6 +50,21 @@ class Tensor:
         self.strides: tuple[int, ...] | None = None  # a window's byte strides (None: C-contiguous)
         self.owner: Tensor | None = None  # the tensor a window is of (it owns the buffer)
         self.windows: list[Tensor] = []  # this tensor's windows not destroyed yet
+
+    @property
+    def session(self) -> InferenceSession:
+        """The session whose backend holds this tensor (a tensor of its cache refers to it weakly: the session is
+        freed when its user drops it, not at the next garbage collection)."""
+        s = self._session
+        if s.__class__ is weakref.ReferenceType:
+            s = s()
+            if s is None:
+                raise LifecycleError("tensor was destroyed: its session was dropped")
+        return s
+
+    @session.setter
+    def session(self, value: InferenceSession) -> None:
+        self._session = value
 
     @classmethod
     def empty(cls, shape: Any, dtype: Any, session: InferenceSession) -> Tensor:
@@ -158,13 +174,17 @@ class TensorCache:
     def __init__(self, session: InferenceSession, cap_bytes: int | None = None, enabled: bool = True) -> None:
         if cap_bytes is not None and cap_bytes < 0:
             raise RegistrationError(f"tensor cache byte cap must be >= 0, got {cap_bytes}")
-        self.session = session
+        self._session = weakref.ref(session)  # (its session holds it: no cycle)
         self.cap_bytes = cap_bytes
         self.enabled = enabled
         self._free: OrderedDict[int, Tensor] = OrderedDict()  # id -> tensor, oldest first
         self._lent: dict[int, Tensor] = {}
         self._keep: set[tuple[tuple[int, ...], str]] | None = None  # (shape, dtype) worth keeping; None: all
         self.stats: Counter[str] = Counter()
+
+    @property
+    def session(self) -> InferenceSession:
+        return self._session()
 
     @property
     def bytes_held(self) -> int:
@@ -185,6 +205,7 @@ class TensorCache:
             self.stats["misses"] += 1
             t = Tensor(self.session, shape, dtype)
             t.cached = True
+            t._session = self._session  # (weakly)
             self.stats["created"] += 1
             self.stats["created_bytes"] += t.nbytes
         self._lent[id(t)] = t

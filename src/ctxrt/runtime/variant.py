@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,10 +43,15 @@ class Variant:
     """The contexts compiled for one set of input shapes (and values of value inputs), with the tensors bound
     last and their plan."""
 
+    @property
+    def session(self) -> InferenceSession:
+        return self._session()
+
     def __init__(self, session: InferenceSession, contexts: list[Context], stages: list[Stage],
                  inputs: list[TensorInfo], outputs: list[TensorInfo], links: dict[tuple[int, str], MemHandle],
                  group: Any = None) -> None:
-        self.session, self.contexts, self.stages, self.group = session, contexts, stages, group
+        self._session = weakref.ref(session)  # (its session holds it: a session dropped is freed at once)
+        self.contexts, self.stages, self.group = contexts, stages, group
         for ctx in contexts:
             ctx.num_threads = session._num_threads  # the session's sess_options.intra_op_num_threads
         self.inputs, self.outputs, self.links = inputs, outputs, links
