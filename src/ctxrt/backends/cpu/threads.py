@@ -295,5 +295,6 @@ def creation(n: int, variant: bool = False) -> Iterator[None]:
 
 
 def openmp_cap() -> int:
-    """The most OpenMP threads a run may use: the fewest any oneDNN primitive of the process was made for."""
-    return _STATE.get("openmp_cap") or usable_cores()
+    """The most OpenMP threads a run may use: the fewest any oneDNN primitive of the process was made for (else the
+    usable cores, as the core monitor read them once: not a system call per run)."""
+    return _STATE.get("openmp_cap") or monitor().cores
