@@ -9,6 +9,7 @@ import pytest
 from field import FIELD, field_feeds, field_model
 
 import ctxrt
+from ctxrt.errors import CtxrtWarning
 
 
 @pytest.mark.parametrize("name", list(FIELD))
@@ -24,3 +25,22 @@ def test_shipped_model_matches_onnxruntime(name: str) -> None:
                 assert g.shape == w.shape and g.dtype == w.dtype, f"{o.name}: {g.dtype}{g.shape} vs {w.dtype}{w.shape}"
                 err, scale = float(np.max(np.abs(g - w))), float(np.max(np.abs(w)))
                 assert err <= 1e-4 * scale + 1e-5, f"{o.name} at batch {batch}: max |ctxrt - ort| = {err:.3g}"
+
+
+@pytest.mark.parametrize("name, shapes", [("ppocr_det", [(1, 3, 64, 96), (1, 3, 32, 64), (2, 3, 96, 64)]),
+                                          ("ppocr_rec", [(1, 3, 48, 160), (2, 3, 48, 320), (1, 3, 48, 96)])])
+def test_images_of_other_sizes_match_onnxruntime(name: str, shapes) -> None:
+    """PP-OCR's detector has no graph at odd image sizes (its feature pyramid adds maps of different heights), its
+    recognizer's output width is width / 8 rounded: neither is one program for ranges of the image size. The
+    session ranges the batch, one program per image size met (a range program was taken over H and W once, and
+    answered a 32 x 64 image with a 64 x 96 map)."""
+    path = field_model(name)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    with pytest.warns(CtxrtWarning, match="range of"), ctxrt.InferenceSession(str(path)) as sess:
+        for shape in shapes:
+            feeds = {ref.get_inputs()[0].name: rng.standard_normal(shape).astype(np.float32)}
+            (want, *_), (got, *_) = ref.run(None, feeds), sess.run(None, feeds)
+            assert got.shape == want.shape, f"{shape}: {got.shape} vs {want.shape}"
+            assert float(np.max(np.abs(got - want))) <= 1e-4 * float(np.max(np.abs(want))) + 1e-5
+        assert sess.stats["shape_variants_compiled"] == len({s[2:] for s in shapes})

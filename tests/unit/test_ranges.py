@@ -974,3 +974,42 @@ def test_onednn_is_asked_once_per_node_in_a_range_compile(monkeypatch) -> None:
     assert len(asked) > static  # every probe asks
     assert [(s.op, s.algorithm, s.attrs.get("kernel")) for s in again.steps] == \
         [(s.op, s.algorithm, s.attrs.get("kernel")) for s in ranged.steps]
+
+
+def _rounding_model() -> bytes:
+    """y = Resize(MaxPool(x, 2 x 1, stride 2, ceil_mode)) x 2 along H: y's height is 2 * ceil(H / 2), the same at H
+    = 64 and 63 (the upper bound and the probe below it), not linear in H."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, "H", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 1], np.float32), "scales")
+    nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[2, 1], strides=[2, 1], ceil_mode=1),
+             helper.make_node("Resize", ["p", "", "scales"], ["y"], mode="nearest")]
+    graph = helper.make_graph(nodes, "g", [x], [y], [scales])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+
+
+def test_a_dim_of_two_values_still_gets_a_check_point(monkeypatch) -> None:
+    """With N in 1..2 (two values: no third to check at) and H in 1..64, every corner of {U, U - 1} gives the output
+    height 64: a fit without a check point took it as constant, and the program returned 64 rows for 22 (the
+    session's outputs of the wrong shape, PP-OCR's detector the same). The check point takes N at its bound and H
+    at a third value; the output's height, refuted there by the frontend's shapes alone, fails the range compile
+    before any probe is lowered; the session ranges N alone and matches onnxruntime at every height."""
+    from ctxrt import compiler
+    from ctxrt.compiler.ranges import _verify_points
+
+    assert _verify_points([("N", 1, 2), ("H", 1, 64)], [2, 64], [1, 63]) == [(2, 22), (2, 32)]
+    assert _verify_points([("N", 1, 2), ("M", 0, 1)], [2, 1], [1, 0]) == []  # the corners are every point
+    lowered = []
+    real = compiler.compile_ir
+    monkeypatch.setattr(compiler, "compile_ir", lambda *a, **k: lowered.append(1) or real(*a, **k))
+    with pytest.raises(RangeError, match=r"output 'y' axis 2 does not follow the dims linearly"):
+        ctxrt.compile(_rounding_model(), dims={"N": (1, 2), "H": (1, 64)})
+    assert not lowered
+    data = _rounding_model()
+    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    with pytest.warns(CtxrtWarning, match="range of 'N' only"):
+        sess = ctxrt.InferenceSession(data, dim_ranges={"N": (1, 2), "H": (1, 64)})
+        for shape in [(1, 1, 64, 8), (2, 1, 22, 8), (1, 1, 63, 8), (2, 1, 7, 8)]:
+            x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+            (got,), (want,) = sess.run(None, {"x": x}), theirs.run(None, {"x": x})
+            assert got.shape == want.shape and np.array_equal(got, want)

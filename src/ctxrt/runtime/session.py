@@ -255,16 +255,21 @@ class InferenceSession:
                         continue  # nothing left to range
                     try:  # the upper bound may be past what the model allows (e.g. its position table): then tight
                         variant = self._single(self._compile(None, feeds, attempt, prior), None)
-                    except RangeError as e:
-                        variant, attempt = self._one_ranged_dim(feeds, attempt, prior, e)
-                        if variant is None:
-                            break
                     except CtxrtError as e:
                         # only its message: its tracebacks' frames hold the failed compile's probes, which the
                         # next attempt would compile beside (a GPT-2 whose bound 256 fails: peak RSS beyond its
                         # weights 36.5 -> 24.2 MiB)
-                        failed = f"{type(e).__name__}: {e}"
-                        continue
+                        if not isinstance(e, RangeError) and not getattr(e, "inside", False):
+                            failed = f"{type(e).__name__}: {e}"
+                            continue  # (at the upper bound: a narrower range may compile)
+                        # the programs differ between shapes of the ranges, or the model has no graph at a point
+                        # inside them (shapes that do not fit each other at odd sizes: narrower ranges fail there
+                        # too): one dim ranged, the others fixed
+                        reason = RangeError(str(e))
+                        del e
+                        variant, attempt = self._one_ranged_dim(feeds, attempt, prior, reason)
+                        if variant is None:
+                            break
                     self._ranges.update({k: v for k, v in attempt.items() if k not in self._fixed_dims})
                     self._counters["range_programs_compiled"] += 1
                     if variant.ranged is not None and variant.ranged.ranges.widened:
