@@ -515,7 +515,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
         k = len(spec)
         few = checks[:1 if k <= 2 else 2]
         points = [tuple(hi), tuple(alt), *(tuple(alt[i] if i == j else hi[i] for i in range(k)) for j in range(k - 1))]
-        for n, p in enumerate((*points, *few)):
+        for n, p in enumerate((*points[:2], *few, *points[2:])):  # (a check point that has no graph fails early)
             if n == 2:  # the other probes once the values kept are known (a round that keeps more reads again)
                 early = _varying_folded(folded.get(tuple(hi), {}), folded.get(tuple(alt), {})) - keep
                 if early:
@@ -524,12 +524,18 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
             if key not in cache and key not in read_only:
                 with probing(key):
                     read_only[key] = front(p)
-        if few and not split:  # the model's output shapes, affine over the probes, refuted at a check point
-            outs = {p: [d for o in g.outputs for d in g.values[o].shape] for p, g in read_only.items()}
-            g = read_only.get(tuple(hi))
-            if g is not None and all(p in outs and len(outs[p]) == len(outs[tuple(hi)]) for p in (*points, *few)):
+        g = read_only.get(tuple(hi))
+        if few and not split and g is not None:  # the shapes of the values the model computes (and its outputs),
+            # affine over the probes, refuted at a check point
+            names = [*g.outputs, *(o for node in g.nodes for o in node.outputs if o and o not in g.outputs)]
+            graphs = [read_only.get(p) for p in (*points, *few)]
+            if all(x is not None and all(n in x.values and len(x.values[n].shape) == len(g.values[n].shape)
+                                         for n in names) for x in graphs):
+                outs = {p: [d for n in names for d in x.values[n].shape] for p, x in zip((*points, *few), graphs,
+                                                                                       strict=True)}
                 _outputs_refuted(points, few, outs, spec,
-                                 [f"output {o!r} axis {a}" for o in g.outputs for a in range(len(g.values[o].shape))])
+                                 [f"{'output' if n in g.outputs else 'value'} {n!r} axis {a}" for n in names
+                                  for a in range(len(g.values[n].shape))])
         return _varying_folded(folded.get(tuple(hi), {}), folded.get(tuple(alt), {})) - keep
 
     checks = _verify_points(spec, hi, alt)
