@@ -44,3 +44,19 @@ def test_images_of_other_sizes_match_onnxruntime(name: str, shapes) -> None:
             assert got.shape == want.shape, f"{shape}: {got.shape} vs {want.shape}"
             assert float(np.max(np.abs(got - want))) <= 1e-4 * float(np.max(np.abs(want))) + 1e-5
         assert sess.stats["shape_variants_compiled"] == len({s[2:] for s in shapes})
+
+
+def test_silero_vad_ranges_its_batch_in_audio_and_state_at_once() -> None:
+    """Silero VAD's STFT frames round its samples (no range over them); its batch is two symbolic dims, the audio's
+    and the state's: ranged together (one range and one size in the first feeds), every batch size runs one
+    program, as onnxruntime's outputs."""
+    path = field_model("silero_vad")
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    with pytest.warns(CtxrtWarning, match="range of 'input:0' and 'state:1' only"), \
+            ctxrt.InferenceSession(str(path)) as sess:
+        for batch in (1, 3, 2, 5):
+            feeds = field_feeds("silero_vad", batch)
+            for g, w in zip(sess.run(None, feeds), ref.run(None, feeds), strict=True):
+                assert g.shape == w.shape
+                assert float(np.max(np.abs(g - w))) <= 1e-4 * float(np.max(np.abs(w))) + 1e-5
+        assert sess.stats["shape_variants_compiled"] == 1

@@ -57,11 +57,12 @@ class _Unreadable(RangeError):
 
 class _Refuted(RangeError):
     """A check point refutes the fit; `single`: every integer it refutes follows one dim only at the probes (not
-    a product of dims: a fit over every corner would be refuted too)."""
+    a product of dims: a fit over every corner would be refuted too); `follows`: the names of the dims they
+    follow (a session ranges the others: runtime/session.py)."""
 
-    def __init__(self, message: str, single: bool) -> None:
+    def __init__(self, message: str, single: bool, follows: frozenset[str] = frozenset()) -> None:
         super().__init__(message)
-        self.single = single
+        self.single, self.follows = single, follows
 
 
 @dataclass
@@ -641,10 +642,11 @@ def _fit(graphs: list[tuple[CompiledGraph, dict[str, Any]]], corners: list[tuple
             bad = where[int(np.argmax(got != want))]
             # each integer the check refutes follows at most one dim at the probes: a polynomial of that dim alone,
             # and not linear in it (a stride's rounding, W // 4), which no product of dims can fit
-            single = all(np.count_nonzero(coeffs[[1 << j for j in range(len(spec))], i]) <= 1
-                         for i in np.flatnonzero(got != want))
+            refuted = np.flatnonzero(got != want)
+            single = all(np.count_nonzero(coeffs[[1 << j for j in range(len(spec))], i]) <= 1 for i in refuted)
+            follows = frozenset(spec[j][0] for i in refuted for j in range(len(spec)) if coeffs[1 << j, i])
             raise _Refuted(f"{_label(bad, graphs[0][0])} does not follow the dims linearly (at "
-                           f"{dict(zip([d[0] for d in spec], point, strict=True))})", single)
+                           f"{dict(zip([d[0] for d in spec], point, strict=True))})", single, follows)
     if reduce:  # the dims this program follows, the monomials over them only
         used = [j for j in range(len(spec)) if coeffs[[m for m in range(1, len(coeffs)) if m >> j & 1]].any()]
         if len(used) < len(spec):
@@ -706,7 +708,8 @@ def _outputs_refuted(points: list[tuple[int, ...]], checks: list[tuple[int, ...]
         single = [i for i in miss if np.count_nonzero(coeffs[1:, i]) <= 1]
         if len(miss) and len(single) == len(miss):
             raise _Refuted(f"{labels[int(miss[0])]} does not follow the dims linearly (at "
-                           f"{dict(zip([d[0] for d in spec], v, strict=True))})", True)
+                           f"{dict(zip([d[0] for d in spec], v, strict=True))})", True,
+                           frozenset(spec[j][0] for i in miss for j in range(k) if coeffs[1 + j, i]))
 
 
 def _verify_points(spec: list[tuple[str, int, int]], hi: list[int], alt: list[int]) -> list[tuple[int, ...]]:

@@ -266,6 +266,7 @@ class InferenceSession:
                         # inside them (shapes that do not fit each other at odd sizes: narrower ranges fail there
                         # too): one dim ranged, the others fixed
                         reason = RangeError(str(e))
+                        reason.follows = getattr(e, "follows", frozenset())  # type: ignore[attr-defined]
                         del e
                         variant, attempt = self._one_ranged_dim(feeds, attempt, prior, reason)
                         if variant is None:
@@ -289,20 +290,31 @@ class InferenceSession:
 
     def _one_ranged_dim(self, feeds: Mapping[str, Any], attempt: dict[str, Any], prior: Any, error: Exception
                         ) -> tuple[Variant | None, dict[str, Any]]:
-        """After a range compile over several dims failed with `error`: a program ranged over one of them (in the
-        order the inputs declare them: a batch first), the others fixed at these feeds' sizes, and those kept fixed
-        from now on (a later size of theirs compiles one such program for it); (None, attempt) where none
-        compiles, and the session compiles exact shapes from now on."""
+        """After a range compile over several dims failed with `error`: a program ranged over the dims the integers
+        it refuted do not follow, or over dims of one range and one size in these feeds (silero VAD's batch, in its
+        audio and its state, not its samples), else over one of them (in the order the inputs declare them: a batch
+        first), the others fixed at these feeds' sizes, and
+        those kept fixed from now on (a later size of theirs compiles one such program for it); (None, attempt)
+        where none compiles, and the session compiles exact shapes from now on."""
         ranged = [k for k, v in attempt.items() if not isinstance(v, str) and v[0] != v[1]]
-        for keep in ranged if len(ranged) > 1 else ():
-            one = {k: v if isinstance(v, str) or k == keep else (self._needed(feeds, k),) * 2
+        follows = getattr(error, "follows", frozenset())
+        rest = [k for k in ranged if k not in follows]
+        groups = [rest] if follows and len(rest) > 1 else []
+        alike: dict[Any, list[str]] = {}  # dims of one range and one size in these feeds: a batch in two inputs
+        for k in ranged:
+            alike.setdefault((attempt[k], self._needed(feeds, k)), []).append(k)
+        groups += [g for g in alike.values() if 1 < len(g) < len(ranged) and g not in groups]
+        groups += [[k] for k in ranged] if len(ranged) > 1 else []
+        for group in groups:
+            one = {k: v if isinstance(v, str) or k in group else (self._needed(feeds, k),) * 2
                    for k, v in attempt.items()}
             try:
                 variant = self._single(self._compile(None, feeds, one, prior), None)
             except CtxrtError:  # (a RangeError too)
                 continue
-            self._fixed_dims = set(ranged) - {keep}
-            warnings.warn(f"InferenceSession compiles this model as one program for a range of {keep!r} only, for "
+            self._fixed_dims = set(ranged) - set(group)
+            what = " and ".join(repr(k) for k in group)
+            warnings.warn(f"InferenceSession compiles this model as one program for a range of {what} only, for "
                           f"each size of {sorted(self._fixed_dims)} met: it cannot be one program for ranges of "
                           f"them all ({error})", CtxrtWarning, stacklevel=4)
             return variant, one
