@@ -8,12 +8,15 @@ silero VAD, magika, PaddleOCR det/rec/cls), each opened as a user opens it: `Inf
 Per model: R rounds, each timing N runs of one runtime then N of the other (which goes first alternates), a pause
 and 3 untimed runs before each block so neither runtime's spinning worker threads take the cores from the other's
 block (nor make ctxrt count them as busy cores); medians of the blocks' medians. The outputs are compared once (max
-abs difference). The machine is shared: say what else ran.
+abs difference). "open": the CPU ms of opening a session and running it once (ctxrt's compile of its range
+program included; the median of max(3, R / 2) rounds after one that warms the modules). The machine is shared:
+say what else ran.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -52,12 +55,38 @@ def _block(run: Any, n: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def _opened(name: str, path: Any, feeds: dict[str, np.ndarray], rounds: int) -> tuple[float, float]:
+    """Median CPU ms of opening a session and running it once (ctxrt's compile included; a warm process: each
+    runtime's modules imported by an earlier session), ctxrt and onnxruntime alternating."""
+    import onnxruntime as ort
+
+    import ctxrt
+
+    def ours() -> None:
+        with ctxrt.InferenceSession(path) as s:
+            s.run(None, feeds)
+
+    def theirs() -> None:
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+    times: dict[Any, list[float]] = {ours: [], theirs: []}
+    for r in range(rounds + 1):
+        for f in (ours, theirs) if r % 2 == 0 else (theirs, ours):
+            gc.collect()
+            t = time.process_time()
+            f()
+            if r:  # the first round warms each runtime's modules
+                times[f].append((time.process_time() - t) * 1e3)
+    return statistics.median(times[ours]), statistics.median(times[theirs])
+
+
 def bench(name: str, rounds: int, runs: int) -> dict[str, float]:
     import onnxruntime as ort
 
     import ctxrt
 
     path, feeds = _model(name)
+    opened = _opened(name, path, feeds, max(3, rounds // 2))
     ours = ctxrt.InferenceSession(path)
     theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got, want = ours.run(None, feeds), theirs.run(None, feeds)
@@ -74,7 +103,8 @@ def bench(name: str, rounds: int, runs: int) -> dict[str, float]:
                 run()
             blocks[kind].append(_block(run, runs))
     a, b = statistics.median(blocks["ctxrt"]), statistics.median(blocks["onnxruntime"])
-    return {"ctxrt_ms": a, "onnxruntime_ms": b, "ratio": a / b, "max_abs_diff": diff}
+    return {"ctxrt_ms": a, "onnxruntime_ms": b, "ratio": a / b, "max_abs_diff": diff, "ctxrt_open_ms": opened[0],
+            "onnxruntime_open_ms": opened[1], "open_ratio": opened[0] / opened[1]}
 
 
 def main() -> None:
@@ -90,9 +120,12 @@ def main() -> None:
         print(json.dumps(results, indent=1))
         return
     print(machine_line())
-    print(f"{'model':<24}{'ctxrt ms':>10}{'ort ms':>10}{'ratio':>8}{'max diff':>11}")
+    print(f"{'model':<24}{'ctxrt ms':>10}{'ort ms':>10}{'ratio':>8}{'max diff':>11}   {'open: ctxrt':>12}{'ort':>8}"
+          f"{'ratio':>7}")
     for m, r in results.items():
-        print(f"{m:<24}{r['ctxrt_ms']:>10.3f}{r['onnxruntime_ms']:>10.3f}{r['ratio']:>8.2f}{r['max_abs_diff']:>11.1e}")
+        print(f"{m:<24}{r['ctxrt_ms']:>10.3f}{r['onnxruntime_ms']:>10.3f}{r['ratio']:>8.2f}"
+              f"{r['max_abs_diff']:>11.1e}   {r['ctxrt_open_ms']:>12.1f}{r['onnxruntime_open_ms']:>8.1f}"
+              f"{r['open_ratio']:>7.1f}")
     print(f"command: .venv/bin/python bench/bench_models.py --rounds {args.rounds} --runs {args.runs}")
 
 
