@@ -1013,3 +1013,33 @@ def test_a_dim_of_two_values_still_gets_a_check_point(monkeypatch) -> None:
             x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
             (got,), (want,) = sess.run(None, {"x": x}), theirs.run(None, {"x": x})
             assert got.shape == want.shape and np.array_equal(got, want)
+
+
+def test_a_compile_failing_inside_the_ranges_leaves_no_cycle() -> None:
+    """A model with no graph at odd heights (x + Resize(MaxPool(x)): 64 rows and 63 + 1): the range compile fails at
+    the probe below the upper bound, marked as inside the ranges (a session then ranges fewer dims rather than
+    narrower bounds), and leaves nothing for the collector: the error no longer sat in a local of the probe's
+    frame, whose traceback held that frame (its probes' graphs stayed until a collection: 11 MB more at the peak
+    of the decoder's default session)."""
+    import gc
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, "H", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 1], np.float32), "scales")
+    nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[2, 1], strides=[2, 1], ceil_mode=1),
+             helper.make_node("Resize", ["p", "", "scales"], ["r"], mode="nearest"),
+             helper.make_node("Add", ["x", "r"], ["y"])]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y], [scales]),
+                              opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(ShapeError, match=r"at N=1, H=63 \(inside the ranges\)") as info:
+        ctxrt.compile(model, dims={"N": (1, 2), "H": (2, 64)})
+    assert info.value.inside
+    del info
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.raises(ShapeError):
+            ctxrt.compile(model, dims={"N": (1, 2), "H": (2, 64)})
+        assert gc.collect() == 0
+    finally:
+        gc.enable()

@@ -481,9 +481,9 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
             except CtxrtError as e:
                 if isinstance(e, RangeError):
                     raise
-                err = type(e)(f"at {label} (inside the ranges): {e}")
-                err.inside = key != tuple(hi)  # type: ignore[attr-defined]  # (a narrower upper bound fails too)
-                raise err from e
+                # (no local holds the new error: the generator's frame would, and the error's traceback this
+                # frame: a cycle that kept a failed compile's probes until a collection, 11 MB at the peak)
+                raise _marked(type(e)(f"at {label} (inside the ranges): {e}"), key != tuple(hi)) from e
 
     def at(point: Sequence[int], full: bool = False) -> Made:
         """The program(s) at a probe point; their weights kept whole only at the upper bound (or when `full`): a
@@ -688,6 +688,13 @@ def _widened(prior: Ranges, spec: list[tuple[str, int, int]], upper: tuple[Any, 
         raise RangeError("an integer the narrower ranges found fixed follows the dims at the wider bound")
     check_fits(gu, ranges, spec)
     return replace(gu, ranges=ranges), wu
+
+
+def _marked(err: CtxrtError, inside: bool) -> CtxrtError:
+    """`err` marked as raised at a point inside the ranges other than their upper bound (a narrower upper bound
+    would not avoid it: runtime/session.py)."""
+    err.inside = inside  # type: ignore[attr-defined]
+    return err
 
 
 def _outputs_refuted(points: list[tuple[int, ...]], checks: list[tuple[int, ...]],
