@@ -700,9 +700,10 @@ def _marked(err: CtxrtError, inside: bool) -> CtxrtError:
 def _outputs_refuted(points: list[tuple[int, ...]], checks: list[tuple[int, ...]],
                      outs: Mapping[tuple[int, ...], list[int]], spec: list[tuple[str, int, int]], labels: list[str]
                      ) -> None:
-    """Before any probe is lowered: the output shapes the frontend inferred at the affine fit's probes `points`, the
-    fit checked at `checks`; _Refuted (as _fit would raise after lowering every probe) where an output's extent
-    follows one dim only and not linearly (a stride's rounding, W // 4): no fit of any corners holds it either."""
+    """Before any probe is lowered: the shapes the frontend inferred (`outs`: per point, every axis of the values
+    `labels` name) at the affine fit's probes `points`, fitted and checked at `checks`; _Refuted (as _fit would
+    raise after lowering every probe) where every extent refuted follows one dim only and not linearly (a stride's
+    rounding, W // 4): no fit of any corners holds it either."""
     k = len(spec)
     terms = [0, *(1 << j for j in range(k))]
     basis = np.array([_monomials(p) for p in points], np.float64)[:, terms]

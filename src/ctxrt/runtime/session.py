@@ -293,9 +293,9 @@ class InferenceSession:
         """After a range compile over several dims failed with `error`: a program ranged over the dims the integers
         it refuted do not follow, or over dims of one range and one size in these feeds (silero VAD's batch, in its
         audio and its state, not its samples), else over one of them (in the order the inputs declare them: a batch
-        first), the others fixed at these feeds' sizes, and
-        those kept fixed from now on (a later size of theirs compiles one such program for it); (None, attempt)
-        where none compiles, and the session compiles exact shapes from now on."""
+        first), the others fixed at these feeds' sizes, and those kept fixed from now on (a later size of theirs
+        compiles one such program for it); (None, attempt) where none compiles, and the session compiles exact
+        shapes from now on."""
         ranged = [k for k, v in attempt.items() if not isinstance(v, str) and v[0] != v[1]]
         follows = getattr(error, "follows", frozenset())
         rest = [k for k in ranged if k not in follows]
