@@ -1043,3 +1043,27 @@ def test_a_compile_failing_inside_the_ranges_leaves_no_cycle() -> None:
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+def test_a_session_ranges_the_dims_a_refuted_extent_does_not_follow() -> None:
+    """y = MaxPool(x) halves H (rounded down: 32 rows at 64 and 31 at 63, 11 at 22, no affine fit), z + 1 follows N
+    and S: the range over N, S and H is refuted by y's height, which follows H alone; the session ranges N and S
+    together (not one of them), H fixed per size: a loop over N and S is one compile, as onnxruntime's outputs."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, "H", 8])
+    z = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", "S"])
+    ys = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "w")]
+    one = numpy_helper.from_array(np.array(1, np.float32), "one")
+    nodes = [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 1], strides=[2, 1]),
+             helper.make_node("Add", ["z", "one"], ["w"])]
+    data = helper.make_model(helper.make_graph(nodes, "g", [x, z], ys, [one]),
+                             opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    with pytest.warns(CtxrtWarning, match="range of 'N' and 'S' only"), \
+            ctxrt.InferenceSession(data, dim_ranges={"N": (1, 4), "S": (1, 16), "H": (1, 64)}) as sess:
+        for n, s in [(1, 5), (3, 16), (2, 1), (4, 9)]:
+            feeds = {"x": rng.standard_normal((n, 1, 22, 8)).astype(np.float32),
+                     "z": rng.standard_normal((n, s)).astype(np.float32)}
+            for got, want in zip(sess.run(None, feeds), theirs.run(None, feeds), strict=True):
+                assert got.shape == want.shape and np.array_equal(got, want)
+        assert sess.stats["shape_variants_compiled"] == 1
