@@ -11,6 +11,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
+from harness import spy
 
 from ctxrt.backends import get_backend
 from ctxrt.compiler.program import CONST, INPUT, OUTPUT, CompiledGraph, Step, TensorInfo
@@ -169,13 +170,7 @@ def test_weights_read_from_a_model_file_are_named_by_where_they_were_read(tmp_pa
     from ctxrt.compiler import compile_graphs
     from ctxrt.runtime import weightstore
 
-    hashed = []
-    real = weightstore.content_key
-
-    def counting(raw):
-        hashed.append(raw.nbytes)
-        return real(raw)
-    monkeypatch.setattr(weightstore, "content_key", counting)
+    hashed = spy(monkeypatch, weightstore, "content_key", lambda raw: raw.nbytes)
 
     def save(w: np.ndarray) -> None:  # a file of 1 MiB or more: its initializers read from it in place
         nodes = [helper.make_node("Add", ["x", "w"], ["y"])]

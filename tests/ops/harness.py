@@ -300,3 +300,16 @@ def native_avx512(allowed: bool):
         yield
     finally:
         native.library().ctxrt_gemm_avx512(1)
+
+
+def spy(monkeypatch: Any, owner: Any, name: str, record: Any = None) -> list[Any]:
+    """Replace `owner.name` (a module's function) by one that calls it and appends `record(*args)` (default: the
+    first argument) to the returned list, for the test's counters."""
+    real = getattr(owner, name)
+    seen: list[Any] = []
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        seen.append(record(*args) if record is not None else args[0] if args else None)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(owner, name, call)
+    return seen

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from harness import spy
 from onnx import TensorProto, helper, numpy_helper
 
 import ctxrt
@@ -921,13 +922,7 @@ def test_a_probe_read_again_reuses_its_first_inference(monkeypatch) -> None:
     from ctxrt.compiler import read
     from ctxrt.ir import memo
 
-    calls = []
-    real = onnx.shape_inference.infer_shapes
-
-    def counting(*a, **k):
-        calls.append(1)
-        return real(*a, **k)
-    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", counting)
+    calls = spy(monkeypatch, onnx.shape_inference, "infer_shapes")
     path = decoders.gpt2_decoder("dynamo")
     model = onnx.load(str(path))
     shapes = {"input_ids": [1, 8], **{k: [1, decoders.HEADS, 5, 16] for k in decoders.names()[0][1:]}}
@@ -953,13 +948,7 @@ def test_onednn_is_asked_once_per_node_in_a_range_compile(monkeypatch) -> None:
 
     if not api.available():
         pytest.skip("oneDNN is not installed here")
-    asked = []
-    real = onednn.supports
-
-    def counting(spec):
-        asked.append(spec.name)
-        return real(spec)
-    monkeypatch.setattr(onednn, "supports", counting)
+    asked = spy(monkeypatch, onednn, "supports", lambda spec: spec.name)
     path = decoders.gpt2_decoder("dynamo")
     dims = {"batch": (1, 1), "sequence": (1, 8), "past_sequence": (0, 32)}
     ctxrt.compiler.compile_model(str(path), {"input_ids": [1, 8], **{k: [1, decoders.HEADS, 32, 16] for k in
@@ -999,9 +988,7 @@ def test_a_dim_of_two_values_still_gets_a_check_point(monkeypatch) -> None:
 
     assert _verify_points([("N", 1, 2), ("H", 1, 64)], [2, 64], [1, 63]) == [(2, 22), (2, 32)]
     assert _verify_points([("N", 1, 2), ("M", 0, 1)], [2, 1], [1, 0]) == []  # the corners are every point
-    lowered = []
-    real = compiler.compile_ir
-    monkeypatch.setattr(compiler, "compile_ir", lambda *a, **k: lowered.append(1) or real(*a, **k))
+    lowered = spy(monkeypatch, compiler, "compile_ir")
     with pytest.raises(RangeError, match=r"output 'y' axis 2 does not follow the dims linearly"):
         ctxrt.compile(_rounding_model(), dims={"N": (1, 2), "H": (1, 64)})
     assert not lowered
