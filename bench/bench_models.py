@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "models"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_latency import machine_line  # noqa: E402
+from bench_session import median_ms  # noqa: E402
 
 EXPORTED = ["mobilenet_v3", "efficientnet", "unet", "vit", "gpt", "lstm_tagger", "gru_tagger", "audio1d", "branchy"]
 FIELD = ["silero_vad", "silero_vad_op18_ifless", "magika", "ppocr_det", "ppocr_rec", "ppocr_cls"]
@@ -44,15 +45,6 @@ def _model(name: str) -> tuple[Path, dict[str, np.ndarray]]:
     import exported
 
     return exported.exported_model(name, "dynamo"), exported.exported_feeds(name, batch=1)
-
-
-def _block(run: Any, n: int) -> float:
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
 
 
 def _opened(name: str, path: Any, feeds: dict[str, np.ndarray], rounds: int) -> tuple[float, float]:
@@ -99,9 +91,7 @@ def bench(name: str, rounds: int, runs: int) -> dict[str, float]:
             # the other runtime's worker threads stop spinning, and ctxrt's count of idle cores (sampled from
             # /proc/stat every 0.25 s) no longer sees them busy
             time.sleep(0.6)
-            for _ in range(3):
-                run()
-            blocks[kind].append(_block(run, runs))
+            blocks[kind].append(median_ms(run, runs, warmup=3))
     a, b = statistics.median(blocks["ctxrt"]), statistics.median(blocks["onnxruntime"])
     return {"ctxrt_ms": a, "onnxruntime_ms": b, "ratio": a / b, "max_abs_diff": diff, "ctxrt_open_ms": opened[0],
             "onnxruntime_open_ms": opened[1], "open_ratio": opened[0] / opened[1]}
