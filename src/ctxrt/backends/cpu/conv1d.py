@@ -76,6 +76,7 @@ class Conv1d(Kernel):
         n, c, length = spec.inputs[0].shape
         self.scratch = (4 * n * c * native.conv1d_pad(c, length, spec.outputs[0].shape[2], self.window),)
         self.private_bytes = 0
+        self._fallback: tuple[np.ndarray, Kernel, list[np.ndarray]] | None = None  # (_numpy)
         if spec.attr(FLAG):
             self.attrs, self.constants = {}, {}
         else:
@@ -94,18 +95,21 @@ class Conv1d(Kernel):
         return run if run is not None else self._numpy(ins, outs, scratch)
 
     def _numpy(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Any:
-        """NumPy's lifted kernel on the weights put back in ONNX's order (the extension is missing)."""
-        from ctxrt.backends.cpu import spatial
+        """NumPy's lifted kernel on the weights put back in ONNX's order (the extension is missing): the weights'
+        copy, the kernel and its scratch made at the first bind, shared by the later ones (a run at a time: the
+        context's lock)."""
+        if self._fallback is None:
+            from ctxrt.backends.cpu import spatial
 
-        w = _onnx_order(np.asarray(ins[1]).reshape(self.m, self.cg, self.k), self.g)
-        self.private_bytes += w.nbytes
-        consts = list(self.spec.consts)
-        consts[1] = w
-        attrs = {k: v for k, v in self.spec.attrs.items() if k != FLAG}
-        spec = replace(self.spec, attrs=attrs, consts=consts, options={})
-        inner = spatial.Lifted(spec, _plain_conv)
-        got = [np.empty(int(b), np.uint8) for b in inner.scratch]
-        self.private_bytes += sum(int(b) for b in inner.scratch)
+            w = _onnx_order(np.asarray(ins[1]).reshape(self.m, self.cg, self.k), self.g)
+            consts = list(self.spec.consts)
+            consts[1] = w
+            attrs = {k: v for k, v in self.spec.attrs.items() if k != FLAG}
+            inner = spatial.Lifted(replace(self.spec, attrs=attrs, consts=consts, options={}), _plain_conv)
+            got = [np.empty(int(b), np.uint8) for b in inner.scratch]
+            self.private_bytes += w.nbytes + sum(int(b) for b in inner.scratch)
+            self._fallback = (w, inner, got)
+        w, inner, got = self._fallback
         run = inner.bind([ins[0], w, *ins[2:]], outs, got)
         run.held = (w, got)  # type: ignore[attr-defined]
         return run
