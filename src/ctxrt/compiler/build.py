@@ -68,6 +68,8 @@ def choose_kernel(graph: Graph, node: Node, backend: Backend, options: Mapping[s
     if packed:
         attrs["prepacked"] = packed
     node.attrs = attrs
+    if (options or {}).get("probe_arena") and not packed:  # a range compile's probe, only compared (no loader
+        return kernel, placement  # builds it again): its choices recorded, the kernel as first built
     return select_kernel(backend, node_spec(graph, node), placement)
 
 

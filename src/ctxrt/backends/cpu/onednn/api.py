@@ -8,6 +8,7 @@ format tags are looked up by name through `dnnl_fmt_tag2str`, so a binary record
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import ctypes.util
@@ -293,6 +294,9 @@ def tag(name: str) -> int:
 
 
 # -- objects -----------------------------------------------------------------------------------------------
+_DESCS_MAX = 2048  # descriptors made by Desc.make kept for reuse (a few hundred bytes of oneDNN's each)
+
+
 class Desc:
     """An owned memory descriptor (or a borrowed one, owned by a primitive descriptor)."""
 
@@ -302,12 +306,20 @@ class Desc:
 
     @classmethod
     def make(cls, dims: Sequence[int], fmt: int | str, dtype: int = F32) -> Desc:
-        lib = library()
-        md = ctypes.c_void_p()
-        value = tag(fmt) if isinstance(fmt, str) else fmt
-        check(lib.dnnl_memory_desc_create_with_tag(ctypes.byref(md), len(dims), Dims(*dims), dtype, value),
-              f"memory descriptor {list(dims)} {fmt}")
-        return cls(md)
+        """The descriptor of these dims in this format tag: one object per (dims, tag, type), shared (descriptors
+        are never changed once made; a compile asks for the same few hundred ~1,000 times, ~4 us each)."""
+        key = (tuple(int(d) for d in dims), fmt, dtype)
+        desc = _DESCS.get(key)
+        if desc is None:
+            lib = library()
+            md = ctypes.c_void_p()
+            value = tag(fmt) if isinstance(fmt, str) else fmt
+            check(lib.dnnl_memory_desc_create_with_tag(ctypes.byref(md), len(dims), Dims(*dims), dtype, value),
+                  f"memory descriptor {list(dims)} {fmt}")
+            if len(_DESCS) >= _DESCS_MAX:
+                _DESCS.clear()
+            desc = _DESCS[key] = cls(md)
+        return desc
 
     @classmethod
     def strided(cls, dims: Sequence[int], strides: Sequence[int]) -> Desc:
@@ -370,7 +382,7 @@ class Desc:
         return names
 
     def __del__(self) -> None:
-        if self.owned and self.handle and _STATE.get("lib") is not None:
+        if self.owned and self.handle and _STATE is not None and _STATE.get("lib") is not None:
             _STATE["lib"].dnnl_memory_desc_destroy(self.handle)
             self.handle = None
 
@@ -506,4 +518,6 @@ def reorder(src: Desc, dst: Desc, scope: Callable[[], contextlib.AbstractContext
     return Primitive(pd, "reorder", scope)
 
 
+_DESCS: dict[tuple[Any, ...], Desc] = {}
+atexit.register(_DESCS.clear)  # destroyed while oneDNN's library is still loaded
 ARRAY_FREE.update({Desc, Memory, Attr, Primitive})  # handles only: not searched for a kernel's own arrays
