@@ -7,12 +7,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from harness import ITERATOR_BUFFER, steady_state_allocation
+from harness import ITERATOR_BUFFER, spy, steady_state_allocation
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
 import ctxrt
 from ctxrt.errors import ShapeError, UnsupportedOpError, ValueInputError
+from ctxrt.frontend.onnx import Folder
 
 F = T.FLOAT
 RNG = np.random.default_rng(0)
@@ -94,6 +95,26 @@ def test_if_on_a_boolean_input_is_a_value_input_in_sessions() -> None:
             np.testing.assert_allclose(sess.run(None, feeds)[0], ort_run(m, feeds)[0])
         assert sess.stats["shape_variants_compiled"] == 2  # one inlined variant per value
         assert all(s.op != "If" for v in sess._variants.values() for s in v.stages[0].graph.compiled.steps)
+
+
+def test_if_on_a_value_input_is_inlined_before_shape_inference(monkeypatch) -> None:
+    """silero VAD's whole model is two Ifs on its sample rate: a session compiling for a run's feeds inlines the
+    branch the value input picks before it infers any shape, so inference never types the other branch (nor both
+    again after each fold: a probe read 123 -> 55 ms). Dynamic dims: the session compiles a range program."""
+    def branch(name: str, op: str) -> onnx.GraphProto:
+        return helper.make_graph([helper.make_node("MatMul", ["x", "w"], [f"{name}0"]),
+                                  helper.make_node(op, [f"{name}0"], [name])], name, [], [vi(name, F, ["n", 4])])
+    m = model([helper.make_node("Equal", ["sr", "k16"], ["c"]),
+               helper.make_node("If", ["c"], ["y"], then_branch=branch("t", "Relu"), else_branch=branch("e", "Neg"))],
+              [vi("x", F, ["n", 3]), vi("sr", T.INT64, [])], [vi("y", F, ["n", 4])],
+              {"k16": np.int64(16000), "w": RNG.standard_normal((3, 4)).astype(np.float32)})
+    inferred = spy(monkeypatch, Folder, "skeleton", lambda folder: sorted({n.op_type for n in folder.nodes}))
+    with ctxrt.InferenceSession(m.SerializeToString()) as sess:
+        for n, sr in ((2, 16000), (5, 16000), (3, 8000)):
+            feeds = {"x": RNG.standard_normal((n, 3)).astype(np.float32), "sr": np.array(sr, np.int64)}
+            np.testing.assert_allclose(sess.run(None, feeds)[0], ort_run(m, feeds)[0], rtol=1e-5, atol=1e-6)
+        assert sess.stats["shape_variants_compiled"] == 2  # one range program per sample rate
+    assert inferred and not any("If" in ops for ops in inferred), inferred
 
 
 def test_torch_cond_export_runs_both_branches_through_a_session(tmp_path) -> None:
