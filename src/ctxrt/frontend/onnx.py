@@ -118,6 +118,8 @@ class Folder:
         # Values never folded into constants: they depend on a dynamic dim of a range program (compiler/ranges.py),
         # so the nodes making them run as kernels.
         self.keep: frozenset[str] = frozenset()
+        self.chains: set[str] = set()  # values folded from constants alone, before any shape was known
+        self._protos: dict[str, tuple[np.ndarray, onnx.TensorProto]] = {}  # skeleton's small constants (`_proto`)
 
     # -- the loop ------------------------------------------------------------------------------------
     def settle(self, feeds: Mapping[str, Any] | None) -> None:
@@ -190,6 +192,7 @@ class Folder:
                 for name, v in zip(node.output, out, strict=False):
                     if name:
                         self.consts[name] = v
+                        self.chains.add(name)
             if len(kept) == len(self.nodes):
                 return
             self.nodes = kept
@@ -213,8 +216,9 @@ class Folder:
         self.scope.fresh.taken.update(names)  # the fresh names it made (a pool's decided shape): taken again
 
     def _untyped(self, node: onnx.NodeProto) -> bool:
-        """Whether an output of the node has no type with a static shape yet."""
-        return any(o and (self.types.get(o, (None, None))[1] is None or o in self.bounded) for o in node.output)
+        """Whether an output of the node has no type with a static shape yet (none inferred, none decided)."""
+        return any(o and (o not in self.fixed and self.types.get(o, (None, None))[1] is None or o in self.bounded)
+                   for o in node.output)
 
     def _all_typed(self) -> bool:
         """Whether every output of the nodes left has a type with a static shape (then inference, run again after
@@ -225,16 +229,24 @@ class Folder:
         """After a fold, the inference of the nodes still untyped and of the nodes they read from (the others'
         types stand: folding gave constants, which type no other node differently), where those are at most half
         the graph, without control flow or a pool typed by a decided shape, and read only constants or values of a
-        static type. False: a whole inference is needed. (A range compile's probe: ~3.5 of its ~12 ms a read.)"""
+        static type. The nodes read from are followed back through untyped values and small int64 or int32 ones
+        (shapes, whose values inference propagates), not through the rest: a typed activation is an input of a
+        static type (values of other types propagate nothing to a shape; PP-OCR's recognizer: a read 40 -> 28 ms).
+        False: a whole inference is needed. (A range compile's probe: ~3.5 of its ~12 ms a read.)"""
         untyped = [n for n in self.nodes if self._untyped(n)]
         producer = {o: n for n in self.nodes for o in n.output if o}
+
+        def followed(name: str) -> bool:  # a value whose producer inference needs as well
+            dt, shape = self.fixed.get(name) or self.types.get(name, (None, None))
+            return dt is None or shape is None or name in self.bounded or \
+                dt in (np.int64, np.int32) and math.prod(shape) <= _DATA_PROP_MAX
         seen: dict[int, onnx.NodeProto] = {}
         stack = list(untyped)
         while stack:
             n = stack.pop()
             if id(n) not in seen:
                 seen[id(n)] = n
-                stack += [producer[i] for i in n.input if i in producer]
+                stack += [producer[i] for i in n.input if i in producer and followed(i)]
         if not untyped or 2 * len(seen) > len(self.nodes) or any(
                 n.op_type in control.CONTROL_OPS or op_key(n) in POOLS or any(a.type in (
                     onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute)
@@ -246,9 +258,10 @@ class Folder:
         for name in dict.fromkeys(i for n in sub for i in n.input if i and i not in made):
             arr = self.consts.get(name)
             if arr is not None and arr.size <= _DATA_PROP_MAX:
-                inits.append(numpy_helper.from_array(arr, name))
+                inits.append(self._proto(name, arr))
                 continue
-            dt, shape = (arr.dtype, arr.shape) if arr is not None else self.types.get(name, (None, None))
+            dt, shape = (arr.dtype, arr.shape) if arr is not None else \
+                self.fixed.get(name) or self.types.get(name, (None, None))
             if dt is None or shape is None or name in self.bounded:
                 return False
             inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(dt), shape))
@@ -278,14 +291,28 @@ class Folder:
                     if k < len(n.output) and n.output[k]] if pairs else [n]
         return out
 
+    def _proto(self, name: str, arr: np.ndarray) -> onnx.TensorProto:
+        """A small constant as an initializer of the graphs given to inference (made once per array)."""
+        got = self._protos.get(name)
+        if got is None or got[0] is not arr:
+            got = self._protos[name] = (arr, numpy_helper.from_array(arr, name))
+        return got[1]
+
     def skeleton(self) -> onnx.ModelProto:
         """A weight-free copy of the current graph for shape inference."""
         inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(t[0]), t[1])
                   for n, t in self.inputs.items() if n not in self.consts]
         inits = []
+        used = set(self.outputs)  # (the constants no node reads any more, folded away, are left out)
+        for n in self.nodes:
+            used.update(n.input)
+            for sub in control.subgraphs(n):
+                used.update(control.free_vars(sub))
         for name, arr in self.consts.items():
+            if name not in used:
+                continue
             if arr.size <= _DATA_PROP_MAX:
-                inits.append(numpy_helper.from_array(arr, name))
+                inits.append(self._proto(name, arr))
             else:
                 inputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(arr.dtype),
                                                             arr.shape))
@@ -598,7 +625,9 @@ def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str
     st.settle(feeds)
     graph = build_graph(st, name)
     if fingerprint:  # a range compile's probe: what was folded, compared between probes
-        graph.folded = fingerprints(st.consts, {i.name for i in proto.graph.initializer} | set(st.inputs))
+        # (constant chains are the same at every probe: PP-OCR's recognizer's weights, written as Constant nodes,
+        # not hashed at every probe, 12 ms a read)
+        graph.folded = fingerprints(st.consts, {i.name for i in proto.graph.initializer} | set(st.inputs) | st.chains)
     if scope.notes:
         warnings.warn("; ".join(scope.notes), CtxrtWarning, stacklevel=2)
     return graph
