@@ -148,9 +148,9 @@ class Folder:
         two Ifs on its sample rate, ~45 of a probe's ~120 ms of reading (the graph the loop settles is the same:
         what the loop would fold and inline later, here folded and inlined first)."""
         if feeds is not None and any(n.op_type == "If" for n in self.nodes):
-            self.take_values(feeds)
+            self._take_conditions(feeds)
         while any(n.op_type == "If" for n in self.nodes):
-            folded, inlined = self.fold_once(), False  # (without types: nothing that reads a shape folds yet)
+            folded, inlined = self._fold_constant_chains(), False
             kept: list[onnx.NodeProto] = []
             for node in self.nodes:
                 if node.op_type == "If" and node.input[0] in self.consts:
@@ -164,12 +164,31 @@ class Folder:
             if not (folded or inlined):
                 return
 
-    def _fold_constant_chains(self) -> None:
+    def _take_conditions(self, feeds: Mapping[str, Any]) -> None:
+        """The value inputs this level's If conditions are computed from (followed back through this level's nodes,
+        not into bodies: `take_values` at the end of the loop takes the others), baked in from the feeds."""
+        producer = {o: n for n in self.nodes for o in n.output if o}
+        stack = [n.input[0] for n in self.nodes if n.op_type == "If" and n.input and n.input[0]]
+        seen: set[str] = set()
+        while stack:
+            name = stack.pop()
+            if name in seen or name in self.consts:
+                continue
+            seen.add(name)
+            if name in producer:
+                stack += [i for i in producer[name].input if i]
+            elif name in self.inputs and name in feeds and values.small_value(*self.inputs[name]) and \
+                    self.inputs[name][0].kind != "f":  # (a float input deciding a branch is data, as in take_values)
+                dt, shape = self.inputs[name]
+                self.consts[name] = self.value_inputs[name] = values.as_value(name, feeds[name], dt, shape)
+
+    def _fold_constant_chains(self) -> bool:
         """Before the first inference: the nodes that compute from constants alone (Constant nodes, a weight's Cast
         or Transpose, ...) folded, so that inference does not type them (paddle2onnx writes a Constant node per
         attribute-like value: PP-OCR's recognizer's first inference 860 -> 425 nodes, ~40 -> ~5 ms). Within a range
         compile (ir/memo.py) each result is made once for every probe, the same array: what `_first_infer`'s memo
         compares by identity stays the same between probes."""
+        changed = False
         while True:
             kept: list[onnx.NodeProto] = []
             for node in self.nodes:
@@ -194,8 +213,8 @@ class Folder:
                         self.consts[name] = v
                         self.chains.add(name)
             if len(kept) == len(self.nodes):
-                return
-            self.nodes = kept
+                return changed
+            self.nodes, changed = kept, True
 
     def _first_infer(self) -> None:
         """The inference before anything is folded: within a range compile (ir/memo.py), made once per graph, input
