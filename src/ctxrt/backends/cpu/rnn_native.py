@@ -46,9 +46,11 @@ def usable(spec: NodeSpec) -> bool:
 
     if spec.op == "GRU":
         return _gru_usable(spec)
-    if spec.op != "LSTM" or "prefer" not in spec.options or spec.options.get("ranges") or native.library() is None \
+    if spec.op != "LSTM" or "prefer" not in spec.options or native.library() is None \
             or rnn_onednn.refusal(spec, need_onednn=False) is not None:
-        return False  # (a range program's kernels are chosen once for every batch of its ranges: oneDNN's)
+        return False
+    if spec.options.get("ranges"):  # one kernel for every batch and length of the ranges: oneDNN's primitive reads
+        return True  # plain weights there (its reference RNN: the tagger 2.5x slower than this one), so this one
     xs = spec.inputs[X].shape
     rows = xs[1] if int(spec.attr("layout", 0)) == 0 else xs[0]
     if rnn_onednn.refusal(spec) is None and api.has_avx512():
@@ -221,8 +223,8 @@ def _projection(spec: NodeSpec, rows: int, inputs: int, cols: int, bias: bool
     if prim.impl.startswith("ref"):
         return None, None
     w = spec.consts[W] if len(spec.consts) > W else None
-    if w is None or spec.attr(MARK) is not None:
-        return kernel(prim, "ba"), None
+    if w is None or spec.attr(MARK) is not None or spec.options.get("ranges"):  # (a range program's W as stored:
+        return kernel(prim, "ba"), None  # its GEMM runs at every length x batch, one format must serve them all)
     with contextlib.suppress(CtxrtError):
         best = make(api.TAG_ANY)
         md = best.md(api.Q_WEIGHTS_MD)
@@ -244,9 +246,11 @@ def _gru_usable(spec: NodeSpec) -> bool:
     0.91-0.96x onnxruntime against the primitive's 0.98-1.06x at batch 1; at 8 rows the primitive (0.92-0.95x)."""
     from ctxrt.backends.cpu import rnn_onednn
 
-    if "prefer" not in spec.options or spec.options.get("ranges") or native.library() is None \
+    if "prefer" not in spec.options or native.library() is None \
             or int(spec.attr("linear_before_reset", 0)) != 1 or rnn_onednn.refusal(spec) is not None:
         return False  # (refusal: oneDNN installed, float32, default activations, constant weights, full sequences)
+    if spec.options.get("ranges"):  # (as `usable`'s LSTM: every batch of a range program)
+        return True
     xs = spec.inputs[X].shape
     return (xs[1] if int(spec.attr("layout", 0)) == 0 else xs[0]) <= GRU_ROWS
 
