@@ -398,6 +398,22 @@ def test_a_session_ranges_the_batch_where_an_image_size_cannot_be_ranged() -> No
     sess.close()
 
 
+def test_a_strided_image_size_is_refuted_before_the_second_check_point_is_read(monkeypatch) -> None:
+    """Batch, height and width ranged (k = 3: U, U - 1, U - e_0, U - e_1 fitted, two check points): the strided
+    conv's output height is refuted at the first check point, tested once the four fit points are read, before
+    the second is: five frontend reads, none lowered (a read ~30-90 ms for PP-OCR's classifier and recognizer)."""
+    from ctxrt import compiler
+
+    model = _stem("HardSwish")
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "height"
+    model.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "width"
+    reads = spy(monkeypatch, compiler, "read", lambda model, shapes, *a, **k: shapes["x"])
+    lowered = spy(monkeypatch, compiler, "compile_ir")
+    with pytest.raises(RangeError, match="does not follow the dims linearly"):
+        ctxrt.compile(model, dims={"batch": (1, 8), "height": (1, 64), "width": (1, 64)})
+    assert len(reads) == 5 and not lowered, reads
+
+
 MODELS = [(name, exp) for name in exported.MODELS for exp in ("dynamo", "legacy")
           if (name, exp) not in exported.UNEXPORTABLE]
 

@@ -523,27 +523,35 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
         k = len(spec)
         few = checks[:1 if k <= 2 else 2]
         points = [tuple(hi), tuple(alt), *(tuple(alt[i] if i == j else hi[i] for i in range(k)) for j in range(k - 1))]
-        for n, p in enumerate((*points[:2], *few, *points[2:])):  # (a check point that has no graph fails early)
+
+        def refute(at: list[tuple[int, ...]]) -> None:  # the shapes of the values the model computes (and its
+            # outputs), affine over the probes, refuted at the check points `at`
+            g = read_only.get(tuple(hi))
+            if not at or split or g is None:
+                return
+            names = [*g.outputs, *(o for node in g.nodes for o in node.outputs if o and o not in g.outputs)]
+            graphs = [read_only.get(p) for p in (*points, *at)]
+            if all(x is not None and all(n in x.values and len(x.values[n].shape) == len(g.values[n].shape)
+                                         for n in names) for x in graphs):
+                outs = {p: [d for n in names for d in x.values[n].shape] for p, x in zip((*points, *at), graphs,
+                                                                                       strict=True)}
+                _outputs_refuted(points, at, outs, spec, [f"{'output' if n in g.outputs else 'value'} {n!r} axis {a}"
+                                                          for n in names for a in range(len(g.values[n].shape))])
+        # U, U - 1, the first check point (a check point that has no graph fails early), the other probes, tested
+        # at that check point before the second is read (an image net's strided H and W refuted a read sooner)
+        order = (*points[:2], *few[:1], *points[2:], *few[1:])
+        for n, p in enumerate(order):
             if n == 2:  # the other probes once the values kept are known (a round that keeps more reads again)
                 early = _varying_folded(folded.get(tuple(hi), {}), folded.get(tuple(alt), {})) - keep
                 if early:
                     return early
+            if n == len(points) + 1:
+                refute(few[:1])
             key = tuple(p)
             if key not in cache and key not in read_only:
                 with probing(key):
                     read_only[key] = front(p)
-        g = read_only.get(tuple(hi))
-        if few and not split and g is not None:  # the shapes of the values the model computes (and its outputs),
-            # affine over the probes, refuted at a check point
-            names = [*g.outputs, *(o for node in g.nodes for o in node.outputs if o and o not in g.outputs)]
-            graphs = [read_only.get(p) for p in (*points, *few)]
-            if all(x is not None and all(n in x.values and len(x.values[n].shape) == len(g.values[n].shape)
-                                         for n in names) for x in graphs):
-                outs = {p: [d for n in names for d in x.values[n].shape] for p, x in zip((*points, *few), graphs,
-                                                                                       strict=True)}
-                _outputs_refuted(points, few, outs, spec,
-                                 [f"{'output' if n in g.outputs else 'value'} {n!r} axis {a}" for n in names
-                                  for a in range(len(g.values[n].shape))])
+        refute(few)
         return _varying_folded(folded.get(tuple(hi), {}), folded.get(tuple(alt), {})) - keep
 
     checks = _verify_points(spec, hi, alt)
