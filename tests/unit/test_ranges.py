@@ -414,6 +414,26 @@ def test_a_strided_image_size_is_refuted_before_the_second_check_point_is_read(m
     assert len(reads) == 5 and not lowered, reads
 
 
+def test_a_sessions_compile_attempts_share_the_model_as_read(tmp_path, monkeypatch) -> None:
+    """A session whose range over batch, height and width is refuted compiles one over the batch next: both attempts
+    lower the model as read once (its file parsed once, its arrays and constant chains shared, ir/memo.py), not
+    once an attempt (PP-OCR's recognizer and classifier opened ~10-30% sooner)."""
+    from ctxrt.frontend import onnx as frontend
+
+    model = _stem("HardSwish")
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "height"
+    model.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "width"
+    path = tmp_path / "stem.onnx"
+    onnx.save(model, path)
+    x = np.random.default_rng(2).standard_normal((2, 3, 13, 15)).astype(np.float32)
+    with pytest.warns(CtxrtWarning, match="range of 'batch' only"), ctxrt.InferenceSession(path) as sess:
+        parsed = spy(monkeypatch, frontend, "load_in_place")
+        got = sess.run(None, {"x": x})[0]
+        assert sess.stats["range_programs_compiled"] == 1 and len(parsed) == 1
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 MODELS = [(name, exp) for name in exported.MODELS for exp in ("dynamo", "legacy")
           if (name, exp) not in exported.UNEXPORTABLE]
 

@@ -414,8 +414,9 @@ def compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str = "mai
     hold there, the ranges are fitted anew."""
     from ctxrt.frontend.onnx import load_model
 
-    model = load_model(model)  # once: every probe lowers the same proto (the file is not read and parsed again)
-    with memo.shared():  # and shares its arrays, transposed and prepacked weights
+    with memo.shared():  # every probe lowers the same proto (the file is not read and parsed again; nor by a
+        # session's next attempt, ir/memo.py) and shares its arrays, transposed and prepacked weights
+        model = memo.memo("loaded", model, None, lambda: load_model(model))
         return _compile_ranges(model, dims, backend, name, shapes, values, feeds, options, tuner, prior)[0]
 
 

@@ -1,7 +1,7 @@
 """What the probe compiles of one range compile share (compiler/ranges.py): the model's initializers as arrays,
 their transposed and prepacked copies. Each probe lowers the same ONNX proto, so the same initializer object gives
 the same array, and the same array the same derived constant: made once per range compile, not once per probe.
-Outside a range compile nothing is kept."""
+Outside a range compile (or a session's attempts at one) nothing is kept."""
 
 from __future__ import annotations
 
@@ -16,7 +16,11 @@ _TABLE: ContextVar[dict[Any, tuple[Any, Any]] | None] = ContextVar("ctxrt_probe_
 
 @contextlib.contextmanager
 def shared() -> Iterator[None]:
-    """Inside: `memo` keeps what it makes (until the block ends)."""
+    """Inside: `memo` keeps what it makes (until the block ends). Nested in another block: that block's table (a
+    session's compile attempts for one run share the model's arrays, as one compile's probes do)."""
+    if _TABLE.get() is not None:
+        yield
+        return
     token = _TABLE.set({})
     try:
         yield

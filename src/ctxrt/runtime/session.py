@@ -25,6 +25,7 @@ from ctxrt.backends import Backend, get_backend
 from ctxrt.compiler.program import TensorInfo
 from ctxrt.compiler.ranges import is_dim_name, is_expression
 from ctxrt.errors import CtxrtError, CtxrtWarning, LifecycleError, RegistrationError, ShapeError, ValueInputError
+from ctxrt.ir import memo
 from ctxrt.runtime.compile_cache import VariantCompiler
 from ctxrt.runtime.context import Context
 from ctxrt.runtime.graph import Graph
@@ -250,32 +251,33 @@ class InferenceSession:
                     attempts.append({k: v if isinstance(v, str) or k in varied else (n := self._needed(feeds, k), n)
                                      for k, v in dims.items()})
                 failed = None
-                for attempt in attempts:
-                    if all(not isinstance(v, str) and v[0] == v[1] for v in attempt.values()):
-                        continue  # nothing left to range
-                    try:  # the upper bound may be past what the model allows (e.g. its position table): then tight
-                        variant = self._single(self._compile(None, feeds, attempt, prior), None)
-                    except CtxrtError as e:
-                        # only its message: its tracebacks' frames hold the failed compile's probes, which the
-                        # next attempt would compile beside (a GPT-2 whose bound 256 fails: peak RSS beyond its
-                        # weights 36.5 -> 24.2 MiB)
-                        if not isinstance(e, RangeError) and not getattr(e, "inside", False):
-                            failed = f"{type(e).__name__}: {e}"
-                            continue  # (at the upper bound: a narrower range may compile)
-                        # the programs differ between shapes of the ranges, or the model has no graph at a point
-                        # inside them (shapes that do not fit each other at odd sizes: narrower ranges fail there
-                        # too): one dim ranged, the others fixed
-                        reason = RangeError(str(e))
-                        reason.follows = getattr(e, "follows", frozenset())  # type: ignore[attr-defined]
-                        del e
-                        variant, attempt = self._one_ranged_dim(feeds, attempt, prior, reason)
-                        if variant is None:
-                            break
-                    self._ranges.update({k: v for k, v in attempt.items() if k not in self._fixed_dims})
-                    self._counters["range_programs_compiled"] += 1
-                    if variant.ranged is not None and variant.ranged.ranges.widened:
-                        self._counters["range_programs_widened"] += 1  # two compiles: the narrower fit held
-                    break
+                with memo.shared():  # the attempts share the model as loaded, its arrays and constant chains
+                    for attempt in attempts:
+                        if all(not isinstance(v, str) and v[0] == v[1] for v in attempt.values()):
+                            continue  # nothing left to range
+                        try:  # the upper bound may be past what the model allows (e.g. its position table): then tight
+                            variant = self._single(self._compile(None, feeds, attempt, prior), None)
+                        except CtxrtError as e:
+                            # only its message: its tracebacks' frames hold the failed compile's probes, which the
+                            # next attempt would compile beside (a GPT-2 whose bound 256 fails: peak RSS beyond its
+                            # weights 36.5 -> 24.2 MiB)
+                            if not isinstance(e, RangeError) and not getattr(e, "inside", False):
+                                failed = f"{type(e).__name__}: {e}"
+                                continue  # (at the upper bound: a narrower range may compile)
+                            # the programs differ between shapes of the ranges, or the model has no graph at a point
+                            # inside them (shapes that do not fit each other at odd sizes: narrower ranges fail there
+                            # too): one dim ranged, the others fixed
+                            reason = RangeError(str(e))
+                            reason.follows = getattr(e, "follows", frozenset())  # type: ignore[attr-defined]
+                            del e
+                            variant, attempt = self._one_ranged_dim(feeds, attempt, prior, reason)
+                            if variant is None:
+                                break
+                        self._ranges.update({k: v for k, v in attempt.items() if k not in self._fixed_dims})
+                        self._counters["range_programs_compiled"] += 1
+                        if variant.ranged is not None and variant.ranged.ranges.widened:
+                            self._counters["range_programs_widened"] += 1  # two compiles: the narrower fit held
+                        break
                 if variant is None and failed is not None:
                     self._counters["range_compiles_failed"] += 1
                     self._range_error = failed
