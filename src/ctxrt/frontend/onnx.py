@@ -192,9 +192,7 @@ class Folder:
         while True:
             kept: list[onnx.NodeProto] = []
             for node in self.nodes:
-                if node.op_type in control.CONTROL_OPS or node.op_type in ("Shape", "Size") or \
-                        not all(not n or n in self.consts for n in node.input) or \
-                        self.keep and not self.keep.isdisjoint(node.output):
+                if self._unfoldable(node) or not all(not n or n in self.consts for n in node.input):
                     kept.append(node)
                     continue
                 ins = [self.consts[n] if n else None for n in node.input]
@@ -202,9 +200,7 @@ class Folder:
                 def folded(node: onnx.NodeProto = node, ins: list[Any] = ins) -> tuple[list[Any], Any]:
                     out = self._evaluate(node)  # (the inputs held with it: their ids are not reused meanwhile)
                     return ins, None if out is None else [np.asarray(v) for v in out]
-                held, out = memo("constant_chain", node, tuple(map(id, ins)), folded)
-                if any(a is not b for a, b in zip(held, ins, strict=True)):
-                    out = folded()[1]
+                out = memo("constant_chain", node, tuple(map(id, ins)), folded)[1]
                 if out is None:
                     kept.append(node)
                     continue
@@ -401,11 +397,14 @@ class Folder:
         t = self.types.get(name)
         return t[1] if t else None
 
+    def _unfoldable(self, node: onnx.NodeProto) -> bool:
+        """Control flow (rewritten or run, not folded), and a value kept unfolded (`keep`)."""
+        return node.op_type in control.CONTROL_OPS or bool(self.keep) and not self.keep.isdisjoint(node.output)
+
     def fold_once(self) -> bool:
         kept, folded = [], False
         for node in self.nodes:
-            skip = node.op_type in control.CONTROL_OPS or (self.keep and not self.keep.isdisjoint(node.output))
-            out = None if skip else self._evaluate(node)
+            out = None if self._unfoldable(node) else self._evaluate(node)
             if out is None:
                 kept.append(node)
                 continue
