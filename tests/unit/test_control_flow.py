@@ -139,7 +139,8 @@ def test_torch_cond_export_runs_both_branches_through_a_session(tmp_path) -> Non
             feed = {"x": sign * np.abs(RNG.standard_normal((batch, 8))).astype(np.float32)}
             want = theirs.run(None, feed)[0]
             np.testing.assert_allclose(sess.run(None, feed)[0], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-        assert sess.stats["shape_variants_compiled"] == 2  # per batch size; the branch is chosen at run time
+        # one range program for every batch size (its bodies fitted with it); the branch chosen at run time
+        assert sess.stats["shape_variants_compiled"] == 1 and sess.stats["range_programs_compiled"] == 1
         for v in sess._variants.values():
             g = v.stages[0].graph
             assert "If" in [s.op for s in g.compiled.steps] and g.spillfill_size <= 1.05 * g.lower_bound
@@ -345,3 +346,107 @@ def test_bodies_report_their_unsupported_nodes_with_the_rest() -> None:
               [vi("x", F, [2, 2])], [vi("y", F, None)], {"zero": np.float32(0)})
     with pytest.raises(UnsupportedOpError, match=r"Det \(det_in_then\)"):
         ctxrt.compile(m)
+
+
+def _ranged_control_flow(kind: str):
+    """Dynamic batch N through data-dependent control flow. "if": y = relu(x @ w) if sum(x) > 0 else
+    (x * x) @ v, the branches reading outer values of N rows; "loop": acc (N, 3) carried through max(x) iterations
+    (a data trip count), each adding or subtracting x by an If nested in the body."""
+    n = "N"
+    if kind == "if":
+        then = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["t0"]),
+                                  helper.make_node("Relu", ["t0"], ["t"])], "then", [], [vi("t", F, [n, 8])])
+        other = helper.make_graph([helper.make_node("Mul", ["x", "x"], ["e0"]),
+                                   helper.make_node("MatMul", ["e0", "v"], ["e"])], "else", [], [vi("e", F, [n, 8])])
+        nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+                 helper.make_node("Greater", ["s", "zero"], ["c"]),
+                 helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other, name="if0")]
+        return model(nodes, [vi("x", F, [n, 4])], [vi("y", F, [n, 8])],
+                     {"zero": np.float32(0), "w": RNG.standard_normal((4, 8)).astype(np.float32),
+                      "v": RNG.standard_normal((4, 8)).astype(np.float32)})
+    add = helper.make_graph([helper.make_node("Add", ["acc", "x"], ["a"])], "add", [], [vi("a", F, [n, 3])])
+    sub = helper.make_graph([helper.make_node("Sub", ["acc", "x"], ["b"])], "sub", [], [vi("b", F, [n, 3])])
+    body = helper.make_graph(
+        [helper.make_node("Mod", ["i", "two"], ["r"]), helper.make_node("Equal", ["r", "zero"], ["even"]),
+         helper.make_node("If", ["even"], ["acc2"], then_branch=add, else_branch=sub, name="inner"),
+         helper.make_node("Identity", ["cond"], ["c2"])],
+        "body", [vi("i", T.INT64, []), vi("cond", T.BOOL, []), vi("acc", F, [n, 3])],
+        [vi("c2", T.BOOL, []), vi("acc2", F, [n, 3])])
+    nodes = [helper.make_node("ReduceMax", ["x"], ["mx"], keepdims=0),
+             helper.make_node("Cast", ["mx"], ["M"], to=T.INT64), helper.make_node("Mul", ["x", "zf"], ["z"]),
+             helper.make_node("Loop", ["M", "", "z"], ["y"], body=body, name="loop")]
+    return model(nodes, [vi("x", F, [n, 3])], [vi("y", F, [n, 3])],
+                 {"zf": np.float32(0), "two": np.int64(2), "zero": np.int64(0)})
+
+
+def _ranged_feeds(kind: str, rows: int, sign: float) -> dict[str, np.ndarray]:
+    x = np.abs(np.random.default_rng(rows).standard_normal((rows, 4 if kind == "if" else 3))).astype(np.float32)
+    return {"x": sign * x if kind == "if" else np.clip(x * 3, 0, 5).astype(np.float32) * (1 if sign > 0 else 0.5)}
+
+
+@pytest.mark.parametrize("kind", ["if", "loop"])
+def test_data_dependent_control_flow_is_one_range_program(kind, tmp_path) -> None:
+    """Bodies whose shapes follow the ranged dims are fitted with the program (their integers are entries of the
+    If/Loop step): one compile for every batch size, both branches, the context binary's ranges included."""
+    from ctxrt.backends import get_backend
+    from ctxrt.compiler import compile_graphs, save_context
+    from ctxrt.runtime.loader import context_from_binary
+
+    m = _ranged_control_flow(kind)
+    ctx = ctxrt.compile(m, dims={"N": (1, 12)})
+    graphs, weights = compile_graphs([(m, None, "main")], get_backend("cpu"), dims={"N": (1, 12)})
+    assert any(w[0] == "attr" and len(w) > 4 for w, _ in graphs[0].ranges.entries)  # places inside a body
+    loaded = context_from_binary(save_context(tmp_path / "cf.ctx", graphs, weights, get_backend("cpu"), ["cf.onnx"]))
+    for rows in (12, 1, 5, 12, 7):
+        for sign in (1.0, -1.0):
+            feeds = _ranged_feeds(kind, rows, sign)
+            for c in (ctx, loaded):
+                check(m, feeds, c)
+    with pytest.raises(ShapeError, match=r"\(dim 'N'\) is 13, outside the range 1\.\.12"):
+        ctx.graph().run(_ranged_feeds(kind, 13, 1.0))
+    loaded.free()
+    with ctxrt.InferenceSession(m.SerializeToString()) as sess:  # a batch cycle: one compile
+        for _ in range(2):
+            for rows in range(1, 13):
+                feeds = _ranged_feeds(kind, rows, 1.0 if rows % 3 else -1.0)
+                for got, want in zip(sess.run(None, feeds), ort_run(m, feeds), strict=True):
+                    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert sess.stats["shape_variants_compiled"] == 1 and sess.stats["range_programs_compiled"] == 1
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda r, k: r["entries"].append([["attr", k, "then_branch", "in", 99, 0, 0], [0, 1]]), "no integer"),
+    (lambda r, k: r["entries"].append([["attr", k, "then_branch", "I", 0, 7], [0, 1]]), "no integer"),
+    (lambda r, k: [e[1].__setitem__(1, 2) for e in r["entries"] if e[0][:3] == ["attr", k, "then_branch"]],
+     "upper bound"),
+])
+def test_hostile_body_entries_of_a_range_program_are_a_format_error(edit, needle) -> None:
+    """Places inside a body that name nothing, or that would size a body tensor past its place at the upper
+    bound: refused when the binary is read."""
+    from types import SimpleNamespace
+
+    from ctxrt.backends import get_backend
+    from ctxrt.compiler import compile_graphs
+    from ctxrt.errors import FormatError
+    from ctxrt.format import context_bytes
+
+    graphs, weights = compile_graphs([(_ranged_control_flow("if"), None, "main")], get_backend("cpu"),
+                                     dims={"N": (1, 12)})
+    meta = graphs[0].ranges.to_meta()
+    edit(meta, next(k for k, s in enumerate(graphs[0].steps) if s.op == "If"))
+    graphs[0].ranges = SimpleNamespace(to_meta=lambda: meta)
+    with pytest.raises(FormatError, match=needle):
+        ctxrt.InferenceSession(context_bytes(graphs, weights, {"backend": "cpu", "hardware": "x86_64",
+                                                               "producer": "test", "alignment": 64}))
+
+
+@pytest.mark.parametrize("kind", ["if", "loop"])
+def test_data_dependent_control_flow_range_program_on_opencl(kind, opencl) -> None:
+    """On OpenCL the If/Loop runs in a CPU partition; each new batch size specializes its bodies too."""
+    m = _ranged_control_flow(kind)
+    g = ctxrt.compile(m, backend=opencl, dims={"N": (1, 12)}).graph()
+    assert g.compiled.steps[-1].backend == "cpu"
+    for rows in (12, 3, 7):
+        for sign in (1.0, -1.0):
+            feeds = _ranged_feeds(kind, rows, sign)
+            np.testing.assert_allclose(g.run(feeds)["y"], ort_run(m, feeds)[0], rtol=1e-5, atol=1e-5)

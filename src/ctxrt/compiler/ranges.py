@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ctxrt.compiler.program import ARENA, CONST, CompiledGraph, Ref, Step, TensorInfo
+from ctxrt.compiler.program import ARENA, CONST, Body, CompiledGraph, Ref, Step, TensorInfo
 from ctxrt.errors import CtxrtError, ShapeError
 from ctxrt.ir import memo
 
@@ -221,6 +221,7 @@ def _apply(step: Step, changes: list[tuple[list[Any], int]], consts: dict[tuple[
     ins = [None if r is None else list(r.shape) for r in step.inputs]
     outs = [list(r.shape) for r in step.outputs]
     attrs = None
+    bodies: dict[tuple[Any, ...], list[tuple[list[Any], int]]] = {}  # a control-flow body's integers, by its path
     for where, v in changes:
         kind = where[0]
         if kind == "in":
@@ -230,9 +231,15 @@ def _apply(step: Step, changes: list[tuple[list[Any], int]], consts: dict[tuple[
         elif kind == "attr":
             if attrs is None:
                 attrs = _copy(step.attrs)
-            _set(attrs, where[2:], v)
+            n = _body_at(step.attrs, where[2:])
+            if n:
+                bodies.setdefault(tuple(where[2:2 + n]), []).append((where[2 + n:], v))
+            else:
+                _set(attrs, where[2:], v)
         else:  # an element of a small integer constant
             consts.setdefault((k, where[2]), []).append((where[3], v))
+    for path, body_changes in bodies.items():
+        _set(attrs, path, _apply_body(_get(step.attrs, path), body_changes))
     if step.op == "Softmax" and step.attrs.get("kernel") == "onednn":  # a primitive per shape costs more than
         attrs = {k: v for k, v in (attrs or step.attrs).items() if k not in ("kernel", "threads")}  # it saves
     new_in = [None if r is None else Ref(r.space, r.key, r.offset, tuple(s), r.dtype)
@@ -249,6 +256,39 @@ def filled(constant: np.ndarray, elements: Iterable[tuple[int, int]]) -> np.ndar
     for j, v in elements:
         flat[j] = v
     return array
+
+
+def _apply_body(body: Body, changes: list[tuple[list[Any], int]]) -> Body:
+    """A control-flow body at new values of its integers (places relative to the body, as a program's: "I", "O",
+    "in", "out", "attr"); its arena places and size stay the upper bound's."""
+    io = {"I": [list(t.shape) for t in body.inputs], "O": [list(t.shape) for t in body.outputs]}
+    per_step: dict[int, list[tuple[list[Any], int]]] = {}
+    for where, v in changes:
+        if where[0] in io:
+            io[where[0]][where[1]][where[2]] = v
+        else:
+            per_step.setdefault(int(where[1]), []).append((where, v))
+    steps = [_apply(s, per_step[k], {}, k) if k in per_step else s for k, s in enumerate(body.steps)]
+    return Body([TensorInfo(t.name, tuple(d), t.dtype, t.mem_type) for t, d in zip(body.inputs, io["I"], strict=True)],
+                [TensorInfo(t.name, tuple(d), t.dtype, t.mem_type) for t, d in zip(body.outputs, io["O"], strict=True)],
+                steps, body.arena_size, body.alignment)
+
+
+def _body_at(attrs: Any, path: Sequence[Any]) -> int:
+    """How many leading elements of an attribute path name a control-flow body (0: none, the path is an
+    attribute's integer)."""
+    obj = attrs
+    for n, p in enumerate(path):
+        if isinstance(obj, Body):
+            return n
+        obj = obj[p]
+    return 0
+
+
+def _get(obj: Any, path: Sequence[Any]) -> Any:
+    for p in path:
+        obj = obj[p]
+    return obj
 
 
 def _copy(v: Any) -> Any:
@@ -807,15 +847,18 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def _signature(g: CompiledGraph) -> list[Any]:
+    sig: list[Any] = [[(t.name, t.dtype, len(t.shape)) for t in g.inputs + g.outputs], sorted(g.value_inputs),
+                      sorted((k, a) for k, (a, _) in g.extents.items())]
+    sig.extend(_step_signature(s) for s in g.steps)
+    return sig
+
+
+def _step_signature(s: Step) -> tuple[Any, ...]:
     def ref(r: Ref | None) -> Any:
         return None if r is None else (r.space, r.key, r.dtype, len(r.shape))
 
-    sig: list[Any] = [[(t.name, t.dtype, len(t.shape)) for t in g.inputs + g.outputs], sorted(g.value_inputs),
-                      sorted((k, a) for k, (a, _) in g.extents.items())]
-    for s in g.steps:
-        sig.append((s.op, s.name, s.algorithm, s.backend, [ref(r) for r in s.inputs], [ref(r) for r in s.outputs],
-                    len(s.scratch), _attr_shape(s.attrs)))
-    return sig
+    return (s.op, s.name, s.algorithm, s.backend, [ref(r) for r in s.inputs], [ref(r) for r in s.outputs],
+            len(s.scratch), _attr_shape(s.attrs))
 
 
 def _attr_shape(v: Any) -> Any:
@@ -830,6 +873,9 @@ def _attr_shape(v: Any) -> Any:
         return [_attr_shape(x) for x in v]
     if isinstance(v, np.ndarray):
         return ("array", v.dtype.str, v.shape, v.tobytes())
+    if isinstance(v, Body):  # an If branch, a Loop body: its steps as a program's (its arena the upper bound's)
+        return ("body", [(t.name, t.dtype, len(t.shape)) for t in v.inputs + v.outputs],
+                [_step_signature(s) for s in v.steps], v.alignment)
     return repr(v)
 
 
@@ -888,6 +934,18 @@ def _attr_ints(v: Any, path: tuple[Any, ...]) -> Iterable[tuple[tuple[Any, ...],
     elif isinstance(v, list):
         for j, x in enumerate(v):
             yield from _attr_ints(x, (*path, j))
+    elif isinstance(v, Body):  # its IO's and steps' extents and its steps' attributes, places as a program's
+        for kind, ts in (("I", v.inputs), ("O", v.outputs)):
+            for i, t in enumerate(ts):
+                for a, d in enumerate(t.shape):
+                    yield (*path, kind, i, a), d
+        for k, s in enumerate(v.steps):
+            for kind, refs in (("in", s.inputs), ("out", s.outputs)):
+                for i, r in enumerate(refs):
+                    if r is not None:
+                        for a, d in enumerate(r.shape):
+                            yield (*path, kind, k, i, a), d
+            yield from _attr_ints(s.attrs, (*path, "attr", k))
 
 
 def _readers(spec: list[tuple[str, int, int]], entries: list[tuple[list[Any], list[int]]], g: CompiledGraph
@@ -914,7 +972,7 @@ def check_fits(g: CompiledGraph, ranges: Ranges, spec: list[tuple[str, int, int]
     lows, highs = [c for c, _, _ in edges], [q for _, q, _ in edges]
     # every entry at once (a context binary's load checks them all: ~1.5 -> ~0.2 ms for GPT-2), then the first
     # that fails, one by one, for its message
-    cols = [i for i, (where, _) in enumerate(ranges.entries) if where[0] in ("in", "out", "I", "O")]
+    cols = [i for i, (where, _) in enumerate(ranges.entries) if _inner(g, where)[1][0] in ("in", "out", "I", "O")]
     sub = vals[:, cols]
     tops = np.array([_extent(g, ranges.entries[i][0]) for i in cols], dtype=vals.dtype)
     bad = (sub[top] != tops) | (sub < 0).any(axis=0) | (sub[lows] > sub[highs]).any(axis=0)
@@ -932,7 +990,22 @@ def check_fits(g: CompiledGraph, ranges: Ranges, spec: list[tuple[str, int, int]
                                  "planned at the upper bound")
 
 
-def _extent(g: CompiledGraph, where: Sequence[Any]) -> int:
+def _inner(g: CompiledGraph | Body, where: Sequence[Any]) -> tuple[Any, Sequence[Any], str]:
+    """(the program or control-flow body an entry's integer belongs to, its place there, the steps holding that
+    body, for messages): an attribute's place that passes into a body (an If branch) is a place in the body."""
+    label = ""
+    while where[0] == "attr":
+        step = g.steps[where[1]]
+        n = _body_at(step.attrs, where[2:])
+        if not n:
+            break
+        label += f"{step.op} node {step.name!r} {'/'.join(map(str, where[2:2 + n]))}: "
+        g, where = _get(step.attrs, where[2:2 + n]), where[2 + n:]
+    return g, where, label
+
+
+def _extent(g: CompiledGraph | Body, where: Sequence[Any]) -> int:
+    g, where, _ = _inner(g, where)
     kind = where[0]
     if kind in ("I", "O"):
         return (g.inputs if kind == "I" else g.outputs)[where[1]].shape[where[2]]
@@ -940,10 +1013,13 @@ def _extent(g: CompiledGraph, where: Sequence[Any]) -> int:
     return (step.inputs if kind == "in" else step.outputs)[where[2]].shape[where[3]]
 
 
-def entry_target(g: CompiledGraph, where: Sequence[Any]) -> bool:
-    """Whether `where` (an entry's place, as read from a file) names an integer of program `g`."""
+def entry_target(g: CompiledGraph | Body, where: Sequence[Any]) -> bool:
+    """Whether `where` (an entry's place, as read from a file) names an integer of program `g` (or of a control-flow
+    body of it: no constants of its own there)."""
     try:
         kind = where[0]
+        if kind == "const" and isinstance(g, Body):
+            return False
         if kind in ("I", "O"):
             t = (g.inputs if kind == "I" else g.outputs)[int(where[1])]
             return len(where) == 3 and int(where[1]) >= 0 and 0 <= int(where[2]) < len(t.shape)
@@ -960,7 +1036,9 @@ def entry_target(g: CompiledGraph, where: Sequence[Any]) -> bool:
                     and 0 <= int(where[3]) < max(math.prod(r.shape), 1) <= _DYN_CONST_MAX)
         if kind == "attr":
             obj: Any = step.attrs
-            for p in where[2:]:
+            for n, p in enumerate(where[2:]):
+                if isinstance(obj, Body):
+                    return entry_target(obj, where[2 + n:])
                 if isinstance(obj, dict) and isinstance(p, str) and p in obj or \
                         isinstance(obj, list) and isinstance(p, int) and 0 <= p < len(obj):
                     obj = obj[p]
@@ -973,12 +1051,13 @@ def entry_target(g: CompiledGraph, where: Sequence[Any]) -> bool:
 
 
 def _label(where: Sequence[Any], g: CompiledGraph) -> str:
+    body, where, label = _inner(g, where)
     kind = where[0]
     if kind in ("I", "O"):
-        t = (g.inputs if kind == "I" else g.outputs)[where[1]]
-        return f"{'input' if kind == 'I' else 'output'} {t.name!r} axis {where[2]}"
-    s = g.steps[where[1]]
-    return f"{s.op} node {s.name!r} ({kind} {list(where[2:])})"
+        t = (body.inputs if kind == "I" else body.outputs)[where[1]]
+        return f"{label}{'input' if kind == 'I' else 'output'} {t.name!r} axis {where[2]}"
+    s = body.steps[where[1]]
+    return f"{label}{s.op} node {s.name!r} ({kind} {list(where[2:])})"
 
 
 def arena_refs(step: Step) -> list[Ref]:
