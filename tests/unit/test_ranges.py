@@ -1152,3 +1152,31 @@ def test_a_range_programs_recurrent_nodes_run_the_native_kernel_at_every_shape(o
         g_ = variant.stages[0].graph
         assert g_.ranges is not None and [s.algorithm for s in g_.compiled.steps if s.op == op] == \
             [f"native_{op.lower()}"]
+
+
+def test_a_branch_on_a_dim_is_chosen_per_run_not_folded_at_the_probes() -> None:
+    """If(shape(x)[0] > 2): true at every probe and check point of 1..32, false at 1 and 2. Folded there, the
+    program ran the then branch at every size (wrong at 1 and 2); the comparison is computed at run time."""
+    then = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, ["N", 4])])
+    other = helper.make_graph([helper.make_node("Mul", ["x", "three"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, ["N", 4])])
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]), helper.make_node("Gather", ["sh", "zero"], ["n"], axis=0),
+             helper.make_node("Greater", ["n", "lim"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+                          [numpy_helper.from_array(np.int64(0), "zero"), numpy_helper.from_array(np.int64(2), "lim"),
+                           numpy_helper.from_array(np.float32(2), "two"),
+                           numpy_helper.from_array(np.float32(3), "three")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    program = ctxrt.compile(m, dims={"N": (1, 32)}).graph()
+    with ctxrt.InferenceSession(m) as sess:
+        for n in (32, 5, 3, 2, 1):
+            feeds = {"x": np.ones((n, 4), np.float32)}
+            want = theirs.run(None, feeds)[0]
+            np.testing.assert_array_equal(program.run(feeds)["y"], want)
+            np.testing.assert_array_equal(sess.run(None, feeds)[0], want)
+        assert sess.stats["shape_variants_compiled"] == 1
+    assert "If" in [s.op for s in program.compiled.steps]

@@ -583,7 +583,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
         order = (*points[:2], *few[:1], *points[2:], *few[1:])
         for n, p in enumerate(order):
             if n == 2:  # the other probes once the values kept are known (a round that keeps more reads again)
-                early = _varying_folded(folded.get(tuple(hi), {}), folded.get(tuple(alt), {})) - keep
+                early = _varying_folded(folded.get(tuple(hi), {}), folded.get(tuple(alt), {}), producers) - keep
                 if early:
                     return early
             if n == len(points) + 1:
@@ -593,9 +593,10 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
                 with probing(key):
                     read_only[key] = front(p)
         refute(few)
-        return _varying_folded(folded.get(tuple(hi), {}), folded.get(tuple(alt), {})) - keep
+        return _varying_folded(folded.get(tuple(hi), {}), folded.get(tuple(alt), {}), producers) - keep
 
     checks = _verify_points(spec, hi, alt)
+    producers = memo.memo("producers", model, None, lambda: _producers(model))
     if prior is not None and [(n, lo) for n, lo, _ in prior.dims] == [(n, lo) for n, lo, _ in spec]:
         keep = set(prior.keep)
         try:
@@ -823,20 +824,49 @@ def _varying_consts(g: CompiledGraph, wu: Mapping[str, Any], wa: Mapping[str, An
     return out
 
 
-def _varying_folded(hi: Mapping[str, tuple[Any, ...]], alt: Mapping[str, tuple[Any, ...]]) -> set[str]:
+# Ops whose result is a piecewise function of their inputs (a comparison, a clamp, a choice): folded from values
+# that follow the dims, the result can be the same at every probe and differ elsewhere in the ranges (`n > 2`
+# for n in 1..32: true at every probe and check point, false at 1 and 2), which no fit can see.
+PIECEWISE = frozenset({"Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual", "And", "Or", "Xor", "Not",
+                       "Where", "Min", "Max", "Clip", "Abs", "Sign"})
+# ... and ops whose result steps (a floor): kept where it is the same at both probes while an input is not
+STEPS = frozenset({"Div", "Mod", "Floor", "Ceil", "Round", "Cast"})
+
+
+def _varying_folded(hi: Mapping[str, tuple[Any, ...]], alt: Mapping[str, tuple[Any, ...]],
+                    producers: Mapping[str, tuple[str, Sequence[str]]] | None = None) -> set[str]:
     """Values the frontend folded at both probes whose contents differ, except small integer ones of one shape
     (fitted per element): with the graph's varying constants, every value that follows the dims is kept in one
-    round, not one link of a folded chain (Range -> Add -> Unsqueeze ...) per round and two probes each."""
-    out = set()
+    round, not one link of a folded chain (Range -> Add -> Unsqueeze ...) per round and two probes each. And the
+    results of piecewise ops (`producers`: value -> (op, inputs)) folded from values that differ: computed at run
+    time (an If on `sequence > 2` then stays an If, its branch chosen per run), not fitted."""
+    out, differ = set(), set()
     for name, (shape, dtype, digest) in hi.items():
         other = alt.get(name)
         if other is None or other[2] == digest:
             continue
+        differ.add(name)
         fitted = other[0] == shape and other[1] == dtype and np.dtype(dtype).kind in "iu" and \
             math.prod(shape) <= _DYN_CONST_MAX
         if not fitted:
             out.add(name)
+    for name in hi.keys() & alt.keys():
+        op, inputs = (producers or {}).get(name, ("", ()))
+        if (op in PIECEWISE or op in STEPS and name not in differ) and any(i in differ for i in inputs):
+            out.add(name)
     return out
+
+
+def _producers(model: Any) -> dict[str, tuple[str, list[str]]]:
+    """Each value a node of the model (or of its bodies) computes -> (the node's op, its inputs); not those whose
+    value reaches a position that decides a shape (a Reshape's target through `Where(Equal(s, -1), 1, s)`, as
+    torch's legacy exporter writes an expand): kept, the shape would be decided at run time (the fit and its
+    check points test those)."""
+    from ctxrt.frontend.control import all_nodes
+    from ctxrt.frontend.values import trace
+
+    shapes = trace(model.graph.node)[0]
+    return {o: (n.op_type, list(n.input)) for n in all_nodes(model.graph) for o in n.output if o and o not in shapes}
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
