@@ -214,3 +214,62 @@ def test_a_fold_reinfers_only_the_nodes_it_left_untyped(monkeypatch) -> None:
     want = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a0": x})[0]
     assert got.shape == want.shape == (1, 16, 12)
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def _counted(tmp_path):
+    """y = arange(n) * s, one_hot(idx, depth), top_k(x, k): integer value inputs of one element (a scalar int64,
+    a scalar int32, a [1] int64) whose values decide the outputs' shapes."""
+    nodes = [helper.make_node("Range", ["zero", "n", "one"], ["r"]),
+             helper.make_node("Cast", ["r"], ["rf"], to=T.FLOAT), helper.make_node("Mul", ["rf", "s"], ["y"]),
+             helper.make_node("OneHot", ["idx", "depth", "vals"], ["oh"], axis=-1),
+             helper.make_node("TopK", ["x", "k"], ["tv", "ti"], axis=-1)]
+    return save(tmp_path, nodes, [vi("n", T.INT64, []), vi("s", T.FLOAT, []), vi("idx", T.INT64, ["b"]),
+                                  vi("depth", T.INT32, []), vi("x", T.FLOAT, ["b", 64]), vi("k", T.INT64, [1])],
+                [vi("y", T.FLOAT, None), vi("oh", T.FLOAT, None), vi("tv", T.FLOAT, None), vi("ti", T.INT64, None)],
+                {"zero": np.int64(0), "one": np.int64(1), "vals": np.array([0, 1], np.float32)})
+
+
+def _counted_feeds(n, depth, k, b, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"n": np.array(n, np.int64), "s": np.array(1.5, np.float32), "idx": rng.integers(0, depth, b),
+            "depth": np.array(depth, np.int32), "x": rng.standard_normal((b, 64)).astype(np.float32),
+            "k": np.array([k], np.int64)}
+
+
+def test_value_inputs_met_with_other_values_are_ranged_as_lengths(tmp_path) -> None:
+    """Range's limit, OneHot's depth and TopK's K change every call: the first call compiles for its values, the
+    second one range program over them (each input the length of a carrier, docs/shapes-and-control-flow.md), and
+    every later value inside (or after one widening) runs on it, through run and through an IOBinding."""
+    path = _counted(tmp_path)
+    theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    cases = [(0, 5, 3, 2), (9, 9, 7, 3), (3, 12, 1, 1), (17, 3, 12, 2), (30, 30, 12, 5), (5, 7, 2, 2), (60, 2, 40, 4)]
+    for cache_dir in (None, tmp_path / "cache", tmp_path / "cache"):
+        with ctxrt.InferenceSession(path, cache_dir=cache_dir) as sess:
+            for i, case in enumerate(cases):
+                f = _counted_feeds(*case, seed=i)
+                want = theirs.run(None, f)
+                binding = sess.io_binding()
+                for name, v in f.items():
+                    binding.bind_input(name, v)
+                for out in ("y", "oh", "tv", "ti"):
+                    binding.bind_output(out)
+                sess.run_with_iobinding(binding)
+                for got in (sess.run(None, f), binding.copy_outputs_to_cpu()):
+                    for g, w in zip(got, want, strict=True):
+                        assert g.shape == w.shape
+                        np.testing.assert_allclose(g, w, rtol=1e-6)
+            s = sess.stats
+            # exact values, then one range program over n, depth and K, widened once (n 60, K 40)
+            assert s["shape_variants_compiled"] == 3 and s["value_inputs_ranged"] == 3, dict(s)
+            assert s["range_programs_compiled"] == 3
+    assert s["compile_cache_hits"] == 3  # the second session found each in the cache
+
+
+def test_a_value_input_that_cannot_be_a_length_stays_compiled_per_value(reshaper) -> None:
+    """Reshape's shape (24 / rest rows: no polynomial) and Unsqueeze's axes (another rank) cannot be ranged: the
+    attempt fails once, and those inputs are compiled per value from then on, with the right outputs."""
+    with ctxrt.InferenceSession(reshaper) as sess:
+        for rest, axes in ((3, 0), (2, 1), (3, 0), (6, 2), (4, 1)):
+            got = sess.run(None, feeds(rest, axes))[0]
+            np.testing.assert_array_equal(got, ort_run(reshaper, feeds(rest, axes))[0])
+        assert sess._carry_failed == {"rest", "axes"} and sess.stats["value_inputs_ranged"] == 0

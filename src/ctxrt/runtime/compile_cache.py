@@ -58,31 +58,61 @@ class VariantCompiler:
         # what every compile of this model sees (a session may set kv_shared); with a cache folder the programs are
         # binaries, whose weights are stored in the layout their kernels read
         self.options = compile_options(in_memory=self.folder is None)
+        self._carriers: tuple[frozenset[str], Any] = (frozenset(), None)  # (carried inputs, the model rewritten)
+        self._shape_only: frozenset[str] | None = None
 
     def compile(self, shapes: Mapping[str, Any] | None, feeds: Mapping[str, Any] | None,
-                dims: Mapping[str, tuple[int, int]] | None = None, prior: Any = None) -> Context:
+                dims: Mapping[str, tuple[int, int]] | None = None, prior: Any = None,
+                carried: frozenset[str] = frozenset()) -> Context:
         """Online prepare with memhandle IO (the session binds every IO tensor); value inputs are taken from
         `feeds`; `dims`: the ranges of a range program (`prior`: the Ranges of a narrower one, whose fit is
-        checked first). Through the cache folder when there is one."""
+        checked first); `carried`: value inputs given as the lengths of inputs (frontend/carriers.py), ranged
+        in `dims` under their carriers' names. Through the cache folder when there is one."""
         from ctxrt.compiler import compile_graphs
         from ctxrt.runtime.loader import compile_to_context
         from ctxrt.runtime.variant import array_of
 
         shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
-        feeds = {k: array_of(v) for k, v in (feeds or {}).items()}
+        feeds = {k: array_of(v) for k, v in (feeds or {}).items() if k not in carried}
         dims = {k: v if isinstance(v, str) else (int(v[0]), int(v[1])) for k, v in (dims or {}).items()}
+        source = self._carried(carried)
         try:
             if self.folder is None:
-                graphs, weights = compile_graphs([(self.source, shapes, "main")], self.backend, "memhandle", feeds,
+                graphs, weights = compile_graphs([(source, shapes, "main")], self.backend, "memhandle", feeds,
                                                  self.options, dims=dims, prior=prior)
                 return compile_to_context(graphs, weights, self.backend, store=self.store)
-            return self._cached(shapes, feeds, dims, prior)
+            return self._cached(source, shapes, feeds, dims, prior, carried)
         finally:
             graphs = weights = None
             heap.trim()  # what the compile freed (probe programs, IR): not kept at the compile's peak
 
-    def _cached(self, shapes: dict[str, tuple[int, ...]], feeds: dict[str, Any],
-                dims: dict[str, tuple[int, int]], prior: Any = None) -> Context:
+    def shape_only_inputs(self) -> frozenset[str]:
+        """The model's inputs whose values decide shapes and no branch or trip count (frontend/values.py): those a
+        session may range as lengths (an input that picks a branch is better compiled per value, the branch
+        inlined). Read once."""
+        if self._shape_only is None:
+            from ctxrt.frontend.onnx import load_model
+            from ctxrt.frontend.values import trace
+
+            graph = load_model(self.source).graph
+            shape, branch = trace(graph.node)
+            self._shape_only = frozenset(i.name for i in graph.input if i.name in shape and i.name not in branch)
+        return self._shape_only
+
+    def _carried(self, carried: frozenset[str]) -> Any:
+        """The model to compile: the source, or its copy whose `carried` inputs are lengths (made once a set)."""
+        if not carried:
+            return self.source
+        if self._carriers[0] != carried:
+            from ctxrt.frontend.carriers import carried_model
+            from ctxrt.frontend.onnx import load_model
+
+            self._carriers = (carried, carried_model(load_model(self.source), carried))
+        return self._carriers[1]
+
+    def _cached(self, source: Any, shapes: dict[str, tuple[int, ...]], feeds: dict[str, Any],
+                dims: dict[str, tuple[int, int]], prior: Any = None, carried: frozenset[str] = frozenset()
+                ) -> Context:
         """The context binary for this compile from the folder, or compiled and kept there. The names of the
         model's value inputs are learned at its first compile and kept beside the binaries."""
         from ctxrt.compiler import compile_graphs, save_context
@@ -92,8 +122,9 @@ class VariantCompiler:
         assert folder is not None
         folder.mkdir(parents=True, exist_ok=True)
         model = self.model_key()
-        key = (model + "\0" + self.options_key(shapes, dims)).encode()
-        names_of = (model + "\0" + self.options_key({})).encode()  # the same for every shape: one file a model
+        key = (model + "\0" + self.options_key(shapes, dims, carried)).encode()
+        # the same for every shape: one file a model (and set of carried inputs)
+        names_of = (model + "\0" + self.options_key({}, None, carried)).encode()
         names_file = folder / f"{hashlib.sha256(names_of).hexdigest()[:32]}.value_inputs.json"
 
         def path_for(names: list[str]) -> Path:
@@ -114,7 +145,7 @@ class VariantCompiler:
                 except FormatError:  # a damaged entry (or one of its weights): compile again and replace it
                     counters["compile_cache_damaged"] += 1
         counters["compile_cache_misses"] += 1
-        graphs, weights = compile_graphs([(self.source, shapes, "main")], self.backend, "memhandle", feeds,
+        graphs, weights = compile_graphs([(source, shapes, "main")], self.backend, "memhandle", feeds,
                                          self.options, dims=dims, prior=prior)
         names = sorted(graphs[0].value_inputs)
         names_file.write_text(json.dumps(names))
@@ -139,11 +170,12 @@ class VariantCompiler:
             h.update(f"\0{rel}\0{self._digest(path)}".encode())
         return h.hexdigest()
 
-    def options_key(self, shapes: Mapping[str, tuple[int, ...]], dims: Mapping[str, tuple[int, int]] | None = None
-                    ) -> str:
+    def options_key(self, shapes: Mapping[str, tuple[int, ...]], dims: Mapping[str, tuple[int, int]] | None = None,
+                    carried: frozenset[str] = frozenset()) -> str:
         """Everything besides the model and the values of value inputs that a compiled binary depends on."""
         be = self.backend
         return json.dumps({
+            **({"carried": sorted(carried)} if carried else {}),  # (keys of earlier binaries unchanged)
             "shapes": sorted((k, list(v)) for k, v in shapes.items()), "io_mem_type": "memhandle",
             "dims": sorted((k, v if isinstance(v, str) else list(v)) for k, v in (dims or {}).items()),
             "options": self.options, "device": be.device_id(), "ctxrt": ctxrt.__version__,

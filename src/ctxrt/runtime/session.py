@@ -79,6 +79,11 @@ class InferenceSession:
         # program is compiled for one value of these, its other dims ranged (a batch loop at a fixed image size)
         self._fixed_dims: set[str] = set()
         self._range_error: str | None = None  # why the last range compile failed (then exact shapes were compiled)
+        # integer value inputs of one element met with several values, ranged as lengths (frontend/carriers.py):
+        # their ranges, those that could not be, and the values each was compiled for
+        self._carry_ranges: dict[str, tuple[int, int]] = {}
+        self._carry_failed: set[str] = set()
+        self._values_seen: dict[str, set[int]] = {}
         if sess_options is None and is_session_options(backend):  # onnxruntime's order: (model, sess_options)
             backend, sess_options = "cpu", backend
         self._num_threads = threads_of(sess_options)
@@ -221,7 +226,8 @@ class InferenceSession:
                              f"{np.asarray(array_of(feeds[name])).reshape(-1).tolist()[:16]} (a context binary is "
                              "compiled for one value)")
         else:
-            dims = self._range_dims(feeds)
+            variant = self._carried_variant(feeds)  # value inputs met with other values: ranged as lengths
+            dims = None if variant is not None else self._range_dims(feeds)
             prior = None
             if dims:  # a wider range replaces the ranges compiled before (whose fit it tries first); with dims
                 # kept fixed (`_fixed_dims`), only the program for the same sizes of those: the others stay
@@ -230,9 +236,8 @@ class InferenceSession:
                 prior = next((self._variants[k].ranged.ranges for k in replaced), None)
                 for k in replaced:
                     self._retire(self._variants.pop(k))
-            while len(self._variants) >= self._max_variants:  # free the least recently used variant first
+            while variant is None and len(self._variants) >= self._max_variants:  # free the least recently used
                 self._retire(self._variants.pop(next(iter(self._variants))))
-            variant = None
             if dims:
                 from ctxrt.compiler.ranges import RangeError
 
@@ -290,6 +295,76 @@ class InferenceSession:
         self._current = variant
         return variant
 
+    def _carried_variant(self, feeds: Mapping[str, Any]) -> Variant | None:
+        """A range program for these feeds whose integer value inputs of one element that met several values (and
+        are not negative, and decide shapes but no branch) are ranged as lengths (frontend/carriers.py), [0 or 1,
+        max(default_dim_max, twice the largest met)] and widened as dims are, its dims ranged as `_range_dims` gives
+        them; None where no such input varied, or the program does not compile (those inputs then stay value
+        inputs, compiled per value)."""
+        from ctxrt.frontend.carriers import carriable, carrier, carry
+
+        if not self._values_seen and not self._carry_ranges or self._compiler is None:
+            return None
+        ranges: dict[str, tuple[int, int]] = {}
+        for name, (dt, decl) in self._in_decl.items():
+            seen = self._values_seen.get(name)
+            if name in self._carry_failed or (seen is None and name not in self._carry_ranges) or \
+                    not carriable(dt, decl) or name not in self._compiler.shape_only_inputs():
+                continue
+            length = carry(array_of(feeds[name]))
+            if length is None or seen is not None and min(seen) < 0:
+                return None  # a negative value: not a length
+            n = len(length)
+            if name in self._carry_ranges:
+                lo, hi = self._carry_ranges[name]
+                ranges[name] = (lo, hi) if lo <= n <= hi else (min(lo, n), max(2 * hi, 1 << max(n - 1, 0).bit_length()))
+            elif len(seen | {n}) > 1:
+                met = seen | {n}
+                ranges[name] = (0 if 0 in met else 1,
+                                max(self._default_dim_max, 2 * (1 << max(max(met) - 1, 0).bit_length())))
+        dims = self._range_dims(feeds) if ranges else None
+        if dims is None:
+            return None
+        replaced = [k for k, old in self._variants.items() if old.carriers.keys() == ranges.keys()]
+        prior = next((self._variants[k].ranged.ranges for k in replaced if self._variants[k].ranged is not None),
+                     None)
+        for k in replaced:
+            self._retire(self._variants.pop(k))
+        while len(self._variants) >= self._max_variants:
+            self._retire(self._variants.pop(next(iter(self._variants))))
+        # all of them, else each alone (the others compiled per value); an upper bound past what the model allows
+        # (TopK's K past its axis) fails: halved down to the value met
+        variant, names = None, list(ranges)
+        with memo.shared():
+            for group in [names, *([[n] for n in names] if len(names) > 1 else [])]:
+                attempts = [{n: ranges[n] for n in group}]
+                while True:
+                    last = {n: (lo, max(lo, len(carry(array_of(feeds[n]))), hi // 2))
+                            for n, (lo, hi) in attempts[-1].items()}
+                    if last == attempts[-1]:
+                        break
+                    attempts.append(last)
+                for attempt in attempts:
+                    try:
+                        ranged = {**dims, **{carrier(n): r for n, r in attempt.items()}}
+                        variant = self._single(self._compile(None, feeds, ranged, prior), None)
+                        break
+                    except CtxrtError as e:
+                        self._range_error = f"{type(e).__name__}: {e}"
+                if variant is not None:
+                    break
+        if variant is None:
+            self._carry_failed |= ranges.keys()
+            return None
+        self._carry_failed |= ranges.keys() - attempt.keys()
+        ranges = attempt
+        variant.carriers = {n: carrier(n) for n in ranges}
+        self._carry_ranges.update(ranges)
+        self._ranges.update({k: v for k, v in dims.items() if k not in self._fixed_dims})
+        self._counters["range_programs_compiled"] += 1
+        self._counters["value_inputs_ranged"] = len(self._carry_ranges.keys() - self._carry_failed)
+        return variant
+
     def _one_ranged_dim(self, feeds: Mapping[str, Any], attempt: dict[str, Any], prior: Any, error: Exception
                         ) -> tuple[Variant | None, dict[str, Any]]:
         """After a range compile over several dims failed with `error`: a program ranged over the dims the integers
@@ -338,6 +413,9 @@ class InferenceSession:
         self._counters["shape_variants_freed"] += 1
 
     def _note_compile(self, variant: Variant) -> None:
+        for name, value in variant.values:  # integer value inputs of one element: may be ranged as lengths
+            if value.size == 1 and value.dtype.kind in "iu":
+                self._values_seen.setdefault(name, set()).add(int(value.reshape(-1)[0]))
         for info in variant.inputs:
             for axis, d in enumerate(info.shape):
                 self._dims.setdefault((info.name, axis), set()).add(d)
@@ -351,9 +429,13 @@ class InferenceSession:
     def _compile(self, shapes: Any, feeds: Mapping[str, Any] | None = None,
                  dims: Mapping[str, tuple[int, int]] | None = None, prior: Any = None) -> Context:
         """Online prepare with memhandle IO (the session binds every IO tensor); through `cache_dir` when set.
-        Value inputs are taken from `feeds`; `dims`: ranges of a range program (`prior`: a narrower one's)."""
+        Value inputs are taken from `feeds`; `dims`: ranges of a range program (`prior`: a narrower one's), a value
+        input's carrier among them (`_carried_variant`)."""
+        from ctxrt.frontend.carriers import carrier
+
         assert self._compiler is not None
-        return self._compiler.compile(shapes, feeds, dims, prior)
+        carried = frozenset(n for n in self._in_decl if carrier(n) in (dims or {}))
+        return self._compiler.compile(shapes, feeds, dims, prior, carried)
 
     def _varied(self, feeds: Mapping[str, Any]) -> set[str] | None:
         """After a range compile failed (not for a reason ranges cannot fix): the dims whose size changed between
@@ -498,6 +580,8 @@ class InferenceSession:
             if self._orphans:
                 self._return_orphans()
             v = self._variant(input_feed)
+            if v.carriers:  # value inputs ranged as lengths: fed as their carriers
+                input_feed = v.carry(input_feed)
             names = v.all_outputs if output_names is None else self._check_outputs(v, output_names)
             if input_feed.keys() != v.in_info.keys():
                 missing = sorted(set(v.in_info) - set(input_feed))
@@ -576,7 +660,8 @@ class InferenceSession:
             if self._orphans:
                 self._return_orphans()
             v = self._variant(binding._inputs)
-            if v.ranged is not None and v.shapes_for(binding._inputs):
+            inputs = v.carry(binding._inputs) if v.carriers else binding._inputs
+            if v.ranged is not None and v.shapes_for(inputs):
                 self._cache.keep_only(self._io_keys())
             cache, pin = self._cache, self._pinning
             lent = binding._lent
@@ -586,7 +671,7 @@ class InferenceSession:
             own_in = v.own_in
             try:
                 for i, info in enumerate(v.inputs):
-                    x = binding._inputs[info.name]
+                    x = inputs[info.name]
                     if x.__class__ is Tensor:
                         self._check_tensor(info, v.in_dt[i], x, "input", v.in_shapes[i])  # e.g. destroyed since
                     else:

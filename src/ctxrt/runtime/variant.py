@@ -56,6 +56,7 @@ class Variant:
             ctx.num_threads = session._num_threads  # the session's sess_options.intra_op_num_threads
         self.inputs, self.outputs, self.links = inputs, outputs, links
         self.in_info = {t.name: t for t in inputs}
+        self.carriers: dict[str, str] = {}  # value inputs fed as the lengths of these inputs (frontend/carriers.py)
         self.out_info = {t.name: t for t in outputs}
         self.out_index = {t.name: i for i, t in enumerate(outputs)}
         self.all_outputs = [t.name for t in outputs]
@@ -126,7 +127,24 @@ class Variant:
             self._lasts.pop(old, None)
         return new
 
+    def carry(self, feeds: Mapping[str, Any]) -> Any:
+        """The feeds with each carried value input replaced by its carrier; None where a value is no length."""
+        from ctxrt.frontend.carriers import carry
+
+        out = dict(feeds)
+        for name, length in self.carriers.items():
+            x = out.pop(name, None)
+            v = None if x is None else carry(array_of(x))
+            if v is None:
+                return None
+            out[length] = v
+        return out
+
     def matches(self, feeds: Mapping[str, Any]) -> bool:
+        if self.carriers:
+            feeds = self.carry(feeds)
+            if feeds is None:
+                return False
         if self.ranged is not None:
             return self.fits(feeds)
         for info in self.inputs:
