@@ -6,6 +6,7 @@ feeds outside the ranges refused with the dim, its value and its range; hostile 
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -1180,3 +1181,42 @@ def test_a_branch_on_a_dim_is_chosen_per_run_not_folded_at_the_probes() -> None:
             np.testing.assert_array_equal(sess.run(None, feeds)[0], want)
         assert sess.stats["shape_variants_compiled"] == 1
     assert "If" in [s.op for s in program.compiled.steps]
+
+
+def _clamped_slice(op: str, bound: int) -> bytes:
+    """y = relu(x[:op(N, bound)]): the Slice's end a piecewise function of the dim N, folded into a shape."""
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]), helper.make_node("Gather", ["sh", "zero"], ["n"], axis=0),
+             helper.make_node(op, ["n", "bound"], ["e"]), helper.make_node("Slice", ["x", "zero", "e", "zero"], ["s"]),
+             helper.make_node("Relu", ["s"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(np.array([0], np.int64), "zero"),
+                           numpy_helper.from_array(np.array([bound], np.int64), "bound")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("op, bound, one_piece", [("Min", 8, False), ("Min", 64, True), ("Max", 5, False),
+                                                  ("Max", 0, True)])
+def test_a_shape_that_follows_a_clamped_dim_is_one_program_only_where_it_keeps_one_piece(op, bound, one_piece
+                                                                                         ) -> None:
+    """x[:min(N, 8)] for N in 1..32 has 8 rows at every probe and check point, N below 8: its program had 8 rows
+    everywhere (garbage at N = 1, a crash at 5). A piecewise op folded into a shape is checked over the whole
+    box of ranges: refused where it changes piece (the session then compiles exact shapes), one program where
+    it does not (min(N, 64))."""
+    m = _clamped_slice(op, bound)
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    feeds = [{"x": np.arange(n * 4, dtype=np.float32).reshape(n, 4) - 7} for n in (32, 9, 5, 1)]
+    if one_piece:
+        program = ctxrt.compile(m, dims={"N": (1, 32)}).graph()
+        for f in feeds:
+            np.testing.assert_array_equal(program.run(f)["y"], theirs.run(None, f)[0])
+    else:
+        with pytest.raises(RangeError, match=f"a shape follows {op} value 'e', which changes piece"):
+            ctxrt.compile(m, dims={"N": (1, 32)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CtxrtWarning)
+        with ctxrt.InferenceSession(m) as sess:
+            for f in feeds:
+                got, want = sess.run(None, f)[0], theirs.run(None, f)[0]
+                assert got.shape == want.shape
+                np.testing.assert_array_equal(got, want)

@@ -553,6 +553,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
         """The frontend's graph at a probe (what it folded recorded), before the passes."""
         graph = read(model, shapes_of(point), backend, name, values, feeds, frozenset(keep), options)
         folded[tuple(point)] = graph.folded
+        small[tuple(point)] = graph.small
         return graph
 
     def read_first() -> set[str]:
@@ -593,10 +594,14 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
                 with probing(key):
                     read_only[key] = front(p)
         refute(few)
-        return _varying_folded(folded.get(tuple(hi), {}), folded.get(tuple(alt), {}), producers) - keep
+        late = _varying_folded(folded.get(tuple(hi), {}), folded.get(tuple(alt), {}), producers) - keep
+        if not late and pieces and not split:
+            _check_pieces(pieces, small, folded, points, few, spec)
+        return late
 
     checks = _verify_points(spec, hi, alt)
-    producers = memo.memo("producers", model, None, lambda: _producers(model))
+    producers, pieces = memo.memo("producers", model, None, lambda: _producers(model))
+    small: dict[tuple[int, ...], dict[str, Any]] = {}  # per probe: its small constants (`_check_pieces`)
     if prior is not None and [(n, lo) for n, lo, _ in prior.dims] == [(n, lo) for n, lo, _ in spec]:
         keep = set(prior.keep)
         try:
@@ -857,16 +862,97 @@ def _varying_folded(hi: Mapping[str, tuple[Any, ...]], alt: Mapping[str, tuple[A
     return out
 
 
-def _producers(model: Any) -> dict[str, tuple[str, list[str]]]:
-    """Each value a node of the model (or of its bodies) computes -> (the node's op, its inputs); not those whose
-    value reaches a position that decides a shape (a Reshape's target through `Where(Equal(s, -1), 1, s)`, as
-    torch's legacy exporter writes an expand): kept, the shape would be decided at run time (the fit and its
-    check points test those)."""
+def _producers(model: Any) -> tuple[dict[str, tuple[str, list[str]]], list[tuple[str, str, list[str]]]]:
+    """(each value a node of the model or of its bodies computes -> (the node's op, its inputs), except values that
+    reach a position that decides a shape; the piecewise ops' values that do, (value, op, inputs) in graph order).
+    The first are kept where their inputs follow the dims; the others cannot be (the shape would be decided at
+    run time: a Reshape's target through `Where(Equal(s, -1), 1, s)`, as torch's legacy exporter writes an expand)
+    and are checked to keep one piece over the whole ranges (`_check_pieces`)."""
     from ctxrt.frontend.control import all_nodes
     from ctxrt.frontend.values import trace
 
     shapes = trace(model.graph.node)[0]
-    return {o: (n.op_type, list(n.input)) for n in all_nodes(model.graph) for o in n.output if o and o not in shapes}
+    nodes = list(all_nodes(model.graph))
+    kept = {o: (n.op_type, list(n.input)) for n in nodes for o in n.output if o and o not in shapes}
+    pieces = [(o, n.op_type, list(n.input)) for n in nodes for o in n.output[:1]
+              if o in shapes and (n.op_type in PIECEWISE or n.op_type in STEPS)]
+    return kept, pieces
+
+
+def _check_pieces(pieces: list[tuple[str, str, list[str]]], small: Mapping[tuple[int, ...], Mapping[str, Any]],
+                  folded: Mapping[tuple[int, ...], Mapping[str, Any]], points: list[tuple[int, ...]],
+                  checks: list[tuple[int, ...]], spec: list[tuple[str, int, int]]) -> None:
+    """RangeError where a piecewise op folded into a shape (`pieces`) may change piece somewhere in the ranges:
+    `min(N, 8)` over N in 1..32 is 8 at every probe and N below 8, which the fit of the shape it decides cannot
+    see. Its inputs (the probes' small constants `small`) are fitted as affine functions of the dims over the
+    probes `points` and checked at `checks`; then, at every corner of the box of ranges, each comparison's (Min's,
+    Max's, Clip's, Abs's, Sign's) difference keeps one sign, a Where's condition and And's ... inputs one value,
+    and a Div's or Floor's ... result is the affine function its input's fit gives: over the box, then, the op is
+    one affine piece, as the fit assumes."""
+    k = len(spec)
+    terms = [0, *(1 << j for j in range(k))]
+    basis = np.array([_monomials(p) for p in points], np.float64)[:, terms]
+    corners = [tuple(c) for c in itertools.product(*[(lo, hi) for _, lo, hi in spec])]
+    at_corners = np.array([_monomials(c) for c in corners], np.float64)[:, terms]
+
+    def fail(name: str, op: str, why: str) -> RangeError:
+        return RangeError(f"a shape follows {op} value {name!r}, which {why} inside the ranges: not one program "
+                          "for them")
+
+    def corner_values(name: str, op: str, inp: str) -> np.ndarray | None:
+        """The input's values at every corner (None: the same at every probe, a constant)."""
+        got = [small.get(p, {}).get(inp) for p in (*points, *checks)]
+        if any(g is None for g in got) or len({(g.shape, g.dtype.str) for g in got}) != 1:
+            raise fail(name, op, "reads a value ctxrt cannot follow (not a small constant at every probe)")
+        flat = np.array([np.asarray(g, np.float64).reshape(-1) for g in got])  # points x elements
+        if (flat == flat[0]).all():
+            return None
+        x = flat[:len(points)]
+        coeffs = np.linalg.lstsq(basis, x, rcond=None)[0]
+        if np.array_equal(basis @ np.rint(coeffs), x):
+            coeffs = np.rint(coeffs)  # integers (a dim's values): exact at the corners, as the fit of extents is
+        if not np.allclose(basis @ coeffs, x) or any(
+                not np.allclose(_monomials(c).astype(np.float64)[terms] @ coeffs, flat[len(points) + i])
+                for i, c in enumerate(checks)):
+            raise fail(name, op, "is no affine function of the dims and may change")
+        return (at_corners @ coeffs).reshape((len(corners), *got[0].shape))
+
+    for name, op, inputs in pieces:
+        if not all(name in folded.get(p, {}) or name in small.get(p, {}) for p in (*points, *checks)):
+            continue  # not folded (computed at run time: its shape's node says so), or not at every probe (inlined)
+        vals = [corner_values(name, op, i) if i else None for i in inputs]
+        if all(v is None for v in vals):
+            continue  # the same at every probe: a constant
+        full = [v if v is not None else np.broadcast_to(np.asarray(small[points[0]][i], np.float64),
+                                                         (len(corners), *np.shape(small[points[0]][i])))
+                for v, i in zip(vals, inputs, strict=True) if i]
+        if op in ("Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual", "Min", "Max"):
+            signs = [np.sign(a - b) for a, b in itertools.combinations(full, 2)]
+        elif op == "Clip":
+            signs = [np.sign(full[0] - b) for b in full[1:]]
+        elif op in ("Abs", "Sign"):
+            signs = [np.sign(full[0])]
+        elif op in ("Div", "Floor", "Ceil", "Round", "Cast"):
+            if op == "Div" and vals[1] is not None:
+                raise fail(name, op, "divides by a value that follows the dims")
+            result = small.get(points[0], {}).get(name)
+            if op in ("Div", "Cast") and (result is None or result.dtype.kind not in "iu"):
+                continue  # a float quotient of a constant, a cast to a float: no rounding
+            fn = {"Div": lambda a: np.trunc(a[0] / a[1]), "Floor": lambda a: np.floor(a[0]),
+                  "Ceil": lambda a: np.ceil(a[0]), "Round": lambda a: np.round(a[0]),
+                  "Cast": lambda a: np.trunc(a[0])}[op]
+            exact = np.allclose(fn(full), full[0] / full[1] if op == "Div" else full[0], rtol=0, atol=1e-9)
+            if not exact:
+                raise fail(name, op, "rounds a value that follows the dims")
+            continue
+        else:  # Where's condition, And's, Or's, Xor's, Not's, Mod's inputs: one value at every probe (a condition
+            # from a comparison is checked over the box above it); Where's choices may follow the dims
+            if any(v is not None for v in (vals[:1] if op == "Where" else vals)):
+                raise fail(name, op, "takes inputs that follow the dims")
+            continue
+        for d in signs:
+            if not (d == d[:1]).all():
+                raise fail(name, op, "changes piece")
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:

@@ -591,6 +591,7 @@ def _bounded_axes(node: onnx.NodeProto) -> dict[int, int]:
     return BOUNDED[op_key(node)](Node(op_key(node), node.name, list(node.input), list(node.output), attrs))
 
 
+SMALL_MAX = 64  # constants of at most this many elements a range compile's probe keeps as they are
 FINGERPRINT_MAX = 1 << 20  # folded values of more elements are not fingerprinted (weights, not masks)
 
 
@@ -646,6 +647,8 @@ def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str
         # (constant chains are the same at every probe: PP-OCR's recognizer's weights, written as Constant nodes,
         # not hashed at every probe, 12 ms a read)
         graph.folded = fingerprints(st.consts, {i.name for i in proto.graph.initializer} | set(st.inputs) | st.chains)
+        # and every small numeric constant as it is (a piecewise op's inputs, checked over the ranges)
+        graph.small = {n: a for n, a in st.consts.items() if a.size <= SMALL_MAX and a.dtype.kind in "biuf"}
     if scope.notes:
         warnings.warn("; ".join(scope.notes), CtxrtWarning, stacklevel=2)
     return graph

@@ -48,6 +48,7 @@ class Graph:
     # what the frontend folded into constants, by value: (shape, dtype, digest of the contents) — a range compile
     # compares two probes' to find every value that follows the dims at once (compiler/ranges.py)
     folded: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    small: dict[str, np.ndarray] = field(default_factory=dict)  # and its small numeric constants as they are
 
     def consumers(self) -> dict[str, list[Node]]:
         uses: dict[str, list[Node]] = {name: [] for name in self.values}
