@@ -273,3 +273,32 @@ def test_a_value_input_that_cannot_be_a_length_stays_compiled_per_value(reshaper
             got = sess.run(None, feeds(rest, axes))[0]
             np.testing.assert_array_equal(got, ort_run(reshaper, feeds(rest, axes))[0])
         assert sess._carry_failed == {"rest", "axes"} and sess.stats["value_inputs_ranged"] == 0
+
+
+def test_elements_of_value_inputs_are_ranged_and_one_that_is_a_dim_follows_it(tmp_path) -> None:
+    """Resize's sizes [1, 3, H, W] and a Reshape's target [b, 8, 8] change every call: H and W become dims of
+    their own, the target's first element is the batch of `z` (equal at every compile: one dim), the fixed
+    elements stay constants checked at each run; 7 calls, 3 compiles (exact values, one range program, one
+    widening). A later target whose first element is not the batch gets a program of its own."""
+    nodes = [helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="nearest"),
+             helper.make_node("Reshape", ["z", "shape"], ["r"]), helper.make_node("Relu", ["r"], ["w"])]
+    path = save(tmp_path, nodes, [vi("x", T.FLOAT, [1, 3, 16, 16]), vi("sizes", T.INT64, [4]),
+                                  vi("z", T.FLOAT, ["b", 64]), vi("shape", T.INT64, [3])],
+                [vi("y", T.FLOAT, None), vi("w", T.FLOAT, None)])
+    rng = np.random.default_rng(0)
+
+    def feeds(h, w, b, lead=None):
+        return {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32),
+                "sizes": np.array([1, 3, h, w], np.int64), "z": rng.standard_normal((b, 64)).astype(np.float32),
+                "shape": np.array([lead, b * 8 // lead, 8] if lead else [b, 8, 8], np.int64)}
+    with ctxrt.InferenceSession(path) as sess:
+        for h, w, b in [(8, 8, 1), (20, 12, 2), (31, 5, 3), (16, 16, 4), (40, 9, 1), (3, 33, 7), (64, 64, 2)]:
+            f = feeds(h, w, b)
+            for got, want in zip(sess.run(None, f), ort_run(path, f), strict=True):
+                assert got.shape == want.shape
+                np.testing.assert_array_equal(got, want)
+        assert sess.stats["shape_variants_compiled"] == 3
+        assert sess._carry_specs == {"shape": ("b", 8, 8), "sizes": (1, 3, "sizes__length2", "sizes__length3")}
+        f = feeds(5, 6, 2, lead=1)  # z of 2 rows reshaped to [1, 16, 8]: the target's first element is not b
+        for got, want in zip(sess.run(None, f), ort_run(path, f), strict=True):
+            np.testing.assert_array_equal(got, want)

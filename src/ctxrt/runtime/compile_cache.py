@@ -28,6 +28,7 @@ from ctxrt.compiler import compile_options
 from ctxrt.errors import FormatError
 from ctxrt.format import layout
 from ctxrt.format.atomic import atomic_write
+from ctxrt.frontend.carriers import Spec
 from ctxrt.runtime import heap
 from ctxrt.runtime.context import Context
 from ctxrt.runtime.weightstore import WeightStore
@@ -58,22 +59,21 @@ class VariantCompiler:
         # what every compile of this model sees (a session may set kv_shared); with a cache folder the programs are
         # binaries, whose weights are stored in the layout their kernels read
         self.options = compile_options(in_memory=self.folder is None)
-        self._carriers: tuple[frozenset[str], Any] = (frozenset(), None)  # (carried inputs, the model rewritten)
+        self._carriers: tuple[Spec, Any] = ((), None)  # (carried inputs, the model rewritten)
         self._shape_only: frozenset[str] | None = None
 
     def compile(self, shapes: Mapping[str, Any] | None, feeds: Mapping[str, Any] | None,
-                dims: Mapping[str, tuple[int, int]] | None = None, prior: Any = None,
-                carried: frozenset[str] = frozenset()) -> Context:
+                dims: Mapping[str, tuple[int, int]] | None = None, prior: Any = None, carried: Spec = ()) -> Context:
         """Online prepare with memhandle IO (the session binds every IO tensor); value inputs are taken from
         `feeds`; `dims`: the ranges of a range program (`prior`: the Ranges of a narrower one, whose fit is
-        checked first); `carried`: value inputs given as the lengths of inputs (frontend/carriers.py), ranged
-        in `dims` under their carriers' names. Through the cache folder when there is one."""
+        checked first); `carried`: value inputs made of the lengths of inputs (frontend/carriers.py), ranged in
+        `dims` under their dims' names. Through the cache folder when there is one."""
         from ctxrt.compiler import compile_graphs
         from ctxrt.runtime.loader import compile_to_context
         from ctxrt.runtime.variant import array_of
 
         shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
-        feeds = {k: array_of(v) for k, v in (feeds or {}).items() if k not in carried}
+        feeds = {k: array_of(v) for k, v in (feeds or {}).items() if k not in dict(carried)}
         dims = {k: v if isinstance(v, str) else (int(v[0]), int(v[1])) for k, v in (dims or {}).items()}
         source = self._carried(carried)
         try:
@@ -99,8 +99,8 @@ class VariantCompiler:
             self._shape_only = frozenset(i.name for i in graph.input if i.name in shape and i.name not in branch)
         return self._shape_only
 
-    def _carried(self, carried: frozenset[str]) -> Any:
-        """The model to compile: the source, or its copy whose `carried` inputs are lengths (made once a set)."""
+    def _carried(self, carried: Spec) -> Any:
+        """The model to compile: the source, or its copy whose `carried` inputs are lengths (made once a spec)."""
         if not carried:
             return self.source
         if self._carriers[0] != carried:
@@ -111,8 +111,7 @@ class VariantCompiler:
         return self._carriers[1]
 
     def _cached(self, source: Any, shapes: dict[str, tuple[int, ...]], feeds: dict[str, Any],
-                dims: dict[str, tuple[int, int]], prior: Any = None, carried: frozenset[str] = frozenset()
-                ) -> Context:
+                dims: dict[str, tuple[int, int]], prior: Any = None, carried: Spec = ()) -> Context:
         """The context binary for this compile from the folder, or compiled and kept there. The names of the
         model's value inputs are learned at its first compile and kept beside the binaries."""
         from ctxrt.compiler import compile_graphs, save_context
@@ -171,11 +170,11 @@ class VariantCompiler:
         return h.hexdigest()
 
     def options_key(self, shapes: Mapping[str, tuple[int, ...]], dims: Mapping[str, tuple[int, int]] | None = None,
-                    carried: frozenset[str] = frozenset()) -> str:
+                    carried: Spec = ()) -> str:
         """Everything besides the model and the values of value inputs that a compiled binary depends on."""
         be = self.backend
         return json.dumps({
-            **({"carried": sorted(carried)} if carried else {}),  # (keys of earlier binaries unchanged)
+            **({"carried": [[n, list(e)] for n, e in carried]} if carried else {}),  # (earlier keys unchanged)
             "shapes": sorted((k, list(v)) for k, v in shapes.items()), "io_mem_type": "memhandle",
             "dims": sorted((k, v if isinstance(v, str) else list(v)) for k, v in (dims or {}).items()),
             "options": self.options, "device": be.device_id(), "ctxrt": ctxrt.__version__,

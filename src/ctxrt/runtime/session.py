@@ -79,11 +79,14 @@ class InferenceSession:
         # program is compiled for one value of these, its other dims ranged (a batch loop at a fixed image size)
         self._fixed_dims: set[str] = set()
         self._range_error: str | None = None  # why the last range compile failed (then exact shapes were compiled)
-        # integer value inputs of one element met with several values, ranged as lengths (frontend/carriers.py):
-        # their ranges, those that could not be, and the values each was compiled for
+        # integer value inputs of a few elements met with several values, made of lengths (frontend/carriers.py):
+        # their elements (a value, or the dim it is), their own dims' ranges, those that could not be, the values
+        # each was compiled for, and the values and dims of the last compiles
+        self._carry_specs: dict[str, tuple[int | str, ...]] = {}
         self._carry_ranges: dict[str, tuple[int, int]] = {}
         self._carry_failed: set[str] = set()
-        self._values_seen: dict[str, set[int]] = {}
+        self._values_seen: dict[str, set[tuple[int, ...]]] = {}
+        self._met: list[tuple[dict[str, tuple[int, ...]], dict[str, int]]] = []  # (values, dims) per compile
         if sess_options is None and is_session_options(backend):  # onnxruntime's order: (model, sess_options)
             backend, sess_options = "cpu", backend
         self._num_threads = threads_of(sess_options)
@@ -290,42 +293,59 @@ class InferenceSession:
                 variant = self._single(self._compile({n: feeds[n].shape for n in decl}, feeds), None)
             self._counters["shape_variants_compiled"] += 1
             self._cache.keep_only(variant.io_keys().union(*(v.io_keys() for v in self._variants.values())))
-            self._note_compile(variant)
+            self._note_compile(variant, feeds)
         self._keep(variant)  # most recently used last
         self._current = variant
         return variant
 
     def _carried_variant(self, feeds: Mapping[str, Any]) -> Variant | None:
-        """A range program for these feeds whose integer value inputs of one element that met several values (and
-        are not negative, and decide shapes but no branch) are ranged as lengths (frontend/carriers.py), [0 or 1,
-        max(default_dim_max, twice the largest met)] and widened as dims are, its dims ranged as `_range_dims` gives
-        them; None where no such input varied, or the program does not compile (those inputs then stay value
-        inputs, compiled per value)."""
-        from ctxrt.frontend.carriers import carriable, carrier, carry
+        """A range program for these feeds whose integer value inputs of a few elements (that decide shapes but no
+        branch) have each element that met several values (none negative) made the length of an input
+        (frontend/carriers.py): the dim of the model it equalled at every compile (a Reshape's batch), else a dim of
+        its own, [0 or 1, max(default_dim_max, twice the largest met)], widened as dims are; its other dims ranged
+        as `_range_dims` gives them. None where no such element varied, or the program does not compile (those
+        inputs then stay value inputs, compiled per value)."""
+        from ctxrt.frontend.carriers import carriable, carrier
 
-        if not self._values_seen and not self._carry_ranges or self._compiler is None:
+        if not self._values_seen or self._compiler is None:
             return None
+        sizes = self._dim_sizes(feeds)
+        specs: dict[str, tuple[int | str, ...]] = {}
         ranges: dict[str, tuple[int, int]] = {}
         for name, (dt, decl) in self._in_decl.items():
             seen = self._values_seen.get(name)
-            if name in self._carry_failed or (seen is None and name not in self._carry_ranges) or \
-                    not carriable(dt, decl) or name not in self._compiler.shape_only_inputs():
+            if seen is None or name in self._carry_failed or not carriable(dt, decl) or \
+                    name not in self._compiler.shape_only_inputs():
                 continue
-            length = carry(array_of(feeds[name]))
-            if length is None or seen is not None and min(seen) < 0:
+            value = tuple(int(v) for v in np.asarray(array_of(feeds[name])).reshape(-1).tolist())
+            before = self._carry_specs.get(name, ())
+            varied = {j for j in range(len(value)) if len({t[j] for t in seen | {value}}) > 1 or
+                      j < len(before) and isinstance(before[j], str)}
+            if not varied:
+                continue
+            if any(value[j] < 0 or min(t[j] for t in seen) < 0 for j in varied):
                 return None  # a negative value: not a length
-            n = len(length)
-            if name in self._carry_ranges:
-                lo, hi = self._carry_ranges[name]
-                ranges[name] = (lo, hi) if lo <= n <= hi else (min(lo, n), max(2 * hi, 1 << max(n - 1, 0).bit_length()))
-            elif len(seen | {n}) > 1:
-                met = seen | {n}
-                ranges[name] = (0 if 0 in met else 1,
-                                max(self._default_dim_max, 2 * (1 << max(max(met) - 1, 0).bit_length())))
-        dims = self._range_dims(feeds) if ranges else None
-        if dims is None:
+            elements: list[int | str] = list(value)
+            for j in sorted(varied):
+                dim = before[j] if j < len(before) and isinstance(before[j], str) else None
+                if dim is None or dim in sizes and sizes[dim] != value[j]:  # (a dim it no longer equals: its own)
+                    dim = next((d for d, n in sizes.items() if n == value[j] and all(
+                        values.get(name, ())[j:j + 1] == (met.get(d),) for values, met in self._met)), None)
+                if dim is None or dim not in sizes:  # a dim of its own
+                    dim, n = carrier(name, j, len(value)), value[j]
+                    met_j = {t[j] for t in seen} | {n}
+                    lo, hi = self._carry_ranges.get(dim, (0 if 0 in met_j else 1, max(
+                        self._default_dim_max, 2 * (1 << max(max(met_j) - 1, 0).bit_length()))))
+                    if not lo <= n <= hi:
+                        lo, hi = min(lo, n), max(2 * hi, 1 << max(n - 1, 0).bit_length())
+                    ranges[dim] = (lo, hi)
+                elements[j] = dim
+            specs[name] = tuple(elements)
+        dims = self._range_dims(feeds) if specs else None
+        if dims is None or any(isinstance(e, str) and e not in ranges and e not in dims
+                               for elements in specs.values() for e in elements):
             return None
-        replaced = [k for k, old in self._variants.items() if old.carriers.keys() == ranges.keys()]
+        replaced = [k for k, old in self._variants.items() if old.carried == specs.keys()]
         prior = next((self._variants[k].ranged.ranges for k in replaced if self._variants[k].ranged is not None),
                      None)
         for k in replaced:
@@ -334,36 +354,50 @@ class InferenceSession:
             self._retire(self._variants.pop(next(iter(self._variants))))
         # all of them, else each alone (the others compiled per value); an upper bound past what the model allows
         # (TopK's K past its axis) fails: halved down to the value met
-        variant, names = None, list(ranges)
+        needed = {e: int(np.asarray(array_of(feeds[name])).reshape(-1)[j]) for name, elements in specs.items()
+                  for j, e in enumerate(elements) if e in ranges}
+        variant, names = None, list(specs)
         with memo.shared():
             for group in [names, *([[n] for n in names] if len(names) > 1 else [])]:
-                attempts = [{n: ranges[n] for n in group}]
+                spec = tuple(sorted((n, specs[n]) for n in group))
+                own = {e: ranges[e] for _, elements in spec for e in elements if e in ranges}
+                attempts = [own]
                 while True:
-                    last = {n: (lo, max(lo, len(carry(array_of(feeds[n]))), hi // 2))
-                            for n, (lo, hi) in attempts[-1].items()}
+                    last = {e: (lo, max(lo, needed[e], hi // 2)) for e, (lo, hi) in attempts[-1].items()}
                     if last == attempts[-1]:
                         break
                     attempts.append(last)
                 for attempt in attempts:
                     try:
-                        ranged = {**dims, **{carrier(n): r for n, r in attempt.items()}}
-                        variant = self._single(self._compile(None, feeds, ranged, prior), None)
+                        variant = self._single(self._compile(None, feeds, {**dims, **attempt}, prior, spec), None)
                         break
                     except CtxrtError as e:
                         self._range_error = f"{type(e).__name__}: {e}"
                 if variant is not None:
                     break
         if variant is None:
-            self._carry_failed |= ranges.keys()
+            self._carry_failed |= specs.keys()
             return None
-        self._carry_failed |= ranges.keys() - attempt.keys()
-        ranges = attempt
-        variant.carriers = {n: carrier(n) for n in ranges}
-        self._carry_ranges.update(ranges)
+        self._carry_failed |= specs.keys() - dict(spec).keys()
+        variant.carriers, variant.carried = spec, frozenset(dict(spec))
+        variant.carried_dims = {carrier(n, j, len(elements)): at for n, elements in spec for j, e in enumerate(elements)
+                                if isinstance(e, str) and e in sizes and (at := self._axis_of(e)) is not None}
+        self._carry_specs.update(spec)
+        self._carry_ranges.update(attempt)
         self._ranges.update({k: v for k, v in dims.items() if k not in self._fixed_dims})
         self._counters["range_programs_compiled"] += 1
-        self._counters["value_inputs_ranged"] = len(self._carry_ranges.keys() - self._carry_failed)
+        self._counters["value_inputs_ranged"] = len(self._carry_specs.keys() - self._carry_failed)
         return variant
+
+    def _dim_sizes(self, feeds: Mapping[str, Any]) -> dict[str, int]:
+        """The size of each named dim of the model's inputs in these feeds."""
+        out: dict[str, int] = {}
+        for name, (_, decl) in self._in_decl.items():
+            shape = getattr(feeds.get(name), "shape", None)
+            for axis, d in enumerate(decl or ()):
+                if isinstance(d, str) and is_dim_name(d) and shape is not None and axis < len(shape):
+                    out.setdefault(d, int(shape[axis]))
+        return out
 
     def _one_ranged_dim(self, feeds: Mapping[str, Any], attempt: dict[str, Any], prior: Any, error: Exception
                         ) -> tuple[Variant | None, dict[str, Any]]:
@@ -412,10 +446,19 @@ class InferenceSession:
             t.drop_stale_handles()
         self._counters["shape_variants_freed"] += 1
 
-    def _note_compile(self, variant: Variant) -> None:
-        for name, value in variant.values:  # integer value inputs of one element: may be ranged as lengths
-            if value.size == 1 and value.dtype.kind in "iu":
-                self._values_seen.setdefault(name, set()).add(int(value.reshape(-1)[0]))
+    def _note_compile(self, variant: Variant, feeds: Mapping[str, Any]) -> None:
+        from ctxrt.frontend.carriers import MAX_ELEMENTS
+
+        values = {}  # integer value inputs of a few elements and the dims with them: may be ranged as lengths
+        for name, value in variant.values:
+            if value.size <= MAX_ELEMENTS and value.dtype.kind in "iu":
+                values[name] = tuple(int(v) for v in value.reshape(-1).tolist())
+        for name in variant.carried:
+            values[name] = tuple(int(v) for v in np.asarray(array_of(feeds[name])).reshape(-1).tolist())
+        for name, value in values.items():
+            self._values_seen.setdefault(name, set()).add(value)
+        if values:
+            self._met = [*self._met[-15:], (values, self._dim_sizes(feeds))]
         for info in variant.inputs:
             for axis, d in enumerate(info.shape):
                 self._dims.setdefault((info.name, axis), set()).add(d)
@@ -427,14 +470,11 @@ class InferenceSession:
                 warnings.warn(message, CtxrtWarning, stacklevel=4)
 
     def _compile(self, shapes: Any, feeds: Mapping[str, Any] | None = None,
-                 dims: Mapping[str, tuple[int, int]] | None = None, prior: Any = None) -> Context:
+                 dims: Mapping[str, tuple[int, int]] | None = None, prior: Any = None, carried: Any = ()) -> Context:
         """Online prepare with memhandle IO (the session binds every IO tensor); through `cache_dir` when set.
-        Value inputs are taken from `feeds`; `dims`: ranges of a range program (`prior`: a narrower one's), a value
-        input's carrier among them (`_carried_variant`)."""
-        from ctxrt.frontend.carriers import carrier
-
+        Value inputs are taken from `feeds`; `dims`: ranges of a range program (`prior`: a narrower one's);
+        `carried`: value inputs made of lengths (`_carried_variant`)."""
         assert self._compiler is not None
-        carried = frozenset(n for n in self._in_decl if carrier(n) in (dims or {}))
         return self._compiler.compile(shapes, feeds, dims, prior, carried)
 
     def _varied(self, feeds: Mapping[str, Any]) -> set[str] | None:

@@ -14,6 +14,7 @@ import numpy as np
 from ctxrt.compiler.program import TensorInfo
 from ctxrt.compiler.ranges import is_dim_name
 from ctxrt.errors import RegistrationError, ShapeError
+from ctxrt.frontend.carriers import Spec, carry
 from ctxrt.runtime.chain import RangedChain
 from ctxrt.runtime.context import Context
 from ctxrt.runtime.graph import Graph
@@ -56,7 +57,9 @@ class Variant:
             ctx.num_threads = session._num_threads  # the session's sess_options.intra_op_num_threads
         self.inputs, self.outputs, self.links = inputs, outputs, links
         self.in_info = {t.name: t for t in inputs}
-        self.carriers: dict[str, str] = {}  # value inputs fed as the lengths of these inputs (frontend/carriers.py)
+        self.carriers: Spec = ()  # value inputs fed as the lengths of inputs (frontend/carriers.py)
+        self.carried: frozenset[str] = frozenset()  # their names
+        self.carried_dims: dict[str, tuple[str, int]] = {}  # a carrier whose length is a dim -> its (input, axis)
         self.out_info = {t.name: t for t in outputs}
         self.out_index = {t.name: i for i, t in enumerate(outputs)}
         self.all_outputs = [t.name for t in outputs]
@@ -128,16 +131,15 @@ class Variant:
         return new
 
     def carry(self, feeds: Mapping[str, Any]) -> Any:
-        """The feeds with each carried value input replaced by its carrier; None where a value is no length."""
-        from ctxrt.frontend.carriers import carry
-
-        out = dict(feeds)
-        for name, length in self.carriers.items():
-            x = out.pop(name, None)
-            v = None if x is None else carry(array_of(x))
-            if v is None:
+        """The feeds with each carried value input replaced by its carriers; None where a value is no length or
+        another program's (frontend/carriers.py)."""
+        out = carry({k: array_of(v) if k in self.carried else v for k, v in feeds.items()}, self.carriers)
+        if out is None:
+            return None
+        for length, (name, axis) in self.carried_dims.items():  # an element that is one of the model's dims
+            shape = getattr(feeds.get(name), "shape", None)
+            if shape is None or axis >= len(shape) or shape[axis] != out[length].shape[0]:
                 return None
-            out[length] = v
         return out
 
     def matches(self, feeds: Mapping[str, Any]) -> bool:
