@@ -460,6 +460,8 @@ class InferenceSession:
         if values:
             self._met = [*self._met[-15:], (values, self._dim_sizes(feeds))]
         for info in variant.inputs:
+            if info.name not in self._in_decl:
+                continue  # a value input's carrier (frontend/carriers.py): not an input the user feeds
             for axis, d in enumerate(info.shape):
                 self._dims.setdefault((info.name, axis), set()).add(d)
         if not self._warned:

@@ -279,7 +279,8 @@ def variants_warning(compiled: int, dims: Mapping[tuple[str, int], set[int]],
               for a in range(len(declared or [])) if (name, a) in varying}
     how = (f"give ranges wide enough for every shape, e.g. InferenceSession(..., dim_ranges={ranges}) (one "
            f"program for all of them, docs/shapes-and-control-flow.md), or pad inputs to one size and bind it, "
-           f"e.g. shapes={example}" if example else "feed value inputs fewer distinct values")
+           f"e.g. shapes={example}" if example else "feed value inputs fewer distinct values (those a range program "
+           "cannot take: a branch's condition, floats, negative values, more than 8 elements)")
     return (f"InferenceSession compiled {compiled} shape variants of its model "
             f"({'; '.join(seen) or 'the same shapes with other values of value inputs'}): every new input shape "
             f"compiles the model again. To compile fewer, {how}; max_shape_variants={max_variants} bounds how many "
