@@ -1220,3 +1220,22 @@ def test_a_shape_that_follows_a_clamped_dim_is_one_program_only_where_it_keeps_o
                 got, want = sess.run(None, f)[0], theirs.run(None, f)[0]
                 assert got.shape == want.shape
                 np.testing.assert_array_equal(got, want)
+
+
+def test_a_lookup_at_an_index_that_follows_a_dim_is_computed_per_run() -> None:
+    """y = x * table[N] (an int64 table of any values): folded at the probes the lookup is fitted as if it were
+    affine in N (refuted only where a check point happens to show it); it is computed at run time instead, right
+    at every N of the range."""
+    table = np.array([5, 1, 9, 2, 7, 3, 8, 4, 6, 0] * 4, np.int64)
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]), helper.make_node("Gather", ["sh", "zero"], ["n"], axis=0),
+             helper.make_node("Gather", ["table", "n"], ["t"], axis=0),
+             helper.make_node("Cast", ["t"], ["tf"], to=TensorProto.FLOAT), helper.make_node("Mul", ["x", "tf"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+                          [numpy_helper.from_array(np.int64(0), "zero"), numpy_helper.from_array(table, "table")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    program = ctxrt.compile(m, dims={"N": (1, 32)}).graph()
+    for n in range(1, 33):
+        feeds = {"x": np.ones((n, 4), np.float32)}
+        np.testing.assert_array_equal(program.run(feeds)["y"], theirs.run(None, feeds)[0])

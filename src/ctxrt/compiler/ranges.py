@@ -836,6 +836,9 @@ PIECEWISE = frozenset({"Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqua
                        "Where", "Min", "Max", "Clip", "Abs", "Sign"})
 # ... and ops whose result steps (a floor): kept where it is the same at both probes while an input is not
 STEPS = frozenset({"Div", "Mod", "Floor", "Ceil", "Round", "Cast"})
+# ... and lookups: a table read at an index that follows the dims is any function of them (kept where it is
+# folded outside a shape; a shape that follows one is left to the fit's check points)
+LOOKUPS = frozenset({"Gather", "GatherElements", "GatherND"})
 
 
 def _varying_folded(hi: Mapping[str, tuple[Any, ...]], alt: Mapping[str, tuple[Any, ...]],
@@ -857,7 +860,8 @@ def _varying_folded(hi: Mapping[str, tuple[Any, ...]], alt: Mapping[str, tuple[A
             out.add(name)
     for name in hi.keys() & alt.keys():
         op, inputs = (producers or {}).get(name, ("", ()))
-        if (op in PIECEWISE or op in STEPS and name not in differ) and any(i in differ for i in inputs):
+        if (op in PIECEWISE or op in STEPS and name not in differ) and any(i in differ for i in inputs) or \
+                op in LOOKUPS and len(inputs) > 1 and inputs[1] in differ:
             out.add(name)
     return out
 
