@@ -314,14 +314,13 @@ class InferenceSession:
         ranges: dict[str, tuple[int, int]] = {}
         for name, (dt, decl) in self._in_decl.items():
             seen = self._values_seen.get(name)
-            if seen is None or name in self._carry_failed or not carriable(dt, decl) or \
-                    name not in self._compiler.shape_only_inputs():
+            if seen is None or name in self._carry_failed or not carriable(dt, decl):
                 continue
             value = tuple(int(v) for v in np.asarray(array_of(feeds[name])).reshape(-1).tolist())
             before = self._carry_specs.get(name, ())
             varied = {j for j in range(len(value)) if len({t[j] for t in seen | {value}}) > 1 or
                       j < len(before) and isinstance(before[j], str)}
-            if not varied:
+            if not varied or name not in self._compiler.shape_only_inputs():  # (the model read once, on need)
                 continue
             if any(value[j] < 0 or min(t[j] for t in seen) < 0 for j in varied):
                 return None  # a negative value: not a length
