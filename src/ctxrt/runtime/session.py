@@ -323,7 +323,7 @@ class InferenceSession:
             if not varied or name not in self._compiler.shape_only_inputs():  # (the model read once, on need)
                 continue
             if any(value[j] < 0 or min(t[j] for t in seen) < 0 for j in varied):
-                return None  # a negative value: not a length
+                continue  # a negative value: not a length (this input compiled per value)
             elements: list[int | str] = list(value)
             for j in sorted(varied):
                 dim = before[j] if j < len(before) and isinstance(before[j], str) else None
