@@ -1239,3 +1239,30 @@ def test_a_lookup_at_an_index_that_follows_a_dim_is_computed_per_run() -> None:
     for n in range(1, 33):
         feeds = {"x": np.ones((n, 4), np.float32)}
         np.testing.assert_array_equal(program.run(feeds)["y"], theirs.run(None, feeds)[0])
+
+
+@pytest.mark.parametrize("ends, steps, one_program", [([8], [1], False), ([-3], [1], False), ([-100], [-1], True),
+                                                      ([40], [1], True)])
+def test_a_slice_that_clamps_differently_inside_the_ranges_is_refused(ends, steps, one_program) -> None:
+    """x[:8] over N in 1..32: 8 rows at every probe (the end clamped to N below 8: its program had 8 rows at N = 1,
+    garbage, and crashed at 2..7). A slice whose bounds fall past its axis at some sizes only is refused; x[:40]
+    (always clamped) and a reversed x[::-1] are one program, right at every N."""
+    starts = [0] if steps[0] > 0 else [-1]
+    nodes = [helper.make_node("Slice", ["x", "st", "en", "ax", "sp"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(np.array(v, np.int64), k)
+                           for k, v in (("st", starts), ("en", ends), ("ax", [0]), ("sp", steps))])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    if not one_program:
+        with pytest.raises(RangeError, match="Slice node .* clamps its bounds differently"):
+            ctxrt.compile(m, dims={"N": (1, 32)})
+        return
+    program = ctxrt.compile(m, dims={"N": (1, 32)}).graph()
+    for n in range(1, 33):
+        feeds = {"x": np.arange(n * 4, dtype=np.float32).reshape(n, 4) - 3}
+        want = theirs.run(None, feeds)[0]
+        got = program.run(feeds)["y"]
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)

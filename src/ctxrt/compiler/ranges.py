@@ -595,8 +595,10 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
                     read_only[key] = front(p)
         refute(few)
         late = _varying_folded(folded.get(tuple(hi), {}), folded.get(tuple(alt), {}), producers) - keep
-        if not late and pieces and not split:
-            _check_pieces(pieces, small, folded, points, few, spec)
+        if not late and not split:
+            if pieces:
+                _check_pieces(pieces, small, folded, points, few, spec)
+            _check_slices(read_only, points, few, spec)
         return late
 
     checks = _verify_points(spec, hi, alt)
@@ -883,6 +885,80 @@ def _producers(model: Any) -> tuple[dict[str, tuple[str, list[str]]], list[tuple
     return kept, pieces
 
 
+def _affine_at_corners(rows: np.ndarray, points: list[tuple[int, ...]], checks: list[tuple[int, ...]],
+                       spec: list[tuple[str, int, int]]) -> np.ndarray | None:
+    """Integers given at `points` then `checks` (rows: points x elements), fitted as affine functions of the dims
+    over the points and checked at the checks: their values at every corner of the box of ranges (corners x
+    elements); None where they are not affine."""
+    k = len(spec)
+    terms = [0, *(1 << j for j in range(k))]
+    basis = np.array([_monomials(p) for p in points], np.float64)[:, terms]
+    corners = np.array([_monomials(c) for c in itertools.product(*[(lo, hi) for _, lo, hi in spec])],
+                       np.float64)[:, terms]
+    out = np.broadcast_to(rows[:1], (len(corners), rows.shape[1])).copy()  # the same at every point: as it is
+    moving = np.flatnonzero((rows != rows[:1]).any(0))  # (not fitted: Slice's 2^63 - 1 would not round back)
+    if not len(moving):
+        return out
+    x = rows[:len(points), moving]
+    coeffs = np.linalg.lstsq(basis, x, rcond=None)[0]
+    if np.array_equal(basis @ np.rint(coeffs), x):
+        coeffs = np.rint(coeffs)  # integers (a dim's values): exact at the corners, as the fit of extents is
+    if not np.allclose(basis @ coeffs, x) or any(
+            not np.allclose(_monomials(c).astype(np.float64)[terms] @ coeffs, rows[len(points) + i, moving])
+            for i, c in enumerate(checks)):
+        return None
+    out[:, moving] = corners @ coeffs
+    return out
+
+
+def _check_slices(graphs: Mapping[tuple[int, ...], Any], points: list[tuple[int, ...]],
+                  checks: list[tuple[int, ...]], spec: list[tuple[str, int, int]]) -> None:
+    """RangeError where a Slice clamps differently inside the ranges: `x[:8]` over N in 1..32 has 8 rows at every
+    probe and N below 8 (its shape inference clamps the end to N), which the fit of its extent cannot see. At
+    every corner of the box, each sliced axis's start and end (fitted as affine functions of the dims, as the
+    axis's extent) must be negative or not, past the ends of the axis or not, and the slice empty or not alike:
+    then its extent is one affine piece over the box, as the fit assumes."""
+    at = [graphs.get(p) for p in (*points, *checks)]
+    if any(g is None for g in at):
+        return
+    by_name = [{n.name: n for n in g.nodes if n.op == "Slice"} for g in at]
+    for name in by_name[0]:
+        nodes = [b.get(name) for b in by_name]
+        if any(n is None for n in nodes):
+            continue  # another structure at some probe: the compiled probes' comparison says so
+        rows = []
+        for g, n in zip(at, nodes, strict=True):
+            shape = g.values[n.inputs[0]].shape
+            starts, ends = list(n.attrs.get("starts", ())), list(n.attrs.get("ends", ()))
+            axes = list(n.attrs.get("axes") or range(len(starts)))
+            steps = list(n.attrs.get("steps") or [1] * len(starts))
+            if not (len(starts) == len(ends) == len(axes) == len(steps)) or any(
+                    not -len(shape) <= a < len(shape) for a in axes):
+                break
+            rows.append([v for a, st, en, sp in zip(axes, starts, ends, steps, strict=True)
+                         for v in (shape[a % len(shape)], st, en, sp)])
+        if len(rows) != len(at) or len({len(r) for r in rows}) != 1:
+            continue
+        flat = np.array(rows, np.float64)
+        if (flat == flat[0]).all():
+            continue
+        corners = _affine_at_corners(flat, points, checks, spec)
+        if corners is None:
+            continue  # not affine: the fit of its extent refutes it
+        for i in range(0, flat.shape[1], 4):
+            dim, st, en, sp = (corners[:, i + j] for j in range(4))
+            if not (sp == sp[:1]).all():
+                raise RangeError(f"Slice node {name!r} takes a step that follows the dims: not one program for them")
+            lo, hi = (0, dim) if sp[0] > 0 else (-1, dim - 1)
+            s_eff, e_eff = np.where(st < 0, st + dim, st), np.where(en < 0, en + dim, en)
+            s_c, e_c = np.clip(s_eff, 0, hi), np.clip(e_eff, lo, hi)  # (ONNX: a start within [0, hi])
+            regime = np.stack([st < 0, en < 0, s_eff < 0, s_eff > hi, e_eff < lo, e_eff > hi,
+                               e_c < s_c if sp[0] > 0 else e_c > s_c])  # (a length below 0: clamped to 0)
+            if not (regime == regime[:, :1]).all():
+                raise RangeError(f"Slice node {name!r} clamps its bounds differently inside the ranges (a bound "
+                                 "past the end of its axis at some sizes only): not one program for them")
+
+
 def _check_pieces(pieces: list[tuple[str, str, list[str]]], small: Mapping[tuple[int, ...], Mapping[str, Any]],
                   folded: Mapping[tuple[int, ...], Mapping[str, Any]], points: list[tuple[int, ...]],
                   checks: list[tuple[int, ...]], spec: list[tuple[str, int, int]]) -> None:
@@ -893,11 +969,7 @@ def _check_pieces(pieces: list[tuple[str, str, list[str]]], small: Mapping[tuple
     Max's, Clip's, Abs's, Sign's) difference keeps one sign, a Where's condition and And's ... inputs one value,
     and a Div's or Floor's ... result is the affine function its input's fit gives: over the box, then, the op is
     one affine piece, as the fit assumes."""
-    k = len(spec)
-    terms = [0, *(1 << j for j in range(k))]
-    basis = np.array([_monomials(p) for p in points], np.float64)[:, terms]
-    corners = [tuple(c) for c in itertools.product(*[(lo, hi) for _, lo, hi in spec])]
-    at_corners = np.array([_monomials(c) for c in corners], np.float64)[:, terms]
+    corners = list(itertools.product(*[(lo, hi) for _, lo, hi in spec]))
 
     def fail(name: str, op: str, why: str) -> RangeError:
         return RangeError(f"a shape follows {op} value {name!r}, which {why} inside the ranges: not one program "
@@ -911,15 +983,10 @@ def _check_pieces(pieces: list[tuple[str, str, list[str]]], small: Mapping[tuple
         flat = np.array([np.asarray(g, np.float64).reshape(-1) for g in got])  # points x elements
         if (flat == flat[0]).all():
             return None
-        x = flat[:len(points)]
-        coeffs = np.linalg.lstsq(basis, x, rcond=None)[0]
-        if np.array_equal(basis @ np.rint(coeffs), x):
-            coeffs = np.rint(coeffs)  # integers (a dim's values): exact at the corners, as the fit of extents is
-        if not np.allclose(basis @ coeffs, x) or any(
-                not np.allclose(_monomials(c).astype(np.float64)[terms] @ coeffs, flat[len(points) + i])
-                for i, c in enumerate(checks)):
+        values = _affine_at_corners(flat, points, checks, spec)
+        if values is None:
             raise fail(name, op, "is no affine function of the dims and may change")
-        return (at_corners @ coeffs).reshape((len(corners), *got[0].shape))
+        return values.reshape((len(corners), *got[0].shape))
 
     for name, op, inputs in pieces:
         if not all(name in folded.get(p, {}) or name in small.get(p, {}) for p in (*points, *checks)):
