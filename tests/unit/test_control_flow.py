@@ -450,3 +450,25 @@ def test_data_dependent_control_flow_range_program_on_opencl(kind, opencl) -> No
         for sign in (1.0, -1.0):
             feeds = _ranged_feeds(kind, rows, sign)
             np.testing.assert_allclose(g.run(feeds)["y"], ort_run(m, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_clamping_slice_inside_a_branch_is_refused_in_a_range_program() -> None:
+    """x[:8] inside an If's branch over N in 1..32 clamps at N below 8 only: the range is refused (the If's body
+    is checked as the graph is), and a session compiles exact shapes with the right outputs."""
+    from ctxrt.compiler.ranges import RangeError
+
+    inits = {"zero": np.float32(0), "s0": np.array([0], np.int64), "s8": np.array([8], np.int64)}
+    then = helper.make_graph([helper.make_node("Slice", ["x", "s0", "s8", "s0"], ["t"])], "then", [],
+                             [vi("t", F, [None, 4])])
+    other = helper.make_graph([helper.make_node("Slice", ["x", "s0", "s8", "s0"], ["e0"]),
+                               helper.make_node("Neg", ["e0"], ["e"])], "else", [], [vi("e", F, [None, 4])])
+    m = model([helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+               helper.make_node("Greater", ["s", "zero"], ["c"]),
+               helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)],
+              [vi("x", F, ["N", 4])], [vi("y", F, [None, 4])], inits)
+    with pytest.raises(RangeError, match="Slice node .* clamps its bounds differently"):
+        ctxrt.compile(m, dims={"N": (1, 32)})
+    with ctxrt.InferenceSession(m.SerializeToString()) as sess:
+        for n in (32, 5, 1):
+            feeds = {"x": RNG.standard_normal((n, 4)).astype(np.float32)}
+            np.testing.assert_allclose(sess.run(None, feeds)[0], ort_run(m, feeds)[0], rtol=1e-6)

@@ -921,13 +921,24 @@ def _check_slices(graphs: Mapping[tuple[int, ...], Any], points: list[tuple[int,
     at = [graphs.get(p) for p in (*points, *checks)]
     if any(g is None for g in at):
         return
-    by_name = [{n.name: n for n in g.nodes if n.op == "Slice"} for g in at]
+
+    def slices(g: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+        """Each Slice node of `g` and of its bodies (If branches, Loop bodies): name -> (its graph, the node)."""
+        out = {}
+        for n in g.nodes:
+            if n.op == "Slice":
+                out[prefix + n.name] = (g, n)
+            for key, sub in n.attrs.items():
+                if hasattr(sub, "nodes") and hasattr(sub, "values"):
+                    out.update(slices(sub, f"{prefix}{n.name}/{key}/"))
+        return out
+    by_name = [slices(g) for g in at]
     for name in by_name[0]:
-        nodes = [b.get(name) for b in by_name]
-        if any(n is None for n in nodes):
+        found = [b.get(name) for b in by_name]
+        if any(f is None for f in found):
             continue  # another structure at some probe: the compiled probes' comparison says so
         rows = []
-        for g, n in zip(at, nodes, strict=True):
+        for g, n in found:
             shape = g.values[n.inputs[0]].shape
             starts, ends = list(n.attrs.get("starts", ())), list(n.attrs.get("ends", ()))
             axes = list(n.attrs.get("axes") or range(len(starts)))
