@@ -1266,3 +1266,25 @@ def test_a_slice_that_clamps_differently_inside_the_ranges_is_refused(ends, step
         got = program.run(feeds)["y"]
         assert got.shape == want.shape
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_narrower_program_survives_a_widening_that_is_refused() -> None:
+    """y = x[-20:] over N: one program for 1..16 (the start always clamped to 0); widened to 1..32 the start
+    clamps at some sizes only and the range is refused. The narrower program keeps running its sizes (it was
+    freed before the wider one compiled: every later small size compiled again); larger sizes compile exact."""
+    nodes = [helper.make_node("Slice", ["x", "st", "en", "ax"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(np.array(v, np.int64), k)
+                           for k, v in (("st", [-20]), ("en", [2 ** 62]), ("ax", [0]))])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CtxrtWarning)
+        with ctxrt.InferenceSession(m) as sess:
+            for n in (3, 16, 25, 4, 11, 6):
+                feeds = {"x": np.arange(n * 4, dtype=np.float32).reshape(n, 4) - 5}
+                got, want = sess.run(None, feeds)[0], theirs.run(None, feeds)[0]
+                assert got.shape == want.shape
+                np.testing.assert_array_equal(got, want)
+            assert sess.stats["shape_variants_compiled"] == 2  # 1..16, then 25 exact; 4, 11, 6 on the first

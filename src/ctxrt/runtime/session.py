@@ -231,14 +231,13 @@ class InferenceSession:
         else:
             variant = self._carried_variant(feeds)  # value inputs met with other values: ranged as lengths
             dims = None if variant is not None else self._range_dims(feeds)
-            prior = None
-            if dims:  # a wider range replaces the ranges compiled before (whose fit it tries first); with dims
-                # kept fixed (`_fixed_dims`), only the program for the same sizes of those: the others stay
+            prior, replaced = None, []
+            if dims:  # a wider range replaces the ranges compiled before (whose fit it tries first) once it compiles
+                # (where it cannot, a bound clamped inside it, the narrower one still runs its sizes); with dims kept
+                # fixed (`_fixed_dims`), only the program for the same sizes of those: the others stay
                 replaced = [k for k, old in self._variants.items() if old.ranged is not None and all(
                     self._size_in(old, key) == dims[key][0] for key in self._fixed_dims if key in dims)]
                 prior = next((self._variants[k].ranged.ranges for k in replaced), None)
-                for k in replaced:
-                    self._retire(self._variants.pop(k))
             while variant is None and len(self._variants) >= self._max_variants:  # free the least recently used
                 self._retire(self._variants.pop(next(iter(self._variants))))
             if dims:
@@ -289,6 +288,10 @@ class InferenceSession:
                 if variant is None and failed is not None:
                     self._counters["range_compiles_failed"] += 1
                     self._range_error = failed
+                if variant is not None and variant.ranged is not None:
+                    for k in replaced:
+                        if k in self._variants:
+                            self._retire(self._variants.pop(k))
             if variant is None:
                 variant = self._single(self._compile({n: feeds[n].shape for n in decl}, feeds), None)
             self._counters["shape_variants_compiled"] += 1
