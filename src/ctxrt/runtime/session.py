@@ -347,11 +347,9 @@ class InferenceSession:
         if dims is None or any(isinstance(e, str) and e not in ranges and e not in dims
                                for elements in specs.values() for e in elements):
             return None
-        replaced = [k for k, old in self._variants.items() if old.carried == specs.keys()]
+        replaced = [k for k, old in self._variants.items() if old.carried == specs.keys()]  # freed once this compiles
         prior = next((self._variants[k].ranged.ranges for k in replaced if self._variants[k].ranged is not None),
                      None)
-        for k in replaced:
-            self._retire(self._variants.pop(k))
         while len(self._variants) >= self._max_variants:
             self._retire(self._variants.pop(next(iter(self._variants))))
         # all of them, else each alone (the others compiled per value); an upper bound past what the model allows
@@ -380,6 +378,9 @@ class InferenceSession:
         if variant is None:
             self._carry_failed |= specs.keys()
             return None
+        for k in replaced:
+            if k in self._variants:
+                self._retire(self._variants.pop(k))
         self._carry_failed |= specs.keys() - dict(spec).keys()
         variant.carriers, variant.carried = spec, frozenset(dict(spec))
         variant.carried_dims = {carrier(n, j, len(elements)): at for n, elements in spec for j, e in enumerate(elements)
