@@ -89,14 +89,21 @@ class VariantCompiler:
     def shape_only_inputs(self) -> frozenset[str]:
         """The model's inputs whose values decide shapes and no branch or trip count (frontend/values.py): those a
         session may range as lengths (an input that picks a branch is better compiled per value, the branch
-        inlined). Read once."""
+        inlined). Read once (kept in the cache folder, as the declared IO is: `remembered`)."""
         if self._shape_only is None:
-            from ctxrt.frontend.onnx import load_model
-            from ctxrt.frontend.values import trace
+            def compute() -> list[str]:
+                from ctxrt.frontend.onnx import load_model
+                from ctxrt.frontend.values import trace
 
-            graph = load_model(self.source).graph
-            shape, branch = trace(graph.node)
-            self._shape_only = frozenset(i.name for i in graph.input if i.name in shape and i.name not in branch)
+                graph = load_model(self.source).graph
+                shape, branch = trace(graph.node)
+                return sorted(i.name for i in graph.input if i.name in shape and i.name not in branch)
+
+            def decode(v: Any) -> list[str]:
+                if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                    raise TypeError("a list of input names")
+                return v
+            self._shape_only = frozenset(self.remembered("shape_only", compute, decode=decode))
         return self._shape_only
 
     def _carried(self, carried: Spec) -> Any:

@@ -60,6 +60,7 @@ class Variant:
         self.carriers: Spec = ()  # value inputs fed as the lengths of inputs (frontend/carriers.py)
         self.carried: frozenset[str] = frozenset()  # their names
         self.carried_dims: dict[str, tuple[str, int]] = {}  # a carrier whose length is a dim -> its (input, axis)
+        self._carried_last: tuple[Any, Any] = (None, None)  # (the feeds `matches` carried last, their carriers)
         self.out_info = {t.name: t for t in outputs}
         self.out_index = {t.name: i for i, t in enumerate(outputs)}
         self.all_outputs = [t.name for t in outputs]
@@ -132,7 +133,11 @@ class Variant:
 
     def carry(self, feeds: Mapping[str, Any]) -> Any:
         """The feeds with each carried value input replaced by its carriers; None where a value is no length or
-        another program's (frontend/carriers.py)."""
+        another program's (frontend/carriers.py). Those `matches` made for these feeds in this run, not again."""
+        last, self._carried_last = self._carried_last, (None, None)
+        return last[1] if last[0] is feeds else self._carry(feeds)
+
+    def _carry(self, feeds: Mapping[str, Any]) -> Any:
         out = carry({k: array_of(v) if k in self.carried else v for k, v in feeds.items()}, self.carriers)
         if out is None:
             return None
@@ -144,9 +149,11 @@ class Variant:
 
     def matches(self, feeds: Mapping[str, Any]) -> bool:
         if self.carriers:
-            feeds = self.carry(feeds)
-            if feeds is None:
+            carried = self._carry(feeds)
+            self._carried_last = (feeds, carried)  # (the run that follows takes them: `carry`)
+            if carried is None:
                 return False
+            feeds = carried
         if self.ranged is not None:
             return self.fits(feeds)
         for info in self.inputs:
