@@ -1288,3 +1288,42 @@ def test_a_narrower_program_survives_a_widening_that_is_refused() -> None:
                 assert got.shape == want.shape
                 np.testing.assert_array_equal(got, want)
             assert sess.stats["shape_variants_compiled"] == 2  # 1..16, then 25 exact; 4, 11, 6 on the first
+
+
+def _branch_reading_a_dim(kind: str) -> bytes:
+    """y = If(sum(x) > 0, then: x * f(N), else: -x), N = x's rows read inside the branch: f(N) = (N > 2) ("compare")
+    or table[N] ("lookup"), each folded in the branch's own read."""
+    first = [helper.make_node("Shape", ["x"], ["sh"]), helper.make_node("Gather", ["sh", "zero"], ["n"], axis=0)]
+    f = helper.make_node("Greater", ["n", "lim"], ["v"]) if kind == "compare" else \
+        helper.make_node("Gather", ["table", "n"], ["v"], axis=0)
+    then = helper.make_graph([*first, f, helper.make_node("Cast", ["v"], ["vf"], to=TensorProto.FLOAT),
+                              helper.make_node("Mul", ["x", "vf"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["sm"], keepdims=0), helper.make_node("Greater", ["sm", "f0"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)]
+    table = np.array([5, 1, 9, 2, 7, 3, 8, 4, 6, 0] * 4, np.int64)
+    inits = [numpy_helper.from_array(np.int64(0), "zero"), numpy_helper.from_array(np.int64(2), "lim"),
+             numpy_helper.from_array(np.float32(0), "f0"), numpy_helper.from_array(table, "table")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("kind", ["compare", "lookup"])
+def test_a_branch_that_reads_a_dim_computes_it_per_run(kind) -> None:
+    """A comparison or a lookup on N inside an If branch: folded by the branch's own read, outside what the
+    probes compared, the program ran N > 2 (or table[32]'s neighbours' fit) at every N: wrong at N = 1, 2 (at
+    1..7 for the lookup). The branches' folded values are compared with the rest: computed per run, right at
+    every N of the range, through a compile and a session."""
+    m = _branch_reading_a_dim(kind)
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    program = ctxrt.compile(m, dims={"N": (1, 32)}).graph()
+    with ctxrt.InferenceSession(m) as sess:
+        for n in range(1, 33):
+            feeds = {"x": np.arange(n * 4, dtype=np.float32).reshape(n, 4) + 1}
+            want = theirs.run(None, feeds)[0]
+            np.testing.assert_array_equal(program.run(feeds)["y"], want, err_msg=f"N={n}")
+            np.testing.assert_array_equal(sess.run(None, feeds)[0], want, err_msg=f"N={n}")
+        assert sess.stats["shape_variants_compiled"] <= 2

@@ -877,7 +877,7 @@ def _producers(model: Any) -> tuple[dict[str, tuple[str, list[str]]], list[tuple
     from ctxrt.frontend.control import all_nodes
     from ctxrt.frontend.values import trace
 
-    shapes = trace(model.graph.node)[0]
+    shapes = trace(model.graph.node, inner=True)[0]  # (a body's own Slice ends: shape positions too)
     nodes = list(all_nodes(model.graph))
     kept = {o: (n.op_type, list(n.input)) for n in nodes for o in n.output if o and o not in shapes}
     pieces = [(o, n.op_type, list(n.input)) for n in nodes for o in n.output[:1]

@@ -116,7 +116,9 @@ def _body(st: Folder, proto: onnx.GraphProto, formal: list[Type], label: str) ->
     inputs = {**{mapping[v.name]: t for v, t in zip(proto.input, formal, strict=True)},
               **{c: st.types[c] for c in captures}}
     sub = Folder(st.scope, graph, inputs, {**{n: st.consts[n] for n in free if n in st.consts}, **inits}, label)
+    sub.keep = frozenset(mapping[n] for n in st.scope.keep if n in mapping)  # (a range program's, ranges.py)
     sub.settle(None)
+    st.scope.bodies_read.append(({v: k for k, v in mapping.items()}, sub, frozenset(inits)))  # (folded: to_ir)
     return build_graph(sub, label, body=True), captures
 
 

@@ -85,6 +85,9 @@ class Scope:
         self.notes: list[str] = []
         self.supported: set[str] = set()  # op types the backend has kernels for
         self.shared_kv: frozenset[str] = frozenset()  # past inputs one buffer with their presents (to_ir)
+        self.keep: frozenset[str] = frozenset()  # values never folded, by their model names (bodies' too: to_ir)
+        # per body read (If branch, Loop body): (its values' model names by their names here, its Folder)
+        self.bodies_read: list[tuple[dict[str, str], Folder, frozenset[str]]] = []  # (and its initializers)
 
     def make_model(self, graph: onnx.GraphProto, min_opset: int = 0) -> onnx.ModelProto:
         opsets = [helper.make_opsetid(o.domain, max(o.version, min_opset)) if o.domain in ("", "ai.onnx") else o
@@ -640,15 +643,21 @@ def to_ir(model: str | os.PathLike | bytes | onnx.ModelProto, supported: set[str
     inputs, baked = bind_inputs(proto, shapes or {}, values or {}, scope.notes)
     st = Folder(scope, proto.graph, inputs, baked)
     st.value_inputs.update(baked)
-    st.keep = frozenset(keep)
+    st.keep = scope.keep = frozenset(keep)
     st.settle(feeds)
     graph = build_graph(st, name)
     if fingerprint:  # a range compile's probe: what was folded, compared between probes
         # (constant chains are the same at every probe: PP-OCR's recognizer's weights, written as Constant nodes,
         # not hashed at every probe, 12 ms a read)
-        graph.folded = fingerprints(st.consts, {i.name for i in proto.graph.initializer} | set(st.inputs) | st.chains)
+        consts, same = dict(st.consts), {i.name for i in proto.graph.initializer} | set(st.inputs) | st.chains
+        for names, sub, inits in scope.bodies_read:  # bodies' values under their model names (as `keep` has them)
+            for n, a in sub.consts.items():
+                if n in names:
+                    consts.setdefault(names[n], a)  # (a Loop unrolled: its first iteration's)
+            same.update(names[n] for n in sub.chains | inits if n in names)
+        graph.folded = fingerprints(consts, same)
         # and every small numeric constant as it is (a piecewise op's inputs, checked over the ranges)
-        graph.small = {n: a for n, a in st.consts.items() if a.size <= SMALL_MAX and a.dtype.kind in "biuf"}
+        graph.small = {n: a for n, a in consts.items() if a.size <= SMALL_MAX and a.dtype.kind in "biuf"}
     if scope.notes:
         warnings.warn("; ".join(scope.notes), CtxrtWarning, stacklevel=2)
     return graph

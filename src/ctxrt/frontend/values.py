@@ -48,9 +48,10 @@ def _where(node: onnx.NodeProto, what: str) -> str:
     return f"{node.op_type} node {node.name or node.output[0]!r} {what}"
 
 
-def trace(nodes: Iterable[onnx.NodeProto]) -> tuple[dict[str, str], dict[str, str]]:
+def trace(nodes: Iterable[onnx.NodeProto], inner: bool = False) -> tuple[dict[str, str], dict[str, str]]:
     """(shape, branch): every name whose value reaches a shape (or branch) position, with the first such
-    position it reaches, for these nodes and the subgraphs they hold."""
+    position it reaches, for these nodes and the subgraphs they hold (`inner`: the subgraphs' own values too,
+    not only the outer values they read)."""
     shape: dict[str, str] = {}
     branch: dict[str, str] = {}
     for node in reversed(list(nodes)):
@@ -65,8 +66,8 @@ def trace(nodes: Iterable[onnx.NodeProto]) -> tuple[dict[str, str], dict[str, st
         for sub in subgraphs(node):
             free = free_vars(sub)
             reads += free
-            inner_shape, inner_branch = trace(sub.node)
-            for name in free:
+            inner_shape, inner_branch = trace(sub.node, inner)
+            for name in (*free, *((inner_shape.keys() | inner_branch.keys()) - set(free) if inner else ())):
                 if name in inner_shape:
                     shape.setdefault(name, inner_shape[name])
                 if name in inner_branch:
