@@ -43,7 +43,13 @@ _KEEP_ROUNDS = 8
 
 
 class RangeError(CtxrtError):
-    """The model cannot be compiled as one program for these ranges (the reason says why)."""
+    """The model cannot be compiled as one program for these ranges (the reason says why). `splits`: per dim
+    name, sizes where a piece of the program starts (a clamp, a comparison of a dim with a constant): between
+    them the ranges may compile (a session splits its range there, runtime/session.py)."""
+
+    def __init__(self, message: str, splits: Mapping[str, Iterable[int]] | None = None) -> None:
+        super().__init__(message)
+        self.splits = {k: sorted(v) for k, v in (splits or {}).items() if v}
 
 
 class _Unreadable(RangeError):
@@ -577,8 +583,18 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
                                          for n in names) for x in graphs):
                 outs = {p: [d for n in names for d in x.values[n].shape] for p, x in zip((*points, *at), graphs,
                                                                                        strict=True)}
-                _outputs_refuted(points, at, outs, spec, [f"{'output' if n in g.outputs else 'value'} {n!r} axis {a}"
-                                                          for n in names for a in range(len(g.values[n].shape))])
+                try:
+                    _outputs_refuted(points, at, outs, spec, [f"{'output' if n in g.outputs else 'value'} {n!r} "
+                                                              f"axis {a}" for n in names
+                                                              for a in range(len(g.values[n].shape))])
+                except _Refuted:  # a clamp or a comparison of a dim that changes piece, where one does: its error
+                    pieces_checked(at)  # (which says where the pieces start: a session splits its range there)
+                    raise
+
+        def pieces_checked(at: list[tuple[int, ...]]) -> None:
+            if pieces:
+                _check_pieces(pieces, small, folded, points, at, spec)
+            _check_slices(read_only, points, at, spec)
         # U, U - 1, the first check point (a check point that has no graph fails early), the other probes, tested
         # at that check point before the second is read (an image net's strided H and W refuted a read sooner)
         order = (*points[:2], *few[:1], *points[2:], *few[1:])
@@ -596,9 +612,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
         refute(few)
         late = _varying_folded(folded.get(tuple(hi), {}), folded.get(tuple(alt), {}), producers) - keep
         if not late and not split:
-            if pieces:
-                _check_pieces(pieces, small, folded, points, few, spec)
-            _check_slices(read_only, points, few, spec)
+            pieces_checked(few)
         return late
 
     checks = _verify_points(spec, hi, alt)
@@ -967,7 +981,8 @@ def _check_slices(graphs: Mapping[tuple[int, ...], Any], points: list[tuple[int,
                                e_c < s_c if sp[0] > 0 else e_c > s_c])  # (a length below 0: clamped to 0)
             if not (regime == regime[:, :1]).all():
                 raise RangeError(f"Slice node {name!r} clamps its bounds differently inside the ranges (a bound "
-                                 "past the end of its axis at some sizes only): not one program for them")
+                                 "past the end of its axis at some sizes only): not one program for them",
+                                 _cuts([st, en, s_eff, s_eff - hi, e_eff - lo, e_eff - hi, e_c - s_c], spec))
 
 
 def _check_pieces(pieces: list[tuple[str, str, list[str]]], small: Mapping[tuple[int, ...], Mapping[str, Any]],
@@ -1009,11 +1024,11 @@ def _check_pieces(pieces: list[tuple[str, str, list[str]]], small: Mapping[tuple
                                                          (len(corners), *np.shape(small[points[0]][i])))
                 for v, i in zip(vals, inputs, strict=True) if i]
         if op in ("Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual", "Min", "Max"):
-            signs = [np.sign(a - b) for a, b in itertools.combinations(full, 2)]
+            diffs = [a - b for a, b in itertools.combinations(full, 2)]
         elif op == "Clip":
-            signs = [np.sign(full[0] - b) for b in full[1:]]
+            diffs = [full[0] - b for b in full[1:]]
         elif op in ("Abs", "Sign"):
-            signs = [np.sign(full[0])]
+            diffs = [full[0]]
         elif op in ("Div", "Floor", "Ceil", "Round", "Cast"):
             if op == "Div" and vals[1] is not None:
                 raise fail(name, op, "divides by a value that follows the dims")
@@ -1032,9 +1047,35 @@ def _check_pieces(pieces: list[tuple[str, str, list[str]]], small: Mapping[tuple
             if any(v is not None for v in (vals[:1] if op == "Where" else vals)):
                 raise fail(name, op, "takes inputs that follow the dims")
             continue
-        for d in signs:
+        for d in map(np.sign, diffs):
             if not (d == d[:1]).all():
-                raise fail(name, op, "changes piece")
+                e = fail(name, op, "changes piece")
+                e.splits = _cuts(diffs, spec)
+                raise e
+
+
+def _cuts(quantities: Iterable[np.ndarray], spec: list[tuple[str, int, int]]) -> dict[str, list[int]]:
+    """Where affine quantities given at every corner of the box of ranges (each corners x ..., corners in
+    `itertools.product` order) that follow one dim only cross zero: per dim name, the sizes that start a piece on
+    which each of them keeps one sign ({ceil(x0), floor(x0) + 1} for a root x0: below it, at it, above it)."""
+    k = len(spec)
+    out: dict[str, set[int]] = {}
+    for q in quantities:
+        q = np.asarray(q, np.float64)
+        for v in q.reshape(len(q), -1).T:
+            grid = v.reshape((2,) * k)
+            follows = [j for j in range(k) if not np.allclose(np.diff(grid, axis=j), 0)]
+            if len(follows) != 1:
+                continue
+            j = follows[0]
+            name, lo, hi = spec[j]
+            a, b = float(grid.take(0, axis=j).flat[0]), float(grid.take(1, axis=j).flat[0])
+            if a == b or a > 0 and b > 0 or a < 0 and b < 0:
+                continue
+            x0 = lo + (0 - a) * (hi - lo) / (b - a)
+            out.setdefault(name, set()).update(c for c in (math.ceil(x0 - 1e-9), math.floor(x0 + 1e-9) + 1)
+                                               if lo < c <= hi)
+    return {n: sorted(c) for n, c in out.items() if c}
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:

@@ -78,6 +78,7 @@ class InferenceSession:
         # dims a range program over all of them could not follow (an image's height through a strided conv): each
         # program is compiled for one value of these, its other dims ranged (a batch loop at a fixed image size)
         self._fixed_dims: set[str] = set()
+        self._cuts: dict[str, set[int]] = {}  # per dim, sizes that start a piece no range program crosses
         self._range_error: str | None = None  # why the last range compile failed (then exact shapes were compiled)
         # integer value inputs of a few elements met with several values, made of lengths (frontend/carriers.py):
         # their elements (a value, or the dim it is), their own dims' ranges, those that could not be, the values
@@ -236,7 +237,8 @@ class InferenceSession:
                 # (where it cannot, a bound clamped inside it, the narrower one still runs its sizes); with dims kept
                 # fixed (`_fixed_dims`), only the program for the same sizes of those: the others stay
                 replaced = [k for k, old in self._variants.items() if old.ranged is not None and all(
-                    self._size_in(old, key) == dims[key][0] for key in self._fixed_dims if key in dims)]
+                    self._size_in(old, key) == dims[key][0] for key in self._fixed_dims if key in dims) and
+                    self._within(old, dims)]
                 prior = next((self._variants[k].ranged.ranges for k in replaced), None)
             while variant is None and len(self._variants) >= self._max_variants:  # free the least recently used
                 self._retire(self._variants.pop(next(iter(self._variants))))
@@ -259,7 +261,7 @@ class InferenceSession:
                                      for k, v in dims.items()})
                 failed = None
                 with memo.shared():  # the attempts share the model as loaded, its arrays and constant chains
-                    for attempt in attempts:
+                    for i, attempt in enumerate(attempts):
                         if all(not isinstance(v, str) and v[0] == v[1] for v in attempt.values()):
                             continue  # nothing left to range
                         try:  # the upper bound may be past what the model allows (e.g. its position table): then tight
@@ -271,6 +273,12 @@ class InferenceSession:
                             if not isinstance(e, RangeError) and not getattr(e, "inside", False):
                                 failed = f"{type(e).__name__}: {e}"
                                 continue  # (at the upper bound: a narrower range may compile)
+                            if self._split(getattr(e, "splits", {}), attempt):  # a clamp or a comparison of a dim
+                                # changes piece inside the ranges: the attempts left kept within the feeds' piece
+                                attempts[i + 1:] = [self._piece(feeds, a) for a in (attempt, *attempts[i + 1:])]
+                                failed = f"{type(e).__name__}: {e}"
+                                del e
+                                continue
                             # the programs differ between shapes of the ranges, or the model has no graph at a point
                             # inside them (shapes that do not fit each other at odd sizes: narrower ranges fail there
                             # too): one dim ranged, the others fixed
@@ -289,8 +297,8 @@ class InferenceSession:
                     self._counters["range_compiles_failed"] += 1
                     self._range_error = failed
                 if variant is not None and variant.ranged is not None:
-                    for k in replaced:
-                        if k in self._variants:
+                    for k in replaced:  # (not a program for another piece of a dim: `_cuts`)
+                        if k in self._variants and self._within(self._variants[k], attempt):
                             self._retire(self._variants.pop(k))
             if variant is None:
                 variant = self._single(self._compile({n: feeds[n].shape for n in decl}, feeds), None)
@@ -515,6 +523,30 @@ class InferenceSession:
         at = self._axis_of(key)
         return 0 if at is None else int(feeds[at[0]].shape[at[1]])
 
+    @staticmethod
+    def _within(old: Variant, dims: Mapping[str, Any]) -> bool:
+        """Whether a range program's ranges lie within `dims` (a dim not ranged there: any)."""
+        return all(not isinstance(dims.get(n), tuple) or dims[n][0] <= lo and hi <= dims[n][1]
+                   for n, lo, hi in old.ranged.ranges.dims)
+
+    def _split(self, splits: Mapping[str, Iterable[int]], attempt: Mapping[str, Any]) -> bool:
+        """The sizes where a piece of the program starts (a RangeError's `splits`) inside the attempt's ranges,
+        remembered; False where there are none (the attempt cannot be narrowed to a piece)."""
+        inside = {k: {c for c in cuts if isinstance(attempt.get(k), tuple) and attempt[k][0] < c <= attempt[k][1]}
+                  for k, cuts in splits.items()}
+        for k, cuts in inside.items():
+            self._cuts.setdefault(k, set()).update(cuts)
+        return any(inside.values())
+
+    def _piece(self, feeds: Mapping[str, Any], dims: Mapping[str, Any]) -> dict[str, Any]:
+        """The ranges kept within the piece of each dim (`_cuts`) that holds the feeds' size."""
+        out = dict(dims)
+        for k, cuts in self._cuts.items():
+            if isinstance(out.get(k), tuple):
+                n, (lo, hi) = self._needed(feeds, k), out[k]
+                out[k] = (max([lo, *(c for c in cuts if c <= n)]), min([hi, *(c - 1 for c in cuts if c > n)]))
+        return out
+
     def _range_dims(self, feeds: Mapping[str, Any]) -> dict[str, tuple[int, int]] | None:
         """The ranges to compile these feeds' shapes for: each symbolic dim (an unnamed one as INPUT:AXIS) in
         the range given or compiled before, widened to hold the feeds (at least doubled), else [0 or 1,
@@ -551,7 +583,7 @@ class InferenceSession:
                 if n == 0:
                     hi = max(self._default_dim_max, DEFAULT_CACHE_MAX)
             dims[key] = (lo, hi)
-        return dims
+        return self._piece(feeds, dims) if self._cuts else dims
 
     @property
     def dim_ranges(self) -> dict[str, Any]:
