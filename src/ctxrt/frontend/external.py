@@ -76,6 +76,7 @@ def load_in_place(path: str | os.PathLike) -> onnx.ModelProto:
     the parsed copy of every weight at once (twice the weights at its peak, before any compile)."""
     m = structure(path)
     base = os.path.dirname(os.fspath(path))
+    files: dict[str, Path] = {}  # location -> the file checked (resolved once, not once per tensor)
     for t, main in _tensors(m):
         if not _external(t):
             continue
@@ -83,7 +84,8 @@ def load_in_place(path: str | os.PathLike) -> onnx.ModelProto:
             external_data_helper.load_external_data_for_tensor(t, base)
             continue
         where = {e.key: e.value for e in t.external_data}
-        file = _inside(Path(base), where.get("location", ""), t.name)
+        location = where.get("location", "")
+        file = files.get(location) or files.setdefault(location, _inside(Path(base), location, t.name))
         for e in t.external_data:
             if e.key == "location":
                 e.value = os.fspath(file)

@@ -81,7 +81,7 @@ class Scope:
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
         if not self.opset:
             raise ModelError("model imports no default-domain opset")
-        self.fresh = control.Namer(control.all_names(model.graph))
+        self.fresh = control.Namer(set(memo("all_names", model, None, lambda: control.all_names(model.graph))))
         self.notes: list[str] = []
         self.supported: set[str] = set()  # op types the backend has kernels for
         self.shared_kv: frozenset[str] = frozenset()  # past inputs one buffer with their presents (to_ir)
@@ -511,8 +511,11 @@ class Folder:
 
         Without feeds (None), an input deciding only a branch or a trip count may stay one: control flow
         decides at run time. With feeds (a session compiling for a run), every value input is baked in."""
-        shape, branch = values.trace(self.nodes)
-        direct = values.read_at_shape_positions(self.nodes)
+        # (the same nodes at every probe of a range compile, once settled: traced once, ir/memo.py; the list kept
+        # with what it gave, so that no id in the key is reused)
+        nodes = list(self.nodes)
+        _, (shape, branch), direct = memo("traced", self.graph, tuple(map(id, nodes)), lambda: (
+            nodes, values.trace(nodes), values.read_at_shape_positions(nodes)))
         free = [n for n in self.inputs if n not in self.consts and values.small_value(*self.inputs[n])]
         ints = {n for n in free if self.inputs[n][0].kind != "f"}
         # a float as a shape parameter only (Resize's scales, a Range limit): float tensors are data
