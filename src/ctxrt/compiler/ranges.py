@@ -488,7 +488,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
     from ctxrt.compiler.split import check_links, cut_bounds, split_graph
     from ctxrt.frontend.io_types import declared_io
 
-    declared, _ = declared_io(model)
+    declared, _ = memo.memo("declared_io", model, None, lambda: declared_io(model))  # (once for a session's attempts)
     spec, layout = resolve(declared, dims, shapes)
     fixed = {k: parse_range(v, k)[0] for k, v in dims.items()
              if not is_expression(v) and len(set(parse_range(v, k))) == 1}
