@@ -1,7 +1,7 @@
-"""Range programs (issue 19, docs/shapes.md): one compile for every shape inside ranges of a model's dynamic dims,
-checked against onnxruntime on a GPT-2-style decoder generating from an empty past (both torch exporters), a batch
-loop, every exported architecture of tests/models; the ranges stored in the context binary and the EPContext node;
-feeds outside the ranges refused with the dim, its value and its range; hostile range metadata refused."""
+"""Range programs (issue 19, docs/shapes-and-control-flow.md): one compile for every shape inside ranges of a model's
+dynamic dims, checked against onnxruntime on a GPT-2-style decoder generating from an empty past (both torch exporters),
+a batch loop, every exported architecture of tests/models; the ranges stored in the context binary and the EPContext
+node; feeds outside the ranges refused with the dim, its value and its range; hostile range metadata refused."""
 
 from __future__ import annotations
 

@@ -92,7 +92,8 @@ def compile_model(model: Any, shapes: Mapping[str, Iterable[int]] | None = None,
                   tuner: Tuner | None = None, dims: Mapping[str, Any] | None = None, prior: Any = None
                   ) -> tuple[CompiledGraph, dict[str, Any]]:
     """One ONNX model (path, bytes or ModelProto) -> (compiled graph, the constants it reads). `dims` (a dim
-    name or "INPUT:AXIS" -> (min, max)) makes it one range program for every shape inside (docs/shapes.md)."""
+    name or "INPUT:AXIS" -> (min, max)) makes it one range program for every shape inside
+    (docs/shapes-and-control-flow.md)."""
     backend = backend or get_backend("cpu")
     if dims:
         from ctxrt.compiler.ranges import compile_ranges
@@ -114,7 +115,7 @@ def compile(model: str | os.PathLike | bytes | Any, shapes: Mapping[str, Iterabl
     `num_threads`: threads its runs use (None: the cores other processes leave idle). `prefer="memory"` keeps
     kernels whose own constants would be larger than the weights (Winograd, prepacked layouts) out. `dims`
     (a dim name of the model, or "INPUT:AXIS" -> (min, max)) compiles one program for every shape inside those
-    ranges (docs/shapes.md). `tuning`
+    ranges (docs/shapes-and-control-flow.md). `tuning`
     takes the compile config's keys (docs/tuning.md): `tuning_mode=True, performance_cache_dir=...,
     invalidate_performance_cache=False` and the budgets."""
     from ctxrt.runtime import heap

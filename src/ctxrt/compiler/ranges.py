@@ -1,5 +1,5 @@
 """Range programs: one compile valid for every shape inside given ranges of a model's dynamic dims
-(docs/shapes.md), as TensorRT's optimization profiles are.
+(docs/shapes-and-control-flow.md), as TensorRT's optimization profiles are.
 
 The model is compiled with ctxrt's static pipeline at a few *probe* points of the ranges: the upper bound U (every
 dim at its maximum; the program's arena is planned there), U - 1 and U - e_j for all dims but the last, then one

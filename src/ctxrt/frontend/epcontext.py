@@ -60,7 +60,8 @@ def write_epcontext(path: str | os.PathLike, contexts: list[tuple[Path, dict[str
         for i, g in enumerate(meta["graphs"]):
             ins, outs = [t["name"] for t in g["inputs"]], [t["name"] for t in g["outputs"]]
             extra = {}
-            if "ranges" in g:  # a range program: its IO dims named, its ranges on the node (docs/shapes.md)
+            if "ranges" in g:  # a range program: its IO dims named, its ranges on the node
+                # (docs/shapes-and-control-flow.md)
                 from ctxrt.compiler.ranges import io_dims
 
                 in_dims, out_dims = io_dims(g["ranges"], g["inputs"], g["outputs"])

@@ -1,6 +1,6 @@
-"""A split model's chain of range programs (`ctxrt compile --split K` with ranges, docs/shapes.md): each part runs
-at the dims its own inputs give, and the tensors passed between parts live in the chain buffer planned at the
-upper bound, read and written through handles at the run's shapes (same offsets, made on first need)."""
+"""A split model's chain of range programs (`ctxrt compile --split K` with ranges, docs/shapes-and-control-flow.md):
+each part runs at the dims its own inputs give, and the tensors passed between parts live in the chain buffer planned at
+the upper bound, read and written through handles at the run's shapes (same offsets, made on first need)."""
 
 from __future__ import annotations
 

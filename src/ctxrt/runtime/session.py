@@ -34,8 +34,8 @@ from ctxrt.runtime.ort_api import IOBinding, NodeArg, cut, node_arg
 from ctxrt.runtime.tensor import Tensor, TensorCache
 from ctxrt.runtime.variant import HELD, Stage, Variant, array_of, held_stats, variants_warning
 
-# A dynamic dim's default upper bound in a session's range program (docs/shapes.md): each is compiled for
-# [0 or 1, max(DEFAULT_DIM_MAX, twice the first size met)], its arena planned there; a larger feed widens it.
+# A dynamic dim's default upper bound in a session's range program (docs/shapes-and-control-flow.md): each is compiled
+# for [0 or 1, max(DEFAULT_DIM_MAX, twice the first size met)], its arena planned there; a larger feed widens it.
 DEFAULT_DIM_MAX = 16
 # ... and a dim first met empty (a generation's past: a KV cache that grows by a token a run) for
 # [0, max(default_dim_max, DEFAULT_CACHE_MAX)]: at 16 a 64-token generation compiled four programs (16, 32, 64,
@@ -69,8 +69,9 @@ class InferenceSession:
             raise CtxrtError(f"max_shape_variants must be >= 1, got {max_shape_variants}")
         if default_dim_max < 0:
             raise CtxrtError(f"default_dim_max must be >= 0 (0: compile for exact shapes), got {default_dim_max}")
-        # Ranges of dynamic dims (docs/shapes.md): a model with symbolic dims compiles one range program; a feed
-        # outside compiles one wider range. default_dim_max=0 compiles a variant per input shape instead.
+        # Ranges of dynamic dims (docs/shapes-and-control-flow.md): a model with symbolic dims compiles one range
+        # program; a feed outside compiles one wider range. default_dim_max=0 compiles a variant per input shape
+        # instead.
         self._ranges: dict[str, Any] = {}
         self.dim_ranges = dim_ranges or {}
         self._default_dim_max = default_dim_max
