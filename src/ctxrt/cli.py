@@ -471,7 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="[K:]NAME=1,2,3: compile for this value of an input that decides a shape or a branch")
     c.add_argument("--dim", action="append", default=[],
                    help="NAME=MIN:MAX: one program for every size of dim NAME (a symbolic dim of the model, or "
-                   "INPUT:AXIS) in this range (docs/shapes-and-control-flow.md)")
+                   "INPUT:AXIS) in this range; or for every value of a value input NAME (NAME[J]: its element J) "
+                   "(docs/shapes-and-control-flow.md)")
     c.add_argument("--split", type=positive_int, metavar="K",
                    help="cut the model into K context binaries in the directory -o, chained by an EPContext model")
     c.add_argument("--config", metavar="TUNING.json",

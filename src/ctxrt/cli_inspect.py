@@ -42,7 +42,7 @@ def inspect_report(meta: dict[str, Any]) -> dict[str, Any]:
         "graphs": [{"name": g["name"], "spillfill_size": g["spillfill_size"], "lower_bound": g["lower_bound"],
                     "io_bytes": g["io_bytes"], "inputs": g["inputs"], "outputs": g["outputs"],
                     "value_inputs": g.get("value_inputs", {}), "bounded_outputs": g.get("bounded_outputs", {}),
-                    "partitions": g.get("partitions", []),
+                    "partitions": g.get("partitions", []), "value_ranges": g.get("value_ranges", []),
                     **({"ranges": g["ranges"]["dims"], "io_dims": _io_dims(g)} if "ranges" in g else {})}
                    for g in meta["graphs"]],
     }
@@ -146,6 +146,10 @@ def _print_inspect(name: str, report: dict[str, Any]) -> None:
                 print(f"  {kind[:-1]:6} {t['name']}: {t['dtype']}[{', '.join(_dims(t, g))}] ({t['mem_type']}"
                       + (f", value input compiled for {g['value_inputs'][t['name']]})" if t["name"] in
                          g["value_inputs"] else ")"))
+        for v in g["value_ranges"]:  # value inputs taken as the lengths of the inputs above (docs/format.md)
+            elements = ", ".join(str(e) for e in v["elements"])
+            print(f"  value  {v['name']}: {v['dtype']}{v['shape']} = [{elements}] (fed as values; each ranged element "
+                  "the length of an input above)")
         if len(g["partitions"]) > 1 or any(p["backend"] != report["backend"] for p in g["partitions"]):
             print(f"  partitions: {_partitions_line(g['partitions'])}")
     if "memory" in report:

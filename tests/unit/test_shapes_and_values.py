@@ -4,6 +4,7 @@ values of value inputs; `ctxrt compile --value` bakes a value in; a binary run w
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import onnx
@@ -302,3 +303,120 @@ def test_elements_of_value_inputs_are_ranged_and_one_that_is_a_dim_follows_it(tm
         f = feeds(5, 6, 2, lead=1)  # z of 2 rows reshaped to [1, 16, 8]: the target's first element is not b
         for got, want in zip(sess.run(None, f), ort_run(path, f), strict=True):
             np.testing.assert_array_equal(got, want)
+
+
+def _limit_model() -> bytes:
+    """y = x[:limit] + arange(limit)[:, None]: a scalar int64 input that decides two shapes."""
+    nodes = [helper.make_node("Range", ["zero", "limit", "one"], ["r"]),
+             helper.make_node("Cast", ["r"], ["rf"], to=T.FLOAT), helper.make_node("Unsqueeze", ["rf", "ax1"], ["ru"]),
+             helper.make_node("Unsqueeze", ["limit", "ax0"], ["l1"]),
+             helper.make_node("Slice", ["x", "ax0", "l1", "ax0"], ["xs"]), helper.make_node("Add", ["xs", "ru"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [64, 4]),
+                                       helper.make_tensor_value_info("limit", T.INT64, [])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, None)],
+                          [numpy_helper.from_array(np.int64(0), "zero"), numpy_helper.from_array(np.int64(1), "one"),
+                           numpy_helper.from_array(np.array([1], np.int64), "ax1"),
+                           numpy_helper.from_array(np.array([0], np.int64), "ax0")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def _sizes_model() -> bytes:
+    g = helper.make_graph([helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="nearest")], "g",
+                          [helper.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8]),
+                           helper.make_tensor_value_info("sizes", T.INT64, [4])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, None)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def test_a_context_binary_takes_a_value_input_ranged(tmp_path, capsys) -> None:
+    """`ctxrt compile --dim limit=1:64` (limit: an input whose value decides shapes, as TensorRT's shape tensors
+    take a profile of values): one program for every value in the range, stored as such; the binary takes the
+    value itself (Graph.run, InferenceSession.run, IOBinding), right at every value; a value outside the range, of
+    another type or shape is a ShapeError naming the input. Before, a context binary was compiled for one value."""
+    m = _limit_model()
+    src, out = tmp_path / "limit.onnx", tmp_path / "limit.ctx"
+    src.write_bytes(m)
+    assert cli(["compile", str(src), "-o", str(out), "--dim", "limit=1:64"]) == 0
+    assert cli(["inspect", str(out)]) == 0
+    assert "value  limit: <i8[] = [limit]" in capsys.readouterr().out
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    graph = ctxrt.context_from_binary(out).graph()
+    sess = ctxrt.InferenceSession(out)
+    assert [(i.name, i.shape) for i in sess.get_inputs()] == [("x", [64, 4]), ("limit", [])]
+    rng = np.random.default_rng(0)
+    for n in (1, 7, 64, 33):
+        feeds = {"x": rng.standard_normal((64, 4)).astype(np.float32), "limit": np.array(n, np.int64)}
+        want = theirs.run(None, feeds)[0]
+        np.testing.assert_allclose(graph.run(feeds)["y"], want, rtol=1e-6)
+        np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-6)
+        binding = sess.io_binding()
+        for k, v in feeds.items():
+            binding.bind_input(k, v)
+        binding.bind_output("y")
+        sess.run_with_iobinding(binding)
+        np.testing.assert_allclose(binding.copy_outputs_to_cpu()[0], want, rtol=1e-6)
+    for bad, match in ((np.array(65, np.int64), r"input 'limit' is 65, outside the range 1\.\.64"),
+                       (np.array(-1, np.int64), "input 'limit' is -1, outside"),
+                       (np.array([3], np.int64), r"input 'limit' expects int64\[\]"),
+                       (np.array(3, np.int32), r"input 'limit' expects int64\[\]")):
+        for run in (lambda f: graph.run(f), lambda f: sess.run(None, f)):
+            with pytest.raises(ShapeError, match=match):
+                run({"x": np.zeros((64, 4), np.float32), "limit": bad})
+    assert cli(["compile", str(src), "-o", str(tmp_path / "e.ctx"), "--dim", "limit=1:64", "--epcontext"]) == 2
+    assert "cannot declare them" in capsys.readouterr().err
+    assert not (tmp_path / "e.ctx").exists()  # (the command's files: all or none)
+
+
+def test_elements_of_a_value_input_ranged_the_others_given(tmp_path) -> None:
+    """Resize's sizes [1, 3, H, W]: H and W ranged as sizes[2], sizes[3], the others given with --value; one
+    program for every size; another value of a fixed element names it."""
+    m = _sizes_model()
+    src, out = tmp_path / "sizes.onnx", tmp_path / "sizes.ctx"
+    src.write_bytes(m)
+    assert cli(["compile", str(src), "-o", str(out), "--dim", "sizes[2]=1:32", "--dim", "sizes[3]=1:32",
+                "--value", "sizes=1,3,0,0"]) == 0
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    with ctxrt.InferenceSession(out) as sess:
+        for hw in ((5, 7), (32, 1), (16, 16), (1, 32)):
+            feeds = {"x": np.arange(192, dtype=np.float32).reshape(1, 3, 8, 8), "sizes": np.array([1, 3, *hw])}
+            got, want = sess.run(None, feeds)[0], theirs.run(None, feeds)[0]
+            assert got.shape == want.shape
+            np.testing.assert_array_equal(got, want)
+        with pytest.raises(ShapeError, match=r"element 0 is compiled for the value 1; got 2 .*--dim sizes\[0\]"):
+            sess.run(None, {"x": np.zeros((1, 3, 8, 8), np.float32), "sizes": np.array([2, 3, 4, 4])})
+        with pytest.raises(ShapeError, match=r"input 'sizes' element 2 is 40, outside the range 1\.\.32"):
+            sess.run(None, {"x": np.zeros((1, 3, 8, 8), np.float32), "sizes": np.array([1, 3, 40, 4])})
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--dim", "sizes=1:32"], r"has 4 elements: range each as sizes\[J\]"),
+    (["--dim", "sizes[2]=1:32"], "element 0 of input 'sizes' is not ranged: give the input's value"),
+    (["--dim", "sizes[2]=-1:32", "--value", "sizes=1,3,0,0"], "0 <= MIN <= MAX"),
+    (["--dim", "x=1:4"], "input 'x' is no integer input"),
+])
+def test_a_value_input_that_cannot_be_ranged_is_a_clear_error(tmp_path, capsys, args, match) -> None:
+    src = tmp_path / "sizes.onnx"
+    src.write_bytes(_sizes_model())
+    assert cli(["compile", str(src), "-o", str(tmp_path / "s.ctx"), *args]) == 2
+    err = capsys.readouterr().err
+    assert re.search(match, err) and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda r: [("x", *r[0][1:])], "apart from the graph's inputs"),
+    (lambda r: [(r[0][0], "<f4", *r[0][2:])], "integer value input"),
+    (lambda r: [(*r[0][:3], ("other",))], "no ranged dim"),
+    (lambda r: [(*r[0][:3], (1, 2))], "a list of 1"),
+    (lambda r: [(r[0][0], "|i1", r[0][2], (300,))], "an int in"),
+])
+def test_hostile_value_ranges_are_a_format_error(edit, match) -> None:
+    from ctxrt.backends import get_backend
+    from ctxrt.compiler import compile_graphs
+    from ctxrt.errors import FormatError
+    from ctxrt.format import context_bytes
+
+    graphs, weights = compile_graphs([(_limit_model(), None, "main")], get_backend("cpu"), dims={"limit": (1, 8)})
+    graphs[0].carriers = tuple(edit(graphs[0].carriers))
+    with pytest.raises(FormatError, match=match):
+        ctxrt.InferenceSession(context_bytes(graphs, weights, {"backend": "cpu", "hardware": "x86_64",
+                                                               "producer": "test", "alignment": 64}))

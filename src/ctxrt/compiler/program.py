@@ -99,6 +99,8 @@ class CompiledGraph:
     tuning: list[dict[str, Any]] = field(default_factory=list)  # tuning mode's record (META, not PROGRAMS)
     # A range program's dims and how its shapes follow them (compiler/ranges.py); None: fixed shapes.
     ranges: Any = None
+    # Value inputs it takes as the lengths of inputs, ranged (frontend/carriers.py Record): runs convert them.
+    carriers: tuple[Any, ...] = ()
 
     @property
     def io_bytes(self) -> int:

@@ -407,7 +407,7 @@ def resolve(declared: Sequence[tuple[str, Any, Any]], dims: DimSpec, shapes: Map
     return [(k, *ranges[k]) for k in order], layout
 
 
-_DIM_NAME = re.compile(r"[A-Za-z_][\w.]*")
+_DIM_NAME = re.compile(r"[A-Za-z_][\w.]*(?:\[\d+\])?")  # (NAME[J]: element J of a value input ranged)
 
 
 def is_dim_name(value: Any) -> bool:
@@ -458,12 +458,19 @@ def compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str = "mai
     `prior`: the ranges of the same model's program for narrower ranges of the same dims (a session widening
     them): its fit is checked at the new upper bound U and at U - 1 (two compiles, not k + 2 or more); where it does not
     hold there, the ranges are fitted anew."""
+    from ctxrt.frontend.carriers import value_ranges
     from ctxrt.frontend.onnx import load_model
 
     with memo.shared():  # every probe lowers the same proto (the file is not read and parsed again; nor by a
         # session's next attempt, ir/memo.py) and shares its arrays, transposed and prepacked weights
         model = memo.memo("loaded", model, None, lambda: load_model(model))
-        return _compile_ranges(model, dims, backend, name, shapes, values, feeds, options, tuner, prior)[0]
+        # value inputs ranged (`dims` naming them): the model rewritten to take them as lengths (frontend/carriers.py)
+        model, carried = value_ranges(model, dims, values)
+        if carried:
+            values = {k: v for k, v in (values or {}).items() if k not in {r[0] for r in carried}}
+        graph, weights = _compile_ranges(model, dims, backend, name, shapes, values, feeds, options, tuner, prior)[0]
+        graph.carriers = carried
+        return graph, weights
 
 
 def compile_ranges_split(model: Any, dims: DimSpec, backend: Backend, k: int,

@@ -142,6 +142,7 @@ def graph_meta(value: Any, where: str) -> dict[str, Any]:
     if as_int(field(g, "io_bytes", where), f"{where} io_bytes") != io_bytes:
         raise FormatError(f"{where}: io_bytes {g['io_bytes']} is not the sum of its IO tensors ({io_bytes})")
     value_inputs(g, io["inputs"], where)
+    value_ranges(g, io["inputs"], where)
     for name, axis in as_map(g.get("bounded_outputs", {}), f"{where} bounded_outputs").items():
         info = io["outputs"].get(name)
         if info is None or not info.shape:
@@ -189,6 +190,42 @@ def value_inputs(g: dict[str, Any], inputs: dict[str, TensorInfo], where: str) -
             raise FormatError(f"{at}: a value does not fit {dt}")
         out[name] = arr
     return out
+
+
+def value_ranges(g: dict[str, Any], inputs: dict[str, TensorInfo], where: str) -> tuple[Any, ...]:
+    """The optional `value_ranges` of a graph entry (value inputs taken as the lengths of inputs, ranged:
+    docs/format.md), as frontend/carriers.py's Record."""
+    from ctxrt.compiler.ranges import is_dim_name
+    from ctxrt.frontend.carriers import MAX_ELEMENTS, carrier
+
+    items = as_list(g.get("value_ranges", []), f"{where} value_ranges")
+    ranged = {d[0] for d in g["ranges"]["dims"]} if isinstance(g.get("ranges"), dict) and isinstance(
+        g["ranges"].get("dims"), list) and all(isinstance(d, list) and d for d in g["ranges"]["dims"]) else set()
+    out, names = [], set()
+    for i, item in enumerate(items):
+        at = f"{where} value_ranges[{i}]"
+        v = as_map(item, at)
+        name = as_str(field(v, "name", at), f"{at} name")
+        dt = as_dtype(field(v, "dtype", at), f"{at} dtype")
+        shape = tuple(as_int(d, f"{at} shape", 1, MAX_ELEMENTS) for d in as_list(field(v, "shape", at), f"{at} shape"))
+        size = int(np.prod(shape, dtype=np.int64))
+        elements = as_list(field(v, "elements", at), f"{at} elements", size)
+        if name in inputs or name in names or dt.kind not in "iu" or len(shape) > 1 or size > MAX_ELEMENTS:
+            raise FormatError(f"{at}: {name!r} is not an integer value input of at most {MAX_ELEMENTS} elements "
+                              "apart from the graph's inputs")
+        names.add(name)
+        info = np.iinfo(dt)
+        for j, e in enumerate(elements):
+            if isinstance(e, str):
+                length = inputs.get(carrier(name, j, size))
+                if not is_dim_name(e) or e not in ranged or length is None or np.dtype(length.dtype) != np.uint8 or \
+                        len(length.shape) != 1:
+                    raise FormatError(f"{at} elements[{j}]: {e!r} is no ranged dim of a uint8 input "
+                                      f"{carrier(name, j, size)!r}")
+            else:
+                as_int(e, f"{at} elements[{j}]", int(info.min), int(info.max))
+        out.append((name, dt.str, shape, tuple(elements)))
+    return tuple(out)
 
 
 def str_map(value: Any, where: str) -> dict[str, str]:
@@ -289,6 +326,7 @@ def _graph(value: Any, g: dict[str, Any], weights: dict[str, int], backend: str,
                           value_inputs(g, {t.name: t for t in inputs}, where), extents)
     if "ranges" in g:
         graph.ranges = _ranges(g["ranges"], graph, f"{where} ranges")
+    graph.carriers = value_ranges(g, {t.name: t for t in inputs}, where)
     return graph
 
 

@@ -189,6 +189,9 @@ def _graph_meta(g: CompiledGraph, backend: str) -> dict[str, Any]:
         meta["bounded_outputs"] = {k: axis for k, (axis, _) in g.extents.items()}
     if g.ranges is not None:  # a range program: its dims and how its integers follow them (docs/format.md)
         meta["ranges"] = g.ranges.to_meta()
+    if g.carriers:  # value inputs it takes as lengths (docs/format.md)
+        meta["value_ranges"] = [{"name": n, "dtype": dt, "shape": list(shape), "elements": list(elements)}
+                                for n, dt, shape, elements in g.carriers]
     return meta
 
 

@@ -15,6 +15,7 @@ carrier's length is (a str).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -106,4 +107,69 @@ def carried_model(model: onnx.ModelProto, spec: Spec) -> onnx.ModelProto:
     return out
 
 
-__all__ = ["MAX_ELEMENTS", "SUFFIX", "Spec", "carriable", "carried_model", "carrier", "carry", "inputs_of"]
+# A program's value inputs given as lengths, as a context binary records them (docs/format.md "value_ranges"):
+# (input name, its dtype, its shape, its elements: a fixed value or the name of its dim).
+Record = tuple[tuple[str, str, tuple[int, ...], tuple[int | str, ...]], ...]
+_ELEMENT = re.compile(r"(.+)\[(\d+)\]")
+
+
+def value_ranges(model: Any, dims: Mapping[str, Any], values: Mapping[str, Any] | None
+                 ) -> tuple[Any, Record]:
+    """`dims` keys that name an integer value input deciding shapes only (NAME, or NAME[J] for its element J):
+    (the model with those inputs carried, their records); (model, ()) where none does. The elements not ranged
+    are taken from `values`. A compile with ranges for a value input (`ctxrt compile --dim limit=1:64`)."""
+    from ctxrt.compiler.ranges import parse_range
+    from ctxrt.errors import CtxrtError
+    from ctxrt.frontend.onnx import load_model
+    from ctxrt.frontend.values import trace
+
+    keys = {}
+    for key in dims:
+        m = _ELEMENT.fullmatch(key)
+        keys[key] = (m.group(1), int(m.group(2))) if m else (key, None)
+    loaded = load_model(model)
+    graph = loaded.graph
+    declared = {i.name: i for i in graph.input} if any(n for n, _ in keys.values()) else {}
+    named = {d.dim_param for i in declared.values() for d in i.type.tensor_type.shape.dim}  # (a dim's name: a dim)
+    wanted = {key: nj for key, nj in keys.items() if nj[0] in declared and key not in named and
+              nj[0] not in {t.name for t in graph.initializer}}
+    if not wanted:
+        return model, ()
+    shape_only, branch = trace(graph.node)
+    spec, records = [], []
+    for name in dict.fromkeys(n for n, _ in wanted.values()):
+        t = declared[name].type.tensor_type
+        decl = [d.dim_value if d.HasField("dim_value") else d.dim_param or None for d in t.shape.dim] \
+            if t.HasField("shape") else None
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)) if t.elem_type else np.dtype(object)
+        if not carriable(dtype, decl) or name not in shape_only or name in branch:
+            raise CtxrtError(f"dim {name!r}: input {name!r} is no integer input of at most {MAX_ELEMENTS} elements "
+                             "(a static shape) whose value decides shapes and no branch: it cannot be ranged")
+        size = int(np.prod(decl, dtype=np.int64)) if decl else 1
+        if size > 1 and any(nj == (name, None) for nj in wanted.values()):
+            raise CtxrtError(f"dim {name!r}: input {name!r} has {size} elements: range each as {name}[J]")
+        given = values.get(name) if values else None
+        fixed = None if given is None else np.asarray(given).reshape(-1)
+        elements: list[int | str] = []
+        for j in range(size):
+            key = next((k for k, nj in wanted.items() if nj[0] == name and nj[1] in ((j,) if size > 1 else (j, None))),
+                       None)
+            if key is not None:
+                lo, hi = parse_range(dims[key], key)
+                if lo < 0:
+                    raise CtxrtError(f"dim {key!r}: a value input's range starts at 0 or above, got {lo}")
+                elements.append(key)
+            elif fixed is None or fixed.size != size:
+                raise CtxrtError(f"dim {name!r}: element {j} of input {name!r} is not ranged: give the input's "
+                                 f"value for it (--value {name}=... with {size} elements)")
+            else:
+                elements.append(int(fixed[j]))
+        if any(isinstance(k, int) and k >= size for _, k in (nj for nj in wanted.values() if nj[0] == name)):
+            raise CtxrtError(f"dim {name!r}: input {name!r} has {size} elements")
+        spec.append((name, tuple(elements)))
+        records.append((name, dtype.str, tuple(decl or ()), tuple(elements)))
+    return carried_model(loaded, tuple(spec)), tuple(records)
+
+
+__all__ = ["MAX_ELEMENTS", "SUFFIX", "Record", "Spec", "carriable", "carried_model", "carrier", "carry", "inputs_of",
+           "value_ranges"]

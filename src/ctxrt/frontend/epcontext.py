@@ -17,7 +17,7 @@ import onnx
 from onnx import helper
 
 import ctxrt
-from ctxrt.errors import FormatError
+from ctxrt.errors import CtxrtError, FormatError
 from ctxrt.format.atomic import atomic_write
 
 DOMAIN = "com.microsoft"
@@ -58,6 +58,10 @@ def write_epcontext(path: str | os.PathLike, contexts: list[tuple[Path, dict[str
     for ctx_path, meta in contexts:
         payload = ctx_path.read_bytes() if embed else os.path.relpath(ctx_path, path.parent)
         for i, g in enumerate(meta["graphs"]):
+            if g.get("value_ranges"):
+                names = [v["name"] for v in g["value_ranges"]]
+                raise CtxrtError(f"graph {g['name']!r} takes value inputs as ranges ({names}): an EPContext model "
+                                 "cannot declare them; run the context binary itself")
             ins, outs = [t["name"] for t in g["inputs"]], [t["name"] for t in g["outputs"]]
             extra = {}
             if "ranges" in g:  # a range program: its IO dims named, its ranges on the node

@@ -430,6 +430,8 @@ class Graph:
         if not ctx.finalized:
             raise LifecycleError(f"graph {self.name!r}: context was freed" if ctx.freed
                                  else f"graph {self.name!r}: context is not finalized; call finalize()")
+        if self.compiled.carriers:
+            inputs = self.carry(inputs)
         if self._extent is not None:
             return self._extent.execute(inputs, outputs, fresh_outputs)
         if self.ranges is not None:
@@ -484,8 +486,39 @@ class Graph:
         self._step_cache.clear()
         self._steps_made.clear()
 
+    def carry(self, feeds: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The feeds with each value input the program takes as lengths (`ctxrt compile --dim limit=1:64`,
+        frontend/carriers.py) given as those lengths; feeds that give the lengths already pass."""
+        from ctxrt.frontend.carriers import carry
+
+        records = self.compiled.carriers
+        if not any(r[0] in feeds for r in records):
+            return feeds
+        for name, dt, shape, elements in records:
+            x = feeds.get(name)
+            if x is None:
+                raise ShapeError(f"graph {self.name!r} inputs: missing [{name!r}]")
+            if not isinstance(x, np.ndarray | np.generic) or x.dtype != np.dtype(dt) or x.shape != shape:
+                got = f"{x.dtype}{list(x.shape)}" if isinstance(x, np.ndarray | np.generic) else type(x).__name__
+                raise ShapeError(f"input {name!r} expects {np.dtype(dt)}{list(shape)} (a value input ranged, given "
+                                 f"as an array), got {got}")
+            bounds = {n: (lo, hi) for n, lo, hi in self.ranges.dims} if self.ranges is not None else {}
+            for j, (e, v) in enumerate(zip(elements, np.asarray(x).reshape(-1).tolist(), strict=True)):
+                if isinstance(e, str) and not bounds.get(e, (0, v))[0] <= v <= bounds.get(e, (0, v))[1]:
+                    lo, hi = bounds.get(e, (0, ""))
+                    raise ShapeError(f"input {name!r}{f' element {j}' if len(elements) > 1 else ''} is {v}, outside "
+                                     f"the range {lo}..{hi} this program was compiled for (dim {e!r})")
+                if not isinstance(e, str) and v != e:
+                    raise ShapeError(f"input {name!r}: element {j} is compiled for the value {e}; got {v} (range it "
+                                     f"with --dim {name}[{j}]=MIN:MAX)")
+        out = carry(feeds, tuple((name, elements) for name, _, _, elements in records))
+        assert out is not None  # (checked above)
+        return out
+
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run once and return new arrays for every output (of their real shapes, see `execute`)."""
+        if self.compiled.carriers:
+            feeds = self.carry(feeds)
         if self.ranges is not None and self.ctx.finalized and self._extent is None:
             return self._child(feeds).run(feeds)
         infos = self._extent.at(feeds).outputs if self._extent is not None and self.ctx.finalized else self.outputs

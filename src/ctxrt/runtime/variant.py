@@ -138,6 +138,12 @@ class Variant:
         return last[1] if last[0] is feeds else self._carry(feeds)
 
     def _carry(self, feeds: Mapping[str, Any]) -> Any:
+        decl = self.session._in_decl
+        for name in self.carried:  # of the declared type (then the session's check of the feeds names another)
+            v, (dt, dims) = feeds.get(name), decl[name]
+            if v is None or v.dtype != dt or dims is not None and all(isinstance(d, int) for d in dims) and \
+                    tuple(v.shape) != tuple(dims):
+                return None
         out = carry({k: array_of(v) if k in self.carried else v for k, v in feeds.items()}, self.carriers)
         if out is None:
             return None
