@@ -126,14 +126,15 @@ class InferenceSession:
                     in_dims, out_dims = io_dims(g.ranges.to_meta(), *io)
                 self._in_decl = {t.name: (np.dtype(t.dtype), d) for t, d in zip(g.inputs, in_dims, strict=True)}
                 self._out_decl = {t.name: (np.dtype(t.dtype), d) for t, d in zip(g.outputs, out_dims, strict=True)}
-                if g.compiled.carriers:  # value inputs it takes as lengths: fed as the values (frontend/carriers.py)
+                records = getattr(getattr(g, "compiled", None), "carriers", ())  # (a split chain has none)
+                if records:  # value inputs it takes as lengths: fed as the values (frontend/carriers.py)
                     from ctxrt.frontend.carriers import carrier
 
-                    made = {carrier(n, j, len(e)) for n, _, _, e in g.compiled.carriers for j in range(len(e))}
+                    made = {carrier(n, j, len(e)) for n, _, _, e in records for j in range(len(e))}
                     self._in_decl = {**{k: v for k, v in self._in_decl.items() if k not in made},
-                                     **{n: (np.dtype(dt), list(shape)) for n, dt, shape, _ in g.compiled.carriers}}
-                    default.carriers = tuple((n, e) for n, _, _, e in g.compiled.carriers)
-                    default.carried = frozenset(n for n, _, _, _ in g.compiled.carriers)
+                                     **{n: (np.dtype(dt), list(shape)) for n, dt, shape, _ in records}}
+                    default.carriers = tuple((n, e) for n, _, _, e in records)
+                    default.carried = frozenset(n for n, _, _, _ in records)
         if default is not None:
             self._keep(default)
         self._current: Variant | None = default
@@ -233,7 +234,7 @@ class InferenceSession:
             only = next(iter(self._variants.values()))
             if only.ranged is not None:  # outside the ranges: the ShapeError naming the dim, its value and range
                 g = only.ranged
-                given = g.carry({k: array_of(v) for k, v in feeds.items()}) if g.compiled.carriers else feeds
+                given = g.carry({k: array_of(v) for k, v in feeds.items()}) if only.carriers else feeds
                 g.ranges.bind(g.inputs, [getattr(given[t.name], "shape", None) for t in g.inputs])
             name, value = next((n, a) for n, a in only.values if not np.array_equal(array_of(feeds[n]), a))
             raise ShapeError(f"input {name!r} is a value input compiled for {value.reshape(-1).tolist()}; got "
