@@ -1360,3 +1360,69 @@ def _sliced(starts: list[int], ends: list[int]) -> bytes:
                           [numpy_helper.from_array(np.array(v, np.int64), k)
                            for k, v in (("st", starts), ("en", ends), ("ax", [0]))])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def test_a_range_whose_length_clamps_at_zero_is_split_there() -> None:
+    """y = arange(N - 5) + 1: no elements for N <= 5 (Range's length clamps at 0), N - 5 above. One program over
+    1..32 would have a negative extent below 6: refused, saying where the pieces start (5 | 6); a session ranges
+    each piece (no elements at 1..4) instead of compiling every size (60 compiles for these 64 runs before)."""
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]), helper.make_node("Gather", ["sh", "zero"], ["n"], axis=0),
+             helper.make_node("Sub", ["n", "five"], ["l"]), helper.make_node("Range", ["zero", "l", "one"], ["r"]),
+             helper.make_node("Cast", ["r"], ["rf"], to=TensorProto.FLOAT),
+             helper.make_node("Add", ["rf", "fone"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(np.int64(0), "zero"), numpy_helper.from_array(np.int64(1), "one"),
+                           numpy_helper.from_array(np.int64(5), "five"),
+                           numpy_helper.from_array(np.float32(1), "fone")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    with pytest.raises(RangeError, match="negative somewhere") as e:
+        ctxrt.compile(m, dims={"N": (1, 32)})
+    assert e.value.splits == {"N": [5, 6]}
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CtxrtWarning)
+        with ctxrt.InferenceSession(m) as sess:
+            for n in [*range(1, 33), *range(32, 0, -1)]:
+                feeds = {"x": np.zeros((n, 4), np.float32)}
+                got, want = sess.run(None, feeds)[0], theirs.run(None, feeds)[0]
+                assert got.shape == want.shape, n
+                np.testing.assert_array_equal(got, want)
+            assert sess.stats["shape_variants_compiled"] <= 6
+
+
+def test_a_resize_that_keeps_its_aspect_ratio_over_ranged_sizes_is_refused() -> None:
+    """Resize(sizes=[4, s] on H, W, keep_aspect_ratio_policy=not_larger) takes min(4 / H, s / W): the first
+    ratio at every probe of s in 1..8, the second below 4, which no fit of its extents sees (wrong shapes below
+    4). Such a Resize over sizes that follow the dims is refused; a session compiles each value, right at each."""
+    g = helper.make_graph([helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="nearest", axes=[2, 3],
+                                            keep_aspect_ratio_policy="not_larger")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8]),
+                           helper.make_tensor_value_info("sizes", TensorProto.INT64, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)], ir_version=9).SerializeToString()
+    with pytest.raises(RangeError, match="keeps its aspect ratio"):
+        ctxrt.compile(m, dims={"sizes[1]": (1, 8)}, values={"sizes": [4, 0]})
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CtxrtWarning)
+        with ctxrt.InferenceSession(m) as sess:
+            for s in (8, 3, 5, 1, 2, 7):
+                feeds = {"x": np.arange(64, dtype=np.float32).reshape(1, 1, 8, 8), "sizes": np.array([4, s])}
+                got, want = sess.run(None, feeds)[0], theirs.run(None, feeds)[0]
+                assert got.shape == want.shape, s
+                np.testing.assert_array_equal(got, want)
+
+
+def test_a_reshape_to_another_element_count_is_a_shape_error() -> None:
+    """A Reshape target of another element count (onnx's inference lets it through) is a ShapeError naming the
+    node when compiled, not a NumPy ValueError when its kernel is bound."""
+    g = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"], name="r")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4]),
+                           helper.make_tensor_value_info("shape", TensorProto.INT64, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    with pytest.raises(ShapeError, match=r"Reshape node 'r': cannot reshape \[2, 3, 4\] \(24 elements\) into \[50\]"):
+        ctxrt.compile(m, values={"shape": [50]})
+    with ctxrt.InferenceSession(m) as sess, pytest.raises(ShapeError, match="cannot reshape"):
+        sess.run(None, {"x": np.zeros((2, 3, 4), np.float32), "shape": np.array([50])})

@@ -602,6 +602,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
             if pieces:
                 _check_pieces(pieces, small, folded, points, at, spec)
             _check_slices(read_only, points, at, spec)
+            _check_resizes(read_only, points, at)
         # U, U - 1, the first check point (a check point that has no graph fails early), the other probes, tested
         # at that check point before the second is read (an image net's strided H and W refuted a read sooner)
         order = (*points[:2], *few[:1], *points[2:], *few[1:])
@@ -992,6 +993,35 @@ def _check_slices(graphs: Mapping[tuple[int, ...], Any], points: list[tuple[int,
                                  _cuts([st, en, s_eff, s_eff - hi, e_eff - lo, e_eff - hi, e_c - s_c], spec))
 
 
+def _check_resizes(graphs: Mapping[tuple[int, ...], Any], points: list[tuple[int, ...]],
+                   checks: list[tuple[int, ...]]) -> None:
+    """RangeError where a Resize keeps its aspect ratio (keep_aspect_ratio_policy not_larger / not_smaller) over
+    sizes or an input that follow the dims: its output size takes the smaller (larger) of the axes' ratios, a
+    choice the fit of its extents cannot see (sizes [1, s] over s in 1..8 chose the first ratio at every probe, the
+    second below 2)."""
+    at = [graphs.get(p) for p in (*points, *checks)]
+    if any(g is None for g in at):
+        return
+
+    def resizes(g: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+        out = {}
+        for n in g.nodes:
+            if n.op == "Resize" and n.attrs.get("keep_aspect_ratio_policy", "stretch") in ("not_larger",
+                                                                                           "not_smaller"):
+                out[prefix + n.name] = (g, n)
+            for key, sub in n.attrs.items():
+                if hasattr(sub, "nodes") and hasattr(sub, "values"):
+                    out.update(resizes(sub, f"{prefix}{n.name}/{key}/"))
+        return out
+    found = [resizes(g) for g in at]
+    for name in found[0]:
+        seen = {(tuple(g.values[n.inputs[0]].shape), repr(n.attrs.get("sizes"))) for f in found if name in f
+                for g, n in [f[name]]}
+        if len(seen) > 1:
+            raise RangeError(f"Resize node {name!r} keeps its aspect ratio over sizes that follow the dims (the "
+                             "ratio it takes may change inside the ranges): not one program for them")
+
+
 def _check_pieces(pieces: list[tuple[str, str, list[str]]], small: Mapping[tuple[int, ...], Mapping[str, Any]],
                   folded: Mapping[tuple[int, ...], Mapping[str, Any]], points: list[tuple[int, ...]],
                   checks: list[tuple[int, ...]], spec: list[tuple[str, int, int]]) -> None:
@@ -1228,8 +1258,8 @@ def check_fits(g: CompiledGraph, ranges: Ranges, spec: list[tuple[str, int, int]
         if col[top] != _extent(g, where):
             raise RangeError(f"{_label(where, g)} is {col[top]} at the upper bound, not the program's "
                              f"{_extent(g, where)}")
-        if (col < 0).any():
-            raise RangeError(f"{_label(where, g)} is negative somewhere in the ranges")
+        if (col < 0).any():  # (a Range's length clamped at 0 below some size: a piece of its own, `splits`)
+            raise RangeError(f"{_label(where, g)} is negative somewhere in the ranges", _cuts([col], spec))
         for c, q, j in edges:
             if col[c] > col[q]:
                 raise RangeError(f"{_label(where, g)} shrinks as dim {spec[j][0]!r} grows: the arena is "

@@ -7,6 +7,7 @@ inputs are the formal ones (Loop: iteration, condition, carried values) then the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -348,6 +349,11 @@ def _check_settled(st: Folder, body: bool) -> None:
             src = node.input[pos] if pos < len(node.input) else ""
             if src and src not in st.consts:
                 problems.append(f"{label}: {what} ({src!r}) is computed at run time; ctxrt needs it at compile time")
+        if node.op_type == "Reshape" and node.input and node.output:  # (onnx's inference does not check it)
+            a, b = st.shape_of(node.input[0]), st.shape_of(node.output[0])
+            if a is not None and b is not None and math.prod(a) != math.prod(b):
+                raise ShapeError(f"{label}: cannot reshape {list(a)} ({math.prod(a)} elements) into {list(b)} "
+                                 f"({math.prod(b)} elements)")
         for k, src in enumerate(node.input):
             if src in st.bounded and not (k == 0 and node.op_type in PASS_THROUGH):
                 problems.append(f"{label} reads {src!r}, whose size along axis {st.bounded[src]} is known only at "

@@ -286,7 +286,8 @@ class InferenceSession:
                                 continue  # (at the upper bound: a narrower range may compile)
                             if self._split(getattr(e, "splits", {}), attempt):  # a clamp or a comparison of a dim
                                 # changes piece inside the ranges: the attempts left kept within the feeds' piece
-                                attempts[i + 1:] = [self._piece(feeds, a) for a in (attempt, *attempts[i + 1:])]
+                                rest = [self._piece(feeds, a) for a in (attempt, *attempts[i + 1:])]
+                                attempts[i + 1:] = [a for j, a in enumerate(rest) if a not in rest[:j]]
                                 failed = f"{type(e).__name__}: {e}"
                                 del e
                                 continue
