@@ -1426,3 +1426,25 @@ def test_a_reshape_to_another_element_count_is_a_shape_error() -> None:
         ctxrt.compile(m, values={"shape": [50]})
     with ctxrt.InferenceSession(m) as sess, pytest.raises(ShapeError, match="cannot reshape"):
         sess.run(None, {"x": np.zeros((2, 3, 4), np.float32), "shape": np.array([50])})
+
+
+def test_an_einsum_label_of_two_sizes_is_a_shape_error() -> None:
+    """'bij,bjk->bik' with b = 1 in one operand and 5 in the other: onnx types the output by the first (1, 2, 4)
+    and the kernel crashed writing (5, 2, 4) into it; a range over x's batch compiled (its probes unchecked) and
+    crashed at every size but 5. Now a ShapeError naming the label, and the session's range attempt fails over
+    to exact shapes."""
+    g = helper.make_graph([helper.make_node("Einsum", ["x", "y"], ["z"], equation="bij,bjk->bik", name="e")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 3]),
+                           helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 3, 4])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    y = np.ones((5, 3, 4), np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CtxrtWarning)
+        with ctxrt.InferenceSession(m) as sess:
+            want = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": np.ones((5, 2, 3),
+                                                                                                   np.float32), "y": y})
+            np.testing.assert_allclose(sess.run(None, {"x": np.ones((5, 2, 3), np.float32), "y": y})[0], want[0])
+            with pytest.raises(ShapeError, match=r"Einsum node 'e': equation 'bij,bjk->bik' labels axes of sizes "
+                                                 r"\[1, 5\] with 'b'"):
+                sess.run(None, {"x": np.ones((1, 2, 3), np.float32), "y": y})

@@ -334,6 +334,23 @@ def _canonicalize(node: Node, consts: dict[str, np.ndarray]) -> None:
         node.inputs.pop()
 
 
+def _check_einsum(st: Folder, node: onnx.NodeProto, label: str) -> None:
+    """ShapeError where a letter of an Einsum's equation labels axes of different sizes (onnx's inference types
+    the output by the first operand's, and a size-1 axis against another size is not broadcast here)."""
+    eq = next((a.s.decode() for a in node.attribute if a.name == "equation"), "").replace(" ", "")
+    sizes: dict[str, set[int]] = {}
+    for term, name in zip(eq.partition("->")[0].split(","), node.input, strict=False):
+        shape = st.shape_of(name) if name else None
+        if shape is None or "..." in term or len(term) != len(shape):
+            continue  # (a broadcast ellipsis, or a rank the kernel names)
+        for c, d in zip(term, shape, strict=True):
+            sizes.setdefault(c, set()).add(int(d))
+    bad = {c: sorted(v) for c, v in sizes.items() if len(v) > 1}
+    if bad:
+        c, v = next(iter(bad.items()))
+        raise ShapeError(f"{label}: equation {eq!r} labels axes of sizes {v} with {c!r}; they must be one size")
+
+
 def _check_settled(st: Folder, body: bool) -> None:
     """Everything that cannot be compiled, all at once: ops left unfolded, shape-deciding inputs computed at
     run time, readers of data-dependent sizes, control nodes whose inputs never got static shapes."""
@@ -349,6 +366,8 @@ def _check_settled(st: Folder, body: bool) -> None:
             src = node.input[pos] if pos < len(node.input) else ""
             if src and src not in st.consts:
                 problems.append(f"{label}: {what} ({src!r}) is computed at run time; ctxrt needs it at compile time")
+        if node.op_type == "Einsum":
+            _check_einsum(st, node, label)
         if node.op_type == "Reshape" and node.input and node.output:  # (onnx's inference does not check it)
             a, b = st.shape_of(node.input[0]), st.shape_of(node.output[0])
             if a is not None and b is not None and math.prod(a) != math.prod(b):
