@@ -1334,7 +1334,7 @@ def test_a_branch_that_reads_a_dim_computes_it_per_run(kind) -> None:
 def test_a_session_splits_its_range_where_a_piece_starts(model, cuts) -> None:
     """x[:min(N, 8)] and x[-20:] are one program on each side of their clamp, not over it: the RangeError says
     where the pieces start (N = 8 | 9), and a session ranges each piece (1..7, 8, 9..) instead of compiling every
-    size exactly (66 compiles for these 70 runs before; 6 now), right at every size."""
+    size exactly (66 compiles for these 70 runs before; 4 now), right at every size."""
     m = model()
     with pytest.raises(RangeError) as e:
         ctxrt.compile(m, dims={"N": (1, 32)})
@@ -1448,3 +1448,28 @@ def test_an_einsum_label_of_two_sizes_is_a_shape_error() -> None:
             with pytest.raises(ShapeError, match=r"Einsum node 'e': equation 'bij,bjk->bik' labels axes of sizes "
                                                  r"\[1, 5\] with 'b'"):
                 sess.run(None, {"x": np.ones((1, 2, 3), np.float32), "y": y})
+
+
+def test_a_compress_whose_bound_takes_the_smaller_size_is_split_where_it_changes() -> None:
+    """Compress(x[N, 2], condition[3]) is bounded by min(3, N): 3 at every probe of N in 1..16, and the program's
+    kernel crashed below 3. Refused there with where the pieces start (3 | 4); a session ranges each piece, right
+    at every N."""
+    g = helper.make_graph([helper.make_node("Compress", ["x", "c"], ["y"], axis=0)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2]),
+                           helper.make_tensor_value_info("c", TensorProto.BOOL, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    with pytest.raises(RangeError, match="upper bound takes the smaller") as e:
+        ctxrt.compile(m, dims={"N": (1, 16)})
+    assert e.value.splits == {"N": [3, 4]}
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    c = np.array([True, False, True])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CtxrtWarning)
+        with ctxrt.InferenceSession(m) as sess:
+            for n in [*range(1, 17), *range(16, 0, -1)]:
+                feeds = {"x": np.arange(2 * n, dtype=np.float32).reshape(n, 2), "c": c}
+                got, want = sess.run(None, feeds)[0], theirs.run(None, feeds)[0]
+                assert got.shape == want.shape, n
+                np.testing.assert_array_equal(got, want)
+            assert sess.stats["shape_variants_compiled"] <= 5

@@ -603,6 +603,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
                 _check_pieces(pieces, small, folded, points, at, spec)
             _check_slices(read_only, points, at, spec)
             _check_resizes(read_only, points, at)
+            _check_bounds(read_only, points, at, spec)
         # U, U - 1, the first check point (a check point that has no graph fails early), the other probes, tested
         # at that check point before the second is read (an image net's strided H and W refuted a read sooner)
         order = (*points[:2], *few[:1], *points[2:], *few[1:])
@@ -991,6 +992,54 @@ def _check_slices(graphs: Mapping[tuple[int, ...], Any], points: list[tuple[int,
                 raise RangeError(f"Slice node {name!r} clamps its bounds differently inside the ranges (a bound "
                                  "past the end of its axis at some sizes only): not one program for them",
                                  _cuts([st, en, s_eff, s_eff - hi, e_eff - lo, e_eff - hi, e_c - s_c], spec))
+
+
+def _check_bounds(graphs: Mapping[tuple[int, ...], Any], points: list[tuple[int, ...]],
+                  checks: list[tuple[int, ...]], spec: list[tuple[str, int, int]]) -> None:
+    """RangeError where a data-dependent output's upper bound takes the smaller of two sizes that cross inside the
+    ranges (Compress: its condition's length and its axis; NonMaxSuppression: the boxes and the most per class):
+    the bound 3 of a condition of 3 over an axis of N in 1..16 held at every probe, and its kernel crashed below
+    3. The RangeError's `splits` say where the smaller one changes."""
+    at = [graphs.get(p) for p in (*points, *checks)]
+    if any(g is None for g in at):
+        return
+
+    def bounded(g: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+        out = {}
+        for n in g.nodes:
+            if n.op in ("Compress", "NonMaxSuppression"):
+                out[prefix + n.name] = (g, n)
+            for key, sub in n.attrs.items():
+                if hasattr(sub, "nodes") and hasattr(sub, "values"):
+                    out.update(bounded(sub, f"{prefix}{n.name}/{key}/"))
+        return out
+
+    def sizes(g: Any, n: Any) -> list[int] | None:
+        shape = [g.values[i].shape if i in g.values else None for i in n.inputs[:2]]
+        if any(s is None for s in shape):
+            return None
+        if n.op == "Compress":
+            axis = n.attrs.get("axis")
+            return [shape[1][0], math.prod(shape[0]) if axis is None else shape[0][int(axis) % len(shape[0])]]
+        limit = g.values.get(n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] else None
+        if limit is None or limit.const is None or len(shape[1]) != 3:
+            return None
+        return [shape[1][2], int(np.asarray(limit.const).reshape(-1)[0])]
+    found = [bounded(g) for g in at]
+    for name, (_, n0) in found[0].items():
+        rows = [sizes(*f[name]) if name in f else None for f in found]
+        if any(r is None for r in rows):
+            continue
+        flat = np.array(rows, np.float64)
+        if (flat == flat[0]).all():
+            continue
+        corners = _affine_at_corners(flat, points, checks, spec)
+        if corners is None:
+            continue  # (not affine: the fit of its extents refutes it)
+        diff = corners[:, 0] - corners[:, 1]
+        if not (np.sign(diff) == np.sign(diff[0])).all():
+            raise RangeError(f"{n0.op} node {name!r}: its output's upper bound takes the smaller of two sizes, "
+                             "which changes inside the ranges: not one program for them", _cuts([diff], spec))
 
 
 def _check_resizes(graphs: Mapping[tuple[int, ...], Any], points: list[tuple[int, ...]],

@@ -590,6 +590,8 @@ class InferenceSession:
                 lo, hi = self._ranges[key]
                 if not lo <= n <= hi:
                     lo, hi = min(lo, n), max(2 * hi, 1 << max(n - 1, 0).bit_length())
+                    if key in self._cuts:  # another piece of the dim (`_piece` clips): its first range, as new
+                        hi = max(hi, self._default_dim_max, grown)
             else:
                 lo, hi = (0 if n == 0 else 1), max(self._default_dim_max, grown)
                 if n == 0:
