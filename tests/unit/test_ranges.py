@@ -1473,3 +1473,23 @@ def test_a_compress_whose_bound_takes_the_smaller_size_is_split_where_it_changes
                 assert got.shape == want.shape, n
                 np.testing.assert_array_equal(got, want)
             assert sess.stats["shape_variants_compiled"] <= 5
+
+
+def test_a_prelu_slope_that_does_not_broadcast_to_its_input_is_a_shape_error() -> None:
+    """PRelu's slope broadcasts to X, not X to the slope: X [N, 4, 5] with a slope [3, 4, 5] is right at N = 3
+    only. A range over N compiled (the probes unchecked) and crashed in NumPy at N = 1; now a ShapeError naming
+    the node, and the session compiles exact shapes."""
+    g = helper.make_graph([helper.make_node("PRelu", ["x", "slope"], ["y"], name="p")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 5]),
+                           helper.make_tensor_value_info("slope", TensorProto.FLOAT, [3, 4, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    slope = np.full((3, 4, 5), 0.5, np.float32)
+    x = np.arange(60, dtype=np.float32).reshape(3, 4, 5) - 30
+    want = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": x, "slope": slope})[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CtxrtWarning)
+        with ctxrt.InferenceSession(m) as sess:
+            np.testing.assert_array_equal(sess.run(None, {"x": x, "slope": slope})[0], want)
+            with pytest.raises(ShapeError, match=r"PRelu node 'p': its slope \[3, 4, 5\] does not broadcast"):
+                sess.run(None, {"x": x[:1], "slope": slope})

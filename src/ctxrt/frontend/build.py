@@ -334,6 +334,13 @@ def _canonicalize(node: Node, consts: dict[str, np.ndarray]) -> None:
         node.inputs.pop()
 
 
+def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    try:
+        return tuple(np.broadcast_shapes(tuple(a), tuple(b)))
+    except ValueError:
+        return None
+
+
 def _check_einsum(st: Folder, node: onnx.NodeProto, label: str) -> None:
     """ShapeError where a letter of an Einsum's equation labels axes of different sizes (onnx's inference types
     the output by the first operand's, and a size-1 axis against another size is not broadcast here)."""
@@ -368,6 +375,10 @@ def _check_settled(st: Folder, body: bool) -> None:
                 problems.append(f"{label}: {what} ({src!r}) is computed at run time; ctxrt needs it at compile time")
         if node.op_type == "Einsum":
             _check_einsum(st, node, label)
+        if node.op_type == "PRelu" and len(node.input) > 1:  # slope broadcast to X, not X to slope (onnx's spec)
+            a, b = st.shape_of(node.input[0]), st.shape_of(node.input[1])
+            if a is not None and b is not None and _broadcast(a, b) != tuple(a):
+                raise ShapeError(f"{label}: its slope {list(b)} does not broadcast to its input {list(a)}")
         if node.op_type == "Reshape" and node.input and node.output:  # (onnx's inference does not check it)
             a, b = st.shape_of(node.input[0]), st.shape_of(node.output[0])
             if a is not None and b is not None and math.prod(a) != math.prod(b):
