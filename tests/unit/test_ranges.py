@@ -1493,3 +1493,40 @@ def test_a_prelu_slope_that_does_not_broadcast_to_its_input_is_a_shape_error() -
             np.testing.assert_array_equal(sess.run(None, {"x": x, "slope": slope})[0], want)
             with pytest.raises(ShapeError, match=r"PRelu node 'p': its slope \[3, 4, 5\] does not broadcast"):
                 sess.run(None, {"x": x[:1], "slope": slope})
+
+
+def test_an_expand_whose_input_does_not_broadcast_is_a_shape_error() -> None:
+    """Expand(x[3, N], [3, 4]) is right at N = 1 and 4 only. A range over N compiled (onnx typed the probes' outputs
+    [3, N]) and answered N = 1 with [3, 1] (onnxruntime: [3, 4]); now every other N is a ShapeError naming the
+    node, the session compiles exact shapes, right at 1 and 4."""
+    g = helper.make_graph([helper.make_node("Expand", ["x", "shape"], ["y"], name="e")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, "N"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(np.array([3, 4], np.int64), "shape")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CtxrtWarning)
+        with ctxrt.InferenceSession(m) as sess:
+            for n in (4, 1):
+                feeds = {"x": np.arange(3 * n, dtype=np.float32).reshape(3, n)}
+                got, want = sess.run(None, feeds)[0], theirs.run(None, feeds)[0]
+                assert got.shape == want.shape
+                np.testing.assert_array_equal(got, want)
+            with pytest.raises(ShapeError, match=r"Expand node 'e': its input \[3, 6\] does not broadcast"):
+                sess.run(None, {"x": np.zeros((3, 6), np.float32)})
+
+
+def test_a_ceil_pool_window_larger_than_its_input_makes_no_output() -> None:
+    """MaxPool 3x3 / 2 with ceil_mode over a width of 1 (opset 22): onnxruntime and the spec make no output
+    column, onnx's inference (and ctxrt, which followed it) one."""
+    g = helper.make_graph([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                                            ceil_mode=1)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 22)], ir_version=10).SerializeToString()
+    x = np.arange(4, dtype=np.float32).reshape(1, 1, 4, 1)
+    want = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert want.shape == (1, 1, 2, 0)
+    with ctxrt.InferenceSession(m) as sess:
+        assert sess.run(None, {"x": x})[0].shape == want.shape

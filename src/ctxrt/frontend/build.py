@@ -375,6 +375,11 @@ def _check_settled(st: Folder, body: bool) -> None:
                 problems.append(f"{label}: {what} ({src!r}) is computed at run time; ctxrt needs it at compile time")
         if node.op_type == "Einsum":
             _check_einsum(st, node, label)
+        if node.op_type == "Expand" and len(node.input) > 1 and node.input[1] in st.consts:
+            # (onnx's inference lets a target that does not broadcast through)
+            a, b = st.shape_of(node.input[0]), tuple(int(d) for d in st.consts[node.input[1]].reshape(-1))
+            if a is not None and _broadcast(a, b) is None:
+                raise ShapeError(f"{label}: its input {list(a)} does not broadcast with the shape {list(b)}")
         if node.op_type == "PRelu" and len(node.input) > 1:  # slope broadcast to X, not X to slope (onnx's spec)
             a, b = st.shape_of(node.input[0]), st.shape_of(node.input[1])
             if a is not None and b is not None and _broadcast(a, b) != tuple(a):

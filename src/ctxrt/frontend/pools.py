@@ -1,5 +1,6 @@
 """Pool output shapes onnx shape inference gets wrong: with ceil_mode=1, a last window that starts in the end
-padding is counted before opset 22 (the spec and onnxruntime drop it at every opset). The frontend types such a
+padding is counted before opset 22 (the spec and onnxruntime drop it at every opset), and a window larger than the
+padded input makes one output (none in the spec and onnxruntime). The frontend types such a
 pool's outputs itself (`Folder.annotate`) and its readers from them (`Folder.skeleton`)."""
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ POOLS = {"MaxPool", "AveragePool", "LpPool"}
 
 def ceil_pool_shape(node: onnx.NodeProto, shape: tuple[int, ...]) -> tuple[int, ...] | None:
     """The output shape of a pool with ceil_mode=1 whose last window along some axis would start in the end
-    padding: the ONNX spec and onnxruntime drop that window, onnx shape inference counts it before opset 22.
-    None for any other pool (inference is right)."""
+    padding: the ONNX spec and onnxruntime drop that window, onnx shape inference counts it before opset 22; or
+    whose window is larger than the padded input along some axis: no output there (inference says 1). None for any
+    other pool (inference is right)."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     nd = len(shape) - 2
     if not attrs.get("ceil_mode") or attrs.get("auto_pad", b"NOTSET") != b"NOTSET" or nd < 1:
@@ -27,5 +29,7 @@ def ceil_pool_shape(node: onnx.NodeProto, shape: tuple[int, ...]) -> tuple[int, 
         o = -(-(i + pads[a] + pads[a + nd] - (k[a] - 1) * dil[a] - 1) // st[a]) + 1
         if o > 1 and (o - 1) * st[a] >= i + pads[a]:
             o, dropped = o - 1, True
+        elif o < 1:  # a window larger than the padded input: no output (onnx's inference says 1)
+            o, dropped = 0, True
         out.append(o)
     return (*shape[:2], *out) if dropped else None
