@@ -1530,3 +1530,31 @@ def test_a_ceil_pool_window_larger_than_its_input_makes_no_output() -> None:
     assert want.shape == (1, 1, 2, 0)
     with ctxrt.InferenceSession(m) as sess:
         assert sess.run(None, {"x": x})[0].shape == want.shape
+
+
+def test_an_output_step_every_size_shares_is_written_at_every_size() -> None:
+    """x[3, C] -> GatherElements (its kernel made per C) -> Neg -> Slice -> Squeeze into the output (one call every
+    C shares). Run on arrays, the first C's run pointed that call at its caller's output array; the next C's list,
+    planned while the call still pointed there, did not see it write the output: every other C returned an array
+    nothing wrote (onnx's expanded NegativeLogLikelihoodLoss, ranged over its classes). Now the calls point back at
+    the buffers before another list is planned or run."""
+    nodes = [helper.make_node("Unsqueeze", ["t", "ax"], ["t1"]),
+             helper.make_node("GatherElements", ["x", "t1"], ["g"], axis=1), helper.make_node("Neg", ["g"], ["n"]),
+             helper.make_node("Slice", ["n", "z", "ax", "ax"], ["sl"]),
+             helper.make_node("Squeeze", ["sl", "ax"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, "C"]),
+                                       helper.make_tensor_value_info("t", TensorProto.INT64, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(np.array([1], np.int64), "ax"),
+                           numpy_helper.from_array(np.array([0], np.int64), "z")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    program = ctxrt.compile(m, dims={"C": (5, 16)}).graph()
+    t = np.array([1, 4, 3])
+    rng = np.random.default_rng(0)
+    with ctxrt.InferenceSession(m, dim_ranges={"C": (5, 16)}) as sess:
+        for c in (6, 5, 6, 8, 5, 16):
+            feeds = {"x": rng.standard_normal((3, c)).astype(np.float32), "t": t}
+            want = theirs.run(None, feeds)[0]
+            np.testing.assert_array_equal(program.run(feeds)["y"], want, err_msg=f"C={c}")
+            np.testing.assert_array_equal(sess.run(None, feeds)[0], want, err_msg=f"C={c}")

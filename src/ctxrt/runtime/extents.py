@@ -246,6 +246,10 @@ class ExtentRunner:
         # shared launch lists by their recording (slots.py), and the launches of the run in progress per step
         self.shared: dict[int, slots.Shared] = {}
         self.cur: list[Any] = []
+        # the plan whose arrays the calls of the last run on arrays pointed at (feeds.py): its fields are put back
+        # on the buffers before another list runs or is planned (a call shared by two lists would keep pointing at
+        # the other run's array: a new batch size's output copied out of a buffer nothing wrote)
+        self.bound_plan: feeds.Plan | None = None
         for k, step in enumerate(g.compiled.steps):
             for r in {r.key for r in [*step.inputs, *step.outputs] if r is not None and r.space in (INPUT, OUTPUT)}:
                 self.users.setdefault(r, []).append(k)
@@ -731,6 +735,9 @@ class ExtentRunner:
             st.plans = (launches, {})
         key = (threads.openmp_now(), threads.idle_now())
         if key not in st.plans[1]:
+            if self.bound_plan is not None:  # (the calls' pointers read as the buffers')
+                self.bound_plan.restore()
+                self.bound_plan = None
             ins, outs = [t.name for t in st.inputs], [t.name for t in st.outputs]
             if shared is None:
                 got = feeds.plan(_at_dims(st.launches, st.vals), launches, key, st.internal, ins, outs, self.users)
@@ -745,6 +752,14 @@ class ExtentRunner:
                 got = got and got.rebased(st.shared[3].view(np.int64))
             st.plans[1][key] = got
         return st.plans[1][key]
+
+    def _placed(self, st: AtDims, launches: list[Any], shared: slots.Shared | None) -> feeds.Plan | None:
+        """`_plan`, the plan bound last put back on the buffers first where it is another."""
+        got = self._plan(st, launches, shared)
+        if self.bound_plan is not None and self.bound_plan is not got:
+            self.bound_plan.restore()
+        self.bound_plan = got
+        return got
 
     # -- running ---------------------------------------------------------------------------------------
     def execute(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None, fresh_outputs: bool = False
@@ -783,7 +798,10 @@ class ExtentRunner:
                 launches = resolved[1]
             place = None
             if raw:  # on arrays: feeds its batches read in place are not copied
-                place = lambda: self._plan(st, launches, shared)  # noqa: E731
+                place = lambda: self._placed(st, launches, shared)  # noqa: E731
+            elif self.bound_plan is not None:  # on handles: the calls on the buffers
+                self.bound_plan.restore()
+                self.bound_plan = None
             run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, launches, st.cap, st.blas,
                          place, fresh_outputs)
             if st.kv is not None:  # a KV cache appended in place: what its Concats did not copy, and did
