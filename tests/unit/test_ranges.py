@@ -1558,3 +1558,26 @@ def test_an_output_step_every_size_shares_is_written_at_every_size() -> None:
             want = theirs.run(None, feeds)[0]
             np.testing.assert_array_equal(program.run(feeds)["y"], want, err_msg=f"C={c}")
             np.testing.assert_array_equal(sess.run(None, feeds)[0], want, err_msg=f"C={c}")
+
+
+def test_a_flat_compress_over_two_dims_is_right_on_both_sides_of_its_bound() -> None:
+    """Compress(x[N, M], condition[5]) without an axis is bounded by min(5, N * M): a product of the dims, 5 at every
+    probe of N, M in 1..16; its kernel crashed where N * M < 5. The bound's product is checked at the corners of
+    the box (a multilinear sign is the corners'): refused, and the session right everywhere."""
+    g = helper.make_graph([helper.make_node("Compress", ["x", "c"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "M"]),
+                           helper.make_tensor_value_info("c", TensorProto.BOOL, [5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    with pytest.raises(RangeError, match="upper bound takes the smaller"):
+        ctxrt.compile(m, dims={"N": (1, 16), "M": (1, 16)})
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    c = np.array([True, False, True, True, False])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CtxrtWarning)
+        with ctxrt.InferenceSession(m) as sess:
+            for n, k in ((3, 4), (1, 1), (2, 2), (1, 3), (5, 5), (1, 7), (2, 1)):
+                feeds = {"x": np.arange(n * k, dtype=np.float32).reshape(n, k), "c": c}
+                got, want = sess.run(None, feeds)[0], theirs.run(None, feeds)[0]
+                assert got.shape == want.shape, (n, k)
+                np.testing.assert_array_equal(got, want)

@@ -1015,28 +1015,31 @@ def _check_bounds(graphs: Mapping[tuple[int, ...], Any], points: list[tuple[int,
         return out
 
     def sizes(g: Any, n: Any) -> list[int] | None:
+        """[the one size, then the factors of the other] (a flat Compress's axis is the product of its input's)."""
         shape = [g.values[i].shape if i in g.values else None for i in n.inputs[:2]]
         if any(s is None for s in shape):
             return None
         if n.op == "Compress":
             axis = n.attrs.get("axis")
-            return [shape[1][0], math.prod(shape[0]) if axis is None else shape[0][int(axis) % len(shape[0])]]
+            return [shape[1][0], *(shape[0] if axis is None else shape[0][int(axis) % len(shape[0]):][:1])]
         limit = g.values.get(n.inputs[2]) if len(n.inputs) > 2 and n.inputs[2] else None
         if limit is None or limit.const is None or len(shape[1]) != 3:
             return None
-        return [shape[1][2], int(np.asarray(limit.const).reshape(-1)[0])]
+        return [int(np.asarray(limit.const).reshape(-1)[0]), shape[1][2]]
     found = [bounded(g) for g in at]
     for name, (_, n0) in found[0].items():
         rows = [sizes(*f[name]) if name in f else None for f in found]
-        if any(r is None for r in rows):
+        if any(r is None for r in rows) or len({len(r) for r in rows}) != 1:
             continue
         flat = np.array(rows, np.float64)
         if (flat == flat[0]).all():
             continue
         corners = _affine_at_corners(flat, points, checks, spec)
         if corners is None:
-            continue  # (not affine: the fit of its extents refutes it)
-        diff = corners[:, 0] - corners[:, 1]
+            raise RangeError(f"{n0.op} node {name!r}: its output's upper bound takes the smaller of two sizes that "
+                             "follow the dims in no affine way: not one program for them")
+        # (a product of affine extents is multilinear: its sign over the box is that at the corners)
+        diff = corners[:, 0] - np.prod(corners[:, 1:], axis=1)
         if not (np.sign(diff) == np.sign(diff[0])).all():
             raise RangeError(f"{n0.op} node {name!r}: its output's upper bound takes the smaller of two sizes, "
                              "which changes inside the ranges: not one program for them", _cuts([diff], spec))
