@@ -390,7 +390,7 @@ def _compile_generate(args: argparse.Namespace, tuning: dict[str, Any]) -> int:
                 written = save_context(out, graphs, weights, backend, [files.model], generation=found)
         if args.split is not None:
             return _write_split(args, out, files.model, parts, outputs, backend, found)
-    print(f"wrote {written} (ranges: " + ", ".join(f"{k}={v[0]}:{v[1]}" if isinstance(v, tuple) else f"{k}={v}"
+    print(f"wrote {written} (ranges: " + ", ".join(f"{k}={':'.join(map(str, v)) if isinstance(v, tuple) else v}"
                                                    for k, v in ranges.items()) + ")")
     return 0
 

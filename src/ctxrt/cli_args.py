@@ -86,21 +86,23 @@ def parse_shape(text: str, option: str = "--shape") -> tuple[str, tuple[int, ...
     return name, shape
 
 
-def parse_dims(specs: Sequence[str]) -> dict[str, tuple[int, int]]:
-    """--dim NAME=MIN:MAX (NAME a symbolic dim, or INPUT:AXIS) -> {NAME: (MIN, MAX)}."""
-    out: dict[str, tuple[int, int]] = {}
+def parse_dims(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """--dim NAME=MIN:MAX[:STEP] (NAME a symbolic dim, or INPUT:AXIS) -> {NAME: (MIN, MAX[, STEP])}."""
+    out: dict[str, tuple[int, ...]] = {}
     for spec in specs:
         name, sep, text = spec.rpartition("=")
-        lo, colon, hi = text.partition(":")
+        parts = text.split(":")
         try:
-            rng = (int(lo), int(hi))
+            rng = tuple(int(x) for x in parts)
         except ValueError:
             rng = None
-        if not sep or not name or not colon or rng is None or not 0 <= rng[0] <= rng[1]:
-            raise UsageError(f"--dim expects NAME=MIN:MAX with 0 <= MIN <= MAX (e.g. past_sequence=0:2048), got "
+        if not sep or not name or rng is None or len(rng) not in (2, 3) or not 0 <= rng[0] <= rng[1] or \
+                len(rng) == 3 and (rng[2] < 1 or rng[0] % rng[2] or rng[1] % rng[2]):
+            raise UsageError(f"--dim expects NAME=MIN:MAX with 0 <= MIN <= MAX (e.g. past_sequence=0:2048), or "
+                             f"NAME=MIN:MAX:STEP with MIN and MAX multiples of STEP (e.g. x:2=32:1024:32), got "
                              f"{spec!r}")
         if name in out and out[name] != rng:
-            raise UsageError(f"--dim {spec}: dim {name!r} already has the range {out[name][0]}:{out[name][1]}")
+            raise UsageError(f"--dim {spec}: dim {name!r} already has the range {':'.join(map(str, out[name]))}")
         out[name] = rng
     return out
 

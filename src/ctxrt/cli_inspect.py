@@ -139,7 +139,8 @@ def _print_inspect(name: str, report: dict[str, Any]) -> None:
         print(f"graph {g['name']}: spill-fill {g['spillfill_size'] / mib:.2f} MiB "
               f"(lower bound {g['lower_bound'] / mib:.2f} MiB), IO {g['io_bytes'] / mib:.2f} MiB")
         if "ranges" in g:
-            print("  ranges: " + ", ".join(f"{n} {lo}..{hi}" for n, lo, hi in g["ranges"])
+            print("  ranges: " + ", ".join(f"{d[0]} {d[1]}..{d[2]}" + (f" in steps of {d[3]}" if len(d) > 3 else "")
+                                           for d in g["ranges"])
                   + " (one program for every shape inside; arena planned at the upper bound)")
         for kind in ("inputs", "outputs"):
             for t in g[kind]:

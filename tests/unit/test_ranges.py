@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 import ctxrt
 from ctxrt.compiler.program import CONST
 from ctxrt.compiler.ranges import RangeError
-from ctxrt.errors import CtxrtWarning, FormatError, ShapeError
+from ctxrt.errors import CtxrtError, CtxrtWarning, FormatError, ShapeError
 from ctxrt.runtime.graph import Graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
@@ -506,6 +506,8 @@ def test_zero_size_and_growing_dims_read_the_right_bytes(backend) -> None:
     (lambda r: r["entries"].append([["attr", 9999, "k"], [0] * 8]), "no integer"),
     (lambda r: r["entries"].append([["in", 0, 0, 7], [1] * 8]), "no integer"),
     (lambda r: r["dims"].__setitem__(0, ["batch", 5, 1]), r"dims\[0\] max"),
+    (lambda r: r["dims"][0].append(3), "not multiples of its step"),
+    (lambda r: r["dims"][0].append(1), r"dims\[0\] step"),
     (lambda r: r["readers"].pop(), "readers"),
     (lambda r: r["entries"][0].__setitem__(1, [1, 2]), "coefficients"),
 ])
@@ -1581,3 +1583,73 @@ def test_a_flat_compress_over_two_dims_is_right_on_both_sides_of_its_bound() -> 
                 got, want = sess.run(None, feeds)[0], theirs.run(None, feeds)[0]
                 assert got.shape == want.shape, (n, k)
                 np.testing.assert_array_equal(got, want)
+
+
+def _strided_net() -> bytes:
+    """y = x + up4(relu(conv_s2(relu(conv_s2(x))))) over x[N, 3, H, W]: the sizes a feature pyramid takes (its
+    Add needs H and W multiples of 4; a strided conv's output, ceil(H / 2), is linear in H only over multiples)."""
+    rng = np.random.default_rng(0)
+    w1, w2 = (rng.standard_normal((c, 3 if c == 4 else 4, 3, 3)).astype(np.float32) * 0.3 for c in (4, 3))
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Resize", ["r2", "", "scales"], ["up"], mode="nearest"),
+             helper.make_node("Add", ["x", "up"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+                           numpy_helper.from_array(np.array([1, 1, 4, 4], np.float32), "scales")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def test_a_stepped_range_is_one_program_for_every_multiple(tmp_path, capsys) -> None:
+    """An image size through strided convs is no affine function of the size (ceil(H / 2)), but it is over the
+    multiples of the net's stride: `--dim H=8:128:8` (sizes in steps of 8) compiles one program for every
+    multiple, stored as such (`inspect` says the step); a size off the step is a ShapeError naming it."""
+    from ctxrt.cli import main as cli
+
+    m = _strided_net()
+    src, out = tmp_path / "net.onnx", tmp_path / "net.ctx"
+    src.write_bytes(m)
+    with pytest.raises(CtxrtError):  # (every size: no graph at 127, its Add)
+        ctxrt.compile(m, dims={"N": (1, 1), "H": (8, 128), "W": (8, 128)})
+    assert cli(["compile", str(src), "-o", str(out), "--dim", "N=1:1", "--dim", "H=8:128:8",
+                "--dim", "W=8:64:8"]) == 0
+    assert cli(["inspect", str(out)]) == 0
+    assert "ranges: H 8..128 in steps of 8, W 8..64 in steps of 8" in capsys.readouterr().out
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    with ctxrt.InferenceSession(out) as sess:
+        assert sess.dim_ranges == {"H": (8, 128, 8), "W": (8, 64, 8)}
+        for h, w in ((8, 8), (128, 64), (40, 24), (96, 56), (16, 64)):
+            feeds = {"x": rng.standard_normal((1, 3, h, w)).astype(np.float32)}
+            got, want = sess.run(None, feeds)[0], theirs.run(None, feeds)[0]
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        with pytest.raises(ShapeError, match=r"dim 'H'\) is 44, outside the sizes 8\.\.128 in steps of 8"):
+            sess.run(None, {"x": np.zeros((1, 3, 44, 8), np.float32)})
+
+
+def test_a_session_ranges_image_sizes_over_the_step_they_share() -> None:
+    """A session meets an image size whose range fails (strided convs): one program per size, the batch ranged.
+    The second size met, both multiples of 8 and more: one program over the multiples of the largest power of
+    two (up to 64) that divides them all, right at every multiple met later; a size off the step compiles its
+    own (the sizes met then share a smaller step)."""
+    m = _strided_net()
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CtxrtWarning)
+        with ctxrt.InferenceSession(m) as sess:
+            sizes = [(32, 48), (16, 80), (48, 48), (64, 32), (16, 16), (32, 48), (8, 8), (20, 12)]
+            counts = []
+            for h, w in sizes:
+                feeds = {"x": rng.standard_normal((2, 3, h, w)).astype(np.float32)}
+                got, want = sess.run(None, feeds)[0], theirs.run(None, feeds)[0]
+                assert got.shape == want.shape
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+                counts.append(sess.stats["shape_variants_compiled"])
+            assert counts[:6] == [1, 2, 2, 2, 2, 2], counts  # then 8 x 8 and 20 x 12: off the step of 16
+            assert sess.dim_ranges["H"][-1] == 4  # (the step 32 | 16, 16 | 16, then 8, then 4 that all share)
+            assert counts[-1] <= 4

@@ -86,6 +86,9 @@ class Ranges:
     # the model values left unfolded because they follow the dims (compile time only: not stored)
     keep: frozenset[str] = frozenset()
     widened: bool = False  # made from a narrower program's fit (compile_ranges's `prior`): two compiles
+    # per dim, the step its sizes take (empty: every dim 1); a stepped dim's `dims` bounds and the values the
+    # program takes are its sizes / step (the extent its reader reads is step times that)
+    steps: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         k = len(self.dims)
@@ -106,8 +109,18 @@ class Ranges:
         self._fixed_axes: tuple[Any, list[tuple[int, list[tuple[int, int]]]]] = (None, [])  # bind's, per inputs
         self._last_bound: tuple[Any, tuple[Any, ...], tuple[int, ...]] = (None, (), ())  # bind's last (inputs, shapes)
 
+    def step_of(self) -> list[int]:
+        """Each dim's step (1 where none)."""
+        return list(self.steps) or [1] * len(self.dims)
+
+    def natural(self) -> list[tuple[str, int, int, int]]:
+        """Each dim as its sizes go: (name, min size, max size, step)."""
+        return [(n, lo * s, hi * s, s) for (n, lo, hi), s in zip(self.dims, self.step_of(), strict=True)]
+
     def to_meta(self) -> dict[str, Any]:
-        return {"dims": [list(d) for d in self.dims], "readers": [list(r) for r in self.readers],
+        """As docs/format.md stores it: a stepped dim [name, min size, max size, step] (its sizes, not steps)."""
+        return {"dims": [[n, lo, hi, s] if s > 1 else [n, lo, hi] for n, lo, hi, s in self.natural()],
+                "readers": [list(r) for r in self.readers],
                 "entries": [[list(w), list(c)] for w, c in self.entries]}
 
     # -- run time ------------------------------------------------------------------------------------------
@@ -120,13 +133,20 @@ class Ranges:
         if last[0] is inputs and last[1] == key:
             return last[2]
         values = []
-        for (name, lo, hi), (i, axis) in zip(self.dims, self.readers, strict=True):
+        steps = self.steps or (1,) * len(self.dims)
+        for (name, lo, hi), (i, axis), step in zip(self.dims, self.readers, steps, strict=True):
             shape = shapes[i]
             if shape is None or axis >= len(shape):
                 raise ShapeError(f"input {inputs[i].name!r} expects rank {len(inputs[i].shape)}, got shape "
                                  f"{None if shape is None else list(shape)}")
             d = int(shape[axis])
-            if not lo <= d <= hi:
+            if step != 1:  # a stepped dim: the program takes size / step
+                if d % step or not lo <= d // step <= hi:
+                    raise ShapeError(f"input {inputs[i].name!r} axis {axis} (dim {name!r}) is {d}, outside the "
+                                     f"sizes {lo * step}..{hi * step} in steps of {step} this program was compiled "
+                                     "for")
+                d //= step
+            elif not lo <= d <= hi:
                 raise ShapeError(f"input {inputs[i].name!r} axis {axis} (dim {name!r}) is {d}, outside the range "
                                  f"{lo}..{hi} this program was compiled for")
             values.append(d)
@@ -192,11 +212,15 @@ def io_dims(meta: Mapping[str, Any], inputs: Sequence[Any], outputs: Sequence[An
             ) -> tuple[list[list[int | str]], list[list[int | str]]]:
     """The IO shapes of a range program (META's graph entry `ranges`, IO as META lists them), each dim that
     follows the ranges named: a dim's own name, or an expression such as `past_sequence + sequence`."""
-    names = [d[0] for d in meta["dims"]]
+    names = [d[0] if len(d) < 4 else f"({d[0]} / {d[3]})" for d in meta["dims"]]  # (a stepped dim's program dim)
     dims = [[list(t["shape"]) for t in inputs], [list(t["shape"]) for t in outputs]]
     for where, coeffs in meta["entries"]:
         if where[0] in ("I", "O"):
-            dims[where[0] == "O"][where[1]][where[2]] = _expression_of(coeffs, names)
+            text = _expression_of(coeffs, names)
+            for d in meta["dims"]:  # its reader's extent: the dim's own name
+                if len(d) > 3:
+                    text = re.sub(rf"^{d[3]} \* \({re.escape(str(d[0]))} / {d[3]}\)$", str(d[0]), text)
+            dims[where[0] == "O"][where[1]][where[2]] = text
     return dims[0], dims[1]
 
 
@@ -317,41 +341,56 @@ DimSpec = Mapping[str, Any]  # name or "INPUT:AXIS" -> (lo, hi) | "lo:hi" | [lo,
 
 
 def parse_range(value: Any, what: str) -> tuple[int, int]:
-    """(lo, hi) from (lo, hi), [lo, hi] or "lo:hi"."""
+    """(lo, hi) from (lo, hi), [lo, hi] or "lo:hi" (or with a step: (lo, hi, step), "lo:hi:step", `parse_step`)."""
+    return parse_stepped(value, what)[:2]
+
+
+def parse_step(value: Any, what: str) -> int:
+    """The step of a range (1 unless given: (lo, hi, step) or "lo:hi:step", every size a multiple of it)."""
+    return parse_stepped(value, what)[2]
+
+
+def parse_stepped(value: Any, what: str) -> tuple[int, int, int]:
     try:
-        if isinstance(value, str):
-            lo_s, hi_s = value.split(":")
-            lo, hi = int(lo_s), int(hi_s)
-        else:
-            lo, hi = (int(x) for x in value)
+        parts = [int(x) for x in (value.split(":") if isinstance(value, str) else value)]
     except (ValueError, TypeError):
-        raise CtxrtError(f"dim {what!r}: a range is MIN:MAX (two integers), got {value!r}") from None
+        parts = []
+    if len(parts) not in (2, 3):
+        raise CtxrtError(f"dim {what!r}: a range is MIN:MAX (two integers) or MIN:MAX:STEP, got {value!r}")
+    lo, hi, step = (*parts, 1)[:3]
     if not 0 <= lo <= hi:
         raise CtxrtError(f"dim {what!r}: range {lo}:{hi} must have 0 <= MIN <= MAX")
-    return lo, hi
+    if step < 1 or lo % step or hi % step:
+        raise CtxrtError(f"dim {what!r}: range {lo}:{hi}:{step}: MIN and MAX must be multiples of a STEP >= 1")
+    return lo, hi, step
 
 
 def resolve(declared: Sequence[tuple[str, Any, Any]], dims: DimSpec, shapes: Mapping[str, Iterable[int]] | None
             ) -> tuple[list[tuple[str, int, int]], dict[str, list[Any]]]:
-    """The dims (name, lo, hi) and, per input, each axis as an int (static), ("d", dim index), or an expression
-    over dim names (a derived dim such as `past + sequence`, as the dynamo exporter writes them)."""
+    """The dims (name, lo, hi) and, per input, each axis as an int (static), ("d", dim index) (("d", dim index,
+    step) for a stepped dim, whose lo and hi are then in steps: the program's dim is the size / step), or an
+    expression over dim names (a derived dim such as `past + sequence`, as the dynamo exporter writes them)."""
     shapes = {k: list(v) for k, v in (shapes or {}).items()}
     ranges: dict[str, tuple[int, int]] = {}
     by_axis: dict[tuple[str, int], str] = {}
     names = {n for n, _, _ in declared}
     derived: dict[str, str] = {}
+    steps: dict[str, int] = {}
     for key, value in dims.items():
         if is_expression(value):
             derived[key] = value  # a dim that follows others: "past_sequence_length + sequence_length"
             continue
-        ranges[key] = parse_range(value, key)
+        lo, hi, step = parse_stepped(value, key)
+        ranges[key] = (lo // step, hi // step)  # (a stepped dim's program takes size / step: docs/format.md)
+        if step > 1:
+            steps[key] = step
         if ":" in key and key.rsplit(":", 1)[0] in names:
             inp, axis = key.rsplit(":", 1)
             try:
                 by_axis[(inp, int(axis))] = key
             except ValueError:
                 raise CtxrtError(f"dim {key!r}: INPUT:AXIS needs an integer axis") from None
-    fixed = {k: lo for k, (lo, hi) in ranges.items() if lo == hi}  # a range of one value is a static dim
+    fixed = {k: lo * steps.get(k, 1) for k, (lo, hi) in ranges.items() if lo == hi}  # one value: a static dim
     order = [k for k in ranges if k not in fixed]
     ranks = {n: len(d) for n, _, d in declared if d is not None}
     for (inp, axis), key in by_axis.items():
@@ -384,7 +423,7 @@ def resolve(declared: Sequence[tuple[str, Any, Any]], dims: DimSpec, shapes: Map
                 axes.append(fixed[key])
                 used.add(key)
             elif key is not None:
-                axes.append(("d", order.index(key)))
+                axes.append(("d", order.index(key), steps[key]) if key in steps else ("d", order.index(key)))
                 used.add(key)
             elif isinstance(d, int) and d >= 0:
                 axes.append(d)
@@ -468,7 +507,13 @@ def compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str = "mai
         model, carried = value_ranges(model, dims, values)
         if carried:
             values = {k: v for k, v in (values or {}).items() if k not in {r[0] for r in carried}}
-        graph, weights = _compile_ranges(model, dims, backend, name, shapes, values, feeds, options, tuner, prior)[0]
+        try:
+            graph, weights = _compile_ranges(model, dims, backend, name, shapes, values, feeds, options, tuner,
+                                             prior)[0]
+        except RangeError as e:  # where pieces start, in sizes (a stepped dim's program takes size / step)
+            e.splits = {n: [c * (parse_step(dims[n], n) if n in dims and not is_expression(dims[n]) else 1)
+                            for c in cuts] for n, cuts in e.splits.items()}
+            raise
         graph.carriers = carried
         return graph, weights
 
@@ -502,10 +547,18 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
     hi = [h for _, _, h in spec]
     alt = [h - 1 if h - 1 >= max(lo, 1) else lo for _, lo, h in spec]
 
+    steps = [1] * len(spec)  # a stepped dim's size is its step times the program's dim (`resolve`)
+    for axes in layout.values():
+        for a in axes:
+            if isinstance(a, tuple) and len(a) > 2:
+                steps[a[1]] = a[2]
+    if split and any(s > 1 for s in steps):
+        raise RangeError("a split model's parts take no stepped ranges")
+
     def shapes_of(point: Sequence[int]) -> dict[str, list[int]]:
-        env = {**fixed, **{n: v for (n, _, _), v in zip(spec, point, strict=True)}}
-        return {n: [point[a[1]] if isinstance(a, tuple) else a if isinstance(a, int) else _eval(a, env)
-                    for a in axes] for n, axes in layout.items()}
+        env = {**fixed, **{n: v * s for (n, _, _), v, s in zip(spec, point, steps, strict=True)}}
+        return {n: [point[a[1]] * steps[a[1]] if isinstance(a, tuple) else a if isinstance(a, int) else
+                    _eval(a, env) for a in axes] for n, axes in layout.items()}
 
     # Kernels are chosen once for every shape of the ranges: no choice by size (compiler/ranges.py users: kernels
     # read options["ranges"]).
@@ -627,7 +680,8 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
     checks = _verify_points(spec, hi, alt)
     producers, pieces = memo.memo("producers", model, None, lambda: _producers(model))
     small: dict[tuple[int, ...], dict[str, Any]] = {}  # per probe: its small constants (`_check_pieces`)
-    if prior is not None and [(n, lo) for n, lo, _ in prior.dims] == [(n, lo) for n, lo, _ in spec]:
+    if prior is not None and [(n, lo) for n, lo, _ in prior.dims] == [(n, lo) for n, lo, _ in spec] and \
+            prior.step_of() == [*steps]:
         keep = set(prior.keep)
         try:
             return [_widened(prior, spec, (hi, *at(hi)[0]), (alt, *at(alt)[0]), keep)]
@@ -667,7 +721,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
             graphs = [at(p) for p in points]
             checked = [(v, at(v)) for v in at_points]
             return [_fit([g[j] for g in graphs], points, [(v, c[j]) for v, c in checked], spec, kept,
-                         bool(split), terms) for j in range(len(graphs[0]))]
+                         bool(split), terms, steps) for j in range(len(graphs[0]))]
         try:
             # Affine first, over U, U - 1 (compiled above) and U - e_j for all dims but the last: k + 1 probes,
             # then checked at one point (k = 2) or two (k > 2) that differ from U and U - 1 in every dim, where
@@ -697,8 +751,8 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
 
 def _fit(graphs: list[tuple[CompiledGraph, dict[str, Any]]], corners: list[tuple[int, ...]],
          verify: list[tuple[tuple[int, ...], tuple[CompiledGraph, dict[str, Any]]]],
-         spec: list[tuple[str, int, int]], keep: frozenset[str], reduce: bool, terms: Sequence[int] | None = None
-         ) -> tuple[CompiledGraph, dict[str, Any]]:
+         spec: list[tuple[str, int, int]], keep: frozenset[str], reduce: bool, terms: Sequence[int] | None = None,
+         steps: Sequence[int] = ()) -> tuple[CompiledGraph, dict[str, Any]]:
     """One program's integers fitted over `corners` (points of the box {U, U - 1}^k) as polynomials over the
     monomials `terms` (default: all, multilinear), integer coefficients, checked at each `verify` point: the upper
     bound's program with its Ranges. `reduce`: a dim none of its integers follows is left out of its ranges (a
@@ -743,12 +797,12 @@ def _fit(graphs: list[tuple[CompiledGraph, dict[str, Any]]], corners: list[tuple
     entries = [(list(where[i]), [int(c) for c in coeffs[:, i]]) for i in varying]
     gu, wu = graphs[0]
     try:
-        readers = _readers(spec, entries, gu)
+        readers = _readers(spec, entries, gu, steps)
     except _Unreadable as e:
         raise _Unreadable(str(e), e.dim, frozenset(
             _value_of(gu.steps[w[1]].inputs[w[2]].key) for w, c in entries
             if w[0] == "const" and any(c[m] for m in range(len(c)) if m >> e.dim & 1))) from e
-    ranges = Ranges(list(spec), readers, entries, keep)
+    ranges = Ranges(list(spec), readers, entries, keep, steps=tuple(steps) if any(x > 1 for x in steps) else ())
     check_fits(gu, ranges, spec)
     return replace(gu, ranges=ranges), wu
 
@@ -765,7 +819,7 @@ def _widened(prior: Ranges, spec: list[tuple[str, int, int]], upper: tuple[Any, 
     pos = [index.get(tuple(w)) for w, _ in prior.entries]
     if None in pos:
         raise RangeError("the fit of the narrower ranges names integers the wider program does not have")
-    ranges = Ranges(list(spec), prior.readers, prior.entries, frozenset(keep), widened=True)
+    ranges = Ranges(list(spec), prior.readers, prior.entries, frozenset(keep), widened=True, steps=prior.steps)
     for point, vals in ((point_u, vu), (point_a, va)):
         want = ranges.evaluate(point)
         if any(vals[p] != int(v) for p, v in zip(pos, want, strict=True)):
@@ -1276,11 +1330,12 @@ def _attr_ints(v: Any, path: tuple[Any, ...]) -> Iterable[tuple[tuple[Any, ...],
             yield from _attr_ints(s.attrs, (*path, "attr", k))
 
 
-def _readers(spec: list[tuple[str, int, int]], entries: list[tuple[list[Any], list[int]]], g: CompiledGraph
-             ) -> list[tuple[int, int]]:
+def _readers(spec: list[tuple[str, int, int]], entries: list[tuple[list[Any], list[int]]], g: CompiledGraph,
+             steps: Sequence[int] = ()) -> list[tuple[int, int]]:
     readers = []
     for j, (name, _, _) in enumerate(spec):
-        unit = [1 if s == 1 << j else 0 for s in range(1 << len(spec))]
+        step = steps[j] if steps else 1  # (a stepped dim's reader: an extent of step times the program's dim)
+        unit = [step if s == 1 << j else 0 for s in range(1 << len(spec))]
         found = next(((w[1], w[2]) for w, c in entries if w[0] == "I" and c == unit), None)
         if found is None:
             raise _Unreadable(f"dim {name!r} is no input's extent by itself: ctxrt reads dims from the inputs' "

@@ -337,19 +337,24 @@ def _ranges(value: Any, g: CompiledGraph, where: str) -> Any:
 
     r = as_map(value, where)
 
-    def rows(key: str, width: int, what: str) -> list[tuple[str, list[Any]]]:
+    def rows(key: str, width: int, what: str, wider: int = 0) -> list[tuple[str, list[Any]]]:
         out = []
         for i, row in enumerate(as_list(field(r, key, where), f"{where} {key}")):
             row = as_list(row, f"{where} {key}[{i}]")
-            if len(row) != width:
+            if len(row) not in (width, wider or width):
                 raise FormatError(f"{where} {key}[{i}]: expected [{what}]")
             out.append((f"{where} {key}[{i}]", row))
         return out
 
-    dims = []
-    for at, (name, lo, hi) in rows("dims", 3, "name, min, max"):
+    dims, steps = [], []
+    for at, (name, lo, hi, *step) in rows("dims", 3, "name, min, max[, step]", 4):
         lo = as_int(lo, f"{at} min")
-        dims.append((as_str(name, f"{at} name"), lo, as_int(hi, f"{at} max", lo)))
+        hi = as_int(hi, f"{at} max", lo)
+        s = as_int(step[0], f"{at} step", 2) if step else 1
+        if lo % s or hi % s:
+            raise FormatError(f"{at}: min {lo} and max {hi} are not multiples of its step {s}")
+        dims.append((as_str(name, f"{at} name"), lo // s, hi // s))  # (the program takes a stepped dim's size / step)
+        steps.append(s)
     if not 0 < len(dims) <= MAX_DIMS:
         raise FormatError(f"{where} dims: 1 to {MAX_DIMS} dims, got {len(dims)}")
     readers = []
@@ -366,7 +371,7 @@ def _ranges(value: Any, g: CompiledGraph, where: str) -> Any:
             raise FormatError(f"{at}: {place!r} is no integer of this program, or the coefficients do not match "
                               "the dims")
         entries.append((place, coeffs))
-    ranges = Ranges(dims, readers, entries)
+    ranges = Ranges(dims, readers, entries, steps=tuple(steps) if any(x > 1 for x in steps) else ())
     try:
         check_fits(g, ranges, dims)
     except RangeError as e:

@@ -71,7 +71,8 @@ def write_epcontext(path: str | os.PathLike, contexts: list[tuple[Path, dict[str
                 in_dims, out_dims = io_dims(g["ranges"], g["inputs"], g["outputs"])
                 g = {**g, "inputs": [{**t, "shape": d} for t, d in zip(g["inputs"], in_dims, strict=True)],
                      "outputs": [{**t, "shape": d} for t, d in zip(g["outputs"], out_dims, strict=True)]}
-                extra["dim_ranges"] = [f"{n}={lo}:{hi}" for n, lo, hi in g["ranges"]["dims"]]
+                extra["dim_ranges"] = [f"{d[0]}={d[1]}:{d[2]}" + (f":{d[3]}" if len(d) > 3 else "")
+                                       for d in g["ranges"]["dims"]]
             nodes.append(helper.make_node(
                 "EPContext", ins, outs, name=f"{ctx_path.stem}_{g['name']}", domain=DOMAIN,
                 main_context=1 if i == 0 else 0, ep_cache_context=payload, embed_mode=int(embed),

@@ -60,6 +60,12 @@ class RangedChain:
         self._at: OrderedDict[tuple[Any, ...], ChainAt] = OrderedDict()
         self._refs: dict[int, list[Any]] = {}  # id(handle) -> [handle, ChainAts using it]: deregistered at 0
 
+    def step_of(self) -> list[int]:
+        return [1] * len(self.dims)  # (a split model's parts take no stepped ranges)
+
+    def natural(self) -> list[tuple[str, int, int, int]]:
+        return [(n, lo, hi, 1) for n, lo, hi in self.dims]
+
     def bind(self, inputs: Sequence[TensorInfo], shapes: Sequence[tuple[int, ...] | None]) -> tuple[int, ...]:
         return self._child({t.name: _Shaped(s) for t, s in zip(inputs, shapes, strict=True) if s is not None}).dims
 

@@ -74,7 +74,7 @@ class VariantCompiler:
 
         shapes = {k: tuple(int(d) for d in v) for k, v in (shapes or {}).items()}
         feeds = {k: array_of(v) for k, v in (feeds or {}).items() if k not in dict(carried)}
-        dims = {k: v if isinstance(v, str) else (int(v[0]), int(v[1])) for k, v in (dims or {}).items()}
+        dims = {k: v if isinstance(v, str) else tuple(int(x) for x in v) for k, v in (dims or {}).items()}
         source = self._carried(carried)
         try:
             if self.folder is None:

@@ -111,10 +111,12 @@ def live_at(g: Any, at: dict[str, int]) -> dict[str, Any]:
     unknown = sorted(set(at) - set(names))
     if unknown:
         raise CtxrtError(f"--at: {unknown} are not dims of this range program ({names})")
-    dims = tuple(at.get(n, hi) for n, _, hi in g.ranges.dims)
-    for (n, lo, hi), d in zip(g.ranges.dims, dims, strict=True):
-        if not lo <= d <= hi:
-            raise CtxrtError(f"--at {n}={d}: outside the range {lo}..{hi}")
+    sizes = tuple(at.get(n, hi) for n, _, hi, _ in g.ranges.natural())
+    for (n, lo, hi, step), d in zip(g.ranges.natural(), sizes, strict=True):
+        if not lo <= d <= hi or d % step:
+            raise CtxrtError(f"--at {n}={d}: outside the range {lo}..{hi}"
+                             + (f" in steps of {step}" if step > 1 else ""))
+    dims = tuple(d // step for d, step in zip(sizes, g.ranges.step_of(), strict=True))
     child = g.ranges.specialize(g, dims, {})[0]
     size: dict[str, int] = {}
     for step in child.steps:

@@ -9,6 +9,7 @@ valid (pinning) and nothing is created, registered or recorded in a steady loop.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import warnings
@@ -73,6 +74,13 @@ class InferenceSession:
         # program; a feed outside compiles one wider range. default_dim_max=0 compiles a variant per input shape
         # instead.
         self._ranges: dict[str, Any] = {}
+        # per dim, the step its sizes take in range programs (an image's height through strided convs: a multiple
+        # of 32: `_unfixed`)
+        self._steps: dict[str, int] = {}
+        self._pending: dict[str, int] = {}  # steps of the compile in progress (kept once it compiles)
+        self._range_failing: str | None = None  # why no range compiled for the feeds being compiled
+        self._trial: set[str] = set()  # those of them the next attempt tries (dropped if it fails)
+        self._step_refused: set[tuple[str, int]] = set()  # (dim, step) that did not compile (not tried again)
         self.dim_ranges = dim_ranges or {}
         self._default_dim_max = default_dim_max
         self._range_failed: str | None = None  # why this model cannot be a range program, once known
@@ -242,6 +250,7 @@ class InferenceSession:
                              "compiled for one value)")
         else:
             variant = self._carried_variant(feeds)  # value inputs met with other values: ranged as lengths
+            self._pending, self._trial, self._range_failing = {}, set(), None
             dims = None if variant is not None else self._range_dims(feeds)
             prior, replaced = None, []
             if dims:  # a wider range replaces the ranges compiled before (whose fit it tries first) once it compiles
@@ -266,6 +275,9 @@ class InferenceSession:
                     if last == attempts[-1]:
                         break
                     attempts.append(last)
+                stepped = self._unfixed(feeds, dims)
+                if stepped is not None:  # dims kept fixed whose sizes share a step: one program over its multiples
+                    attempts.insert(0, stepped)
                 varied = self._varied(feeds)
                 if varied is not None:  # a dim that never changed may be one the model cannot vary (a head size)
                     attempts.append({k: v if isinstance(v, str) or k in varied else (n := self._needed(feeds, k), n)
@@ -276,8 +288,11 @@ class InferenceSession:
                         if all(not isinstance(v, str) and v[0] == v[1] for v in attempt.values()):
                             continue  # nothing left to range
                         try:  # the upper bound may be past what the model allows (e.g. its position table): then tight
-                            variant = self._single(self._compile(None, feeds, attempt, prior), None)
+                            variant = self._single(self._compile(None, feeds, self._with_steps(attempt), prior), None)
                         except CtxrtError as e:
+                            for k in self._trial:  # steps tried that did not make it compile: not kept (nor tried
+                                self._step_refused.add((k, self._pending.pop(k, 0)))  # again)
+                            self._trial = set()
                             # only its message: its tracebacks' frames hold the failed compile's probes, which the
                             # next attempt would compile beside (a GPT-2 whose bound 256 fails: peak RSS beyond its
                             # weights 36.5 -> 24.2 MiB)
@@ -300,7 +315,12 @@ class InferenceSession:
                             variant, attempt = self._one_ranged_dim(feeds, attempt, prior, reason)
                             if variant is None:
                                 break
+                        self._fixed_dims -= {k for k in self._trial if isinstance(attempt.get(k), tuple)
+                                             and attempt[k][0] < attempt[k][1]}  # (stepped now)
+                        self._trial = set()
                         self._ranges.update({k: v for k, v in attempt.items() if k not in self._fixed_dims})
+                        self._steps.update(self._pending)  # (the steps it compiled with)
+                        self._steps = {k: st for k, st in self._steps.items() if st > 1}
                         self._counters["range_programs_compiled"] += 1
                         if variant.ranged is not None and variant.ranged.ranges.widened:
                             self._counters["range_programs_widened"] += 1  # two compiles: the narrower fit held
@@ -314,6 +334,11 @@ class InferenceSession:
                             self._retire(self._variants.pop(k))
             if variant is None:
                 variant = self._single(self._compile({n: feeds[n].shape for n in decl}, feeds), None)
+                if self._range_failing is not None:  # no range program for the model, not feeds it cannot take
+                    self._range_failed, self._range_failing = self._range_failing, None
+                    warnings.warn(f"InferenceSession compiles this model for exact input shapes: it cannot be one "
+                                  f"program for ranges of its dims ({self._range_failed})", CtxrtWarning,
+                                  stacklevel=3)
             self._counters["shape_variants_compiled"] += 1
             self._cache.keep_only(variant.io_keys().union(*(v.io_keys() for v in self._variants.values())))
             self._note_compile(variant, feeds)
@@ -443,7 +468,7 @@ class InferenceSession:
             one = {k: v if isinstance(v, str) or k in group else (self._needed(feeds, k),) * 2
                    for k, v in attempt.items()}
             try:
-                variant = self._single(self._compile(None, feeds, one, prior), None)
+                variant = self._single(self._compile(None, feeds, self._with_steps(one), prior), None)
             except CtxrtError:  # (a RangeError too)
                 continue
             self._fixed_dims = set(ranged) - set(group)
@@ -452,9 +477,7 @@ class InferenceSession:
                           f"each size of {sorted(self._fixed_dims)} met: it cannot be one program for ranges of "
                           f"them all ({error})", CtxrtWarning, stacklevel=4)
             return variant, one
-        self._range_failed = str(error)
-        warnings.warn(f"InferenceSession compiles this model for exact input shapes: it cannot be one program for "
-                      f"ranges of its dims ({error})", CtxrtWarning, stacklevel=4)
+        self._range_failing = str(error)  # (ranges given up once these feeds compile exact: `_variant`)
         return None, attempt
 
     def _retire(self, old: Variant) -> None:
@@ -539,7 +562,40 @@ class InferenceSession:
     def _within(old: Variant, dims: Mapping[str, Any]) -> bool:
         """Whether a range program's ranges lie within `dims` (a dim not ranged there: any)."""
         return all(not isinstance(dims.get(n), tuple) or dims[n][0] <= lo and hi <= dims[n][1]
-                   for n, lo, hi in old.ranged.ranges.dims)
+                   for n, lo, hi, _ in old.ranged.ranges.natural())
+
+    def _with_steps(self, attempt: Mapping[str, Any]) -> dict[str, Any]:
+        """The attempt's ranges of stepped dims with their step (`_steps`, `_pending`), as ctxrt.compile takes
+        them."""
+        out = dict(attempt)
+        for k, s in {**self._steps, **self._pending}.items():
+            v = out.get(k)
+            if isinstance(v, tuple) and v[0] < v[1] and not v[0] % s and not v[1] % s:
+                out[k] = (v[0], v[1], s)
+        return out
+
+    def _unfixed(self, feeds: Mapping[str, Any], dims: Mapping[str, Any]) -> dict[str, Any] | None:
+        """`dims` with the dims kept fixed (`_fixed_dims`: an image's height through strided convs) whose sizes
+        met so far (two or more) are all multiples of a power of two of at least 4 ranged over multiples of it
+        (at most 64; a strided conv's output follows them linearly there: PP-OCR's detector at multiples of 32),
+        tried once per dim and step; None where none is."""
+        out: dict[str, Any] = {}
+        for k in self._fixed_dims:
+            at = self._axis_of(k)
+            if at is None or not isinstance(dims.get(k), tuple):
+                continue
+            n = self._needed(feeds, k)
+            sizes = self._dims.get(at, set()) | {n}
+            g = math.gcd(*sizes)
+            s = min(64, g & -g)
+            if len(sizes) < 2 or s < 4 or (k, s) in self._step_refused:
+                continue
+            out[k] = (s, max(self._default_dim_max, 2 * (1 << max(max(sizes) - 1, 0).bit_length())) // s * s)
+            self._pending[k] = s
+        if not out:
+            return None
+        self._trial = set(out)
+        return {**dims, **out}
 
     def _split(self, splits: Mapping[str, Iterable[int]], attempt: Mapping[str, Any]) -> bool:
         """The sizes where a piece of the program starts (a RangeError's `splits`) inside the attempt's ranges,
@@ -596,25 +652,35 @@ class InferenceSession:
                 lo, hi = (0 if n == 0 else 1), max(self._default_dim_max, grown)
                 if n == 0:
                     hi = max(self._default_dim_max, DEFAULT_CACHE_MAX)
+            s = self._steps.get(key, 1)
+            if s > 1 and n % s:  # a size off the step: the step they share (a wider program holds both), kept
+                s = self._pending[key] = math.gcd(s, n & -n) if n else s  # once that program compiles
+                lo = min(lo, n)
+            if s > 1:  # a stepped dim: its bounds multiples of its step
+                lo, hi = max(s, -(-lo // s) * s), max(n, hi // s * s)
             dims[key] = (lo, hi)
         return self._piece(feeds, dims) if self._cuts else dims
 
     @property
     def dim_ranges(self) -> dict[str, Any]:
         """The ranges of dynamic dims: those given, widened by the compiles so far (a dim name or INPUT:AXIS ->
-        (MIN, MAX), or an expression of other dims such as "past_sequence_length + sequence_length"); for a
-        context binary, those it was compiled with."""
+        (MIN, MAX), (MIN, MAX, STEP) for sizes in steps, or an expression of other dims such as
+        "past_sequence_length + sequence_length"); for a context binary, those it was compiled with."""
         if self._source is None:
             v = next(iter(self._variants.values()), None) if self._variants else None
-            return {} if v is None or v.ranged is None else {n: (lo, hi) for n, lo, hi in v.ranged.ranges.dims}
-        return dict(self._ranges)
+            return {} if v is None or v.ranged is None else {n: (lo, hi) if st == 1 else (lo, hi, st)
+                                                              for n, lo, hi, st in v.ranged.ranges.natural()}
+        return {k: (*v, self._steps[k]) if isinstance(v, tuple) and self._steps.get(k, 1) > 1 else v
+                for k, v in self._ranges.items()}
 
     @dim_ranges.setter
     def dim_ranges(self, value: Mapping[str, Any]) -> None:
         """Ranges for the next compile (a range program compiled already keeps its own until a feed leaves it)."""
-        from ctxrt.compiler.ranges import is_expression, parse_range
+        from ctxrt.compiler.ranges import is_expression, parse_range, parse_step
 
         self._ranges = {k: v if is_expression(v) else parse_range(v, k) for k, v in value.items()}
+        self._steps.update({k: parse_step(v, k) for k, v in value.items() if not is_expression(v)
+                            and parse_step(v, k) > 1})  # (sizes in steps: `_with_steps`)
 
     @property
     def kv_shared(self) -> frozenset[str]:
