@@ -735,16 +735,15 @@ class ExtentRunner:
             st.plans = (launches, {})
         key = (threads.openmp_now(), threads.idle_now())
         if key not in st.plans[1]:
-            if self.bound_plan is not None:  # (the calls' pointers read as the buffers')
-                self.bound_plan.restore()
-                self.bound_plan = None
             ins, outs = [t.name for t in st.inputs], [t.name for t in st.outputs]
             if shared is None:
+                self._unbind()  # (planned on the calls' pointers as the buffers')
                 got = feeds.plan(_at_dims(st.launches, st.vals), launches, key, st.internal, ins, outs, self.users)
             else:
                 if key in shared.plans:
                     got = shared.plans[key]
                 else:  # made on this state's structs (in the list's block now)
+                    self._unbind()
                     got = feeds.plan(shared.template, launches, key, st.internal, ins, outs, self.users)
                     got = got and got.on_block(shared.block)
                     if not any(0 in t.shape for t in st.inputs + st.outputs):  # (an empty one has no fields)
@@ -754,12 +753,21 @@ class ExtentRunner:
         return st.plans[1][key]
 
     def _placed(self, st: AtDims, launches: list[Any], shared: slots.Shared | None) -> feeds.Plan | None:
-        """`_plan`, the plan bound last put back on the buffers first where it is another."""
+        """`_plan`, the plan bound last put back on the buffers first where it is another's (not the same shared
+        list's at other dims: the new one's bind sets every field the last one did)."""
         got = self._plan(st, launches, shared)
-        if self.bound_plan is not None and self.bound_plan is not got:
-            self.bound_plan.restore()
+        last = self.bound_plan
+        if last is not None and last is not got and not (got is not None and got.fields is last.fields
+                                                          and got.blk is last.blk):
+            last.restore()
         self.bound_plan = got
         return got
+
+    def _unbind(self) -> None:
+        """The calls the last run on arrays pointed at its arrays back on the buffers."""
+        if self.bound_plan is not None:
+            self.bound_plan.restore()
+            self.bound_plan = None
 
     # -- running ---------------------------------------------------------------------------------------
     def execute(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any] | None, fresh_outputs: bool = False
@@ -799,9 +807,8 @@ class ExtentRunner:
             place = None
             if raw:  # on arrays: feeds its batches read in place are not copied
                 place = lambda: self._placed(st, launches, shared)  # noqa: E731
-            elif self.bound_plan is not None:  # on handles: the calls on the buffers
-                self.bound_plan.restore()
-                self.bound_plan = None
+            else:  # on handles: the calls on the buffers
+                self._unbind()
             run_recorded(ctx, inputs, outputs, st.inputs, st.outputs, st.internal, launches, st.cap, st.blas,
                          place, fresh_outputs)
             if st.kv is not None:  # a KV cache appended in place: what its Concats did not copy, and did
