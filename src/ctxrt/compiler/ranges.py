@@ -23,7 +23,7 @@ import contextlib
 import itertools
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -988,6 +988,31 @@ def _affine_at_corners(rows: np.ndarray, points: list[tuple[int, ...]], checks: 
     return out
 
 
+def _nodes_of(g: Any, wanted: Callable[[Any], bool], prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """Each node of a frontend graph `g` and of its bodies (If branches, Loop bodies) that `wanted` takes: its name
+    (a body's prefixed by its node's and key's) -> (its graph, the node)."""
+    out = {}
+    for n in g.nodes:
+        if wanted(n):
+            out[prefix + n.name] = (g, n)
+        for key, sub in n.attrs.items():
+            if hasattr(sub, "nodes") and hasattr(sub, "values"):
+                out.update(_nodes_of(sub, wanted, f"{prefix}{n.name}/{key}/"))
+    return out
+
+
+def _varying_corners(rows: list[list[int]], points: list[tuple[int, ...]], checks: list[tuple[int, ...]],
+                     spec: list[tuple[str, int, int]]) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """Integers at each probe then check point (one row each) as (their array, their affine values at the box's
+    corners, None where not affine: `_affine_at_corners`); None where the rows differ in length or not at all."""
+    if len({len(r) for r in rows}) != 1:
+        return None
+    flat = np.array(rows, np.float64)
+    if (flat == flat[0]).all():
+        return None
+    return flat, _affine_at_corners(flat, points, checks, spec)
+
+
 def _check_slices(graphs: Mapping[tuple[int, ...], Any], points: list[tuple[int, ...]],
                   checks: list[tuple[int, ...]], spec: list[tuple[str, int, int]]) -> None:
     """RangeError where a Slice clamps differently inside the ranges: `x[:8]` over N in 1..32 has 8 rows at every
@@ -999,17 +1024,7 @@ def _check_slices(graphs: Mapping[tuple[int, ...], Any], points: list[tuple[int,
     if any(g is None for g in at):
         return
 
-    def slices(g: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
-        """Each Slice node of `g` and of its bodies (If branches, Loop bodies): name -> (its graph, the node)."""
-        out = {}
-        for n in g.nodes:
-            if n.op == "Slice":
-                out[prefix + n.name] = (g, n)
-            for key, sub in n.attrs.items():
-                if hasattr(sub, "nodes") and hasattr(sub, "values"):
-                    out.update(slices(sub, f"{prefix}{n.name}/{key}/"))
-        return out
-    by_name = [slices(g) for g in at]
+    by_name = [_nodes_of(g, lambda n: n.op == "Slice") for g in at]
     for name in by_name[0]:
         found = [b.get(name) for b in by_name]
         if any(f is None for f in found):
@@ -1025,14 +1040,12 @@ def _check_slices(graphs: Mapping[tuple[int, ...], Any], points: list[tuple[int,
                 break
             rows.append([v for a, st, en, sp in zip(axes, starts, ends, steps, strict=True)
                          for v in (shape[a % len(shape)], st, en, sp)])
-        if len(rows) != len(at) or len({len(r) for r in rows}) != 1:
+        if len(rows) != len(at):
             continue
-        flat = np.array(rows, np.float64)
-        if (flat == flat[0]).all():
-            continue
-        corners = _affine_at_corners(flat, points, checks, spec)
-        if corners is None:
-            continue  # not affine: the fit of its extent refutes it
+        varying = _varying_corners(rows, points, checks, spec)
+        if varying is None or varying[1] is None:
+            continue  # the same everywhere; or not affine: the fit of its extent refutes it
+        flat, corners = varying
         for i in range(0, flat.shape[1], 4):
             dim, st, en, sp = (corners[:, i + j] for j in range(4))
             if not (sp == sp[:1]).all():
@@ -1058,16 +1071,6 @@ def _check_bounds(graphs: Mapping[tuple[int, ...], Any], points: list[tuple[int,
     if any(g is None for g in at):
         return
 
-    def bounded(g: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
-        out = {}
-        for n in g.nodes:
-            if n.op in ("Compress", "NonMaxSuppression"):
-                out[prefix + n.name] = (g, n)
-            for key, sub in n.attrs.items():
-                if hasattr(sub, "nodes") and hasattr(sub, "values"):
-                    out.update(bounded(sub, f"{prefix}{n.name}/{key}/"))
-        return out
-
     def sizes(g: Any, n: Any) -> list[int] | None:
         """[the one size, then the factors of the other] (a flat Compress's axis is the product of its input's)."""
         shape = [g.values[i].shape if i in g.values else None for i in n.inputs[:2]]
@@ -1080,15 +1083,13 @@ def _check_bounds(graphs: Mapping[tuple[int, ...], Any], points: list[tuple[int,
         if limit is None or limit.const is None or len(shape[1]) != 3:
             return None
         return [int(np.asarray(limit.const).reshape(-1)[0]), shape[1][2]]
-    found = [bounded(g) for g in at]
+    found = [_nodes_of(g, lambda n: n.op in ("Compress", "NonMaxSuppression")) for g in at]
     for name, (_, n0) in found[0].items():
         rows = [sizes(*f[name]) if name in f else None for f in found]
-        if any(r is None for r in rows) or len({len(r) for r in rows}) != 1:
+        varying = None if any(r is None for r in rows) else _varying_corners(rows, points, checks, spec)
+        if varying is None:
             continue
-        flat = np.array(rows, np.float64)
-        if (flat == flat[0]).all():
-            continue
-        corners = _affine_at_corners(flat, points, checks, spec)
+        corners = varying[1]
         if corners is None:
             raise RangeError(f"{n0.op} node {name!r}: its output's upper bound takes the smaller of two sizes that "
                              "follow the dims in no affine way: not one program for them")
@@ -1109,17 +1110,8 @@ def _check_resizes(graphs: Mapping[tuple[int, ...], Any], points: list[tuple[int
     if any(g is None for g in at):
         return
 
-    def resizes(g: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
-        out = {}
-        for n in g.nodes:
-            if n.op == "Resize" and n.attrs.get("keep_aspect_ratio_policy", "stretch") in ("not_larger",
-                                                                                           "not_smaller"):
-                out[prefix + n.name] = (g, n)
-            for key, sub in n.attrs.items():
-                if hasattr(sub, "nodes") and hasattr(sub, "values"):
-                    out.update(resizes(sub, f"{prefix}{n.name}/{key}/"))
-        return out
-    found = [resizes(g) for g in at]
+    found = [_nodes_of(g, lambda n: n.op == "Resize" and n.attrs.get("keep_aspect_ratio_policy", "stretch") in
+                       ("not_larger", "not_smaller")) for g in at]
     for name in found[0]:
         seen = {(tuple(g.values[n.inputs[0]].shape), repr(n.attrs.get("sizes"))) for f in found if name in f
                 for g, n in [f[name]]}
