@@ -362,6 +362,14 @@ def test_a_context_binary_takes_a_value_input_ranged(tmp_path, capsys) -> None:
         for run in (lambda f: graph.run(f), lambda f: sess.run(None, f)):
             with pytest.raises(ShapeError, match=match):
                 run({"x": np.zeros((64, 4), np.float32), "limit": bad})
+    np.savez(tmp_path / "in.npz", x=np.ones((64, 4), np.float32), limit=np.array(7))  # `ctxrt run` takes it too
+    assert cli(["run", str(out), "--inputs", str(tmp_path / "in.npz"), "--output", str(tmp_path / "o.npz")]) == 0
+    with np.load(tmp_path / "o.npz") as o:
+        np.testing.assert_allclose(o["y"], theirs.run(None, {"x": np.ones((64, 4), np.float32),
+                                                             "limit": np.array(7)})[0], rtol=1e-6)
+    np.savez(tmp_path / "bad.npz", x=np.ones((64, 4), np.float32), limit=np.array(70))
+    assert cli(["run", str(out), "--inputs", str(tmp_path / "bad.npz")]) == 2
+    assert "input 'limit' is 70, outside the range 1..64" in capsys.readouterr().err
     assert cli(["compile", str(src), "-o", str(tmp_path / "e.ctx"), "--dim", "limit=1:64", "--epcontext"]) == 2
     assert "cannot declare them" in capsys.readouterr().err
     assert not (tmp_path / "e.ctx").exists()  # (the command's files: all or none)
