@@ -1653,3 +1653,14 @@ def test_a_session_ranges_image_sizes_over_the_step_they_share() -> None:
             assert counts[:6] == [1, 2, 2, 2, 2, 2], counts  # then 8 x 8 and 20 x 12: off the step of 16
             assert sess.dim_ranges["H"][-1] == 4  # (the step 32 | 16, 16 | 16, then 8, then 4 that all share)
             assert counts[-1] <= 4
+
+
+def test_a_stepped_range_runs_on_opencl(opencl) -> None:
+    """The same program over multiples of 8 on the OpenCL backend, right at the ends and inside."""
+    m = _strided_net()
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    graph = ctxrt.compile(m, dims={"N": (1, 2), "H": (8, 64, 8), "W": (8, 64, 8)}, backend=opencl).graph()
+    rng = np.random.default_rng(3)
+    for n, h, w in ((1, 8, 8), (2, 64, 64), (2, 24, 40)):
+        x = rng.standard_normal((n, 3, h, w)).astype(np.float32)
+        np.testing.assert_allclose(graph.run({"x": x})["y"], theirs.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
