@@ -1664,3 +1664,23 @@ def test_a_stepped_range_runs_on_opencl(opencl) -> None:
     for n, h, w in ((1, 8, 8), (2, 64, 64), (2, 24, 40)):
         x = rng.standard_normal((n, 3, h, w)).astype(np.float32)
         np.testing.assert_allclose(graph.run({"x": x})["y"], theirs.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_conv_transpose_with_an_output_shape_is_typed_by_it() -> None:
+    """onnx's inference drops an axis of ConvTranspose(output_shape=[10, 8], strides=[3, 2]) over an 8 x 9 input
+    ([1, 2, 10]): the kernel failed with NumPy's zip() message. The frontend types it from output_shape."""
+    rng = np.random.default_rng(4)
+    g = helper.make_graph([helper.make_node("ConvTranspose", ["x", "w"], ["y"], output_shape=[10, 8], strides=[3, 2])],
+                          "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, "H", "W"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(rng.standard_normal((1, 2, 3, 3)).astype(np.float32), "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    theirs = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CtxrtWarning)
+        with ctxrt.InferenceSession(m) as sess:
+            for h, w in ((3, 3), (8, 9)):
+                feeds = {"x": rng.standard_normal((1, 1, h, w)).astype(np.float32)}
+                got, want = sess.run(None, feeds)[0], theirs.run(None, feeds)[0]
+                assert got.shape == want.shape == (1, 2, 10, 8)
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

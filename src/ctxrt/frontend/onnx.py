@@ -26,7 +26,7 @@ from ctxrt.frontend.checks import check_model, check_supported, op_key
 from ctxrt.frontend.external import load_in_place, tensor_array
 from ctxrt.frontend.fold import FoldError, fold
 from ctxrt.frontend.order import sorted_model
-from ctxrt.frontend.pools import POOLS, ceil_pool_shape
+from ctxrt.frontend.pools import DECIDED, POOLS, ceil_pool_shape, conv_transpose_shape
 from ctxrt.ir.canonical import INFER_AS_IDENTITY
 from ctxrt.ir.dynamic import PASS_THROUGH
 from ctxrt.ir.graph import Graph
@@ -266,7 +266,7 @@ class Folder:
                 seen[id(n)] = n
                 stack += [producer[i] for i in n.input if i in producer and followed(i)]
         if not untyped or 2 * len(seen) > len(self.nodes) or any(
-                n.op_type in control.CONTROL_OPS or op_key(n) in POOLS or any(a.type in (
+                n.op_type in control.CONTROL_OPS or op_key(n) in DECIDED or any(a.type in (
                     onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute)
                 for n in seen.values()):
             return False
@@ -339,7 +339,7 @@ class Folder:
                  for n, (dt, shape) in self.fixed.items() if n not in self.outputs]
         nodes = []
         for n in self.nodes:  # ops onnx cannot type: typed as copies of their inputs, or by stand-ins
-            if op_key(n) in POOLS and n.output[0] in self.fixed:  # typed by the shape decided for it
+            if op_key(n) in DECIDED and n.output[0] in self.fixed:  # typed by the shape decided for it
                 for o in filter(None, n.output):
                     shape = self.scope.fresh(f"{o}/shape")
                     inits.append(numpy_helper.from_array(np.array(self.fixed[o][1], np.int64), shape))
@@ -549,6 +549,12 @@ class Folder:
                 changed |= self._type_contrib(node)
             elif node.op_type in ("If", "Loop"):
                 changed |= lower_control(self, node)
+            elif op_key(node) == "ConvTranspose" and key not in self.fixed:
+                shape = conv_transpose_shape(node, self.shape_of(node.input[0]),
+                                             self.shape_of(node.input[1]) if len(node.input) > 1 else None)
+                if shape is not None and self.types.get(key, (None, None))[1] != shape:
+                    self.fixed[key] = (self.dtype_of(node.input[0]), shape)
+                    changed = True
             elif op_key(node) in POOLS and key not in self.fixed:
                 shape = self.shape_of(node.input[0])
                 pooled = None if shape is None else ceil_pool_shape(node, shape)

@@ -1,7 +1,7 @@
-"""Pool output shapes onnx shape inference gets wrong: with ceil_mode=1, a last window that starts in the end
-padding is counted before opset 22 (the spec and onnxruntime drop it at every opset), and a window larger than the
-padded input makes one output (none in the spec and onnxruntime). The frontend types such a
-pool's outputs itself (`Folder.annotate`) and its readers from them (`Folder.skeleton`)."""
+"""Pool (and ConvTranspose) output shapes onnx shape inference gets wrong: with ceil_mode=1, a last window that starts
+in the end padding is counted before opset 22 (the spec and onnxruntime drop it at every opset), and a window larger
+than the padded input makes one output (none in the spec and onnxruntime). The frontend types such a pool's outputs
+itself (`Folder.annotate`) and its readers from them (`Folder.skeleton`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,22 @@ import onnx
 from onnx import helper
 
 POOLS = {"MaxPool", "AveragePool", "LpPool"}
+DECIDED = POOLS | {"ConvTranspose"}  # ops whose output shape the frontend may decide itself (typed by it)
+
+
+def conv_transpose_shape(node: onnx.NodeProto, x: tuple[int, ...] | None, w: tuple[int, ...] | None
+                         ) -> tuple[int, ...] | None:
+    """A ConvTranspose's output shape when it names one (`output_shape`: its spatial sizes), which onnx's shape
+    inference gets wrong at some input sizes (an axis dropped: [1, 2, 10] for an 8 x 9 input and output_shape
+    [10, 8]); None otherwise (inference is right)."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    out = attrs.get("output_shape")
+    if not out or x is None or w is None or len(x) < 3 or len(w) != len(x):
+        return None
+    nd = len(x) - 2
+    if len(out) < nd:
+        return None
+    return (x[0], w[1] * int(attrs.get("group", 1)), *(int(d) for d in list(out)[-nd:]))
 
 
 def ceil_pool_shape(node: onnx.NodeProto, shape: tuple[int, ...]) -> tuple[int, ...] | None:
