@@ -590,7 +590,8 @@ class InferenceSession:
             s = min(64, g & -g)
             if len(sizes) < 2 or s < 4 or (k, s) in self._step_refused:
                 continue
-            out[k] = (s, max(self._default_dim_max, 2 * (1 << max(max(sizes) - 1, 0).bit_length())) // s * s)
+            out[k] = (0 if 0 in sizes else s,
+                      max(self._default_dim_max, 2 * (1 << max(max(sizes) - 1, 0).bit_length())) // s * s)
             self._pending[k] = s
         if not out:
             return None
@@ -657,7 +658,7 @@ class InferenceSession:
                 s = self._pending[key] = math.gcd(s, n & -n) if n else s  # once that program compiles
                 lo = min(lo, n)
             if s > 1:  # a stepped dim: its bounds multiples of its step
-                lo, hi = max(s, -(-lo // s) * s), max(n, hi // s * s)
+                lo, hi = (0 if n == 0 else max(s, -(-lo // s) * s)), max(n, hi // s * s)  # (0: a multiple too)
             dims[key] = (lo, hi)
         return self._piece(feeds, dims) if self._cuts else dims
 
