@@ -106,12 +106,13 @@ class Ranges:
         for where, coeffs in self.entries:
             if where[0] == "I":
                 self._in_axes.setdefault(int(where[1]), {})[int(where[2])] = _expression_of(coeffs, names)
+        self._steps = self.steps or (1,) * k  # (bind's, every run)
         self._fixed_axes: tuple[Any, list[tuple[int, list[tuple[int, int]]]]] = (None, [])  # bind's, per inputs
         self._last_bound: tuple[Any, tuple[Any, ...], tuple[int, ...]] = (None, (), ())  # bind's last (inputs, shapes)
 
     def step_of(self) -> list[int]:
         """Each dim's step (1 where none)."""
-        return list(self.steps) or [1] * len(self.dims)
+        return list(self._steps)
 
     def natural(self) -> list[tuple[str, int, int, int]]:
         """Each dim as its sizes go: (name, min size, max size, step)."""
@@ -133,8 +134,7 @@ class Ranges:
         if last[0] is inputs and last[1] == key:
             return last[2]
         values = []
-        steps = self.steps or (1,) * len(self.dims)
-        for (name, lo, hi), (i, axis), step in zip(self.dims, self.readers, steps, strict=True):
+        for (name, lo, hi), (i, axis), step in zip(self.dims, self.readers, self._steps, strict=True):
             shape = shapes[i]
             if shape is None or axis >= len(shape):
                 raise ShapeError(f"input {inputs[i].name!r} expects rank {len(inputs[i].shape)}, got shape "

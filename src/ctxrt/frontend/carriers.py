@@ -129,10 +129,10 @@ def value_ranges(model: Any, dims: Mapping[str, Any], values: Mapping[str, Any] 
         keys[key] = (m.group(1), int(m.group(2))) if m else (key, None)
     loaded = load_model(model)
     graph = loaded.graph
-    declared = {i.name: i for i in graph.input} if any(n for n, _ in keys.values()) else {}
+    inits = {t.name for t in graph.initializer}
+    declared = {i.name: i for i in graph.input if i.name not in inits}
     named = {d.dim_param for i in declared.values() for d in i.type.tensor_type.shape.dim}  # (a dim's name: a dim)
-    wanted = {key: nj for key, nj in keys.items() if nj[0] in declared and key not in named and
-              nj[0] not in {t.name for t in graph.initializer}}
+    wanted = {key: nj for key, nj in keys.items() if nj[0] in declared and key not in named}
     if not wanted:
         return model, ()
     shape_only, branch = trace(graph.node)
@@ -155,16 +155,14 @@ def value_ranges(model: Any, dims: Mapping[str, Any], values: Mapping[str, Any] 
             key = next((k for k, nj in wanted.items() if nj[0] == name and nj[1] in ((j,) if size > 1 else (j, None))),
                        None)
             if key is not None:
-                lo, hi = parse_range(dims[key], key)
-                if lo < 0:
-                    raise CtxrtError(f"dim {key!r}: a value input's range starts at 0 or above, got {lo}")
+                parse_range(dims[key], key)  # (0 <= MIN <= MAX: lengths)
                 elements.append(key)
             elif fixed is None or fixed.size != size:
                 raise CtxrtError(f"dim {name!r}: element {j} of input {name!r} is not ranged: give the input's "
                                  f"value for it (--value {name}=... with {size} elements)")
             else:
                 elements.append(int(fixed[j]))
-        if any(isinstance(k, int) and k >= size for _, k in (nj for nj in wanted.values() if nj[0] == name)):
+        if any(n == name and j is not None and j >= size for n, j in wanted.values()):
             raise CtxrtError(f"dim {name!r}: input {name!r} has {size} elements")
         spec.append((name, tuple(elements)))
         records.append((name, dtype.str, tuple(decl or ()), tuple(elements)))

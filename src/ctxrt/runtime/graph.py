@@ -494,6 +494,7 @@ class Graph:
         records = self.compiled.carriers
         if not any(r[0] in feeds for r in records):
             return feeds
+        bounds = {n: (lo, hi) for n, lo, hi in self.ranges.dims} if self.ranges is not None else {}
         for name, dt, shape, elements in records:
             x = feeds.get(name)
             if x is None:
@@ -502,10 +503,9 @@ class Graph:
                 got = f"{x.dtype}{list(x.shape)}" if isinstance(x, np.ndarray | np.generic) else type(x).__name__
                 raise ShapeError(f"input {name!r} expects {np.dtype(dt)}{list(shape)} (a value input ranged, given "
                                  f"as an array), got {got}")
-            bounds = {n: (lo, hi) for n, lo, hi in self.ranges.dims} if self.ranges is not None else {}
             for j, (e, v) in enumerate(zip(elements, np.asarray(x).reshape(-1).tolist(), strict=True)):
-                if isinstance(e, str) and not bounds.get(e, (0, v))[0] <= v <= bounds.get(e, (0, v))[1]:
-                    lo, hi = bounds.get(e, (0, ""))
+                lo, hi = bounds.get(e, (0, v)) if isinstance(e, str) else (v, v)
+                if not lo <= v <= hi:
                     raise ShapeError(f"input {name!r}{f' element {j}' if len(elements) > 1 else ''} is {v}, outside "
                                      f"the range {lo}..{hi} this program was compiled for (dim {e!r})")
                 if not isinstance(e, str) and v != e:

@@ -319,8 +319,8 @@ class InferenceSession:
                                              and attempt[k][0] < attempt[k][1]}  # (stepped now)
                         self._trial = set()
                         self._ranges.update({k: v for k, v in attempt.items() if k not in self._fixed_dims})
-                        self._steps.update(self._pending)  # (the steps it compiled with)
-                        self._steps = {k: st for k, st in self._steps.items() if st > 1}
+                        # (the steps it compiled with)
+                        self._steps = {k: st for k, st in {**self._steps, **self._pending}.items() if st > 1}
                         self._counters["range_programs_compiled"] += 1
                         if variant.ranged is not None and variant.ranged.ranges.widened:
                             self._counters["range_programs_widened"] += 1  # two compiles: the narrower fit held
