@@ -260,3 +260,33 @@ def test_an_embedding_table_is_read_from_its_file_not_mapped_in(tmp_path, source
         np.testing.assert_array_equal(sess.run(None, {"ids": ids})[0], want)
         np.testing.assert_array_equal(sess.run(None, {"ids": ids[::-1].copy()})[0], want[::-1])
         assert _mapped_rss(mapped.resolve()) < 256 * 1024
+
+
+def test_a_model_structure_is_parsed_once_while_its_file_is_unchanged(tmp_path, monkeypatch) -> None:
+    """Opening a session reads a model's structure and declared IO more than once: parsed once per file version,
+    each caller given its own proto; the file written again (another model) is parsed again, never served old."""
+    from ctxrt.frontend import external
+    from ctxrt.frontend.io_types import declared_io
+
+    monkeypatch.setattr(external, "_RACY_NS", -1)  # (a file written now is kept too: no wait for the clock)
+    parsed = []
+    real = external._without_raw_data
+    monkeypatch.setattr(external, "_without_raw_data", lambda p: parsed.append(p) or real(p))
+    path = tmp_path / "m.onnx"
+    onnx.save_model(_mlp(), str(path))
+    a, b = external.structure(path), external.structure(path)
+    assert len(parsed) == 1 and a is not b and a == b
+    a.graph.output[0].name = "changed"  # a caller's change stays its own
+    assert external.structure(path).graph.output[0].name == "y"
+    assert declared_io(path)[1][0][0] == "y"
+    declared_io(path)[1].clear()  # (nor the declared IO's lists)
+    assert declared_io(path)[1][0][0] == "y"
+    other = _mlp()
+    other.graph.output[0].name = "z"
+    other.graph.node[-1].output[0] = "z"
+    onnx.save_model(other, str(path))
+    assert external.structure(path).graph.output[0].name == "z" and len(parsed) == 2
+    assert declared_io(path)[1][0][0] == "z"
+    x = _x(2)
+    with ctxrt.InferenceSession(path) as sess:
+        assert [o.name for o in sess.get_outputs()] == ["z"] and sess.run(None, {"x": x})[0].shape == (2, WIDTH)

@@ -22,6 +22,7 @@ import ast
 import contextlib
 import itertools
 import math
+import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -502,9 +503,13 @@ def compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str = "mai
 
     with memo.shared():  # every probe lowers the same proto (the file is not read and parsed again; nor by a
         # session's next attempt, ir/memo.py) and shares its arrays, transposed and prepacked weights
-        model = memo.memo("loaded", model, None, lambda: load_model(model))
+        source, model = model, memo.memo("loaded", model, None, lambda: load_model(model))
         # value inputs ranged (`dims` naming them): the model rewritten to take them as lengths (frontend/carriers.py)
         model, carried = value_ranges(model, dims, values)
+        if not carried and isinstance(source, str | os.PathLike):  # its file's declared IO (kept per file: the
+            from ctxrt.frontend.io_types import declared_io  # session that opened it read it already)
+
+            memo.memo("declared_io", model, None, lambda: declared_io(source))
         if carried:
             values = {k: v for k, v in (values or {}).items() if k not in {r[0] for r in carried}}
         try:

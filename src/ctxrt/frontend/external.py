@@ -6,8 +6,10 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -95,11 +97,45 @@ def load_in_place(path: str | os.PathLike) -> onnx.ModelProto:
 def structure(path: str | os.PathLike) -> onnx.ModelProto:
     """The model as onnx.load(..., load_external_data=False) gives it, but a file of IN_PLACE_MIN bytes or more
     without its main-graph initializers' embedded bytes (`_without_raw_data`: external data in the model file
-    itself): what reading its inputs, outputs and nodes needs, at a fraction of the memory."""
+    itself): what reading its inputs, outputs and nodes needs, at a fraction of the memory. A new proto each call
+    (callers change it), parsed from the file's last parse while the file is the same (`_PARSED`: opening a session
+    reads a model's structure three times, ~1.3 ms each for a 13 MB decoder, 0.1 ms from the bytes)."""
+    key = file_key(path)
+    hit = _PARSED.get(key) if key is not None else None
+    if hit is not None:
+        return onnx.ModelProto.FromString(hit)
     m = None
     if os.path.getsize(path) >= IN_PLACE_MIN:
         m = _without_raw_data(Path(path).resolve())
-    return m if m is not None else onnx.load(os.fspath(path), load_external_data=False)
+    m = m if m is not None else onnx.load(os.fspath(path), load_external_data=False)
+    remember(_PARSED, key, m.SerializeToString())
+    return m
+
+
+_PARSED: dict[tuple[Any, ...], bytes] = {}  # file_key -> the structure's bytes, the latest KEPT files
+KEPT = 2
+_RACY_NS = 2_000_000_000
+
+
+def file_key(path: str | os.PathLike) -> tuple[Any, ...] | None:
+    """The file as it is now (its real path and stat), to key what was read from it; None where it cannot be
+    kept: no such file, or changed within the clock's resolution (a change then could keep its stamp)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) <= _RACY_NS:
+        return None
+    return os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def remember(table: dict[Any, Any], key: tuple[Any, ...] | None, value: Any) -> None:
+    """`value` kept in `table` under `key` (a `file_key`; None: not kept), with the latest KEPT others."""
+    if key is None:
+        return
+    table[key] = value
+    while len(table) > KEPT:
+        table.pop(next(iter(table)))
 
 
 def _varint(buf: memoryview, i: int) -> tuple[int, int]:
