@@ -200,11 +200,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         ctx.num_threads = args.threads or None
         with naming(model):
             g = ctx.graph(args.graph)
-        feeds = load_inputs(args.inputs, _fed(g), given) if args.inputs else random_feeds(g.inputs,
-                                                                                            values=g.value_inputs)
+        feeds = load_inputs(args.inputs, _fed(g), given, ranged=g.ranges is not None) if args.inputs else \
+            random_feeds(g.inputs, values=g.value_inputs)
         outs = {o.name: np.empty(o.shape, np.dtype(o.dtype)) for o in g.outputs}
         real: dict[str, tuple[int, ...]] = {}  # outputs of data-dependent size: their real shape
-        if g.compiled.carriers:  # value inputs ranged: outputs of the shapes their values give
+        if g.ranges is not None or g.compiled.carriers:  # a range program: outputs of the shapes the feeds' dims give
             times = _time(lambda: outs.update(g.run(feeds)), args.repeat)
         else:
             times = _time(lambda: real.update(g.execute(feeds, outs)), args.repeat)

@@ -272,19 +272,20 @@ def random_feeds(inputs: Sequence[Any], seed: int = 0, values: dict[str, np.ndar
     return feeds
 
 
-def load_inputs(path: str, inputs: Sequence[Any], feeds: dict[str, np.ndarray] | None = None
-                ) -> dict[str, np.ndarray]:
+def load_inputs(path: str, inputs: Sequence[Any], feeds: dict[str, np.ndarray] | None = None,
+                ranged: bool = False) -> dict[str, np.ndarray]:
     """--inputs: an .npz archive with one array per model input, each of the input's dtype and shape
-    (`feeds`: the archive already read by read_inputs)."""
+    (`feeds`: the archive already read by read_inputs). `ranged`: a range program's inputs, whose shapes are
+    checked by the run against its ranges (the shapes here are the upper bound's): dtype and rank only."""
     feeds = read_inputs(path) if feeds is None else feeds
     names = [i.name for i in inputs]
     if set(feeds) != set(names):
         raise UsageError(f"--inputs {path} has arrays {sorted(feeds)}; the model's inputs are {names}")
     for info in inputs:
         v, dt = feeds[info.name], np.dtype(info.dtype)
-        if v.dtype != dt or tuple(v.shape) != tuple(info.shape):
+        if v.dtype != dt or (v.ndim != len(info.shape) if ranged else tuple(v.shape) != tuple(info.shape)):
             raise UsageError(f"--inputs {path}: array {info.name!r} is {v.dtype}{list(v.shape)}; the model "
-                             f"takes {dt}{list(info.shape)}")
+                             f"takes {dt}{list(info.shape)}" + (" (a shape inside its ranges)" if ranged else ""))
     return feeds
 
 

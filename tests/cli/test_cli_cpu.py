@@ -66,3 +66,31 @@ def test_run_outputs_do_not_depend_on_threads(capsys, tmp_path) -> None:
     for n in ("1", "2"):
         assert _run(capsys, "run", model, "--threads", n, "--output", tmp_path / f"{n}.npz")[0] == 0
     np.testing.assert_allclose(np.load(tmp_path / "1.npz")["y"], np.load(tmp_path / "2.npz")["y"], rtol=1e-5)
+
+
+def test_run_a_range_program_on_inputs_of_any_shape_inside_its_ranges(capsys, tmp_path) -> None:
+    """`ctxrt run prog.ctx --inputs` of a program compiled with `--dim`: feeds of any shape inside the ranges run
+    (outputs of their shapes, equal to onnxruntime's); a shape outside is one line naming the dim, exit 2; another
+    rank or dtype is refused before the run."""
+    import onnxruntime as ort
+    from cli_helpers import assert_one_line_error, relu_model
+
+    model = relu_model(tmp_path / "m.onnx")
+    prog = tmp_path / "m.ctx"
+    code, _, err = _run(capsys, "compile", model, "-o", prog, "--dim", "N=1:16")
+    assert code == 0, err
+    ref = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    for n in (1, 5, 16):
+        x = np.random.default_rng(n).standard_normal((n, 8)).astype(np.float32)
+        np.savez(tmp_path / "in.npz", x=x)
+        code, out, err = _run(capsys, "run", prog, "--inputs", tmp_path / "in.npz", "--output", tmp_path / "out.npz",
+                              "--json")
+        assert code == 0, err
+        assert json.loads(out)["outputs"] == {"y": [n * 8]}
+        with np.load(tmp_path / "out.npz") as got:
+            np.testing.assert_array_equal(got["y"], ref.run(None, {"x": x})[0])
+    for bad, needles in ((np.zeros((17, 8), np.float32), ("'N'", "17", "1..16")),
+                         (np.zeros((4, 8, 1), np.float32), ("'x'", "float32[4, 8, 1]")),
+                         (np.zeros((4, 8), np.float64), ("'x'", "float64"))):
+        np.savez(tmp_path / "in.npz", x=bad)
+        assert_one_line_error(*_run(capsys, "run", prog, "--inputs", tmp_path / "in.npz"), *needles)
