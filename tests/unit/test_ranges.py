@@ -1684,3 +1684,29 @@ def test_a_conv_transpose_with_an_output_shape_is_typed_by_it() -> None:
                 got, want = sess.run(None, feeds)[0], theirs.run(None, feeds)[0]
                 assert got.shape == want.shape == (1, 2, 10, 8)
                 np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_dim_name_two_inputs_give_two_sizes_is_ranged_per_axis() -> None:
+    """An exporter that names two lengths alike (torch's legacy exporter given one "seq" for a BART's encoder and
+    decoder tokens): onnxruntime checks no dim name across inputs, and runs such feeds where its buffer plan allows
+    (a decoder longer than the encoder). A session ranges each axis of that name as its own dim (INPUT:AXIS) once
+    feeds give it two sizes: every run equals the model's results, one program for them all (it ran the first
+    program for feeds it did not fit: a ShapeError from inside the run)."""
+    nodes = [helper.make_node("ReduceSum", ["x", "ax"], ["sx"], keepdims=0),
+             helper.make_node("ReduceSum", ["y", "ax"], ["sy"], keepdims=0),
+             helper.make_node("Add", ["sx", "sy"], ["s"]), helper.make_node("Relu", ["y"], ["r"])]
+    g = helper.make_graph(nodes, "tied", [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", "seq"])
+                                          for n in ("x", "y")],
+                          [helper.make_tensor_value_info("s", TensorProto.FLOAT, ["batch"]),
+                           helper.make_tensor_value_info("r", TensorProto.FLOAT, ["batch", "seq"])],
+                          [numpy_helper.from_array(np.array([1], np.int64), "ax")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+    rng = np.random.default_rng(0)
+    with ctxrt.InferenceSession(model) as sess:
+        for b, n, m in ((2, 5, 3), (1, 4, 9), (3, 7, 7), (2, 1, 6), (4, 6, 2)):
+            x, y = (rng.standard_normal(s).astype(np.float32) for s in ((b, n), (b, m)))
+            s, r = sess.run(None, {"x": x, "y": y})
+            np.testing.assert_allclose(s, x.sum(1) + y.sum(1), rtol=1e-5, atol=1e-5)
+            np.testing.assert_array_equal(r, np.maximum(y, 0))
+        assert sess.stats["shape_variants_compiled"] == 1
+        assert {"x:1", "y:1", "batch"} <= set(sess.dim_ranges) and "seq" not in sess.dim_ranges

@@ -88,6 +88,9 @@ class InferenceSession:
         # program is compiled for one value of these, its other dims ranged (a batch loop at a fixed image size)
         self._fixed_dims: set[str] = set()
         self._cuts: dict[str, set[int]] = {}  # per dim, sizes that start a piece no range program crosses
+        # symbolic dim names the feeds gave two sizes in one run (an exporter naming two lengths alike, as
+        # onnxruntime lets it): each axis of theirs ranged as its own dim, INPUT:AXIS, from then on (`_key`)
+        self._untied: set[str] = set()
         self._range_error: str | None = None  # why the last range compile failed (then exact shapes were compiled)
         # integer value inputs of a few elements met with several values, made of lengths (frontend/carriers.py):
         # their elements (a value, or the dim it is), their own dims' ranges, those that could not be, the values
@@ -444,8 +447,24 @@ class InferenceSession:
             shape = getattr(feeds.get(name), "shape", None)
             for axis, d in enumerate(decl or ()):
                 if isinstance(d, str) and is_dim_name(d) and shape is not None and axis < len(shape):
-                    out.setdefault(d, int(shape[axis]))
+                    out.setdefault(self._key(name, axis, d), int(shape[axis]))
         return out
+
+    def _key(self, name: str, axis: int, d: Any) -> str:
+        """The dim an input's axis declared `d` (not a number) is ranged as: its symbolic name, else (unnamed, a
+        placeholder such as "?", or a name `_untied`) INPUT:AXIS."""
+        return d if is_dim_name(d) and d not in self._untied else f"{name}:{axis}"
+
+    def _untie(self, feeds: Mapping[str, Any]) -> None:
+        """Names of dims these feeds give two sizes (`_untied`): onnxruntime checks no symbolic name across
+        inputs (a BART exported with one "seq" for its encoder's and decoder's tokens runs there)."""
+        sizes: dict[str, set[int]] = {}
+        for name, (_, decl) in self._in_decl.items():
+            shape = getattr(feeds.get(name), "shape", None)
+            for axis, d in enumerate(decl or ()):
+                if is_dim_name(d) and d not in self._untied and shape is not None and axis < len(shape):
+                    sizes.setdefault(d, set()).add(int(shape[axis]))
+        self._untied |= {d for d, got in sizes.items() if len(got) > 1}
 
     def _one_ranged_dim(self, feeds: Mapping[str, Any], attempt: dict[str, Any], prior: Any, error: Exception
                         ) -> tuple[Variant | None, dict[str, Any]]:
@@ -537,14 +556,14 @@ class InferenceSession:
                     continue
                 seen = self._dims.get((name, axis), set()) | {int(feeds[name].shape[axis])}
                 if len(seen) > 1:
-                    out.add(d if isinstance(d, str) else f"{name}:{axis}")
+                    out.add(self._key(name, axis, d) if isinstance(d, str) else f"{name}:{axis}")
         return out
 
     def _axis_of(self, key: str) -> tuple[str, int] | None:
         """The first (input, axis) whose extent is dim `key` (a symbolic name, or INPUT:AXIS), None where none."""
         for name, (_, decl) in self._in_decl.items():
             for axis, d in enumerate(decl or ()):
-                if d == key or f"{name}:{axis}" == key:
+                if d == key and key not in self._untied or f"{name}:{axis}" == key:
                     return name, axis
         return None
 
@@ -623,6 +642,7 @@ class InferenceSession:
         DEFAULT_CACHE_MAX)] for a dim met empty: a growing cache). None: compile exact shapes."""
         if self._range_failed is not None or self._default_dim_max == 0 and not self._ranges:
             return None
+        self._untie(feeds)
         seen: dict[str, int] = {}
         for name, (_, decl) in self._in_decl.items():
             if decl is None:
@@ -633,7 +653,7 @@ class InferenceSession:
                     continue
                 if is_expression(d) and not is_dim_name(d):
                     continue  # an expression of other dims (`past + sequence`): derived, not a dim of its own
-                key = d if is_dim_name(d) else f"{name}:{axis}"  # (unnamed, or a placeholder such as "?")
+                key = self._key(name, axis, d)
                 seen[key] = max(seen.get(key, 0), int(shape[axis]))
         dims: dict[str, Any] = {k: v for k, v in self._ranges.items() if isinstance(v, str)}  # derived dims
         for key, n in seen.items():
