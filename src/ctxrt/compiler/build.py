@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 ALIAS_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 # Ops whose kernels stay correct when output 0 is the same memory as one of these inputs.
 _UNARY = {"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "Softplus", "Tanh", "Erf", "Gelu", "Sqrt", "Exp", "Log",
-          "Neg", "Abs", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos", "Clip", "Softmax",
+          "Neg", "Abs", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos", "Tan", "Asin", "Acos",
+          "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Clip", "Softmax",
           "LogSoftmax", "BatchNormalization", "LayerNormalization", "InstanceNormalization",
           "GroupNormalization", "Not", "HardSwish", "Elu", "Selu", "Celu", "Mish", "Softsign", "ThresholdedRelu",
           "Swish", "PRelu"}

@@ -41,7 +41,8 @@ WIDENED = {
     # element-wise
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Neg", "Abs", "Reciprocal", "Sqrt", "Exp",
     "Log", "Erf", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "PRelu", "HardSigmoid", "HardSwish", "Swish", "Softplus",
-    "Softsign", "Elu", "Selu", "Celu", "Mish", "Gelu", "Sin", "Cos", "Floor", "Ceil", "Round", "Sign",
+    "Softsign", "Elu", "Selu", "Celu", "Mish", "Gelu", "Sin", "Cos", "Tan", "Asin", "Acos",
+    "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Floor", "Ceil", "Round", "Sign",
     "ThresholdedRelu", "Clip", "Where", "IsNaN", "IsInf", "Equal", "Less", "Greater", "LessOrEqual",
     "GreaterOrEqual",
     # contractions, windows, normalizations, reductions
