@@ -24,6 +24,7 @@ PARAM_INPUTS: dict[str, dict[int, str]] = {
     "Tile": {1: "repeats"},
     "TopK": {1: "k"},  # decides the output shape
     "CumSum": {1: "axis"},
+    "CumProd": {1: "axis"},
     "OneHot": {1: "depth"},  # decides the output shape
     # Resize-10's input 1 is its scales: its kernel reads them under "roi" (the key is per position, not opset).
     "Resize": {1: "roi", 2: "scales", 3: "sizes"},
