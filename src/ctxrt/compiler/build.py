@@ -27,7 +27,7 @@ _UNARY = {"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "Softplus", "Tanh", "Er
           "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Clip", "Softmax",
           "LogSoftmax", "BatchNormalization", "LayerNormalization", "InstanceNormalization",
           "GroupNormalization", "Not", "HardSwish", "Elu", "Selu", "Celu", "Mish", "Softsign", "ThresholdedRelu",
-          "Swish", "PRelu"}
+          "Shrink", "Swish", "PRelu"}
 _BINARY = {"Add", "Sub", "Mul", "Div", "Mod", "Pow", "Max", "Min", "Sum", "Mean"}
 INPLACE: dict[str, tuple[int, ...]] = {**{op: (0,) for op in _UNARY}, **{op: (0, 1) for op in _BINARY},
                                        "Where": (1, 2), "Trilu": (0,), "ScatterND": (0,), "ScatterElements": (0,)}

@@ -43,7 +43,7 @@ WIDENED = {
     "Log", "Erf", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "PRelu", "HardSigmoid", "HardSwish", "Swish", "Softplus",
     "Softsign", "Elu", "Selu", "Celu", "Mish", "Gelu", "Sin", "Cos", "Tan", "Asin", "Acos",
     "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Floor", "Ceil", "Round", "Sign",
-    "ThresholdedRelu", "Clip", "Where", "IsNaN", "IsInf", "Equal", "Less", "Greater", "LessOrEqual",
+    "ThresholdedRelu", "Shrink", "Clip", "Where", "IsNaN", "IsInf", "Equal", "Less", "Greater", "LessOrEqual",
     "GreaterOrEqual",
     # contractions, windows, normalizations, reductions
     "Conv", "ConvTranspose", "MatMul", "Gemm", "Einsum", "MaxPool", "AveragePool", "GlobalAveragePool",
@@ -51,7 +51,7 @@ WIDENED = {
     "GroupNormalization", "RMSNormalization", "SimplifiedLayerNormalization", "com.microsoft.SkipLayerNormalization",
     "com.microsoft.SkipSimplifiedLayerNormalization", "Softmax", "LogSoftmax", "ReduceMean", "ReduceSum",
     "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum",
-    "ReduceLogSumExp", "ArgMax", "ArgMin", "CumSum", "TopK",
+    "ReduceLogSumExp", "ArgMax", "ArgMin", "CumSum", "CumProd", "TopK",
     # data movement
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice", "Gather",
     "GatherElements", "GatherND", "Expand", "Tile", "Pad", "Resize", "Upsample", "DepthToSpace", "SpaceToDepth",
