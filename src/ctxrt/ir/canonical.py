@@ -36,10 +36,12 @@ PARAM_INPUTS: dict[str, dict[int, str]] = {
 # once, whatever its bounds.
 RUNTIME_PARAMS: dict[str, set[int]] = {"Clip": {1, 2}, "Pad": {2}}
 
-# Ops whose outputs onnx's shape inference leaves untyped (GroupNormalization is a function without an inference
-# function; BatchNormalization-9 types Y only): shape inference sees them as Identity nodes, output k <- input j.
+# Ops whose outputs onnx's shape inference leaves untyped (GroupNormalization and MeanVarianceNormalization are
+# functions without an inference function; BatchNormalization-9 types Y only): shape inference sees them as Identity
+# nodes, output k <- input j.
 INFER_AS_IDENTITY: dict[str, dict[int, int]] = {
     "GroupNormalization": {0: 0},
+    "MeanVarianceNormalization": {0: 0},
     "BatchNormalization": {0: 0, 1: 3, 2: 4, 3: 3, 4: 4},
 }
 

@@ -49,7 +49,8 @@ WIDENED = {
     "Conv", "ConvTranspose", "MatMul", "Gemm", "Einsum", "MaxPool", "AveragePool", "GlobalAveragePool",
     "GlobalMaxPool", "LRN", "BatchNormalization", "InstanceNormalization", "LayerNormalization",
     "GroupNormalization", "RMSNormalization", "SimplifiedLayerNormalization", "com.microsoft.SkipLayerNormalization",
-    "com.microsoft.SkipSimplifiedLayerNormalization", "Softmax", "LogSoftmax", "ReduceMean", "ReduceSum",
+    "com.microsoft.SkipSimplifiedLayerNormalization", "LpNormalization", "MeanVarianceNormalization",
+    "Softmax", "LogSoftmax", "Hardmax", "ReduceMean", "ReduceSum",
     "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum",
     "ReduceLogSumExp", "ArgMax", "ArgMin", "CumSum", "CumProd", "TopK",
     # data movement
