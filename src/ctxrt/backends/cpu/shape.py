@@ -1,4 +1,5 @@
-"""Data movement: concatenation, transposes, slices, splits, gathers, tiling, padding, copies.
+"""Data movement: concatenation, transposes, slices, splits, gathers, tiling, padding, copies, ReverseSequence;
+EyeLike.
 
 Views of the inputs (slices, transposes, reshapes) are made once at bind time; a launch is then a copy
 (or a gather) into the output. Shape, Size and parameter inputs are folded by the frontend.
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.cpu import strided
-from ctxrt.backends.cpu.elementwise import BoundKernel
+from ctxrt.backends.cpu.elementwise import BoundKernel, flat
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
 from ctxrt.errors import UnsupportedOpError
 
@@ -377,10 +378,63 @@ def constant_of_shape(spec: NodeSpec) -> Kernel:
     return BoundKernel(lambda ins, outs, _s: lambda: outs[0].fill(fill))
 
 
+def eye_like(spec: NodeSpec) -> Kernel:
+    """Ones on the k-th diagonal of a 2-D output of the input's shape (its values are not read), zeros elsewhere."""
+    shape = spec.outputs[0].shape
+    if len(shape) != 2:
+        raise _fail(spec, f"input of rank {len(shape)}")
+    rows, cols = shape
+    k = int(spec.attr("k", 0))
+    dt = np.dtype(spec.outputs[0].dtype)
+    start, count = (k, min(rows, cols - k)) if k >= 0 else (-k * cols, min(rows + k, cols))
+    count = max(0, count)
+    one = dt.type(1)
+
+    def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
+        y = outs[0]
+        diag = flat(y)[start:start + count * (cols + 1):cols + 1]  # (i, i + k): a stride of cols + 1
+
+        def run() -> None:
+            y.fill(0)
+            diag.fill(one)
+        return run
+    return BoundKernel(make)
+
+
+def reverse_sequence(spec: NodeSpec) -> Kernel:
+    """Each batch entry's first sequence_lens[b] steps along time_axis reversed, the rest copied. The lengths
+    are read at each run (0 leaves the entry as it is); one outside [0, steps] is an error."""
+    shape = spec.inputs[0].shape
+    rank = len(shape)
+    batch_axis, time_axis = int(spec.attr("batch_axis", 1)), int(spec.attr("time_axis", 0))
+    if rank < 2 or {batch_axis, time_axis} != {0, 1}:
+        raise _fail(spec, f"batch_axis {batch_axis} and time_axis {time_axis} of an input of rank {rank}")
+    steps = shape[time_axis]
+
+    def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
+        x = np.moveaxis(ins[0], (batch_axis, time_axis), (0, 1))  # views: [batch, time, ...]
+        y = np.moveaxis(outs[0], (batch_axis, time_axis), (0, 1))
+        lens = ins[1].reshape(-1)
+        name = spec.name
+
+        def run() -> None:
+            if lens.shape[0] != x.shape[0]:
+                raise ValueError(f"ReverseSequence node {name!r}: {lens.shape[0]} sequence_lens for a batch of "
+                                 f"{x.shape[0]}")
+            for b, n in enumerate(lens.tolist()):
+                if not 0 <= n <= steps:
+                    raise ValueError(f"ReverseSequence node {name!r}: sequence_lens[{b}] = {n} is outside "
+                                     f"[0, {steps}]")
+                np.copyto(y[b, :n], x[b, n - 1::-1] if n else x[b, :0])
+                np.copyto(y[b, n:], x[b, n:])
+        return run
+    return BoundKernel(make)
+
+
 KERNELS = {
     **{op: copy for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")},
     "Expand": expand, "Transpose": transpose, "Slice": slice_, "Split": split, "Concat": concat,
     "Gather": gather, "GatherElements": gather_elements, "GatherND": gather_nd, "Tile": tile, "Pad": pad,
     "DepthToSpace": depth_space, "SpaceToDepth": depth_space, "Range": range_,
-    "ConstantOfShape": constant_of_shape,
+    "ConstantOfShape": constant_of_shape, "EyeLike": eye_like, "ReverseSequence": reverse_sequence,
 }
