@@ -50,7 +50,7 @@ WIDENED = {
     "GlobalMaxPool", "LRN", "BatchNormalization", "InstanceNormalization", "LayerNormalization",
     "GroupNormalization", "RMSNormalization", "SimplifiedLayerNormalization", "com.microsoft.SkipLayerNormalization",
     "com.microsoft.SkipSimplifiedLayerNormalization", "LpNormalization", "MeanVarianceNormalization",
-    "Softmax", "LogSoftmax", "Hardmax", "ReduceMean", "ReduceSum",
+    "Softmax", "LogSoftmax", "Hardmax", "Det", "ReduceMean", "ReduceSum",
     "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum",
     "ReduceLogSumExp", "ArgMax", "ArgMin", "CumSum", "CumProd", "TopK",
     # data movement
