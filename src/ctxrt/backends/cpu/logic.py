@@ -100,6 +100,6 @@ def where(spec: NodeSpec) -> Kernel:
 
 
 KERNELS = {
-    **{op: binary for op in _BINARY}, **{op: unary for op in _UNARY}, "IsInf": is_inf, "BitShift": bit_shift, "Cast": cast,
-    "CastLike": cast, "Where": where,
+    **{op: binary for op in _BINARY}, **{op: unary for op in _UNARY}, "IsInf": is_inf, "BitShift": bit_shift,
+    "Cast": cast, "CastLike": cast, "Where": where,
 }
