@@ -378,6 +378,42 @@ def constant_of_shape(spec: NodeSpec) -> Kernel:
     return BoundKernel(lambda ins, outs, _s: lambda: outs[0].fill(fill))
 
 
+def center_crop_pad(spec: NodeSpec) -> Kernel:
+    """The input cropped or zero-padded to `shape` on `axes` (all by default), centred: an odd difference puts the
+    extra element at the end (onnx.reference's split)."""
+    shape_in, shape_out = spec.inputs[0].shape, spec.outputs[0].shape
+    rank = len(shape_in)
+    target = spec.attr("shape")
+    if target is None:
+        raise _fail(spec, "input shape unknown at compile time")
+    target = [int(v) for v in np.asarray(target).reshape(-1)]
+    axes = [_axis(spec, int(a), rank) for a in (spec.attr("axes") or range(rank))]
+    if len(axes) != len(target) or len(set(axes)) != len(axes):
+        raise _fail(spec, f"shape {target} for axes {axes}")
+    src, dst = [slice(None)] * rank, [slice(None)] * rank
+    for a, t in zip(axes, target, strict=True):
+        d = shape_in[a]
+        if t < d:
+            src[a] = slice((d - t) // 2, (d - t) // 2 + t)
+        elif t > d:
+            dst[a] = slice((t - d) // 2, (t - d) // 2 + d)
+        if shape_out[a] != t:
+            raise _fail(spec, f"an output of shape {list(shape_out)} for shape {target} on axes {axes}")
+    padded = any(s != slice(None) for s in dst)
+    zero = np.dtype(spec.outputs[0].dtype).type(0)
+
+    def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
+        x, y = ins[0][tuple(src)], outs[0]
+        inner = y[tuple(dst)]
+
+        def run() -> None:
+            if padded:
+                y.fill(zero)
+            np.copyto(inner, x)
+        return run
+    return BoundKernel(make)
+
+
 def eye_like(spec: NodeSpec) -> Kernel:
     """Ones on the k-th diagonal of a 2-D output of the input's shape (its values are not read), zeros elsewhere."""
     shape = spec.outputs[0].shape
@@ -437,4 +473,5 @@ KERNELS = {
     "Gather": gather, "GatherElements": gather_elements, "GatherND": gather_nd, "Tile": tile, "Pad": pad,
     "DepthToSpace": depth_space, "SpaceToDepth": depth_space, "Range": range_,
     "ConstantOfShape": constant_of_shape, "EyeLike": eye_like, "ReverseSequence": reverse_sequence,
+    "CenterCropPad": center_crop_pad,
 }
