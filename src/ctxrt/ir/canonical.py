@@ -29,6 +29,9 @@ PARAM_INPUTS: dict[str, dict[int, str]] = {
     # Resize-10's input 1 is its scales: its kernel reads them under "roi" (the key is per position, not opset).
     "Resize": {1: "roi", 2: "scales", 3: "sizes"},
     "Upsample": {1: "scales"},
+    "MaxUnpool": {2: "output_shape"},  # decides the output shape
+    "Col2Im": {1: "image_shape", 2: "block_shape"},  # decide the output shape
+    "CenterCropPad": {1: "shape"},  # decides the output shape
 }
 
 # Parameter inputs that decide no shape (data, not structure): moved into attributes when they are constants,
