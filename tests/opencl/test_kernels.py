@@ -45,7 +45,9 @@ A, B = (3, 1, 7), (5, 1)  # -> (3, 5, 7): each side broadcasts along a dim the o
 _FLOAT_UNARY = {"Sigmoid": (-4, 4), "Tanh": (-3, 3), "Exp": (-3, 3), "Log": (0.1, 4), "Sqrt": (0.1, 4),
                 "Sin": (-3, 3), "Cos": (-3, 3), "Reciprocal": (0.5, 3), "Floor": (-3, 3), "Ceil": (-3, 3),
                 "Round": (-3, 3), "Erf": (-3, 3), "Softplus": (-3, 3), "IsNaN": (-1, 1), "Neg": (-2, 2),
-                "Abs": (-2, 2), "Sign": (-2, 2), "Relu": (-2, 2)}
+                "Abs": (-2, 2), "Sign": (-2, 2), "Relu": (-2, 2), "Tan": (-1.4, 1.4), "Asin": (-0.99, 0.99),
+                "Acos": (-0.99, 0.99), "Atan": (-5, 5), "Sinh": (-4, 4), "Cosh": (-4, 4), "Asinh": (-5, 5),
+                "Acosh": (1, 5), "Atanh": (-0.99, 0.99)}
 _BINARY_FLOAT = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Equal", "Less", "Greater", "LessOrEqual",
                  "GreaterOrEqual"}
 

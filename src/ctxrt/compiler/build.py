@@ -23,10 +23,11 @@ if TYPE_CHECKING:
 ALIAS_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 # Ops whose kernels stay correct when output 0 is the same memory as one of these inputs.
 _UNARY = {"Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "Softplus", "Tanh", "Erf", "Gelu", "Sqrt", "Exp", "Log",
-          "Neg", "Abs", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos", "Clip", "Softmax",
+          "Neg", "Abs", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos", "Tan", "Asin", "Acos",
+          "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Clip", "Softmax",
           "LogSoftmax", "BatchNormalization", "LayerNormalization", "InstanceNormalization",
           "GroupNormalization", "Not", "HardSwish", "Elu", "Selu", "Celu", "Mish", "Softsign", "ThresholdedRelu",
-          "Swish", "PRelu"}
+          "Shrink", "Swish", "PRelu"}
 _BINARY = {"Add", "Sub", "Mul", "Div", "Mod", "Pow", "Max", "Min", "Sum", "Mean"}
 INPLACE: dict[str, tuple[int, ...]] = {**{op: (0,) for op in _UNARY}, **{op: (0, 1) for op in _BINARY},
                                        "Where": (1, 2), "Trilu": (0,), "ScatterND": (0,), "ScatterElements": (0,)}

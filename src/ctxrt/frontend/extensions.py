@@ -1,6 +1,7 @@
 """Ops onnx has no shape inference for: onnxruntime's contrib ops that onnxruntime-genai's model builder writes
 (com.microsoft GroupQueryAttention, RotaryEmbedding, SkipLayerNormalization, SkipSimplifiedLayerNormalization;
-SimplifiedLayerNormalization in the default domain).
+SimplifiedLayerNormalization in the default domain); MaxUnpool with an `output_shape` input (onnx types its rank
+only, not reading the values).
 
 Shape inference sees each as a *stand-in*: a few standard ops whose outputs have the op's output types (a
 LayerNormalization for the statistics outputs, a Reshape-Slice-Transpose-Concat for GroupQueryAttention's
@@ -106,13 +107,24 @@ def _gqa(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto]:
     return b.nodes
 
 
+def _max_unpool(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto]:
+    x, _, shape = _inputs(node, 3)
+    if not shape:
+        return [node]
+    b = _Builder(node)  # X's type, output_shape's shape: a scalar of X broadcast to it
+    b.add("Expand", [b.add("ReduceMax", [x], keepdims=0), shape], node.output[0])
+    return b.nodes
+
+
 STAND_INS: dict[str, Callable[[onnx.NodeProto, int], list[onnx.NodeProto]]] = {
     GQA: _gqa,
     MS + "RotaryEmbedding": _rotary,
     MS + "SkipLayerNormalization": _skip_norm,
     MS + "SkipSimplifiedLayerNormalization": _skip_norm,
     "SimplifiedLayerNormalization": _simplified_norm,
+    "MaxUnpool": _max_unpool,
 }
+ONNX_OPS = {"MaxUnpool"}  # ops onnx defines among these (onnx.checker checks them; only their typing stands in)
 
 
 def stand_in(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto] | None:

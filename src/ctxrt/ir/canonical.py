@@ -24,10 +24,14 @@ PARAM_INPUTS: dict[str, dict[int, str]] = {
     "Tile": {1: "repeats"},
     "TopK": {1: "k"},  # decides the output shape
     "CumSum": {1: "axis"},
+    "CumProd": {1: "axis"},
     "OneHot": {1: "depth"},  # decides the output shape
     # Resize-10's input 1 is its scales: its kernel reads them under "roi" (the key is per position, not opset).
     "Resize": {1: "roi", 2: "scales", 3: "sizes"},
     "Upsample": {1: "scales"},
+    "MaxUnpool": {2: "output_shape"},  # decides the output shape
+    "Col2Im": {1: "image_shape", 2: "block_shape"},  # decide the output shape
+    "CenterCropPad": {1: "shape"},  # decides the output shape
 }
 
 # Parameter inputs that decide no shape (data, not structure): moved into attributes when they are constants,
@@ -35,10 +39,12 @@ PARAM_INPUTS: dict[str, dict[int, str]] = {
 # once, whatever its bounds.
 RUNTIME_PARAMS: dict[str, set[int]] = {"Clip": {1, 2}, "Pad": {2}}
 
-# Ops whose outputs onnx's shape inference leaves untyped (GroupNormalization is a function without an inference
-# function; BatchNormalization-9 types Y only): shape inference sees them as Identity nodes, output k <- input j.
+# Ops whose outputs onnx's shape inference leaves untyped (GroupNormalization and MeanVarianceNormalization are
+# functions without an inference function; BatchNormalization-9 types Y only): shape inference sees them as Identity
+# nodes, output k <- input j.
 INFER_AS_IDENTITY: dict[str, dict[int, int]] = {
     "GroupNormalization": {0: 0},
+    "MeanVarianceNormalization": {0: 0},
     "BatchNormalization": {0: 0, 1: 3, 2: 4, 3: 3, 4: 4},
 }
 

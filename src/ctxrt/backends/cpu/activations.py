@@ -1,5 +1,5 @@
 """Activation functions beyond the plain element-wise ones: HardSwish, PRelu, the ELU family, Mish, Softsign,
-ThresholdedRelu and Swish (x * sigmoid(alpha x), also what the FuseSilu pass makes of torch's SiLU).
+ThresholdedRelu, Shrink and Swish (x * sigmoid(alpha x), also what the FuseSilu pass makes of torch's SiLU).
 
 Each runs over cache-sized blocks with its temporaries in declared scratch, and stays correct when its output
 is its input's memory (compiler/build.py runs them in place). Negative and positive parts are computed as
@@ -15,6 +15,7 @@ import numpy as np
 from ctxrt.backends.cpu.boxes import box_shape, boxes
 from ctxrt.backends.cpu.elementwise import CHUNK, Blocked, _float, _zeros
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
+from ctxrt.errors import UnsupportedOpError
 
 
 def _consts(spec: NodeSpec, **defaults: float) -> tuple[np.dtype, list[Any]]:
@@ -112,6 +113,34 @@ def thresholded_relu(spec: NodeSpec) -> Kernel:
     return Blocked(spec, block, (np.bool_,))
 
 
+def shrink(spec: NodeSpec) -> Kernel:
+    """x + bias where x < -lambd, x - bias where x > lambd, else 0 (NaN too, as in the reference). Integers are
+    computed in float64 and truncated back, as onnx.reference's astype does."""
+    dt = np.dtype(spec.inputs[0].dtype)
+    if dt.kind not in "fiu":
+        raise UnsupportedOpError(f"Shrink node {spec.name!r}: dtype {dt} is not supported")
+    ct = dt if dt.kind == "f" else np.dtype(np.float64)
+    lambd, bias = ct.type(np.float32(spec.attr("lambd", 0.5))), ct.type(np.float32(spec.attr("bias", 0.0)))
+    lo, zero = -lambd, ct.type(0)
+
+    def block(x: np.ndarray, y: np.ndarray, low: np.ndarray, high: np.ndarray) -> None:
+        np.less(x, lo, out=low)
+        np.greater(x, lambd, out=high)
+        np.subtract(x, bias, out=y, where=high)  # in place: x's other elements are untouched
+        np.add(x, bias, out=y, where=low)
+        np.logical_or(low, high, out=low)
+        np.logical_not(low, out=low)
+        np.copyto(y, zero, where=low)
+    if dt.kind == "f":
+        return Blocked(spec, block, (np.bool_, np.bool_))
+
+    def converted(x: np.ndarray, y: np.ndarray, t: np.ndarray, low: np.ndarray, high: np.ndarray) -> None:
+        np.copyto(t, x)
+        block(t, t, low, high)
+        np.copyto(y, t, casting="unsafe")
+    return Blocked(spec, converted, (np.float64, np.bool_, np.bool_), {"invalid": "ignore"})
+
+
 def swish(spec: NodeSpec) -> Kernel:
     """x / (1 + exp(-alpha x)): 4 passes, the sigmoid never materialized."""
     dt, (alpha,) = _consts(spec, alpha=1.0)
@@ -180,5 +209,5 @@ def prelu(spec: NodeSpec) -> Kernel:
 
 KERNELS = {
     "HardSwish": hard_swish, "Elu": elu, "Selu": selu, "Celu": celu, "Mish": mish, "Softsign": softsign,
-    "ThresholdedRelu": thresholded_relu, "Swish": swish, "PRelu": prelu,
+    "ThresholdedRelu": thresholded_relu, "Shrink": shrink, "Swish": swish, "PRelu": prelu,
 }

@@ -65,7 +65,8 @@ def _float(spec: NodeSpec) -> np.dtype:
 _UNARY: dict[str, np.ufunc] = {
     "Tanh": np.tanh, "Sqrt": np.sqrt, "Exp": np.exp, "Log": np.log, "Neg": np.negative, "Abs": np.abs,
     "Reciprocal": np.reciprocal, "Floor": np.floor, "Ceil": np.ceil, "Sign": np.sign, "Round": np.rint,
-    "Sin": np.sin, "Cos": np.cos,
+    "Sin": np.sin, "Cos": np.cos, "Tan": np.tan, "Asin": np.arcsin, "Acos": np.arccos, "Atan": np.arctan,
+    "Sinh": np.sinh, "Cosh": np.cosh, "Asinh": np.arcsinh, "Acosh": np.arccosh, "Atanh": np.arctanh,
 }
 
 

@@ -32,6 +32,8 @@ _FLOAT_ONLY = frozenset({"Div", "Pow"})  # integer Div truncates and integer Pow
 _UNARY: dict[str, Any] = {
     "Neg": np.negative, "Exp": np.exp, "Tanh": np.tanh, "Sqrt": np.sqrt, "Abs": np.absolute,
     "Reciprocal": np.reciprocal, "Cos": np.cos, "Sin": np.sin, "Not": np.logical_not, "Log": np.log,
+    "Tan": np.tan, "Asin": np.arcsin, "Acos": np.arccos, "Atan": np.arctan, "Sinh": np.sinh, "Cosh": np.cosh,
+    "Asinh": np.arcsinh, "Acosh": np.arccosh, "Atanh": np.arctanh,
 }
 _COPIES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 _ATTRS: dict[str, frozenset[str]] = {

@@ -1,4 +1,4 @@
-"""Element-wise logic: comparisons, boolean and bitwise ops, NaN/Inf tests, Where, Cast."""
+"""Element-wise logic: comparisons, boolean and bitwise ops, BitShift, NaN/Inf tests, Where, Cast."""
 
 from __future__ import annotations
 
@@ -26,6 +26,23 @@ def binary(spec: NodeSpec) -> Kernel:
 
 def unary(spec: NodeSpec) -> Kernel:
     return unary_kernel(_UNARY[spec.op])
+
+
+def bit_shift(spec: NodeSpec) -> Kernel:
+    """X << Y or X >> Y (attribute `direction`), unsigned and (opset 28) signed integers. NumPy's shifts are ONNX's:
+    the right shift of a signed value is arithmetic, bits shifted past the width are dropped, and a shift by a
+    negative amount or by the width or more gives 0 (-1 for a right shift of a negative value), where C's would be
+    undefined."""
+    direction = spec.attr("direction")
+    if isinstance(direction, bytes):
+        direction = direction.decode()
+    if direction not in ("LEFT", "RIGHT"):
+        raise UnsupportedOpError(f"BitShift node {spec.name!r}: attribute 'direction' value {direction!r} is not "
+                                 "supported")
+    for t in spec.inputs:
+        if np.dtype(t.dtype).kind not in "iu":
+            raise UnsupportedOpError(f"BitShift node {spec.name!r}: dtype {np.dtype(t.dtype)} is not supported")
+    return ufunc_kernel(np.left_shift if direction == "LEFT" else np.right_shift)
 
 
 def is_inf(spec: NodeSpec) -> Kernel:
@@ -83,6 +100,6 @@ def where(spec: NodeSpec) -> Kernel:
 
 
 KERNELS = {
-    **{op: binary for op in _BINARY}, **{op: unary for op in _UNARY}, "IsInf": is_inf, "Cast": cast,
-    "CastLike": cast, "Where": where,
+    **{op: binary for op in _BINARY}, **{op: unary for op in _UNARY}, "IsInf": is_inf, "BitShift": bit_shift,
+    "Cast": cast, "CastLike": cast, "Where": where,
 }

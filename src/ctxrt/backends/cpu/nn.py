@@ -1,8 +1,10 @@
-"""NumPy kernels for CNNs and linear algebra: GEMM convolution, pooling, LRN, Gemm, MatMul (normalizations: norm.py)."""
+"""NumPy kernels for CNNs and linear algebra: GEMM convolution, pooling, LRN, Gemm, MatMul, Det (normalizations:
+norm.py)."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -457,4 +459,22 @@ def matmul(spec: NodeSpec) -> Kernel:
 
 
 # Conv, MaxPool and AveragePool are registered by spatial.py, which sends 2-D (and lifted 1-D) nodes here.
-KERNELS = {"GlobalAveragePool": global_avgpool, "LRN": lrn, "Gemm": gemm, "MatMul": matmul}
+def det(spec: NodeSpec) -> Kernel:
+    """Determinants of the [..., M, M] input's square matrices (LAPACK's LU through np.linalg.det; 1 for M = 0),
+    float16 computed in float32."""
+    shape = spec.inputs[0].shape
+    dt = np.dtype(spec.inputs[0].dtype)
+    if dt.kind != "f":
+        raise UnsupportedOpError(f"Det node {spec.name!r}: dtype {dt} is not supported")
+    if len(shape) < 2 or shape[-1] != shape[-2]:
+        raise UnsupportedOpError(f"Det node {spec.name!r}: input of shape {list(shape)} is not a batch of square "
+                                 "matrices")
+    wide = np.dtype(np.float32) if dt.itemsize < 4 else None
+
+    def run(ins: list[Any], outs: list[Any], _s: list[Any]) -> None:
+        x = ins[0] if wide is None else ins[0].astype(wide)
+        np.copyto(outs[0], np.linalg.det(x), casting="unsafe")
+    return FnKernel(run)
+
+
+KERNELS = {"GlobalAveragePool": global_avgpool, "LRN": lrn, "Gemm": gemm, "MatMul": matmul, "Det": det}

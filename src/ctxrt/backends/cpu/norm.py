@@ -1,5 +1,5 @@
 """Normalizations for the NumPy backend: LayerNormalization, InstanceNormalization, GroupNormalization and
-BatchNormalization, with every optional input and output.
+BatchNormalization, with every optional input and output; LpNormalization and MeanVarianceNormalization.
 
 The first three normalize rows of a (rows, n) view: row means are GEMVs against a column of 1/n (one BLAS call
 instead of NumPy's slower reduction wrapper), 1/std is computed on the small [rows, 1] statistics and applied
@@ -294,5 +294,87 @@ def _batch_norm_training(spec: NodeSpec, slots: list[int | None], eps: float, mo
     return BoundKernel(make, (nb * c * item, nb * c * s * item, c * item, c * item, c * item))
 
 
+def lp_norm(spec: NodeSpec) -> Kernel:
+    """x / ||x||_p along `axis` (p 1 or 2); where the norm is 0 (the whole row is 0) the output is 0, as in
+    onnx.reference. The L1 norm sums |x| (onnx.reference's sums x itself, wrong for negative values)."""
+    shape = spec.inputs[0].shape
+    dt = np.dtype(spec.inputs[0].dtype)
+    if dt.kind != "f":
+        raise _fail(spec, f"dtype {dt}")
+    p = int(spec.attr("p", 2))
+    if p not in (1, 2):
+        raise _fail(spec, f"attribute 'p' value {p}")
+    rank = len(shape)
+    axis = int(spec.attr("axis", -1))
+    if not -rank <= axis < rank:
+        raise _fail(spec, f"attribute 'axis' value {axis} (input rank {rank})")
+    axis %= rank
+    view = (int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1:])))
+    stat = (view[0], 1, view[2])
+    n_stat = int(np.prod(stat))
+    if n_stat * view[1] == 0:
+        return BoundKernel(lambda ins, outs, _s: lambda: None)
+    pre = np.abs if p == 1 else np.square
+    inf = dt.type(np.inf)
+
+    def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        x, y = ins[0].reshape(view), outs[0].reshape(view)
+        t = scratch_view(scratch[0], view, dt)
+        norm = scratch_view(scratch[1], stat, dt)
+        zero = scratch_view(scratch[2], stat, np.bool_)
+
+        def run() -> None:
+            pre(x, out=t)
+            np.add.reduce(t, axis=1, keepdims=True, out=norm)
+            if p == 2:
+                np.sqrt(norm, out=norm)
+            np.equal(norm, 0, out=zero)
+            np.copyto(norm, inf, where=zero)  # 0 / inf = 0: a row of zeros stays zeros
+            np.divide(x, norm, out=y)
+        return run
+    return BoundKernel(make, (spec.inputs[0].nbytes, n_stat * dt.itemsize, n_stat))
+
+
+def mean_variance_norm(spec: NodeSpec) -> Kernel:
+    """(x - mean) / (std + 1e-9) over `axes` (default [0, 2, 3]), ONNX's function with the variance computed as
+    the mean of the squared deviations (its E[x^2] - E[x]^2 cancels, and goes negative: a NaN std, for a
+    constant slice)."""
+    shape = spec.inputs[0].shape
+    dt = np.dtype(spec.inputs[0].dtype)
+    if dt.kind != "f":
+        raise _fail(spec, f"dtype {dt}")
+    rank = len(shape)
+    axes = list(spec.attr("axes", [0, 2, 3]))
+    if any(not -rank <= a < rank for a in axes):
+        raise _fail(spec, f"attribute 'axes' value {axes} (input rank {rank})")
+    axes = tuple(sorted({a % rank for a in axes}))
+    stat = tuple(1 if d in axes else n for d, n in enumerate(shape))
+    count = int(np.prod([shape[a] for a in axes]))
+    n_stat = int(np.prod(stat))
+    if count * n_stat == 0:
+        return BoundKernel(lambda ins, outs, _s: lambda: None)
+    scale, eps = dt.type(1 / count), dt.type(np.float32(1e-9))
+
+    def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        x, y = ins[0], outs[0]
+        t = scratch_view(scratch[0], shape, dt)
+        mean = scratch_view(scratch[1], stat, dt)
+        std = scratch_view(scratch[2], stat, dt)
+
+        def run() -> None:
+            np.add.reduce(x, axis=axes, keepdims=True, out=mean)
+            np.multiply(mean, scale, out=mean)
+            np.subtract(x, mean, out=y)  # in place too: x is read before y is written
+            np.square(y, out=t)
+            np.add.reduce(t, axis=axes, keepdims=True, out=std)
+            np.multiply(std, scale, out=std)
+            np.sqrt(std, out=std)
+            np.add(std, eps, out=std)
+            np.divide(y, std, out=y)
+        return run
+    return BoundKernel(make, (spec.inputs[0].nbytes, n_stat * dt.itemsize, n_stat * dt.itemsize))
+
+
 KERNELS = {"LayerNormalization": layer_norm, "InstanceNormalization": instance_norm,
-           "GroupNormalization": group_norm, "BatchNormalization": batch_norm}
+           "GroupNormalization": group_norm, "BatchNormalization": batch_norm, "LpNormalization": lp_norm,
+           "MeanVarianceNormalization": mean_variance_norm}

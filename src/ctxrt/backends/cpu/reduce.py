@@ -1,4 +1,5 @@
-"""Reductions: Softmax and LogSoftmax, ReduceX over attribute axes (over no elements too), ArgMax and ArgMin."""
+"""Reductions: Softmax, LogSoftmax and Hardmax, ReduceX over attribute axes (over no elements too), ArgMax and
+ArgMin."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.cpu.elementwise import BoundKernel
+from ctxrt.backends.cpu.elementwise import BoundKernel, flat
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
 from ctxrt.errors import UnsupportedOpError
 
@@ -87,6 +88,34 @@ class Softmax(Kernel):
 
 def softmax(spec: NodeSpec) -> Kernel:
     return Softmax(spec, spec.op == "LogSoftmax")
+
+
+def hardmax(spec: NodeSpec) -> Kernel:
+    """1 at the first maximum of each row of Softmax's (outer, n, inner) view (`softmax_view`: along `axis` from
+    opset 13, the input coerced to 2-D before), 0 elsewhere. The indices are found before the output is written:
+    correct in place."""
+    dt = np.dtype(spec.outputs[0].dtype)
+    if dt.kind != "f":
+        raise UnsupportedOpError(f"{spec.op} node {spec.name!r}: dtype {dt} is not supported")
+    outer, n, inner = (*softmax_view(spec), 1)[:3]
+    if outer * n * inner == 0:
+        return BoundKernel(lambda ins, outs, _s: lambda: None)
+    base = (np.arange(outer, dtype=np.int64)[:, None] * (n * inner) + np.arange(inner, dtype=np.int64)[None, :])
+    one = dt.type(1)
+
+    def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
+        x = ins[0].reshape(outer, n, inner)
+        y = flat(outs[0])  # the 1s are set at flat indices
+        at = scratch_view(scratch[0], (outer, inner), np.int64)
+
+        def run() -> None:
+            np.argmax(x, axis=1, out=at)  # the first maximum: ties go to the lowest index
+            np.multiply(at, inner, out=at)
+            np.add(at, base, out=at)
+            y.fill(0)
+            y[at] = one
+        return run
+    return BoundKernel(make, (outer * inner * 8,))
 
 
 _REDUCE: dict[str, tuple[np.ufunc, np.ufunc | None]] = {  # (reduction, element-wise map applied first)
@@ -212,5 +241,5 @@ def arg(spec: NodeSpec) -> Kernel:
 
 KERNELS = {
     "Softmax": softmax, "LogSoftmax": softmax, **{op: reduction for op in _REDUCE}, "ReduceLogSumExp": reduction,
-    "ArgMax": arg, "ArgMin": arg,
+    "ArgMax": arg, "ArgMin": arg, "Hardmax": hardmax,
 }

@@ -28,6 +28,7 @@ from ctxrt.backends.cpu import (
     select,
     shape,
     spatial,
+    unpool,
     widen,
 )
 from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec
@@ -35,7 +36,7 @@ from ctxrt.errors import UnsupportedOpError
 
 KERNELS: dict[str, KernelFactory] = {}
 for _module in (elementwise, clamp, activations, logic, reduce, shape, norm, nn, spatial, convtranspose, resize,
-                rnn_cells, select, scatter, einsum, control, dynamic, layout_ops, quant, genai):
+                rnn_cells, select, scatter, einsum, control, dynamic, layout_ops, quant, genai, unpool):
     _dup = KERNELS.keys() & _module.KERNELS.keys()
     assert not _dup, f"ops registered twice: {_dup}"
     KERNELS.update(_module.KERNELS)

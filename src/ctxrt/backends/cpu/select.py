@@ -1,4 +1,4 @@
-"""Ops that select or accumulate along an axis: TopK (topk.py), Trilu, CumSum."""
+"""Ops that select or accumulate along an axis: TopK (topk.py), Trilu, CumSum, CumProd."""
 
 from __future__ import annotations
 
@@ -59,7 +59,9 @@ def trilu(spec: NodeSpec) -> Kernel:
     return BoundKernel(make, () if kconst is not None else (rows * cols,))
 
 
-def cumsum(spec: NodeSpec) -> Kernel:
+def cumulative(spec: NodeSpec) -> Kernel:
+    """CumSum and CumProd along a compile-time axis: `exclusive` (each element left out of its own result, the
+    first one the identity, 0 or 1), `reverse` (accumulated from the end)."""
     shape = spec.inputs[0].shape
     axis = spec.attr("axis")
     if axis is None:
@@ -67,6 +69,7 @@ def cumsum(spec: NodeSpec) -> Kernel:
     axis = _axis(spec, int(np.asarray(axis).reshape(-1)[0]), len(shape))
     exclusive, reverse = bool(spec.attr("exclusive", 0)), bool(spec.attr("reverse", 0))
     dt = np.dtype(spec.outputs[0].dtype)
+    accumulate, identity = (np.cumprod, 1) if spec.op == "CumProd" else (np.cumsum, 0)
     flip = (slice(None),) * axis + (slice(None, None, -1),)
     first = (slice(None),) * axis + (slice(0, 1),)
     head = (slice(None),) * axis + (slice(0, -1),)
@@ -74,17 +77,17 @@ def cumsum(spec: NodeSpec) -> Kernel:
 
     def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
         x, y = ins[0], outs[0]
-        if reverse:  # a running sum from the end: the same on reversed views
+        if reverse:  # a running sum (product) from the end: the same on reversed views
             x, y = x[flip], y[flip]
         if not exclusive:
-            return lambda: np.cumsum(x, axis=axis, dtype=dt, out=y)
-        src, dst, start = x[head], y[tail], y[first]  # y[0] = 0, y[i] = x[0] + ... + x[i - 1]
+            return lambda: accumulate(x, axis=axis, dtype=dt, out=y)
+        src, dst, start = x[head], y[tail], y[first]  # y[0] = identity, y[i] = x[0] + ... + x[i - 1]
 
         def run() -> None:
-            start.fill(0)
-            np.cumsum(src, axis=axis, dtype=dt, out=dst)
+            start.fill(identity)
+            accumulate(src, axis=axis, dtype=dt, out=dst)
         return run
     return BoundKernel(make)
 
 
-KERNELS = {"TopK": topk, "Trilu": trilu, "CumSum": cumsum}
+KERNELS = {"TopK": topk, "Trilu": trilu, "CumSum": cumulative, "CumProd": cumulative}

@@ -1,4 +1,5 @@
-"""Data movement: concatenation, transposes, slices, splits, gathers, tiling, padding, copies.
+"""Data movement: concatenation, transposes, slices, splits, gathers, tiling, padding, copies, ReverseSequence;
+EyeLike.
 
 Views of the inputs (slices, transposes, reshapes) are made once at bind time; a launch is then a copy
 (or a gather) into the output. Shape, Size and parameter inputs are folded by the frontend.
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.cpu import strided
-from ctxrt.backends.cpu.elementwise import BoundKernel
+from ctxrt.backends.cpu.elementwise import BoundKernel, flat
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
 from ctxrt.errors import UnsupportedOpError
 
@@ -377,10 +378,100 @@ def constant_of_shape(spec: NodeSpec) -> Kernel:
     return BoundKernel(lambda ins, outs, _s: lambda: outs[0].fill(fill))
 
 
+def center_crop_pad(spec: NodeSpec) -> Kernel:
+    """The input cropped or zero-padded to `shape` on `axes` (all by default), centred: an odd difference puts the
+    extra element at the end (onnx.reference's split)."""
+    shape_in, shape_out = spec.inputs[0].shape, spec.outputs[0].shape
+    rank = len(shape_in)
+    target = spec.attr("shape")
+    if target is None:
+        raise _fail(spec, "input shape unknown at compile time")
+    target = [int(v) for v in np.asarray(target).reshape(-1)]
+    axes = [_axis(spec, int(a), rank) for a in (spec.attr("axes") or range(rank))]
+    if len(axes) != len(target) or len(set(axes)) != len(axes):
+        raise _fail(spec, f"shape {target} for axes {axes}")
+    src, dst = [slice(None)] * rank, [slice(None)] * rank
+    for a, t in zip(axes, target, strict=True):
+        d = shape_in[a]
+        if t < d:
+            src[a] = slice((d - t) // 2, (d - t) // 2 + t)
+        elif t > d:
+            dst[a] = slice((t - d) // 2, (t - d) // 2 + d)
+        if shape_out[a] != t:
+            raise _fail(spec, f"an output of shape {list(shape_out)} for shape {target} on axes {axes}")
+    padded = any(s != slice(None) for s in dst)
+    zero = np.dtype(spec.outputs[0].dtype).type(0)
+
+    def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
+        x, y = ins[0][tuple(src)], outs[0]
+        inner = y[tuple(dst)]
+
+        def run() -> None:
+            if padded:
+                y.fill(zero)
+            np.copyto(inner, x)
+        return run
+    return BoundKernel(make)
+
+
+def eye_like(spec: NodeSpec) -> Kernel:
+    """Ones on the k-th diagonal of a 2-D output of the input's shape (its values are not read), zeros elsewhere."""
+    shape = spec.outputs[0].shape
+    if len(shape) != 2:
+        raise _fail(spec, f"input of rank {len(shape)}")
+    rows, cols = shape
+    k = int(spec.attr("k", 0))
+    dt = np.dtype(spec.outputs[0].dtype)
+    start, count = (k, min(rows, cols - k)) if k >= 0 else (-k * cols, min(rows + k, cols))
+    count = max(0, count)
+    one = dt.type(1)
+
+    def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
+        y = outs[0]
+        diag = flat(y)[start:start + count * (cols + 1):cols + 1]  # (i, i + k): a stride of cols + 1
+
+        def run() -> None:
+            y.fill(0)
+            diag.fill(one)
+        return run
+    return BoundKernel(make)
+
+
+def reverse_sequence(spec: NodeSpec) -> Kernel:
+    """Each batch entry's first sequence_lens[b] steps along time_axis reversed, the rest copied. The lengths
+    are read at each run (0 leaves the entry as it is); one outside [0, steps] is an error."""
+    shape = spec.inputs[0].shape
+    rank = len(shape)
+    batch_axis, time_axis = int(spec.attr("batch_axis", 1)), int(spec.attr("time_axis", 0))
+    if rank < 2 or {batch_axis, time_axis} != {0, 1}:
+        raise _fail(spec, f"batch_axis {batch_axis} and time_axis {time_axis} of an input of rank {rank}")
+    steps = shape[time_axis]
+
+    def make(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
+        x = np.moveaxis(ins[0], (batch_axis, time_axis), (0, 1))  # views: [batch, time, ...]
+        y = np.moveaxis(outs[0], (batch_axis, time_axis), (0, 1))
+        lens = ins[1].reshape(-1)
+        name = spec.name
+
+        def run() -> None:
+            if lens.shape[0] != x.shape[0]:
+                raise ValueError(f"ReverseSequence node {name!r}: {lens.shape[0]} sequence_lens for a batch of "
+                                 f"{x.shape[0]}")
+            for b, n in enumerate(lens.tolist()):
+                if not 0 <= n <= steps:
+                    raise ValueError(f"ReverseSequence node {name!r}: sequence_lens[{b}] = {n} is outside "
+                                     f"[0, {steps}]")
+                np.copyto(y[b, :n], x[b, n - 1::-1] if n else x[b, :0])
+                np.copyto(y[b, n:], x[b, n:])
+        return run
+    return BoundKernel(make)
+
+
 KERNELS = {
     **{op: copy for op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")},
     "Expand": expand, "Transpose": transpose, "Slice": slice_, "Split": split, "Concat": concat,
     "Gather": gather, "GatherElements": gather_elements, "GatherND": gather_nd, "Tile": tile, "Pad": pad,
     "DepthToSpace": depth_space, "SpaceToDepth": depth_space, "Range": range_,
-    "ConstantOfShape": constant_of_shape,
+    "ConstantOfShape": constant_of_shape, "EyeLike": eye_like, "ReverseSequence": reverse_sequence,
+    "CenterCropPad": center_crop_pad,
 }

@@ -41,16 +41,18 @@ WIDENED = {
     # element-wise
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Neg", "Abs", "Reciprocal", "Sqrt", "Exp",
     "Log", "Erf", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "PRelu", "HardSigmoid", "HardSwish", "Swish", "Softplus",
-    "Softsign", "Elu", "Selu", "Celu", "Mish", "Gelu", "Sin", "Cos", "Floor", "Ceil", "Round", "Sign",
-    "ThresholdedRelu", "Clip", "Where", "IsNaN", "IsInf", "Equal", "Less", "Greater", "LessOrEqual",
+    "Softsign", "Elu", "Selu", "Celu", "Mish", "Gelu", "Sin", "Cos", "Tan", "Asin", "Acos",
+    "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Floor", "Ceil", "Round", "Sign",
+    "ThresholdedRelu", "Shrink", "Clip", "Where", "IsNaN", "IsInf", "Equal", "Less", "Greater", "LessOrEqual",
     "GreaterOrEqual",
     # contractions, windows, normalizations, reductions
     "Conv", "ConvTranspose", "MatMul", "Gemm", "Einsum", "MaxPool", "AveragePool", "GlobalAveragePool",
     "GlobalMaxPool", "LRN", "BatchNormalization", "InstanceNormalization", "LayerNormalization",
     "GroupNormalization", "RMSNormalization", "SimplifiedLayerNormalization", "com.microsoft.SkipLayerNormalization",
-    "com.microsoft.SkipSimplifiedLayerNormalization", "Softmax", "LogSoftmax", "ReduceMean", "ReduceSum",
+    "com.microsoft.SkipSimplifiedLayerNormalization", "LpNormalization", "MeanVarianceNormalization",
+    "Softmax", "LogSoftmax", "Hardmax", "Det", "ReduceMean", "ReduceSum",
     "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum",
-    "ReduceLogSumExp", "ArgMax", "ArgMin", "CumSum", "TopK",
+    "ReduceLogSumExp", "ArgMax", "ArgMin", "CumSum", "CumProd", "TopK",
     # data movement
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice", "Gather",
     "GatherElements", "GatherND", "Expand", "Tile", "Pad", "Resize", "Upsample", "DepthToSpace", "SpaceToDepth",

@@ -42,6 +42,15 @@
 #define OP_Sqrt(a)              sqrt(a)                                                // kinds: f
 #define OP_Sin(a)               sin(a)                                                 // kinds: f
 #define OP_Cos(a)               cos(a)                                                 // kinds: f
+#define OP_Tan(a)               tan(a)                                                 // kinds: f
+#define OP_Asin(a)              asin(a)                                                // kinds: f
+#define OP_Acos(a)              acos(a)                                                // kinds: f
+#define OP_Atan(a)              atan(a)                                                // kinds: f
+#define OP_Sinh(a)              sinh(a)                                                // kinds: f
+#define OP_Cosh(a)              cosh(a)                                                // kinds: f
+#define OP_Asinh(a)             asinh(a)                                               // kinds: f
+#define OP_Acosh(a)             acosh(a)                                               // kinds: f
+#define OP_Atanh(a)             atanh(a)                                               // kinds: f
 #define OP_Neg(a)               (-(a))                                                 // kinds: fi
 #define OP_Abs(a)               ((a) < (T0)0 ? -(a) : (a))                             // kinds: fi
 #define OP_Reciprocal(a)        ((T0)1 / (a))                                          // kinds: f
