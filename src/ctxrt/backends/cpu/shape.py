@@ -457,10 +457,12 @@ def reverse_sequence(spec: NodeSpec) -> Kernel:
             if lens.shape[0] != x.shape[0]:
                 raise ValueError(f"ReverseSequence node {name!r}: {lens.shape[0]} sequence_lens for a batch of "
                                  f"{x.shape[0]}")
-            for b, n in enumerate(lens.tolist()):
+            got = lens.tolist()
+            for b, n in enumerate(got):  # all checked before any is written (no half-written output)
                 if not 0 <= n <= steps:
                     raise ValueError(f"ReverseSequence node {name!r}: sequence_lens[{b}] = {n} is outside "
                                      f"[0, {steps}]")
+            for b, n in enumerate(got):
                 np.copyto(y[b, :n], x[b, n - 1::-1] if n else x[b, :0])
                 np.copyto(y[b, n:], x[b, n:])
         return run
