@@ -1,4 +1,4 @@
-"""The direct depthwise conv kernel (backends/cpu/depthwise.py) against onnx.reference: strides, dilations,
+"""The direct depthwise conv kernel (backends/cpu/conv/depthwise.py) against onnx.reference: strides, dilations,
 asymmetric pads, batch 2, a bias read at run time, a fused residual and Relu, bands of a few rows."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import pytest
 from harness import check, native_avx512, rand
 from onnx import helper
 
-from ctxrt.backends.cpu import depthwise, nn
+from ctxrt.backends.cpu import nn
+from ctxrt.backends.cpu.conv import depthwise
 from ctxrt.backends.kernel import NodeSpec, TensorSpec
 
 # (N, C, H, W, kernel, stride, dilation, pads): outputs of at most depthwise.MAX_PIXELS pixels

@@ -401,8 +401,9 @@ def test_native_lstm_projects_every_step_and_direction_in_one_gemm(projection: s
     """The native LSTM's input projections: oneDNN's one GEMM for every step and both directions (the directions'
     gates side by side in each row, both biases as its bias) or, without oneDNN, NumPy's per direction; with and
     without B, in both layouts, against onnxruntime."""
-    from ctxrt.backends.cpu import native, rnn_native
+    from ctxrt.backends.cpu import native
     from ctxrt.backends.cpu.onednn import api
+    from ctxrt.backends.cpu.rnn import rnn_native
 
     if op_backend != "cpu" or native.library() is None:
         pytest.skip("the CPU's native kernel")
@@ -499,8 +500,9 @@ def test_gru_at_one_or_two_rows_runs_the_native_kernel(direction: str, layout: i
 def test_native_gru_projects_on_numpy_without_onednn(bias: bool, monkeypatch, op_backend) -> None:
     """The native GRU where its projections cannot run on oneDNN (a binary loaded without it): NumPy's GEMM a
     direction, the summed biases added after; Y and Y_h against onnxruntime."""
-    from ctxrt.backends.cpu import native, rnn_native
+    from ctxrt.backends.cpu import native
     from ctxrt.backends.cpu.onednn import api
+    from ctxrt.backends.cpu.rnn import rnn_native
 
     if op_backend != "cpu" or native.library() is None or not api.available():
         pytest.skip("the CPU's native kernel and oneDNN")

@@ -1,4 +1,4 @@
-"""LSTM, GRU and RNN on oneDNN's fused RNN primitives (backends/cpu/rnn_onednn.py) vs onnxruntime: which nodes
+"""LSTM, GRU and RNN on oneDNN's fused RNN primitives (backends/cpu/rnn/rnn_onednn.py) vs onnxruntime: which nodes
 take that path and which stay on the NumPy cells, every direction, layout, state input and output combination,
 sequences cut into chunks, the brgemm weights format of larger batches, context binaries, runs on fewer threads
 than the primitives were made for, and no allocation in the launch."""
@@ -14,8 +14,8 @@ from onnx import helper
 from test_recurrent import NAMES, _model, _onnxruntime, arrays, assert_close, outputs_of
 
 import ctxrt
-from ctxrt.backends.cpu import rnn_onednn
 from ctxrt.backends.cpu.onednn import api
+from ctxrt.backends.cpu.rnn import rnn_onednn
 
 pytestmark = pytest.mark.skipif(not api.available(), reason="oneDNN is not installed")
 
@@ -26,7 +26,7 @@ BATCH_FIRST = {"X": (1, 0, 2), "initial_h": (1, 0, 2), "initial_c": (1, 0, 2)}
 def _onednn_for_small_lstms(monkeypatch: pytest.MonkeyPatch) -> None:
     """oneDNN's primitive for every node here: small LSTMs otherwise compile for the native kernel
     (rnn_native.py, tested in test_recurrent.py)."""
-    from ctxrt.backends.cpu import rnn_native
+    from ctxrt.backends.cpu.rnn import rnn_native
 
     monkeypatch.setattr(rnn_native, "usable", lambda spec: False)
 OUT_PERM = {0: (2, 0, 1, 3), 1: (1, 0, 2), 2: (1, 0, 2)}

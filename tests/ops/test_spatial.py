@@ -98,7 +98,7 @@ def test_conv_fused_residual_and_relu(rank: int) -> None:
                                    dict(auto_pad="SAME_UPPER", group=4)])
 def test_conv1d_long_signal_runs_in_column_blocks(attrs: dict) -> None:
     """A 1-D conv whose one im2col row exceeds the column budget runs the N-D kernel, blocked along the signal."""
-    from ctxrt.backends.cpu import convnd
+    from ctxrt.backends.cpu.conv import convnd
     from ctxrt.backends.cpu.registry import KERNELS
     from ctxrt.backends.kernel import NodeSpec, TensorSpec
 
@@ -399,7 +399,7 @@ def test_conv_transpose_bias_add_batchnorm_relu_fold(group: int) -> None:
 def test_numpy_conv_transpose_refuses_a_fused_activation() -> None:
     """A ConvTranspose compiled with oneDNN's fused activation, built where NumPy's kernel must run it: one clear
     error, not its outputs without the activation."""
-    from ctxrt.backends.cpu.convtranspose import conv_transpose
+    from ctxrt.backends.cpu.conv.convtranspose import conv_transpose
     from ctxrt.backends.kernel import NodeSpec, TensorSpec
 
     w = _w(4, 3, 2, 2)

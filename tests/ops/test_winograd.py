@@ -8,7 +8,8 @@ import pytest
 from harness import check, rand
 from onnx import helper
 
-from ctxrt.backends.cpu import nn, winograd
+from ctxrt.backends.cpu import nn
+from ctxrt.backends.cpu.conv import winograd
 from ctxrt.backends.kernel import NodeSpec, TensorSpec
 
 COMPILING = {"prefer": "speed"}  # kernels choose Winograd and fold biases at compile time only

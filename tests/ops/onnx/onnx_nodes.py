@@ -5,7 +5,7 @@ folders, so the cases are made in memory: importing a generator module runs its 
 a `TestCase` (model + inputs + expected outputs). One module takes well under a second; all of them ~11 s.
 
 The session compiles each model for its feeds' shapes, baking in value inputs (Range's limits, OneHot's depth, ...)
-from the feeds, as `ctxrt run --inputs` does. `python tests/ops/onnx_nodes.py [SUBSTRING ...]` runs every case (or
+from the feeds, as `ctxrt run --inputs` does. `python tests/ops/onnx/onnx_nodes.py [SUBSTRING ...]` runs every case (or
 those whose name contains one of the substrings) on the CPU and prints the counts and each failure's first line.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))  # zoo's cache (also run as a script)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))  # zoo's cache (also run as a script)
 import zoo  # noqa: E402
 
 _PACKAGE = "onnx.backend.test.case.node"

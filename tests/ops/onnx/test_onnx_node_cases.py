@@ -1,5 +1,5 @@
-"""onnx's own backend node cases (tests/ops/onnx_nodes.py) for what ctxrt must run at any input value: tensors with a
-0 dim, inputs read at run time (Clip's bounds, Pad's constant value, NonMaxSuppression's thresholds) and inputs
+"""onnx's own backend node cases (tests/ops/onnx/onnx_nodes.py) for what ctxrt must run at any input value: tensors
+with a 0 dim, inputs read at run time (Clip's bounds, Pad's constant value, NonMaxSuppression's thresholds) and inputs
 that decide a shape, baked in from the feeds as value inputs (OneHot's depth, Range's limits, Resize/Upsample
 scales and sizes, the Reduce* axes). Each case runs through an InferenceSession on each backend and is compared
 with the outputs onnx stores with it."""

@@ -1,4 +1,4 @@
-"""onnx's own backend node cases (tests/ops/onnx_nodes.py makes them from onnx's generators) of the ops issue 22
+"""onnx's own backend node cases (tests/ops/onnx/onnx_nodes.py makes them from onnx's generators) of the ops issue 22
 fixed: TopK (ties to the lower index, 1-D inputs), SpaceToDepth/DepthToSpace (CRD mode), AveragePool (a last
 ceil_mode window starting in the end padding, also at opset 19, where onnx shape inference counts it; MaxPool's
 and LpPool's ceil_mode cases with it), If returning constants, Scan (opset 8's batch form too) and Reshape

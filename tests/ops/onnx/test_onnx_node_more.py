@@ -1,4 +1,4 @@
-"""onnx's own backend node cases (tests/ops/onnx_nodes.py makes them from onnx's generators) of the ops added on
+"""onnx's own backend node cases (tests/ops/onnx/onnx_nodes.py makes them from onnx's generators) of the ops added on
 branch ops-gap: the unary math ops (Tan, Asin, Acos, Atan, Sinh, Cosh, Asinh, Acosh, Atanh), Shrink, Hardmax,
 LpNormalization, MeanVarianceNormalization, EyeLike, ReverseSequence, BitShift, CumProd and Det. Each case runs
 through an InferenceSession on each backend against onnx's expected outputs (on OpenCL the unary math ops are

@@ -155,8 +155,10 @@ def test_matmul_nbits(case: str, zero_points: str, dt: object) -> None:
     tol = 2e-3 if dt == np.float16 else 1e-5
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol)
     if not (bits == 8 and zero_points == "float"):
-        ort = ort_outputs(model, {"a": a}, [dt])[0]
-        np.testing.assert_allclose(got.astype(np.float32), ort.astype(np.float32), rtol=tol, atol=tol)
+        ort = ort_outputs(model, {"a": a}, [dt])[0]  # (its own float32 sums: a sum that cancels to ~0.1 from terms
+        # of ~60 differs by ~1e-5 from ctxrt's, which is the nearer to the exact one above)
+        scale = max(1.0, float(np.abs(want).max()))
+        np.testing.assert_allclose(got.astype(np.float32), ort.astype(np.float32), rtol=tol, atol=tol * scale)
 
 
 def test_matmul_nbits_keeps_weights_packed() -> None:

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ctxrt.backends.cpu import depthwise, gemv, threads, winograd
+from ctxrt.backends.cpu import gemv, threads
+from ctxrt.backends.cpu.conv import depthwise, winograd
 from ctxrt.backends.cpu.shared import relu_zeros
 from ctxrt.backends.kernel import FnKernel, Kernel, NodeSpec, scratch_view
 from ctxrt.errors import UnsupportedOpError

@@ -7,30 +7,25 @@ every other node by NumPy's.
 from __future__ import annotations
 
 from ctxrt.backends.cpu import (
-    activations,
-    clamp,
     control,
-    convtranspose,
     dynamic,
     einsum,
     elementwise,
     genai,
     layout_ops,
-    logic,
     nn,
     norm,
     onednn,
     quant,
     reduce,
-    resize,
-    rnn_cells,
     scatter,
-    select,
     shape,
-    spatial,
-    unpool,
     widen,
 )
+from ctxrt.backends.cpu.conv import convtranspose
+from ctxrt.backends.cpu.image import resize, spatial, unpool
+from ctxrt.backends.cpu.pointwise import activations, clamp, logic, select
+from ctxrt.backends.cpu.rnn import rnn_cells
 from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec
 from ctxrt.errors import UnsupportedOpError
 

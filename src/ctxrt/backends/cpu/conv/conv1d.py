@@ -99,7 +99,7 @@ class Conv1d(Kernel):
         copy, the kernel and its scratch made at the first bind, shared by the later ones (a run at a time: the
         context's lock)."""
         if self._fallback is None:
-            from ctxrt.backends.cpu import spatial
+            from ctxrt.backends.cpu.image import spatial
 
             w = _onnx_order(np.asarray(ins[1]).reshape(self.m, self.cg, self.k), self.g)
             consts = list(self.spec.consts)

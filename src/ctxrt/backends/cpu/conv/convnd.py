@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.cpu.boxes import box_shape, boxes
+from ctxrt.backends.cpu.image.boxes import box_shape, boxes
+from ctxrt.backends.cpu.image.window import PaddedND, windows
 from ctxrt.backends.cpu.nn import _activation, _window, relu_zeros
-from ctxrt.backends.cpu.window import PaddedND, windows
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
 
 _COL_BUDGET = 2 << 20  # bytes of im2col columns per GEMM block

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.cpu.boxes import box_shape, boxes
-from ctxrt.backends.cpu.spatial import check_window, fail
+from ctxrt.backends.cpu.image.boxes import box_shape, boxes
+from ctxrt.backends.cpu.image.spatial import check_window, fail
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
 from ctxrt.errors import UnsupportedOpError
 

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.cpu.elementwise import BoundKernel
+from ctxrt.backends.cpu.image.window import PaddedND, tap
 from ctxrt.backends.cpu.nn import _window
-from ctxrt.backends.cpu.window import PaddedND, tap
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
 from ctxrt.errors import UnsupportedOpError
 

@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.cpu import conv1d, convnd, native, nn, poolnd
+from ctxrt.backends.cpu import native, nn
+from ctxrt.backends.cpu.conv import conv1d, convnd
+from ctxrt.backends.cpu.image import poolnd
 from ctxrt.backends.kernel import Kernel, KernelFactory, Launch, NodeSpec, TensorSpec
 from ctxrt.errors import UnsupportedOpError
 

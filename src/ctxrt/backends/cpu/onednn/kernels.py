@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.cpu import gemv, native, threads
-from ctxrt.backends.cpu.convtranspose import begin_pads
+from ctxrt.backends.cpu.conv.convtranspose import begin_pads
 from ctxrt.backends.cpu.onednn import api
 from ctxrt.backends.kernel import Kernel, NodeSpec, TensorSpec
 from ctxrt.errors import CtxrtError, UnsupportedOpError

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.cpu.boxes import box_shape, boxes
 from ctxrt.backends.cpu.elementwise import CHUNK, Blocked, _float, _zeros
+from ctxrt.backends.cpu.image.boxes import box_shape, boxes
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
 from ctxrt.errors import UnsupportedOpError
 

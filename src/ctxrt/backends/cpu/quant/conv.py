@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.cpu import spatial
+from ctxrt.backends.cpu.image import spatial
 from ctxrt.backends.cpu.quant.common import F32, F64, WIDE_INTS, Bound, Requant, fail, given, require, size
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, TensorSpec, scratch_view
 

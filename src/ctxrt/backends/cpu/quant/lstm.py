@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.cpu import native, rnn_native, rnn_onednn
+from ctxrt.backends.cpu import native
 from ctxrt.backends.cpu.quant.common import EIGHT_BIT, F32, Bound, dequantize_into, fail, given, require
-from ctxrt.backends.cpu.rnn_cells import LSTM
+from ctxrt.backends.cpu.rnn import rnn_native, rnn_onednn
+from ctxrt.backends.cpu.rnn.rnn_cells import LSTM
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, TensorSpec, scratch_view
 
 X, W, R, B, SEQ_LENS, INITIAL_H, INITIAL_C, P, W_SCALE, W_ZP, R_SCALE, R_ZP = range(12)

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ctxrt.backends.cpu import native, spatial
+from ctxrt.backends.cpu import native
+from ctxrt.backends.cpu.image import spatial
 from ctxrt.backends.cpu.quant.common import (
     EIGHT_BIT,
     F32,

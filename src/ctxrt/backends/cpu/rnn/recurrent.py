@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ctxrt.backends.cpu.rnn_act import activations
+from ctxrt.backends.cpu.rnn.rnn_act import activations
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, TensorSpec, scratch_view
 from ctxrt.errors import UnsupportedOpError
 from ctxrt.ir.canonical import output_slots

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ctxrt.backends.cpu import rnn_onednn
-from ctxrt.backends.cpu.recurrent import INITIAL_C, B, P, R, Recurrent, Scratch
+from ctxrt.backends.cpu.rnn import rnn_onednn
+from ctxrt.backends.cpu.rnn.recurrent import INITIAL_C, B, P, R, Recurrent, Scratch
 from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec
 from ctxrt.errors import CtxrtError, UnsupportedOpError
 
@@ -191,7 +191,7 @@ class LSTM(Recurrent):
 def _fused_or(cells: type[Recurrent]) -> KernelFactory:
     """oneDNN's fused primitive where it computes the node (or the node was compiled for it), else the NumPy cell."""
     def factory(spec: NodeSpec) -> Kernel:
-        from ctxrt.backends.cpu import rnn_native
+        from ctxrt.backends.cpu.rnn import rnn_native
 
         if spec.attr(rnn_onednn.PACKED):
             return rnn_onednn.FusedRecurrent(spec)

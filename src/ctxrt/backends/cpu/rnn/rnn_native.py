@@ -28,7 +28,7 @@ import numpy as np
 from ctxrt.backends.cpu import native
 from ctxrt.backends.cpu.onednn import api
 from ctxrt.backends.cpu.onednn.kernels import OneDnnKernel, create, prepack, recreate, variant_of, weighted_args
-from ctxrt.backends.cpu.recurrent import INITIAL_C, INITIAL_H, B, P, R, Scratch, W, X
+from ctxrt.backends.cpu.rnn.recurrent import INITIAL_C, INITIAL_H, B, P, R, Scratch, W, X
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec
 from ctxrt.errors import CtxrtError
 from ctxrt.ir.canonical import output_slots
@@ -42,7 +42,7 @@ PACKED_W = "w_packed"  # node attribute: oneDNN's format of W, prepacked for the
 def usable(spec: NodeSpec) -> bool:
     """Whether this node, being compiled now (its spec carries the compile options; a binary's node is loaded with
     the kernel it was compiled for), runs on the native LSTM or GRU kernel."""
-    from ctxrt.backends.cpu import rnn_onednn
+    from ctxrt.backends.cpu.rnn import rnn_onednn
 
     if spec.op == "GRU":
         return _gru_usable(spec)
@@ -127,7 +127,7 @@ class NativeLSTM(_Native):
     algorithm = "native_lstm"
 
     def __init__(self, spec: NodeSpec) -> None:
-        from ctxrt.backends.cpu.rnn_cells import LSTM
+        from ctxrt.backends.cpu.rnn.rnn_cells import LSTM
 
         xs, h, d = spec.inputs[X].shape, spec.inputs[R].shape[-1], spec.inputs[W].shape[0]
         super().__init__(spec, LSTM(spec), (d, xs[0] * xs[1], 4 * h))
@@ -244,7 +244,7 @@ def _gru_usable(spec: NodeSpec) -> bool:
     """A GRU with linear_before_reset = 1 (torch's export) that oneDNN's fused primitive computes, at one or two
     batch rows: torch's 2-layer bidirectional tagger (hidden 128, 50 steps, one AVX-512 core; bench_recurrent.py)
     0.91-0.96x onnxruntime against the primitive's 0.98-1.06x at batch 1; at 8 rows the primitive (0.92-0.95x)."""
-    from ctxrt.backends.cpu import rnn_onednn
+    from ctxrt.backends.cpu.rnn import rnn_onednn
 
     if "prefer" not in spec.options or native.library() is None \
             or int(spec.attr("linear_before_reset", 0)) != 1 or rnn_onednn.refusal(spec) is not None:
@@ -269,7 +269,7 @@ class NativeGRU(_Native):
     GATES, WORK, SLOTS = 3, 4, 2
 
     def __init__(self, spec: NodeSpec) -> None:
-        from ctxrt.backends.cpu.rnn_cells import GRU
+        from ctxrt.backends.cpu.rnn.rnn_cells import GRU
 
         xs, h, d = spec.inputs[X].shape, spec.inputs[R].shape[-1], spec.inputs[W].shape[0]
         super().__init__(spec, GRU(spec), (xs[0] * xs[1], d * 3 * h))

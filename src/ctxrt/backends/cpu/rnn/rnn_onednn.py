@@ -24,8 +24,8 @@ import numpy as np
 
 from ctxrt.backends.cpu import threads
 from ctxrt.backends.cpu.onednn import api, kernels
-from ctxrt.backends.cpu.recurrent import INITIAL_C, INITIAL_H, SEQ_LENS, B, P, R, Scratch, W, X
-from ctxrt.backends.cpu.rnn_act import activations
+from ctxrt.backends.cpu.rnn.recurrent import INITIAL_C, INITIAL_H, SEQ_LENS, B, P, R, Scratch, W, X
+from ctxrt.backends.cpu.rnn.rnn_act import activations
 from ctxrt.backends.kernel import Kernel, NodeSpec
 from ctxrt.errors import CtxrtError, UnsupportedOpError
 from ctxrt.ir.canonical import output_slots
