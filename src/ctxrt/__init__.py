@@ -7,6 +7,7 @@ from ctxrt.errors import (  # noqa: E402
     CtxrtError,
     FormatError,
     GenerationError,
+    InvalidInputError,
     LifecycleError,
     ModelError,
     PlanError,
@@ -28,6 +29,6 @@ from ctxrt.runtime.tensor import Tensor  # noqa: E402
 __all__ = ["compile", "context_from_binary", "read_metadata", "Context", "ContextGroup", "Graph", "MemHandle",
            "InferenceSession", "IOBinding", "SessionOptions", "Tensor",
            "Generator", "GenerationResult", "Sampling",
-           "CtxrtError", "FormatError", "GenerationError",
+           "CtxrtError", "FormatError", "GenerationError", "InvalidInputError",
            "LifecycleError", "ModelError",
            "PlanError", "RegistrationError", "ShapeError", "UnsupportedOpError", "__version__"]

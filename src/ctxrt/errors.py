@@ -21,6 +21,11 @@ class ValueInputError(ShapeError):
         self.names = names or []
 
 
+class InvalidInputError(CtxrtError, ValueError):
+    """A value a run computes with is outside what its op accepts (a Gather index past its table, a
+    ReverseSequence length past its steps), as onnxruntime refuses it: the run stops there."""
+
+
 class UnsupportedOpError(CtxrtError):
     """The model uses operators (or attributes) that ctxrt does not implement."""
 

@@ -60,3 +60,35 @@ def test_a_model_the_checker_rejects_is_reported_as_such(tmp_path, capsys) -> No
     assert cli(["compile", str(path), "-o", str(tmp_path / "bad.ctx")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "onnx.checker" in err and "Traceback" not in err
+
+
+def test_an_index_past_its_table_is_one_error_as_onnxruntime_refuses_it(tmp_path, capsys) -> None:
+    """A Gather index outside [-n, n - 1] (a token id past the vocabulary fed to an embedding): an InvalidInputError
+    (a CtxrtError and a ValueError) naming the node and the index, as onnxruntime refuses it; it was wrapped
+    around the table (a silent wrong row). `ctxrt run` says it in one line, exit 2. In-range and negative indices run
+    as before, on arrays and in a range program."""
+    import onnxruntime as ort
+
+    table = np.arange(12, dtype=np.float32).reshape(4, 3)
+    g = helper.make_graph([helper.make_node("Gather", ["t", "i"], ["y"], name="lookup")], "g",
+                          [helper.make_tensor_value_info("i", T.INT64, ["n"])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, ["n", 3])],
+                          [numpy_helper.from_array(table, "t")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with ctxrt.InferenceSession(model.SerializeToString()) as sess:
+        for good in ([1, -4, 3], [0], [-1, 2]):
+            idx = np.array(good)
+            np.testing.assert_array_equal(sess.run(None, {"i": idx})[0], ref.run(None, {"i": idx})[0])
+        for bad, said in (([1, 4], "index 4 is outside [-4, 3]"), ([-5], "index -5 is outside [-4, 3]")):
+            with pytest.raises(Exception):  # noqa: B017 - onnxruntime's own error type
+                ref.run(None, {"i": np.array(bad)})
+            with pytest.raises(ctxrt.InvalidInputError, match=r"Gather node 'lookup': " + said.replace("[", r"\[")):
+                sess.run(None, {"i": np.array(bad)})
+            assert issubclass(ctxrt.InvalidInputError, ValueError)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    np.savez(tmp_path / "in.npz", i=np.array([0, 7]))
+    assert cli(["run", str(path), "--inputs", str(tmp_path / "in.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "index 7 is outside [-4, 3]" in err

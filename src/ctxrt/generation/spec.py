@@ -245,11 +245,14 @@ def _genai(config: dict[str, Any], ins: Mapping[str, Any], outs: Mapping[str, An
     limits = [_get(config, "model.context_length", int), search.get("max_length"), *rows]
     context = min(n for n in limits if isinstance(n, int) and not isinstance(n, bool))
     vocab = model.get("vocab_size")
+    vocab = vocab if isinstance(vocab, int) and vocab > 0 else _last_dim(outs[logits])
+    pad = pad if isinstance(pad, int) else 0
+    if vocab and not 0 <= pad < vocab:  # (a builder writes pad_token_id = vocab_size where the model has none): a
+        # padded or stopped row is fed a token of the vocabulary, never looked up past the embedding table
+        pad = next((e for e in eos_ids if 0 <= e < vocab), 0)
     return DecoderSpec("genai", input_ids, mask, pos, logits, tuple(kv), "right" if mask and not pos else "none",
-                       _int_types(ins, (input_ids, mask, pos)), eos_ids, pad if isinstance(pad, int) else 0,
-                       context if context > 0 else None,
-                       vocab if isinstance(vocab, int) and vocab > 0 else _last_dim(outs[logits]),
-                       share and bool(kv) and context > 0)
+                       _int_types(ins, (input_ids, mask, pos)), eos_ids, pad, context if context > 0 else None,
+                       vocab, share and bool(kv) and context > 0)
 
 
 def _nth(names: Mapping[str, Any], key: str, i: int) -> str:

@@ -16,7 +16,7 @@ import numpy as np
 from ctxrt.backends.cpu import strided
 from ctxrt.backends.cpu.elementwise import BoundKernel, flat
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
-from ctxrt.errors import UnsupportedOpError
+from ctxrt.errors import InvalidInputError, UnsupportedOpError
 
 
 def _fail(spec: NodeSpec, what: str) -> UnsupportedOpError:
@@ -152,10 +152,31 @@ def _index_kernel(spec: NodeSpec, gather: Any, idx_pos: int = 1, per_data: Any =
 ROWS_FROM_FILE = 4 << 20
 
 
+def _check_indices(spec: NodeSpec, idx: np.ndarray, n: int) -> None:
+    """Indices into an axis of n entries must lie in [-n, n - 1] (onnxruntime refuses others): an
+    InvalidInputError naming the node, before anything is written. A few indices are read as Python ints (a
+    token's embedding row: ~1 us, not two NumPy reductions)."""
+    if not idx.size:
+        return
+    if idx.size <= 16:
+        vals = idx.reshape(-1).tolist()
+        lo, hi = min(vals), max(vals)
+    else:
+        lo, hi = int(idx.min()), int(idx.max())
+    if lo < -n or hi >= n:
+        bad = lo if lo < -n else hi
+        raise InvalidInputError(f"{spec.op} node {spec.name!r}: index {bad} is outside [{-n}, {n - 1}] (the axis "
+                                f"has {n} entries)")
+
+
 def gather(spec: NodeSpec) -> Kernel:
     axis = _axis(spec, int(spec.attr("axis", 0)), len(spec.inputs[0].shape))
+    n_axis = spec.inputs[0].shape[axis]
 
     def take(data: np.ndarray, idx: np.ndarray, y: np.ndarray) -> None:
+        # (constant indices too, when the node runs, not when it is built: a model compiled with its dims bound to 1
+        # may hold a Gather no run at consistent shapes reaches out of range, as onnxruntime runs it)
+        _check_indices(spec, idx, n_axis)
         # mode="wrap" maps negative indices from the end in the same pass ("raise" would buffer y).
         np.take(data, idx, axis=axis, out=y, mode="wrap")
 
@@ -175,6 +196,7 @@ def gather(spec: NodeSpec) -> Kernel:
         buffers = [[rows[i]] for i in range(len(rows))]  # the output's rows as preadv takes them, made once
 
         def read_rows(data: np.ndarray, idx: np.ndarray, y: np.ndarray) -> None:
+            _check_indices(spec, idx, n)
             for buf, j in zip(buffers, idx.reshape(-1).tolist(), strict=True):
                 if os.preadv(ref.fd, buf, base + (j % n) * row) != row:
                     raise OSError(f"short read of row {j % n} of a gathered table from its file")
@@ -455,12 +477,12 @@ def reverse_sequence(spec: NodeSpec) -> Kernel:
 
         def run() -> None:
             if lens.shape[0] != x.shape[0]:
-                raise ValueError(f"ReverseSequence node {name!r}: {lens.shape[0]} sequence_lens for a batch of "
+                raise InvalidInputError(f"ReverseSequence node {name!r}: {lens.shape[0]} sequence_lens for a batch of "
                                  f"{x.shape[0]}")
             got = lens.tolist()
             for b, n in enumerate(got):  # all checked before any is written (no half-written output)
                 if not 0 <= n <= steps:
-                    raise ValueError(f"ReverseSequence node {name!r}: sequence_lens[{b}] = {n} is outside "
+                    raise InvalidInputError(f"ReverseSequence node {name!r}: sequence_lens[{b}] = {n} is outside "
                                      f"[0, {steps}]")
             for b, n in enumerate(got):
                 np.copyto(y[b, :n], x[b, n - 1::-1] if n else x[b, :0])
