@@ -92,3 +92,59 @@ def test_an_index_past_its_table_is_one_error_as_onnxruntime_refuses_it(tmp_path
     assert cli(["run", str(path), "--inputs", str(tmp_path / "in.npz")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "index 7 is outside [-4, 3]" in err
+
+
+@pytest.mark.parametrize("op", ["GatherElements", "GatherND", "ScatterND", "ScatterElements"])
+@pytest.mark.parametrize("const", [False, True], ids=["fed", "constant"])
+def test_indices_past_their_axis_are_one_error_before_anything_is_written(op: str, const: bool) -> None:
+    """The other index ops as Gather: an index outside its axis (fed, or a constant, refused when the node runs) is
+    an InvalidInputError naming the node, as onnxruntime refuses it (they wrapped around); the data in place is not
+    half-scattered. In-range and negative indices equal onnxruntime's results."""
+    import onnxruntime as ort
+
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    nd = op.endswith("ND")
+    good = np.array([[1, -1], [0, 2]]) if nd else np.array([[2, -1, 0, 1]])
+    bad = np.array([[1, -1], [3, 2]]) if nd else np.array([[2, 5, 0, 1]])
+    ins = ["d", "i"] + (["u"] if op.startswith("Scatter") else [])
+    upd = np.full((2,) if nd else (1, 4), 100, np.float32)
+    attrs = {} if nd else {"axis": 1 if op == "GatherElements" else 1}
+
+    def model(idx):
+        inits = [numpy_helper.from_array(idx, "i")] if const else []
+        if op.startswith("Scatter"):
+            inits.append(numpy_helper.from_array(upd, "u"))
+        feeds = [] if const else [helper.make_tensor_value_info("i", T.INT64, list(idx.shape))]
+        g = helper.make_graph([helper.make_node(op, ins, ["y"], name="n1", **attrs)], "g",
+                              [helper.make_tensor_value_info("d", T.FLOAT, [3, 4])] + feeds,
+                              [helper.make_tensor_value_info("y", T.FLOAT, None)], inits)
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
+
+    for idx, ok in ((good, True), (bad, False)):
+        feeds = {"d": data} if const else {"d": data, "i": idx}
+        m = model(idx)
+        if ok:
+            want = ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+            with ctxrt.InferenceSession(m) as sess:
+                np.testing.assert_array_equal(sess.run(None, feeds)[0], want)
+            continue
+        with pytest.raises(Exception):  # noqa: B017 - onnxruntime's own error type
+            ort.InferenceSession(m, providers=["CPUExecutionProvider"]).run(None, feeds)
+        with ctxrt.InferenceSession(m) as sess, pytest.raises(ctxrt.InvalidInputError, match="node 'n1': index"):
+            sess.run(None, feeds)
+
+
+@pytest.mark.parametrize("op,ishape,ushape", [("ScatterND", [2, 2], [2, 4]), ("ScatterND", [2, 1], [2, 3]),
+                                              ("ScatterElements", [1, 4], [1, 3])])
+def test_scatter_updates_of_another_shape_are_a_shape_error(op: str, ishape: list[int], ushape: list[int]) -> None:
+    """onnx's inference lets updates of the wrong shape through (onnxruntime refuses them when it runs): a
+    ShapeError naming the node and the shape they must have; it failed inside NumPy's reshape."""
+    g = helper.make_graph([helper.make_node(op, ["d", "i", "u"], ["y"], name="n1")], "g",
+                          [helper.make_tensor_value_info("d", T.FLOAT, [3, 4]),
+                           helper.make_tensor_value_info("i", T.INT64, ishape),
+                           helper.make_tensor_value_info("u", T.FLOAT, ushape)],
+                          [helper.make_tensor_value_info("y", T.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
+    feeds = {"d": np.zeros((3, 4), np.float32), "i": np.zeros(ishape, np.int64), "u": np.ones(ushape, np.float32)}
+    with pytest.raises(ctxrt.ShapeError, match=f"{op} node 'n1': updates of shape {ushape}".replace("[", r"\[")):
+        ctxrt.InferenceSession(m).run(None, feeds)

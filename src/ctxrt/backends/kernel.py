@@ -117,6 +117,47 @@ ARRAY_FREE: set[type] = {str, bytes, int, float, bool, complex, type(None), ctyp
 ARRAY_FREE.update({TensorSpec, types.ModuleType})  # a shape and a dtype; a module (its globals are no kernel's)
 
 
+def check_indices(spec: NodeSpec, idx: np.ndarray, n: int | np.ndarray) -> None:
+    """Indices into an axis of n entries must lie in [-n, n - 1] (`n` an array: per element of each index tuple,
+    the last axis of `idx`), as onnxruntime refuses others: an InvalidInputError naming the node and the index,
+    raised before the kernel writes anything. A few indices are read as Python ints (a token's embedding row:
+    ~1 us, not two NumPy reductions)."""
+    from ctxrt.errors import InvalidInputError
+
+    if not idx.size:
+        return
+    if np.ndim(n) == 0:
+        if idx.size <= 16:
+            vals = idx.reshape(-1).tolist()
+            lo, hi = min(vals), max(vals)
+        else:
+            lo, hi = int(idx.min()), int(idx.max())
+        if -n <= lo and hi < n:
+            return
+        bad, where = (lo if lo < -n else hi), f"[{-n}, {n - 1}] (the axis has {n} entries)"
+    else:
+        dims = np.asarray(n, np.int64)
+        t = idx.reshape(-1, dims.size)
+        out = (t < -dims) | (t >= dims)
+        if not out.any():
+            return
+        row, col = (int(v) for v in np.argwhere(out)[0])
+        bad, where = int(t[row, col]), f"[{-dims[col]}, {dims[col] - 1}] (element {col} of an index tuple)"
+    raise InvalidInputError(f"{spec.op} node {spec.name!r}: index {bad} is outside {where}")
+
+
+def constant_indices_error(spec: NodeSpec, idx: np.ndarray, n: int | np.ndarray) -> Exception | None:
+    """`check_indices`' error for constant indices, made once when the kernel is built (raised when it runs, as
+    onnxruntime's: a model compiled with its dims bound to 1 may hold such a node that no run reaches)."""
+    from ctxrt.errors import InvalidInputError
+
+    try:
+        check_indices(spec, idx, n)
+    except InvalidInputError as e:
+        return e
+    return None
+
+
 def held_constants_bytes(objects: list[Any], shared: set[int] = frozenset()) -> int:
     """Bytes of the arrays that kernels and their launches hold (in attributes, in their functions' closures, in
     lists, tuples and dicts of them), counted once per allocation: constants they made for themselves. Not

@@ -389,6 +389,14 @@ def _check_settled(st: Folder, body: bool) -> None:
             if a is not None and b is not None and math.prod(a) != math.prod(b):
                 raise ShapeError(f"{label}: cannot reshape {list(a)} ({math.prod(a)} elements) into {list(b)} "
                                  f"({math.prod(b)} elements)")
+        if node.op_type in ("ScatterND", "ScatterElements") and len(node.input) > 2:  # (nor these)
+            d, i, u = (st.shape_of(n) for n in node.input[:3])
+            if d is not None and i is not None and u is not None:
+                q = i[-1] if node.op_type == "ScatterND" and i else 0
+                want = tuple(i[:-1]) + tuple(d[q:]) if node.op_type == "ScatterND" else tuple(i)
+                if node.op_type == "ScatterND" and q > len(d) or tuple(u) != want:
+                    raise ShapeError(f"{label}: updates of shape {list(u)} for indices {list(i)} into data "
+                                     f"{list(d)} (they must be of shape {list(want)})")
         for k, src in enumerate(node.input):
             if src in st.bounded and not (k == 0 and node.op_type in PASS_THROUGH):
                 problems.append(f"{label} reads {src!r}, whose size along axis {st.bounded[src]} is known only at "

@@ -1,6 +1,7 @@
 """Ops that write at indices: ScatterND, ScatterElements, OneHot.
 
-Negative indices count from the end (as onnxruntime). Duplicate indices without a reduction keep the last update,
+Negative indices count from the end (as onnxruntime); one outside its axis is an InvalidInputError, raised before
+anything is written (backends/kernel.py's check_indices). Duplicate indices without a reduction keep the last update,
 as onnxruntime's sequential loop does; with one, every update is folded in (ufunc.at, unbuffered).
 """
 
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.cpu.elementwise import BoundKernel
-from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
+from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, check_indices, constant_indices_error, scratch_view
 from ctxrt.errors import UnsupportedOpError
 
 _REDUCTIONS: dict[str, np.ufunc | None] = {"none": None, "add": np.add, "mul": np.multiply, "max": np.maximum,
@@ -49,6 +50,7 @@ def scatter_nd(spec: NodeSpec) -> Kernel:
     strides = np.array([int(np.prod(dshape[j + 1:q])) for j in range(q)], np.int64)
     const = spec.consts[1] if len(spec.consts) > 1 else None
     fixed = None if const is None else (np.mod(const.astype(np.int64).reshape(nidx, q), dims) @ strides)
+    error = None if const is None else constant_indices_error(spec, np.asarray(const).reshape(nidx, q), dims)
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         data, y = ins[0], outs[0]
@@ -64,14 +66,17 @@ def scatter_nd(spec: NodeSpec) -> Kernel:
 
             def refresh() -> None:
                 np.copyto(t, idx, casting="unsafe")
+                check_indices(spec, t, dims)
                 np.mod(t, dims, out=t)  # negative indices count from the end
                 np.matmul(t, strides, out=rows)
 
         def run() -> None:
+            if error is not None:
+                raise error
+            if refresh is not None:  # (the indices checked before anything is written)
+                refresh()
             if not same:
                 np.copyto(y, data)
-            if refresh is not None:
-                refresh()
             _write(y2, rows, upd, reduce)
         return run
     return BoundKernel(make, () if fixed is not None else (max(1, nidx * q) * 8, max(1, nidx) * 8))
@@ -91,6 +96,7 @@ def scatter_elements(spec: NodeSpec) -> Kernel:
     base = sum((grid[d] * strides[d] for d in range(rank) if d != axis), np.zeros(ishape, np.int64)).reshape(-1)
     const = spec.consts[1] if len(spec.consts) > 1 else None
     fixed = None if const is None else np.mod(const.astype(np.int64).reshape(-1), dshape[axis]) * strides[axis] + base
+    error = None if const is None else constant_indices_error(spec, np.asarray(const), dshape[axis])
     size = base.size
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
@@ -101,13 +107,16 @@ def scatter_elements(spec: NodeSpec) -> Kernel:
         idx = ins[1].reshape(-1)
 
         def run() -> None:
-            if not same:
-                np.copyto(y, data)
-            if fixed is None:
+            if error is not None:
+                raise error
+            if fixed is None:  # (the indices checked before anything is written)
                 np.copyto(off, idx, casting="unsafe")
+                check_indices(spec, off, dshape[axis])
                 np.mod(off, dshape[axis], out=off)
                 np.multiply(off, strides[axis], out=off)
                 np.add(off, base, out=off)
+            if not same:
+                np.copyto(y, data)
             _write(yflat, off, upd, reduce)
         return run
     return BoundKernel(make, () if fixed is not None else (max(1, size) * 8,))

@@ -15,7 +15,7 @@ import numpy as np
 
 from ctxrt.backends.cpu import strided
 from ctxrt.backends.cpu.elementwise import BoundKernel, flat
-from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
+from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, check_indices, constant_indices_error, scratch_view
 from ctxrt.errors import InvalidInputError, UnsupportedOpError
 
 
@@ -152,23 +152,6 @@ def _index_kernel(spec: NodeSpec, gather: Any, idx_pos: int = 1, per_data: Any =
 ROWS_FROM_FILE = 4 << 20
 
 
-def _check_indices(spec: NodeSpec, idx: np.ndarray, n: int) -> None:
-    """Indices into an axis of n entries must lie in [-n, n - 1] (onnxruntime refuses others): an
-    InvalidInputError naming the node, before anything is written. A few indices are read as Python ints (a
-    token's embedding row: ~1 us, not two NumPy reductions)."""
-    if not idx.size:
-        return
-    if idx.size <= 16:
-        vals = idx.reshape(-1).tolist()
-        lo, hi = min(vals), max(vals)
-    else:
-        lo, hi = int(idx.min()), int(idx.max())
-    if lo < -n or hi >= n:
-        bad = lo if lo < -n else hi
-        raise InvalidInputError(f"{spec.op} node {spec.name!r}: index {bad} is outside [{-n}, {n - 1}] (the axis "
-                                f"has {n} entries)")
-
-
 def gather(spec: NodeSpec) -> Kernel:
     axis = _axis(spec, int(spec.attr("axis", 0)), len(spec.inputs[0].shape))
     n_axis = spec.inputs[0].shape[axis]
@@ -176,7 +159,7 @@ def gather(spec: NodeSpec) -> Kernel:
     def take(data: np.ndarray, idx: np.ndarray, y: np.ndarray) -> None:
         # (constant indices too, when the node runs, not when it is built: a model compiled with its dims bound to 1
         # may hold a Gather no run at consistent shapes reaches out of range, as onnxruntime runs it)
-        _check_indices(spec, idx, n_axis)
+        check_indices(spec, idx, n_axis)
         # mode="wrap" maps negative indices from the end in the same pass ("raise" would buffer y).
         np.take(data, idx, axis=axis, out=y, mode="wrap")
 
@@ -196,7 +179,7 @@ def gather(spec: NodeSpec) -> Kernel:
         buffers = [[rows[i]] for i in range(len(rows))]  # the output's rows as preadv takes them, made once
 
         def read_rows(data: np.ndarray, idx: np.ndarray, y: np.ndarray) -> None:
-            _check_indices(spec, idx, n)
+            check_indices(spec, idx, n)
             for buf, j in zip(buffers, idx.reshape(-1).tolist(), strict=True):
                 if os.preadv(ref.fd, buf, base + (j % n) * row) != row:
                     raise OSError(f"short read of row {j % n} of a gathered table from its file")
@@ -214,8 +197,17 @@ def gather_elements(spec: NodeSpec) -> Kernel:
     const = spec.consts[1] if len(spec.consts) > 1 else None
     if const is not None:
         flat_idx = np.mod(const.astype(np.int64), dshape[axis]) * strides[axis] + base
-        return BoundKernel(lambda ins, outs, _s: lambda: np.take(ins[0].reshape(-1), flat_idx, out=outs[0],
-                                                                 mode="clip"))
+        error = constant_indices_error(spec, np.asarray(const), dshape[axis])
+
+        def fixed(ins: list[Any], outs: list[Any], _s: list[Any]) -> Launch:
+            data, y = ins[0].reshape(-1), outs[0]
+
+            def run() -> None:
+                if error is not None:
+                    raise error
+                np.take(data, flat_idx, out=y, mode="clip")
+            return run
+        return BoundKernel(fixed)
 
     def make(ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         data, idx, y = ins[0].reshape(-1), ins[1], outs[0]
@@ -223,6 +215,7 @@ def gather_elements(spec: NodeSpec) -> Kernel:
 
         def run() -> None:
             np.copyto(t, idx, casting="unsafe")
+            check_indices(spec, t, dshape[axis])
             np.mod(t, dshape[axis], out=t)  # negative indices count from the end
             np.multiply(t, strides[axis], out=t)
             np.add(t, base, out=t)
@@ -254,6 +247,7 @@ def gather_nd(spec: NodeSpec) -> Kernel:
 
         def run() -> None:
             np.copyto(t, idx, casting="unsafe")
+            check_indices(spec, t, dims)
             np.mod(t, dims, out=t)  # negative indices count from the end
             np.matmul(t, strides, out=rows)
             np.add(rows, base, out=rows)

@@ -1,5 +1,5 @@
 /* Gather and GatherND. An index k into a dim of size n is read as k + n when negative; one still outside
- * [0, n) wraps (NumPy's take(mode="wrap"), as the NumPy backend does), so no index reads outside X.
+ * [0, n) wraps (NumPy's take(mode="wrap"); the CPU backend refuses it), so no index reads outside X.
  *
  * gather: Y (pre, count, post) = X (pre, n, post) at indices (count of them). A 3-D launch over (post, count,
  *   pre): no division, neighbouring work-items copy neighbouring elements of a row.
