@@ -556,7 +556,7 @@ class InferenceSession:
                     continue
                 seen = self._dims.get((name, axis), set()) | {int(feeds[name].shape[axis])}
                 if len(seen) > 1:
-                    out.add(self._key(name, axis, d) if isinstance(d, str) else f"{name}:{axis}")
+                    out.add(self._key(name, axis, d))
         return out
 
     def _axis_of(self, key: str) -> tuple[str, int] | None:
