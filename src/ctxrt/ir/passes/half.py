@@ -56,7 +56,7 @@ WIDENED = {
     # data movement
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice", "Gather",
     "GatherElements", "GatherND", "Expand", "Tile", "Pad", "Resize", "Upsample", "DepthToSpace", "SpaceToDepth",
-    "Identity", "Trilu", "ScatterND", "ScatterElements", "ChannelShuffle",
+    "GridSample", "Identity", "Trilu", "ScatterND", "ScatterElements", "ChannelShuffle",
     "Cast",
 }
 _GATHERS = {"Gather", "GatherElements", "GatherND"}
