@@ -20,6 +20,7 @@ from ctxrt.backends.cpu import (
     reduce,
     scatter,
     shape,
+    spectral,
     widen,
 )
 from ctxrt.backends.cpu.conv import convtranspose
@@ -32,7 +33,7 @@ from ctxrt.errors import UnsupportedOpError
 KERNELS: dict[str, KernelFactory] = {}
 for _module in (elementwise, clamp, activations, logic, reduce, shape, norm, nn, spatial, convtranspose, resize,
                 rnn_cells, select, scatter, einsum, control, dynamic, layout_ops, quant, genai, unpool,
-                grid_sample):
+                grid_sample, spectral):
     _dup = KERNELS.keys() & _module.KERNELS.keys()
     assert not _dup, f"ops registered twice: {_dup}"
     KERNELS.update(_module.KERNELS)

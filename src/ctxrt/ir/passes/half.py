@@ -52,7 +52,7 @@ WIDENED = {
     "com.microsoft.SkipSimplifiedLayerNormalization", "LpNormalization", "MeanVarianceNormalization",
     "Softmax", "LogSoftmax", "Hardmax", "Det", "ReduceMean", "ReduceSum",
     "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum",
-    "ReduceLogSumExp", "ArgMax", "ArgMin", "CumSum", "CumProd", "TopK",
+    "ReduceLogSumExp", "ArgMax", "ArgMin", "CumSum", "CumProd", "TopK", "DFT", "STFT",
     # data movement
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice", "Gather",
     "GatherElements", "GatherND", "Expand", "Tile", "Pad", "Resize", "Upsample", "DepthToSpace", "SpaceToDepth",
