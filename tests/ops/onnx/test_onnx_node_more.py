@@ -1,7 +1,7 @@
 """onnx's own backend node cases (tests/ops/onnx/onnx_nodes.py makes them from onnx's generators) of the ops added on
 branch ops-gap: the unary math ops (Tan, Asin, Acos, Atan, Sinh, Cosh, Asinh, Acosh, Atanh), Shrink, Hardmax,
 LpNormalization, MeanVarianceNormalization, EyeLike, ReverseSequence, BitShift, CumProd and Det; then CenterCropPad,
-Col2Im, MaxUnpool and GridSample. Each case runs
+Col2Im, MaxUnpool, GridSample, DFT and STFT. Each case runs
 through an InferenceSession on each backend against onnx's expected outputs (on OpenCL the unary math ops are
 table entries of elementwise.cl, the others run in a CPU partition).
 
@@ -24,9 +24,10 @@ UNARY = {"Tan": (-1.4, 1.4), "Asin": (-0.99, 0.99), "Acos": (-0.99, 0.99), "Atan
          "Cosh": (-4, 4), "Asinh": (-5, 5), "Acosh": (1, 5), "Atanh": (-0.99, 0.99)}
 MODULES = (*(op.lower() for op in UNARY), "shrink", "hardmax", "lpnormalization", "meanvariancenormalization",
            "eyelike", "reversesequence", "bitshift", "cumprod", "det", "center_crop_pad", "col2im", "maxunpool",
-           "gridsample")
+           "gridsample", "dft", "stft")
 OPS = {*UNARY, "Shrink", "Hardmax", "LpNormalization", "MeanVarianceNormalization", "EyeLike", "ReverseSequence",
-       "BitShift", "CumProd", "Det", "CenterCropPad", "Col2Im", "MaxUnpool", "GridSample"}
+       "BitShift", "CumProd", "Det", "CenterCropPad", "Col2Im", "MaxUnpool", "GridSample",
+       "DFT", "STFT"}
 # MaxUnpool's indices with output_shape: onnxruntime (and ctxrt) read them as flat indices of the output_shape
 # tensor, which is what a MaxPool of an input of that shape gives; onnx's expected output (its reference's) scatters
 # them into the shape inferred from the pooling attributes and pads that at the end.
@@ -50,8 +51,9 @@ def test_the_cases_are_there() -> None:
                            "test_bitshift_right_int8_negative_shift", "test_cumprod_1d_reverse_exclusive",
                            "test_det_nd", "test_center_crop_pad_crop_negative_axes_hwc", "test_col2im_pads",
                            "test_maxunpool_export_without_output_shape", "test_gridsample_bicubic",
-                           "test_gridsample_volumetric_nearest_align_corners_1", *KNOWN}
-    assert len(_NAMES) >= 98
+                           "test_gridsample_volumetric_nearest_align_corners_1", "test_dft_irfft_opset19",
+                           "test_dft_axis", "test_stft_with_window", *KNOWN}
+    assert len(_NAMES) >= 110
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN[n], strict=True))
@@ -370,3 +372,60 @@ def test_grid_sample_empty(x_shape, grid_shape) -> None:
     feeds = {"x": rand(*x_shape), "grid": _grid(*grid_shape)}
     got = harness.run_ctxrt(harness.make_model(_grid_sample("linear", "zeros", 0), feeds, opset=20), feeds)[0]
     assert got.shape == (x_shape[0], x_shape[1], *grid_shape[1:-1]) and not got.any()
+
+
+# ---- DFT, STFT --------------------------------------------------------------------------------------------
+
+# (inverse, onesided, parts): a one-sided transform is of a real signal, its inverse of a complex one-sided spectrum
+_DFT_KINDS = [(0, 0, 1), (0, 0, 2), (0, 1, 1), (1, 0, 1), (1, 0, 2), (1, 1, 2)]
+
+
+@pytest.mark.parametrize("inverse, onesided, parts", _DFT_KINDS)
+@pytest.mark.parametrize("axis", [1, 2, -2, -3])
+@pytest.mark.parametrize("dft_length", [None, 5, 12])
+def test_dft(inverse: int, onesided: int, parts: int, axis: int, dft_length) -> None:
+    """Opset 20 (axis an input) and 17 (an attribute; the inputs' rank 4 makes -2 and -3 the same axes); real and
+    complex signals, dft_length padding and cutting."""
+    x = rand(2, 7, 6, parts, low=-2, high=2)
+    inits = {} if dft_length is None else {"n": np.array(dft_length, np.int64)}
+    n = "n" if dft_length is not None else ""
+    attrs = {"inverse": inverse, "onesided": onesided}
+    check(helper.make_node("DFT", ["x", n, "axis"], ["y"], **attrs), {"x": x},
+          {**inits, "axis": np.array(axis, np.int64)}, opset=20, rtol=1e-4, atol=1e-4)
+    check(helper.make_node("DFT", ["x", n] if n else ["x"], ["y"], axis=axis % 4, **attrs), {"x": x}, inits,
+          opset=17, rtol=1e-4, atol=1e-4)
+
+
+def test_dft_float64_and_empty() -> None:
+    x = rand(3, 8, 2).astype(np.float64)
+    check(helper.make_node("DFT", ["x"], ["y"], axis=1), {"x": x}, opset=17, rtol=1e-10, atol=1e-10)
+    check(helper.make_node("DFT", ["x"], ["y"], axis=1, inverse=1), {"x": x}, opset=17, rtol=1e-10, atol=1e-10)
+    node = helper.make_node("DFT", ["x"], ["y"], axis=1, onesided=1)
+    x = rand(0, 8, 1)
+    got = harness.run_ctxrt(harness.make_model(node, {"x": x}, opset=17), {"x": x})[0]
+    assert got.shape == (0, 5, 2)
+
+
+@pytest.mark.parametrize("onesided, parts", [(None, 1), (1, 1), (0, 1), (0, 2)])  # onesided: real signals only
+@pytest.mark.parametrize("window", [False, True])
+def test_stft(onesided, parts: int, window: bool) -> None:
+    """A batch of 2, frames of 16 every 5 samples (the last samples in no frame), a Hann window or none;
+    onesided 1 by default (the schema's; onnx's shape inference takes 0)."""
+    x = rand(2, 64, parts)
+    inits = {"step": np.array(5, np.int64), "len": np.array(16, np.int64)}
+    if window:
+        inits["w"] = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(16) / 16)).astype(np.float32)
+    attrs = {} if onesided is None else {"onesided": onesided}
+    node = helper.make_node("STFT", ["x", "step", "w" if window else "", "len"], ["y"], **attrs)
+    got = check(node, {"x": x}, inits, opset=17, rtol=1e-4, atol=1e-4)[0]
+    assert got.shape == (2, 10, 9 if onesided in (None, 1) else 16, 2)
+
+
+def test_stft_window_read_at_run_time() -> None:
+    x = rand(1, 40, 1)
+    node = helper.make_node("STFT", ["x", "step", "w"], ["y"])
+    model = harness.make_model(node, {"x": x, "w": rand(8)}, {"step": np.array(4, np.int64)}, opset=17)
+    for _ in range(2):
+        feeds = {"x": x, "w": rand(8)}
+        np.testing.assert_allclose(harness.run_ctxrt(model, feeds)[0], harness.reference(model, feeds)[0],
+                                   rtol=1e-4, atol=1e-5)
