@@ -1,7 +1,8 @@
 """Ops onnx has no shape inference for: onnxruntime's contrib ops that onnxruntime-genai's model builder writes
 (com.microsoft GroupQueryAttention, RotaryEmbedding, SkipLayerNormalization, SkipSimplifiedLayerNormalization;
 SimplifiedLayerNormalization in the default domain); MaxUnpool with an `output_shape` input (onnx types its rank
-only, not reading the values).
+only, not reading the values); STFT without `onesided` (onnx's inference takes 0 for it, the schema's default, the
+reference and onnxruntime 1).
 
 Shape inference sees each as a *stand-in*: a few standard ops whose outputs have the op's output types (a
 LayerNormalization for the statistics outputs, a Reshape-Slice-Transpose-Concat for GroupQueryAttention's
@@ -116,6 +117,15 @@ def _max_unpool(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto]:
     return b.nodes
 
 
+def _stft(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto]:
+    if any(a.name == "onesided" for a in node.attribute):
+        return [node]
+    typed = onnx.NodeProto()
+    typed.CopyFrom(node)
+    typed.attribute.append(helper.make_attribute("onesided", 1))
+    return [typed]
+
+
 STAND_INS: dict[str, Callable[[onnx.NodeProto, int], list[onnx.NodeProto]]] = {
     GQA: _gqa,
     MS + "RotaryEmbedding": _rotary,
@@ -123,8 +133,9 @@ STAND_INS: dict[str, Callable[[onnx.NodeProto, int], list[onnx.NodeProto]]] = {
     MS + "SkipSimplifiedLayerNormalization": _skip_norm,
     "SimplifiedLayerNormalization": _simplified_norm,
     "MaxUnpool": _max_unpool,
+    "STFT": _stft,
 }
-ONNX_OPS = {"MaxUnpool"}  # ops onnx defines among these (onnx.checker checks them; only their typing stands in)
+ONNX_OPS = {"MaxUnpool", "STFT"}  # ops onnx defines among these (onnx.checker checks them; only their typing stands in)
 
 
 def stand_in(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto] | None:

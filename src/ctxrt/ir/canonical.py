@@ -32,6 +32,8 @@ PARAM_INPUTS: dict[str, dict[int, str]] = {
     "MaxUnpool": {2: "output_shape"},  # decides the output shape
     "Col2Im": {1: "image_shape", 2: "block_shape"},  # decide the output shape
     "CenterCropPad": {1: "shape"},  # decides the output shape
+    "DFT": {1: "dft_length", 2: "axis"},  # decide the output shape (axis an input from opset 20)
+    "STFT": {1: "frame_step", 3: "frame_length"},  # decide the output shape; the window (2) is data
 }
 
 # Parameter inputs that decide no shape (data, not structure): moved into attributes when they are constants,

@@ -1,11 +1,14 @@
 """onnx's own backend node cases (tests/ops/onnx/onnx_nodes.py makes them from onnx's generators) of the ops added on
 branch ops-gap: the unary math ops (Tan, Asin, Acos, Atan, Sinh, Cosh, Asinh, Acosh, Atanh), Shrink, Hardmax,
-LpNormalization, MeanVarianceNormalization, EyeLike, ReverseSequence, BitShift, CumProd and Det. Each case runs
+LpNormalization, MeanVarianceNormalization, EyeLike, ReverseSequence, BitShift, CumProd and Det; then CenterCropPad,
+Col2Im, MaxUnpool, GridSample, DFT and STFT. Each case runs
 through an InferenceSession on each backend against onnx's expected outputs (on OpenCL the unary math ops are
 table entries of elementwise.cl, the others run in a CPU partition).
 
 Then random inputs against onnx.reference (onnxruntime where the reference is wrong: LpNormalization's p=1 sums x,
-not |x|; Hardmax before opset 13 is not coerced to 2-D there) for the attributes and dtypes the cases leave out."""
+not |x|; Hardmax before opset 13 is not coerced to 2-D there; GridSample-16's bilinear and bicubic modes it has no
+kernel for, and its cubic mode with border padding, where ctxrt follows onnxruntime) for the attributes and dtypes
+the cases leave out."""
 
 from __future__ import annotations
 
@@ -20,9 +23,11 @@ from onnx_nodes import cases, run_case
 UNARY = {"Tan": (-1.4, 1.4), "Asin": (-0.99, 0.99), "Acos": (-0.99, 0.99), "Atan": (-5, 5), "Sinh": (-4, 4),
          "Cosh": (-4, 4), "Asinh": (-5, 5), "Acosh": (1, 5), "Atanh": (-0.99, 0.99)}
 MODULES = (*(op.lower() for op in UNARY), "shrink", "hardmax", "lpnormalization", "meanvariancenormalization",
-           "eyelike", "reversesequence", "bitshift", "cumprod", "det", "center_crop_pad", "col2im", "maxunpool")
+           "eyelike", "reversesequence", "bitshift", "cumprod", "det", "center_crop_pad", "col2im", "maxunpool",
+           "gridsample", "dft", "stft")
 OPS = {*UNARY, "Shrink", "Hardmax", "LpNormalization", "MeanVarianceNormalization", "EyeLike", "ReverseSequence",
-       "BitShift", "CumProd", "Det", "CenterCropPad", "Col2Im", "MaxUnpool"}
+       "BitShift", "CumProd", "Det", "CenterCropPad", "Col2Im", "MaxUnpool", "GridSample",
+       "DFT", "STFT"}
 # MaxUnpool's indices with output_shape: onnxruntime (and ctxrt) read them as flat indices of the output_shape
 # tensor, which is what a MaxPool of an input of that shape gives; onnx's expected output (its reference's) scatters
 # them into the shape inferred from the pooling attributes and pads that at the end.
@@ -45,8 +50,10 @@ def test_the_cases_are_there() -> None:
                            "test_lpnormalization_default", "test_eyelike_with_dtype", "test_reversesequence_batch",
                            "test_bitshift_right_int8_negative_shift", "test_cumprod_1d_reverse_exclusive",
                            "test_det_nd", "test_center_crop_pad_crop_negative_axes_hwc", "test_col2im_pads",
-                           "test_maxunpool_export_without_output_shape", *KNOWN}
-    assert len(_NAMES) >= 80
+                           "test_maxunpool_export_without_output_shape", "test_gridsample_bicubic",
+                           "test_gridsample_volumetric_nearest_align_corners_1", "test_dft_irfft_opset19",
+                           "test_dft_axis", "test_stft_with_window", *KNOWN}
+    assert len(_NAMES) >= 110
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN[n], strict=True))
@@ -269,3 +276,156 @@ def test_max_unpool_inverts_max_pool(shape, kernel, strides, pads, with_shape: b
     got = check(nodes, {"x": rand(*shape)}, inits, opset=11, oracle="onnxruntime")[0]
     if with_shape:
         assert got.shape == shape
+
+
+# ---- GridSample -------------------------------------------------------------------------------------------
+
+GRID_PADDINGS = ["zeros", "border", "reflection"]
+
+
+def _grid(*shape: int, low: float = -1.6, high: float = 1.6) -> np.ndarray:
+    """Random normalized points, most inside [-1, 1], some outside (far outside too), with exact values among
+    them: the corners' -1 and 1, and 0, a nearest tie (x.5) for an even width without align_corners."""
+    g = rand(*shape, low=low, high=high)
+    flat = g.reshape(-1)
+    special = np.array([-1, 1, 0, -3.7, 3.7, 1.25, -0.5, 0.5, -2.2, 5.0], np.float32)
+    k = min(flat.size, special.size)
+    flat[:k] = special[:k] if low < -1 else np.clip(special[:k], low, high)
+    return g
+
+
+def _grid_sample(mode: str, padding: str, align: int) -> onnx.NodeProto:
+    return helper.make_node("GridSample", ["x", "grid"], ["y"], mode=mode, padding_mode=padding, align_corners=align)
+
+
+@pytest.mark.parametrize("align", [0, 1])
+@pytest.mark.parametrize("padding", GRID_PADDINGS)
+@pytest.mark.parametrize("mode", ["linear", "nearest", "cubic"])
+def test_grid_sample_2d(mode: str, padding: str, align: int) -> None:
+    """A batch of 2 with its own grids, points inside and outside [-1, 1]. Cubic with border padding against
+    onnxruntime: onnx.reference clamps a point outside to the edge before interpolating, onnxruntime (and
+    PyTorch) clamp only the taps (docs/spatial-ops.md)."""
+    feeds = {"x": rand(2, 3, 5, 6), "grid": _grid(2, 4, 7, 2)}
+    oracle = "onnxruntime" if (mode, padding) == ("cubic", "border") else "reference"
+    check(_grid_sample(mode, padding, align), feeds, opset=20, rtol=1e-5, atol=1e-5, oracle=oracle)
+    if oracle == "reference":  # the same against onnxruntime, at opset 22
+        check(_grid_sample(mode, padding, align), feeds, opset=22, rtol=1e-5, atol=1e-5, oracle="onnxruntime")
+
+
+@pytest.mark.parametrize("align", [0, 1])
+@pytest.mark.parametrize("padding", GRID_PADDINGS)
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+def test_grid_sample_opset16(mode: str, padding: str, align: int) -> None:
+    """Opset 16's mode names (onnx.reference knows only opset 20's), against onnxruntime; an odd and an even
+    width, and a grid of another size than X."""
+    feeds = {"x": rand(3, 2, 4, 7), "grid": _grid(3, 6, 5, 2)}
+    check(_grid_sample(mode, padding, align), feeds, opset=16, rtol=1e-5, atol=1e-5, oracle="onnxruntime")
+
+
+@pytest.mark.parametrize("align", [0, 1])
+@pytest.mark.parametrize("padding", GRID_PADDINGS)
+@pytest.mark.parametrize("mode", ["linear", "nearest", "cubic"])
+def test_grid_sample_3d_and_1d(mode: str, padding: str, align: int) -> None:
+    """Volumetric (onnxruntime has no cubic there) and 1-D inputs against onnx.reference; cubic with border
+    padding inside [-1, 1], where onnx.reference and onnxruntime agree."""
+    low, high = (-1, 1) if (mode, padding) == ("cubic", "border") else (-1.6, 1.6)
+    node = _grid_sample(mode, padding, align)
+    check(node, {"x": rand(2, 2, 3, 4, 5), "grid": _grid(2, 3, 2, 4, 3, low=low, high=high)}, opset=20,
+          rtol=1e-5, atol=1e-5)
+    check(node, {"x": rand(2, 3, 7), "grid": _grid(2, 9, 1, low=low, high=high)}, opset=20, rtol=1e-5, atol=1e-5)
+
+
+def test_grid_sample_dtypes() -> None:
+    """float64; integers (nearest only: onnx.reference truncates the weights to integers, onnxruntime has no
+    kernel); float16, computed in float32 (ir/passes/half.py)."""
+    grid = _grid(2, 3, 4, 2)
+    for mode in ("linear", "cubic"):
+        check(_grid_sample(mode, "reflection", 1), {"x": rand(2, 3, 5, 6).astype(np.float64), "grid": grid.astype(
+            np.float64)}, opset=20, rtol=1e-6, atol=1e-6)
+    x = harness.RNG.integers(-100, 100, (2, 3, 5, 6)).astype(np.int32)
+    for padding in GRID_PADDINGS:
+        check(_grid_sample("nearest", padding, 0), {"x": x, "grid": grid}, opset=20)
+    x16, g16 = rand(2, 3, 5, 6).astype(np.float16), grid.astype(np.float16)
+    node = _grid_sample("linear", "reflection", 0)
+    got = harness.run_ctxrt(harness.make_model(node, {"x": x16, "grid": g16}, opset=20), {"x": x16, "grid": g16})[0]
+    want = harness.reference(harness.make_model(node, {"x": x16, "grid": g16}, opset=20),
+                             {"x": x16.astype(np.float32), "grid": g16.astype(np.float32)})[0]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), want, rtol=2e-3, atol=2e-3)
+
+
+def test_grid_sample_refuses_interpolated_integers() -> None:
+    import ctxrt
+    from ctxrt.errors import UnsupportedOpError
+
+    feeds = {"x": np.ones((1, 1, 3, 3), np.int32), "grid": _grid(1, 2, 2, 2)}
+    with pytest.raises(UnsupportedOpError, match="linear mode on int32"):
+        ctxrt.compile(harness.make_model(_grid_sample("linear", "zeros", 0), feeds, opset=20),
+                      backend=harness.BACKEND)
+
+
+@pytest.mark.parametrize("x_shape, grid_shape", [((0, 3, 4, 5), (0, 2, 2, 2)), ((2, 0, 4, 5), (2, 2, 2, 2)),
+                                                 ((2, 3, 4, 5), (2, 0, 3, 2)), ((2, 3, 0, 5), (2, 2, 3, 2))])
+def test_grid_sample_empty(x_shape, grid_shape) -> None:
+    """Zero-size batches, channels, grids; an empty image samples zeros (zeros padding: every point is outside).
+    onnx.reference returns a 1-D empty array for an empty output: the shape is checked here."""
+    feeds = {"x": rand(*x_shape), "grid": _grid(*grid_shape)}
+    got = harness.run_ctxrt(harness.make_model(_grid_sample("linear", "zeros", 0), feeds, opset=20), feeds)[0]
+    assert got.shape == (x_shape[0], x_shape[1], *grid_shape[1:-1]) and not got.any()
+
+
+# ---- DFT, STFT --------------------------------------------------------------------------------------------
+
+# (inverse, onesided, parts): a one-sided transform is of a real signal, its inverse of a complex one-sided spectrum
+_DFT_KINDS = [(0, 0, 1), (0, 0, 2), (0, 1, 1), (1, 0, 1), (1, 0, 2), (1, 1, 2)]
+
+
+@pytest.mark.parametrize("inverse, onesided, parts", _DFT_KINDS)
+@pytest.mark.parametrize("axis", [1, 2, -2, -3])
+@pytest.mark.parametrize("dft_length", [None, 5, 12])
+def test_dft(inverse: int, onesided: int, parts: int, axis: int, dft_length) -> None:
+    """Opset 20 (axis an input) and 17 (an attribute; the inputs' rank 4 makes -2 and -3 the same axes); real and
+    complex signals, dft_length padding and cutting."""
+    x = rand(2, 7, 6, parts, low=-2, high=2)
+    inits = {} if dft_length is None else {"n": np.array(dft_length, np.int64)}
+    n = "n" if dft_length is not None else ""
+    attrs = {"inverse": inverse, "onesided": onesided}
+    check(helper.make_node("DFT", ["x", n, "axis"], ["y"], **attrs), {"x": x},
+          {**inits, "axis": np.array(axis, np.int64)}, opset=20, rtol=1e-4, atol=1e-4)
+    check(helper.make_node("DFT", ["x", n] if n else ["x"], ["y"], axis=axis % 4, **attrs), {"x": x}, inits,
+          opset=17, rtol=1e-4, atol=1e-4)
+
+
+def test_dft_float64_and_empty() -> None:
+    x = rand(3, 8, 2).astype(np.float64)
+    check(helper.make_node("DFT", ["x"], ["y"], axis=1), {"x": x}, opset=17, rtol=1e-10, atol=1e-10)
+    check(helper.make_node("DFT", ["x"], ["y"], axis=1, inverse=1), {"x": x}, opset=17, rtol=1e-10, atol=1e-10)
+    node = helper.make_node("DFT", ["x"], ["y"], axis=1, onesided=1)
+    x = rand(0, 8, 1)
+    got = harness.run_ctxrt(harness.make_model(node, {"x": x}, opset=17), {"x": x})[0]
+    assert got.shape == (0, 5, 2)
+
+
+@pytest.mark.parametrize("onesided, parts", [(None, 1), (1, 1), (0, 1), (0, 2)])  # onesided: real signals only
+@pytest.mark.parametrize("window", [False, True])
+def test_stft(onesided, parts: int, window: bool) -> None:
+    """A batch of 2, frames of 16 every 5 samples (the last samples in no frame), a Hann window or none;
+    onesided 1 by default (the schema's; onnx's shape inference takes 0)."""
+    x = rand(2, 64, parts)
+    inits = {"step": np.array(5, np.int64), "len": np.array(16, np.int64)}
+    if window:
+        inits["w"] = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(16) / 16)).astype(np.float32)
+    attrs = {} if onesided is None else {"onesided": onesided}
+    node = helper.make_node("STFT", ["x", "step", "w" if window else "", "len"], ["y"], **attrs)
+    got = check(node, {"x": x}, inits, opset=17, rtol=1e-4, atol=1e-4)[0]
+    assert got.shape == (2, 10, 9 if onesided in (None, 1) else 16, 2)
+
+
+def test_stft_window_read_at_run_time() -> None:
+    x = rand(1, 40, 1)
+    node = helper.make_node("STFT", ["x", "step", "w"], ["y"])
+    model = harness.make_model(node, {"x": x, "w": rand(8)}, {"step": np.array(4, np.int64)}, opset=17)
+    for _ in range(2):
+        feeds = {"x": x, "w": rand(8)}
+        np.testing.assert_allclose(harness.run_ctxrt(model, feeds)[0], harness.reference(model, feeds)[0],
+                                   rtol=1e-4, atol=1e-5)

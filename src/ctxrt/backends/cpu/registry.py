@@ -20,10 +20,11 @@ from ctxrt.backends.cpu import (
     reduce,
     scatter,
     shape,
+    spectral,
     widen,
 )
 from ctxrt.backends.cpu.conv import convtranspose
-from ctxrt.backends.cpu.image import resize, spatial, unpool
+from ctxrt.backends.cpu.image import grid_sample, resize, spatial, unpool
 from ctxrt.backends.cpu.pointwise import activations, clamp, logic, select
 from ctxrt.backends.cpu.rnn import rnn_cells
 from ctxrt.backends.kernel import Kernel, KernelFactory, NodeSpec
@@ -31,7 +32,8 @@ from ctxrt.errors import UnsupportedOpError
 
 KERNELS: dict[str, KernelFactory] = {}
 for _module in (elementwise, clamp, activations, logic, reduce, shape, norm, nn, spatial, convtranspose, resize,
-                rnn_cells, select, scatter, einsum, control, dynamic, layout_ops, quant, genai, unpool):
+                rnn_cells, select, scatter, einsum, control, dynamic, layout_ops, quant, genai, unpool,
+                grid_sample, spectral):
     _dup = KERNELS.keys() & _module.KERNELS.keys()
     assert not _dup, f"ops registered twice: {_dup}"
     KERNELS.update(_module.KERNELS)

@@ -52,11 +52,11 @@ WIDENED = {
     "com.microsoft.SkipSimplifiedLayerNormalization", "LpNormalization", "MeanVarianceNormalization",
     "Softmax", "LogSoftmax", "Hardmax", "Det", "ReduceMean", "ReduceSum",
     "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum",
-    "ReduceLogSumExp", "ArgMax", "ArgMin", "CumSum", "CumProd", "TopK",
+    "ReduceLogSumExp", "ArgMax", "ArgMin", "CumSum", "CumProd", "TopK", "DFT", "STFT",
     # data movement
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Concat", "Split", "Slice", "Gather",
     "GatherElements", "GatherND", "Expand", "Tile", "Pad", "Resize", "Upsample", "DepthToSpace", "SpaceToDepth",
-    "Identity", "Trilu", "ScatterND", "ScatterElements", "ChannelShuffle",
+    "GridSample", "Identity", "Trilu", "ScatterND", "ScatterElements", "ChannelShuffle",
     "Cast",
 }
 _GATHERS = {"Gather", "GatherElements", "GatherND"}
