@@ -338,4 +338,4 @@ def test_launches_allocate_nothing() -> None:
 def test_unsupported_values_name_op_node_and_attribute() -> None:
     node = helper.make_node("ScatterElements", ["d", "i", "u"], ["y"], name="sc", reduction="sum")
     with pytest.raises(UnsupportedOpError, match=r"ScatterElements node 'sc'.*'reduction' value 'sum'"):
-        ctxrt.compile(make_model(node, {"d": rand(3, 3), "i": i64([[0]]), "u": rand(1, 1)}, opset=18))
+        ctxrt.compile(make_model(node, {"d": rand(3, 3), "i": i64([0]), "u": rand(1, 1)}, opset=18))
