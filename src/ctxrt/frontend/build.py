@@ -394,9 +394,17 @@ def _check_settled(st: Folder, body: bool) -> None:
             if d is not None and i is not None and u is not None:
                 q = i[-1] if node.op_type == "ScatterND" and i else 0
                 want = tuple(i[:-1]) + tuple(d[q:]) if node.op_type == "ScatterND" else tuple(i)
+                if node.op_type == "ScatterElements" and len(i) != len(d):
+                    raise ShapeError(f"{label}: indices of rank {len(i)} into data of rank {len(d)} (they must be "
+                                     "of one rank)")
                 if node.op_type == "ScatterND" and q > len(d) or tuple(u) != want:
                     raise ShapeError(f"{label}: updates of shape {list(u)} for indices {list(i)} into data "
                                      f"{list(d)} (they must be of shape {list(want)})")
+        if node.op_type == "GatherElements" and len(node.input) > 1:
+            d, i = st.shape_of(node.input[0]), st.shape_of(node.input[1])
+            if d is not None and i is not None and len(i) != len(d):
+                raise ShapeError(f"{label}: indices of rank {len(i)} into data of rank {len(d)} (they must be of "
+                                 "one rank)")
         for k, src in enumerate(node.input):
             if src in st.bounded and not (k == 0 and node.op_type in PASS_THROUGH):
                 problems.append(f"{label} reads {src!r}, whose size along axis {st.bounded[src]} is known only at "
