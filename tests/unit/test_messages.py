@@ -150,3 +150,22 @@ def test_scatter_updates_of_another_shape_are_a_shape_error(op: str, ishape: lis
     said = "indices of rank 3 into data of rank 2" if len(ishape) == 3 else f"updates of shape {ushape}"
     with pytest.raises(ctxrt.ShapeError, match=f"{op} node 'n1': {said}".replace("[", r"\[")):
         ctxrt.InferenceSession(m).run(None, feeds)
+
+
+def test_inputs_that_do_not_broadcast_are_named_not_a_shape_chain_further_on() -> None:
+    """An export traced at one length (a loop unrolled, a constant of the traced length added to the input) fed
+    another: the element-wise node whose inputs do not broadcast is the ShapeError, as onnxruntime names it; the
+    message was about a Slice further on whose bounds 'are computed at run time' (onnx's inference leaves the
+    node's output untyped, so nothing after it folds)."""
+    bias = numpy_helper.from_array(np.ones((1, 8), np.float32), "traced")
+    nodes = [helper.make_node("Add", ["x", "traced"], ["a"], name="add_traced"),
+             helper.make_node("Shape", ["a"], ["s"]), helper.make_node("Slice", ["x", "zero", "s"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [1, "seq"])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, None)],
+                          [bias, numpy_helper.from_array(np.zeros(2, np.int64), "zero")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9).SerializeToString()
+    with ctxrt.InferenceSession(m) as sess:
+        assert sess.run(None, {"x": np.ones((1, 8), np.float32)})[0].shape == (1, 8)
+        with pytest.raises(ctxrt.ShapeError, match=r"Add node 'add_traced': its inputs' shapes \[\[1, 9\], \[1, 8\]\] "
+                                                    "do not broadcast"):
+            sess.run(None, {"x": np.ones((1, 9), np.float32)})

@@ -335,10 +335,20 @@ def _canonicalize(node: Node, consts: dict[str, np.ndarray]) -> None:
 
 
 def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
+    return _broadcast_all([a, b])
+
+
+def _broadcast_all(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
     try:
-        return tuple(np.broadcast_shapes(tuple(a), tuple(b)))
+        return tuple(np.broadcast_shapes(*(tuple(x) for x in shapes)))
     except ValueError:
         return None
+
+
+# element-wise ops whose inputs broadcast together (multidirectional broadcasting, ONNX's Broadcasting.md)
+_BROADCASTING = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "Equal", "Less",
+                           "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Where", "BitShift",
+                           "BitwiseAnd", "BitwiseOr", "BitwiseXor"})
 
 
 def _check_einsum(st: Folder, node: onnx.NodeProto, label: str) -> None:
@@ -380,6 +390,13 @@ def _check_settled(st: Folder, body: bool) -> None:
             a, b = st.shape_of(node.input[0]), tuple(int(d) for d in st.consts[node.input[1]].reshape(-1))
             if a is not None and _broadcast(a, b) is None:
                 raise ShapeError(f"{label}: its input {list(a)} does not broadcast with the shape {list(b)}")
+        if node.op_type in _BROADCASTING and len(node.input) > 1:  # (onnx's inference leaves their output untyped
+            # where the inputs do not broadcast: the message was then about a shape chain further on, 'computed at
+            # run time'; a trace-specialized export fed another length)
+            shapes = [st.shape_of(n) for n in node.input if n]
+            if all(x is not None for x in shapes) and _broadcast_all(shapes) is None:
+                raise ShapeError(f"{label}: its inputs' shapes {[list(x) for x in shapes]} do not broadcast (an "
+                                 "export specialized to other input shapes?)")
         if node.op_type == "PRelu" and len(node.input) > 1:  # slope broadcast to X, not X to slope (onnx's spec)
             a, b = st.shape_of(node.input[0]), st.shape_of(node.input[1])
             if a is not None and b is not None and _broadcast(a, b) != tuple(a):
