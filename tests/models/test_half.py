@@ -174,3 +174,24 @@ def test_a_float16_models_exported_gelu_is_fused(keep_io_types: bool) -> None:
     assert "Erf" not in ops and ("Gelu" in ops or any(s.attrs.get("activation") == "Gelu" for s in graphs[0].steps))
     feeds = _feeds((8, 32), half=not keep_io_types)
     _close(ctxrt.InferenceSession(model.SerializeToString()).run(None, feeds)[0], _ort(model, feeds))
+
+
+@pytest.mark.parametrize("keep_io_types", [False, True])
+def test_a_float16_model_is_one_range_program_for_every_batch(keep_io_types: bool) -> None:
+    """A float16 MLP whose batch is dynamic, through a session at batches 1..6 and back: one compile (its widened
+    kernels recorded the probes' compile option, so every probe's program differed from the upper bound's and
+    the session compiled each batch exactly), every output within float16 precision of onnxruntime's."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array((rng.standard_normal((64, 256)) / 8).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.standard_normal(256).astype(np.float32), "b1"),
+             numpy_helper.from_array((rng.standard_normal((256, 32)) / 16).astype(np.float32), "w2")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32])], inits)
+    half = _half(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), keep_io_types)
+    with ctxrt.InferenceSession(half.SerializeToString()) as sess:
+        for b in (1, 2, 3, 4, 5, 6, 3, 1):
+            feeds = _feeds((b, 64), not keep_io_types)
+            _close(sess.run(None, feeds)[0], _ort(half, feeds))
+        assert sess.stats["shape_variants_compiled"] == 1 and sess.stats["range_programs_compiled"] == 1

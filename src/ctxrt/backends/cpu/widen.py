@@ -22,6 +22,9 @@ from ctxrt.backends.kernel import Kernel, KernelFactory, Launch, NodeSpec, Tenso
 WIDEN = "widen"  # as ir/passes/half.py writes it
 OPTIONS = "widen_options"
 _REPEATED = ("threads",)
+# compile options of the compile itself, not of the kernels: not recorded (a range compile's probes, compared with
+# the upper bound's program, would differ by it: a float16 BERT fell back to exact shapes)
+_COMPILE_ONLY = frozenset({"probe_arena"})
 
 
 def widened_spec(spec: NodeSpec) -> tuple[NodeSpec, dict[int, np.ndarray]]:
@@ -47,7 +50,8 @@ class Widened(Kernel):
         self.inner, self.held = inner, held
         self.scratch, self.programs = inner.scratch, inner.programs
         self.algorithm = f"{inner.algorithm}+widened"
-        self.attrs = {OPTIONS: options, **{k: inner.attrs[k] for k in _REPEATED if k in inner.attrs}}
+        self.attrs = {OPTIONS: {k: v for k, v in options.items() if k not in _COMPILE_ONLY},
+                      **{k: inner.attrs[k] for k in _REPEATED if k in inner.attrs}}
         self.constants = {}
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
