@@ -390,9 +390,10 @@ def _check_settled(st: Folder, body: bool) -> None:
             a, b = st.shape_of(node.input[0]), tuple(int(d) for d in st.consts[node.input[1]].reshape(-1))
             if a is not None and _broadcast(a, b) is None:
                 raise ShapeError(f"{label}: its input {list(a)} does not broadcast with the shape {list(b)}")
-        if node.op_type in _BROADCASTING and len(node.input) > 1:  # (onnx's inference leaves their output untyped
-            # where the inputs do not broadcast: the message was then about a shape chain further on, 'computed at
-            # run time'; a trace-specialized export fed another length)
+        if node.op_type in _BROADCASTING and len(node.input) > 1 and node.output and \
+                st.shape_of(node.output[0]) is None:  # (onnx's inference leaves the output untyped where the inputs
+            # do not broadcast: the message was then about a shape chain further on, 'computed at run time'; a
+            # trace-specialized export fed another length. Typed outputs cost no check)
             shapes = [st.shape_of(n) for n in node.input if n]
             if all(x is not None for x in shapes) and _broadcast_all(shapes) is None:
                 raise ShapeError(f"{label}: its inputs' shapes {[list(x) for x in shapes]} do not broadcast (an "
