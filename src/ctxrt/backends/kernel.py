@@ -119,12 +119,13 @@ ARRAY_FREE: set[type] = {str, bytes, int, float, bool, complex, type(None), ctyp
 ARRAY_FREE.update({TensorSpec, types.ModuleType})  # a shape and a dtype; a module (its globals are no kernel's)
 
 
-def check_indices(spec: NodeSpec, idx: np.ndarray, n: int | np.ndarray) -> None:
+def check_indices(spec: NodeSpec, idx: np.ndarray, n: Any) -> None:
     """Indices into an axis of n entries must lie in [-n, n - 1] (`n` an array: per element of each index tuple,
     the last axis of `idx`), as onnxruntime refuses others: an InvalidInputError naming the node and the index,
     raised before the kernel writes anything. One index or a few are read as Python ints (a token's embedding
     row: ~0.3 us, not two NumPy reductions)."""
-    if isinstance(n, int):
+    if not isinstance(n, np.ndarray):
+        n = int(n)  # (a shape's entry: a NumPy integer where a shape came through NumPy)
         size = idx.size
         if size == 1:
             lo = hi = idx.item()
@@ -141,13 +142,15 @@ def check_indices(spec: NodeSpec, idx: np.ndarray, n: int | np.ndarray) -> None:
     else:
         if not idx.size:
             return
-        dims = np.asarray(n, np.int64)
+        dims = n.astype(np.int64, copy=False)
         t = idx.reshape(-1, dims.size)
-        out = (t < -dims) | (t >= dims)
+        lo, hi = t.min(axis=0), t.max(axis=0)  # (per element of a tuple: k values, not a mask of every index)
+        out = (lo < -dims) | (hi >= dims)
         if not out.any():
             return
-        row, col = (int(v) for v in np.argwhere(out)[0])
-        bad, where = int(t[row, col]), f"[{-dims[col]}, {dims[col] - 1}] (element {col} of an index tuple)"
+        col = int(np.argmax(out))
+        bad = int(lo[col] if lo[col] < -dims[col] else hi[col])
+        where = f"[{-dims[col]}, {dims[col] - 1}] (element {col} of an index tuple)"
     raise InvalidInputError(f"{spec.op} node {spec.name!r}: index {bad} is outside {where}")
 
 

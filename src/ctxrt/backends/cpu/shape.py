@@ -471,13 +471,13 @@ def reverse_sequence(spec: NodeSpec) -> Kernel:
 
         def run() -> None:
             if lens.shape[0] != x.shape[0]:
-                raise InvalidInputError(f"ReverseSequence node {name!r}: {lens.shape[0]} sequence_lens for a batch of "
-                                 f"{x.shape[0]}")
+                raise InvalidInputError(f"ReverseSequence node {name!r}: {lens.shape[0]} sequence_lens for a "
+                                        f"batch of {x.shape[0]}")
             got = lens.tolist()
             for b, n in enumerate(got):  # all checked before any is written (no half-written output)
                 if not 0 <= n <= steps:
-                    raise InvalidInputError(f"ReverseSequence node {name!r}: sequence_lens[{b}] = {n} is outside "
-                                     f"[0, {steps}]")
+                    raise InvalidInputError(f"ReverseSequence node {name!r}: sequence_lens[{b}] = {n} is "
+                                            f"outside [0, {steps}]")
             for b, n in enumerate(got):
                 np.copyto(y[b, :n], x[b, n - 1::-1] if n else x[b, :0])
                 np.copyto(y[b, n:], x[b, n:])

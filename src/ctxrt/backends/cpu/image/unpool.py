@@ -11,7 +11,7 @@ import numpy as np
 
 from ctxrt.backends.cpu.elementwise import BoundKernel, flat
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
-from ctxrt.errors import UnsupportedOpError
+from ctxrt.errors import InvalidInputError, UnsupportedOpError
 
 
 def _fail(spec: NodeSpec, what: str) -> UnsupportedOpError:
@@ -31,9 +31,10 @@ def max_unpool(spec: NodeSpec) -> Kernel:
         x, at, y = ins[0].reshape(-1), ins[1].reshape(-1), flat(outs[0])
 
         def run() -> None:
+            if at.size and (int(at.min()) < 0 or int(at.max()) >= y.size):  # (checked before anything is written)
+                raise InvalidInputError(f"MaxUnpool node {name!r}: an index is outside the output's {y.size} "
+                                        "elements")
             y.fill(0)
-            if at.size and (int(at.min()) < 0 or int(at.max()) >= y.size):
-                raise ValueError(f"MaxUnpool node {name!r}: an index is outside the output's {y.size} elements")
             y[at] = x
         return run
     return BoundKernel(make)
