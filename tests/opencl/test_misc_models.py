@@ -122,3 +122,25 @@ def test_tuner_tunes_these_kernels_and_the_tuned_outputs_equal_the_defaults(tmp_
     tuned = ctxrt.compile(model, backend=be, tuning_mode=True, tuning_budget_candidates=4,
                           performance_cache_dir=str(tmp_path / "perf"))
     np.testing.assert_allclose(tuned.graph().run(feeds)["y"], plain, rtol=1e-5, atol=1e-6)
+
+
+def test_an_audio_front_end_on_opencl_is_one_program_for_every_length() -> None:
+    """The strided audio front end of tests/unit/test_strided_ranges.py on OpenCL: one range program whose lengths
+    are derived dims (compiler/floors.py), every length equal to onnxruntime's."""
+    import sys
+
+    import onnxruntime as ort
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
+    from test_strided_ranges import SIZES, _audio
+
+    data = _audio().SerializeToString()
+    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    with ctxrt.InferenceSession(data, "opencl", dim_ranges={"batch": (1, 4), "n": (1, 1024)}) as sess:
+        for b, n in SIZES:
+            x = rng.standard_normal((b, n)).astype(np.float32)
+            (got,), (want,) = sess.run(None, {"wav": x}), theirs.run(None, {"wav": x})
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert sess.stats["shape_variants_compiled"] == 1 and sess._current.ranged.ranges.floors

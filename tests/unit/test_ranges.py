@@ -371,24 +371,53 @@ def test_a_range_programs_first_conv_reads_the_planar_input(act, tmp_path, monke
         assert g.ctx.stats["range_kernels_built"] == 3 * (len(g.ranges._by_step) - len(g._extent.live_raw))
 
 
-def test_a_session_ranges_the_batch_where_an_image_size_cannot_be_ranged() -> None:
-    """A model whose height and width are dynamic beside its batch, read by a strided conv (its output size is not
-    linear in them: no program for ranges of all three): the session compiles one program for a range of the batch
-    at the image size met, with one warning naming the dims, so a batch loop at that size is one compile (PP-OCR's
-    classifier and recognizer compiled per batch size); another image size compiles one such program for it."""
+def _sliced_stem() -> onnx.ModelProto:
+    """The stem after x[:, :, ::2, ::2] (a Slice of step 2): its height and width are ceil(H / 2) and ceil(W / 2)
+    from a node that is no strided conv or pool, which no derived dim stands for (compiler/floors.py)."""
+    model = _stem("HardSwish")
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "height"
+    model.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "width"
+    model.graph.initializer.extend([numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+                                    (("s0", [0, 0]), ("s1", [1 << 30, 1 << 30]), ("sa", [2, 3]), ("ss", [2, 2]))])
+    model.graph.node.insert(0, helper.make_node("Slice", ["x", "s0", "s1", "sa", "ss"], ["xs"]))
+    model.graph.node[1].input[0] = "xs"
+    return model
+
+
+def test_a_session_ranges_a_strided_image_size_with_derived_dims() -> None:
+    """A model whose batch, height and width are dynamic, read by a strided conv (its output height floor((H + 1) /
+    2), no affine function of H): the session compiles one program over all three, the conv's output size a derived
+    dim (compiler/floors.py), every size of every dim equal to onnxruntime, no warning. Where the rounding comes
+    from a node that is no strided conv or pool (a Slice of step 2), the session compiles one program for a range
+    of the batch at the image size met, with one warning naming the dims (PP-OCR's classifier and recognizer
+    compiled per batch size before); another image size compiles one such program for it."""
     model = _stem("HardSwish")
     model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "height"
     model.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "width"
     for d in (2, 3):
         model.graph.output[0].type.tensor_type.shape.dim[d].dim_param = f"out{d}"
-    data = model.SerializeToString()
-    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(7)
+    sizes = ((1, 13, 15), (3, 13, 15), (8, 13, 15), (2, 13, 15), (2, 9, 21), (5, 9, 21), (4, 13, 15), (7, 9, 21),
+             (1, 2, 64), (6, 33, 1), (2, 40, 41))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CtxrtWarning)
+        data = model.SerializeToString()
+        theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+        with ctxrt.InferenceSession(data) as sess:
+            for n, h, w in sizes:
+                feeds = {"x": rng.standard_normal((n, 3, h, w)).astype(np.float32)}
+                np.testing.assert_allclose(sess.run(None, feeds)[0], theirs.run(None, feeds)[0], rtol=1e-5,
+                                           atol=1e-5)
+            # (the first range's bounds 32: widened twice, for a width of 64 and a height of 33)
+            assert sess.stats["shape_variants_compiled"] == sess.stats["range_programs_compiled"] == 3
+            ranges = sess._current.ranged.ranges
+            assert ranges.floors == ((1, 1, 2), (2, 1, 2)) and {"height", "width"} <= sess.dim_ranges.keys()
+    data = _sliced_stem().SerializeToString()
+    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
     with pytest.warns(CtxrtWarning, match="one program for a range of 'batch' only, for each size of "
                                                 "\\['height', 'width'\\] met"):
         sess = ctxrt.InferenceSession(data)
-        for k, (n, h, w) in enumerate(((1, 13, 15), (3, 13, 15), (8, 13, 15), (2, 13, 15), (2, 9, 21), (5, 9, 21),
-                                       (4, 13, 15), (7, 9, 21))):
+        for k, (n, h, w) in enumerate(sizes[:8]):
             feeds = {"x": rng.standard_normal((n, 3, h, w)).astype(np.float32)}
             np.testing.assert_allclose(sess.run(None, feeds)[0], theirs.run(None, feeds)[0], rtol=1e-5, atol=1e-5)
             assert sess.stats["shape_variants_compiled"] == (1 if k < 4 else 2)
@@ -400,14 +429,13 @@ def test_a_session_ranges_the_batch_where_an_image_size_cannot_be_ranged() -> No
 
 
 def test_a_strided_image_size_is_refuted_before_the_second_check_point_is_read(monkeypatch) -> None:
-    """Batch, height and width ranged (k = 3: U, U - 1, U - e_0, U - e_1 fitted, two check points): the strided
-    conv's output height is refuted at the first check point, tested once the four fit points are read, before
-    the second is: five frontend reads, none lowered (a read ~30-90 ms for PP-OCR's classifier and recognizer)."""
+    """Batch, height and width ranged (k = 3: U, U - 1, U - e_0, U - e_1 fitted, two check points): the Slice's
+    output height (step 2: no strided conv's, no derived dim) is refuted at the first check point, tested once the
+    four fit points are read, before the second is: five frontend reads, none lowered (a read ~30-90 ms for
+    PP-OCR's classifier and recognizer)."""
     from ctxrt import compiler
 
-    model = _stem("HardSwish")
-    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "height"
-    model.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "width"
+    model = _sliced_stem()
     reads = spy(monkeypatch, compiler, "read", lambda model, shapes, *a, **k: shapes["x"])
     lowered = spy(monkeypatch, compiler, "compile_ir")
     with pytest.raises(RangeError, match="does not follow the dims linearly"):
@@ -421,9 +449,7 @@ def test_a_sessions_compile_attempts_share_the_model_as_read(tmp_path, monkeypat
     once an attempt (PP-OCR's recognizer and classifier opened ~10-30% sooner)."""
     from ctxrt.frontend import onnx as frontend
 
-    model = _stem("HardSwish")
-    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "height"
-    model.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "width"
+    model = _sliced_stem()
     path = tmp_path / "stem.onnx"
     onnx.save(model, path)
     x = np.random.default_rng(2).standard_normal((2, 3, 13, 15)).astype(np.float32)
@@ -1031,15 +1057,19 @@ def test_onednn_is_asked_once_per_node_in_a_range_compile(monkeypatch) -> None:
         [(s.op, s.algorithm, s.attrs.get("kernel")) for s in ranged.steps]
 
 
-def _rounding_model() -> bytes:
-    """y = Resize(MaxPool(x, 2 x 1, stride 2, ceil_mode)) x 2 along H: y's height is 2 * ceil(H / 2), the same at H
-    = 64 and 63 (the upper bound and the probe below it), not linear in H."""
+def _rounding_model(pool: bool = False) -> bytes:
+    """y = Resize(x[:, :, ::2]) x 2 along H (`pool`: MaxPool(x, 2 x 1, stride 2, ceil_mode) for the Slice): y's
+    height is 2 * ceil(H / 2), the same at H = 64 and 63 (the upper bound and the probe below it), not linear in
+    H."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, "H", 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    scales = numpy_helper.from_array(np.array([1, 1, 2, 1], np.float32), "scales")
-    nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[2, 1], strides=[2, 1], ceil_mode=1),
-             helper.make_node("Resize", ["p", "", "scales"], ["y"], mode="nearest")]
-    graph = helper.make_graph(nodes, "g", [x], [y], [scales])
+    inits = [numpy_helper.from_array(np.array([1, 1, 2, 1], np.float32), "scales"),
+             *(numpy_helper.from_array(np.array([v], np.int64), n) for n, v in
+               (("s0", 0), ("s1", 1 << 30), ("sa", 2), ("ss", 2)))]
+    first = helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[2, 1], strides=[2, 1], ceil_mode=1) if pool \
+        else helper.make_node("Slice", ["x", "s0", "s1", "sa", "ss"], ["p"])
+    nodes = [first, helper.make_node("Resize", ["p", "", "scales"], ["y"], mode="nearest")]
+    graph = helper.make_graph(nodes, "g", [x], [y], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
 
 
@@ -1058,14 +1088,18 @@ def test_a_dim_of_two_values_still_gets_a_check_point(monkeypatch) -> None:
     with pytest.raises(RangeError, match=r"output 'y' axis 2 does not follow the dims linearly"):
         ctxrt.compile(_rounding_model(), dims={"N": (1, 2), "H": (1, 64)})
     assert not lowered
-    data = _rounding_model()
-    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-    with pytest.warns(CtxrtWarning, match="range of 'N' only"):
-        sess = ctxrt.InferenceSession(data, dim_ranges={"N": (1, 2), "H": (1, 64)})
-        for shape in [(1, 1, 64, 8), (2, 1, 22, 8), (1, 1, 63, 8), (2, 1, 7, 8)]:
-            x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-            (got,), (want,) = sess.run(None, {"x": x}), theirs.run(None, {"x": x})
-            assert got.shape == want.shape and np.array_equal(got, want)
+    for pool in (False, True):  # (a MaxPool's: one program with a derived dim, compiler/floors.py)
+        data = _rounding_model(pool)
+        theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CtxrtWarning)
+            sess = ctxrt.InferenceSession(data, dim_ranges={"N": (1, 2), "H": (1, 64)})
+            for shape in [(1, 1, 64, 8), (2, 1, 22, 8), (1, 1, 63, 8), (2, 1, 7, 8), (1, 1, 1, 8)]:
+                x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+                (got,), (want,) = sess.run(None, {"x": x}), theirs.run(None, {"x": x})
+                assert got.shape == want.shape and np.array_equal(got, want)
+        assert [str(w.message) for w in caught if "range of 'N' only" in str(w.message)] != [] or pool
+        assert sess.stats["shape_variants_compiled"] == (1 if pool else 5)
 
 
 def test_a_compile_failing_inside_the_ranges_leaves_no_cycle() -> None:
@@ -1099,16 +1133,18 @@ def test_a_compile_failing_inside_the_ranges_leaves_no_cycle() -> None:
 
 
 def test_a_session_ranges_the_dims_a_refuted_extent_does_not_follow() -> None:
-    """y = MaxPool(x) halves H (rounded down: 32 rows at 64 and 31 at 63, 11 at 22, no affine fit), z + 1 follows N
+    """y = x[:, :, 1::2] halves H (rounded down: 32 rows at 64 and 31 at 63, 11 at 22, no affine fit), z + 1 follows N
     and S: the range over N, S and H is refuted by y's height, which follows H alone; the session ranges N and S
     together (not one of them), H fixed per size: a loop over N and S is one compile, as onnxruntime's outputs."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, "H", 8])
     z = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", "S"])
     ys = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "w")]
-    one = numpy_helper.from_array(np.array(1, np.float32), "one")
-    nodes = [helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 1], strides=[2, 1]),
+    inits = [numpy_helper.from_array(np.array(1, np.float32), "one"),
+             *(numpy_helper.from_array(np.array([v], np.int64), n) for n, v in
+               (("s0", 1), ("s1", 1 << 30), ("sa", 2), ("ss", 2)))]
+    nodes = [helper.make_node("Slice", ["x", "s0", "s1", "sa", "ss"], ["y"]),
              helper.make_node("Add", ["z", "one"], ["w"])]
-    data = helper.make_model(helper.make_graph(nodes, "g", [x, z], ys, [one]),
+    data = helper.make_model(helper.make_graph(nodes, "g", [x, z], ys, inits),
                              opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
     theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(0)

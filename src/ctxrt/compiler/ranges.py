@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ctxrt.compiler import floors as strided
+from ctxrt.compiler.floors import MAX_FLOORS
 from ctxrt.compiler.program import ARENA, CONST, Body, CompiledGraph, Ref, Step, TensorInfo
 from ctxrt.errors import CtxrtError, ShapeError
 from ctxrt.ir import memo
@@ -62,6 +64,14 @@ class _Unreadable(RangeError):
         self.dim, self.names = dim, names
 
 
+class _Lattice(RangeError):
+    """Strided nodes' lengths follow dims of the ranges (compiler/floors.py): the probes start again on a lattice."""
+
+    def __init__(self, forms: dict[int, list[tuple[int, int]]], steps: dict[int, int], unknown: set[int]) -> None:
+        super().__init__("strided lengths")
+        self.forms, self.steps, self.unknown = forms, steps, unknown
+
+
 class _Refuted(RangeError):
     """A check point refutes the fit; `single`: every integer it refutes follows one dim only at the probes (not
     a product of dims: a fit over every corner would be refuted too); `follows`: the names of the dims they
@@ -90,10 +100,20 @@ class Ranges:
     # per dim, the step its sizes take (empty: every dim 1); a stepped dim's `dims` bounds and the values the
     # program takes are its sizes / step (the extent its reader reads is step times that)
     steps: tuple[int, ...] = ()
+    # derived dims, each (dim j, a, s): floor((size of dim j + a) / s), a strided conv's or pool's output length
+    # along a dim (`_floor_families`); the coefficients are over the monomials of the dims then these, in order
+    floors: tuple[tuple[int, int, int], ...] = ()
+    # the monomials the coefficients are over (bit j: dim or derived dim j a factor); empty: every monomial of the
+    # dims, in order (a program with derived dims lists the few its integers use: 2^(dims + derived dims) would
+    # be thousands)
+    basis: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        k = len(self.dims)
-        self._coeffs = np.array([c for _, c in self.entries], np.int64).reshape(len(self.entries), 1 << k)
+        k = len(self.dims) + len(self.floors)
+        self._basis = self.basis or tuple(range(1 << k))
+        self._coeffs = np.array([c for _, c in self.entries], np.int64).reshape(len(self.entries), len(self._basis))
+        # (each monomial of the basis as the indices of its factors: `evaluate` of a program with derived dims)
+        self._factors = [[j for j in range(k) if m >> j & 1] for m in self._basis] if self.basis else None
         self._by_step: dict[int, list[int]] = {}
         for i, (where, _) in enumerate(self.entries):
             if where[0] not in ("I", "O"):
@@ -102,14 +122,26 @@ class Ranges:
         self._slices = {k: (idx[0], idx[-1] + 1) for k, idx in self._by_step.items()
                         if idx == list(range(idx[0], idx[-1] + 1))}
         self._io = [i for i, (where, _) in enumerate(self.entries) if where[0] in ("I", "O")]
-        names = [d[0] for d in self.dims]
+        names = self.names()
         self._in_axes: dict[int, dict[int, str]] = {}  # input -> its axes that follow the dims -> their formula
         for where, coeffs in self.entries:
             if where[0] == "I":
-                self._in_axes.setdefault(int(where[1]), {})[int(where[2])] = _expression_of(coeffs, names)
-        self._steps = self.steps or (1,) * k  # (bind's, every run)
+                self._in_axes.setdefault(int(where[1]), {})[int(where[2])] = _expression_of(coeffs, names,
+                                                                                              self._basis)
+        self._steps = self.steps or (1,) * len(self.dims)  # (bind's, every run)
         self._fixed_axes: tuple[Any, list[tuple[int, list[tuple[int, int]]]]] = (None, [])  # bind's, per inputs
         self._last_bound: tuple[Any, tuple[Any, ...], tuple[int, ...]] = (None, (), ())  # bind's last (inputs, shapes)
+
+    def names(self) -> list[str]:
+        """The dims' names, then each derived dim's as an expression of its dim (`floors`)."""
+        names = [d[0] for d in self.dims]
+        return names + [f"(({names[j]} + {a}) // {s})" if a else f"({names[j]} // {s})" for j, a, s in self.floors]
+
+    def extend(self, dims: Sequence[int]) -> tuple[int, ...]:
+        """The dims' values then the derived dims' (`floors`) at them."""
+        if not self.floors or len(dims) != len(self.dims):
+            return tuple(dims)
+        return (*dims, *((int(dims[j]) + a) // s for j, a, s in self.floors))
 
     def step_of(self) -> list[int]:
         """Each dim's step (1 where none)."""
@@ -121,9 +153,14 @@ class Ranges:
 
     def to_meta(self) -> dict[str, Any]:
         """As docs/format.md stores it: a stepped dim [name, min size, max size, step] (its sizes, not steps)."""
-        return {"dims": [[n, lo, hi, s] if s > 1 else [n, lo, hi] for n, lo, hi, s in self.natural()],
+        meta = {"dims": [[n, lo, hi, s] if s > 1 else [n, lo, hi] for n, lo, hi, s in self.natural()],
                 "readers": [list(r) for r in self.readers],
                 "entries": [[list(w), list(c)] for w, c in self.entries]}
+        if self.floors:
+            meta["floors"] = [list(f) for f in self.floors]
+        if self.basis:
+            meta["basis"] = list(self.basis)
+        return meta
 
     # -- run time ------------------------------------------------------------------------------------------
     def bind(self, inputs: Sequence[TensorInfo], shapes: Sequence[tuple[int, ...] | None]) -> tuple[int, ...]:
@@ -167,7 +204,15 @@ class Ranges:
         return self._last_bound[2]
 
     def evaluate(self, dims: Sequence[int]) -> np.ndarray:
-        return self._coeffs @ _monomials(dims)
+        """Every varying integer at these dims' values (the derived dims' added where not given)."""
+        if self._factors is None:
+            return self._coeffs @ _monomials(dims)
+        ext = self.extend(dims)
+        return self._coeffs @ np.array([math.prod(ext[j] for j in f) for f in self._factors], np.int64)
+
+    def monomial_masks(self, i: int) -> list[int]:
+        """The monomials (bit j: dim or derived dim j a factor) integer `i` has a nonzero coefficient for."""
+        return [self._basis[c] for c in np.flatnonzero(self._coeffs[i]).tolist()]
 
     def specialize(self, g: CompiledGraph, dims: Sequence[int], made: Mapping[tuple[int, tuple[int, ...]], Step]
                    ) -> tuple[CompiledGraph, list[int], dict[int, tuple[int, ...]], dict[tuple[int, int], list[Any]]]:
@@ -214,10 +259,12 @@ def io_dims(meta: Mapping[str, Any], inputs: Sequence[Any], outputs: Sequence[An
     """The IO shapes of a range program (META's graph entry `ranges`, IO as META lists them), each dim that
     follows the ranges named: a dim's own name, or an expression such as `past_sequence + sequence`."""
     names = [d[0] if len(d) < 4 else f"({d[0]} / {d[3]})" for d in meta["dims"]]  # (a stepped dim's program dim)
+    names += [f"(({names[j]} + {a}) // {s})" if a else f"({names[j]} // {s})" for j, a, s in meta.get("floors", ())]
+    basis = meta.get("basis") or range(1 << len(names))
     dims = [[list(t["shape"]) for t in inputs], [list(t["shape"]) for t in outputs]]
     for where, coeffs in meta["entries"]:
         if where[0] in ("I", "O"):
-            text = _expression_of(coeffs, names)
+            text = _expression_of(coeffs, names, basis)
             for d in meta["dims"]:  # its reader's extent: the dim's own name
                 if len(d) > 3:
                     text = re.sub(rf"^{d[3]} \* \({re.escape(str(d[0]))} / {d[3]}\)$", str(d[0]), text)
@@ -225,11 +272,12 @@ def io_dims(meta: Mapping[str, Any], inputs: Sequence[Any], outputs: Sequence[An
     return dims[0], dims[1]
 
 
-def _expression_of(coeffs: Sequence[int], names: Sequence[str]) -> str:
+def _expression_of(coeffs: Sequence[int], names: Sequence[str], basis: Sequence[int] | None = None) -> str:
     terms = []
-    for s, c in enumerate(coeffs):
+    for i, c in enumerate(coeffs):
         if not c:
             continue
+        s = basis[i] if basis is not None else i
         factors = [n for j, n in enumerate(names) if s >> j & 1]
         if not factors:
             terms.append(str(c))
@@ -642,6 +690,19 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
             g = read_only.get(tuple(hi))
             if not at or split or g is None:
                 return
+            if not lattice:  # strided lengths that follow a dim: probed again on its lattice (compiler/floors.py)
+                read = {p: read_only[p] for p in (*points, *at) if p in read_only}
+                fams = strided.families(read, spec, [j for j, st in enumerate(steps) if st > 1])
+                found = strided.lattice(fams[0], spec) if fams else {}
+                if fams and fams[1]:  # a dim whose strided lengths no derived dim stands for: not ranged (the
+                    # session ranges the others), refuted before any probe is lowered
+                    dims = [spec[j][0] for j in sorted(fams[1])]
+                    raise _Refuted(f"strided nodes' lengths follow {dims} in a way ctxrt does not fit (no graph at "
+                                   "some size, or lengths it cannot tell apart)", True, frozenset(dims))
+                if found and fams:
+                    raise _Lattice({j: fams[0][j] for j in found}, found, fams[1])
+            else:
+                return  # (its lengths are fitted with derived dims: no affine refutation)
             names = [*g.outputs, *(o for node in g.nodes for o in node.outputs if o and o not in g.outputs)]
             graphs = [read_only.get(p) for p in (*points, *at)]
             if all(x is not None and all(n in x.values and len(x.values[n].shape) == len(g.values[n].shape)
@@ -658,7 +719,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
 
         def pieces_checked(at: list[tuple[int, ...]]) -> None:
             if pieces:
-                _check_pieces(pieces, small, folded, points, at, spec)
+                _check_pieces(pieces, small, folded, points, at, spec, rounds=bool(lattice))
             _check_slices(read_only, points, at, spec)
             _check_resizes(read_only, points, at)
             _check_bounds(read_only, points, at, spec)
@@ -693,9 +754,24 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
         except RangeError:
             keep = set()
             cache.clear()
+    lattice: dict[int, int] = {}  # lattice dims -> their step (strided lengths: compiler/floors.py)
+    forms: dict[int, list[tuple[int, int]]] = {}
+    unknown: set[int] = set()  # dims strided lengths follow in a way not found (compiler/floors.py)
     for _ in range(_KEEP_ROUNDS):
         for _ in range(_KEEP_ROUNDS):
-            early = read_first()
+            try:
+                early = read_first()
+            except _Lattice as e:
+                lattice.update(e.steps)
+                forms.update(e.forms)
+                unknown.update(e.unknown)
+                alt = [hi[j] - lattice[j] if j in lattice else a for j, a in enumerate(alt)]
+                checks = strided.check_points(spec, hi, lattice, forms, _verify_points(spec, hi, alt))
+                cache.clear()
+                read_only.clear()
+                folded.clear()
+                small.clear()
+                continue
             if early:
                 keep |= early
                 cache.clear()
@@ -718,8 +794,13 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
             raise RangeError(f"constants {sorted(grow)[:4]} still depend on the dims after {_KEEP_ROUNDS} rounds")
         k = len(spec)
 
-        def corner(b: int, k: int = k) -> tuple[int, ...]:
+        def corner(b: int, k: int = k, alt: list[int] = alt) -> tuple[int, ...]:
             return tuple(hi[j] if not b >> j & 1 else alt[j] for j in range(k))
+
+        if lattice:  # every corner of {U, U - L}, checked off the lattice
+            corners = [corner(b) for b in range(1 << k)]
+            return [_fit_floors([at(p)[0] for p in corners], corners, [(v, at(v)[0]) for v in checks], spec,
+                                frozenset(keep), lattice, forms, hi, unknown)]
 
         def fitted(terms: list[int], points: list[tuple[int, ...]], at_points: list[tuple[int, ...]],
                    kept: frozenset[str] = frozenset(keep)) -> list[tuple[CompiledGraph, dict[str, Any]]]:
@@ -812,6 +893,84 @@ def _fit(graphs: list[tuple[CompiledGraph, dict[str, Any]]], corners: list[tuple
     return replace(gu, ranges=ranges), wu
 
 
+def _fit_floors(graphs: list[tuple[CompiledGraph, dict[str, Any]]], corners: list[tuple[int, ...]],
+                verify: list[tuple[tuple[int, ...], tuple[CompiledGraph, dict[str, Any]]]],
+                spec: list[tuple[str, int, int]], keep: frozenset[str], lattice: Mapping[int, int],
+                forms: Mapping[int, list[tuple[int, int]]], hi: Sequence[int], unknown: Iterable[int] = ()
+                ) -> tuple[CompiledGraph, dict[str, Any]]:
+    """One program's integers fitted over the corners of {U, U - L} (each lattice dim j on its lattice of step L,
+    compiler/floors.py), written over the dims and the derived dims `forms`, checked at the `verify` points off the
+    lattice: the upper bound's program with its Ranges (its lattice dims' lower bounds raised to the least size where
+    no extent is negative and no strided length 0: the model has no graph below it). `unknown`: dims strided lengths
+    follow in a way not found, which a refutation names (a session then ranges the others)."""
+    gu, wu = graphs[0]
+    for g, _ in [*graphs[1:], *(gv for _, gv in verify)]:
+        _same_structure(gu, g, spec)
+    where, _ = _integers(gu, wu, wu)
+    x = np.array([_integers(g, w, wu)[1] for g, w in graphs], np.int64)
+    k = len(spec)
+    rest = {j: hi[j] % step for j, step in lattice.items()}
+    on = [tuple((p[j] - rest[j]) // lattice[j] if j in lattice else p[j] for j in range(k)) for p in corners]
+    basis = np.array([_monomials(p) for p in on], np.float64)
+    coeffs = np.zeros((1 << k, x.shape[1]), np.int64)
+    coeffs[0] = x[0]
+    moving = np.flatnonzero((x != x[0]).any(0))
+    if len(moving):
+        coeffs[:, moving] = np.rint(np.linalg.solve(basis, x[:, moving].astype(np.float64))).astype(np.int64)
+    if not np.array_equal(basis.astype(np.int64) @ coeffs, x):
+        bad = where[int(np.argmax((basis.astype(np.int64) @ coeffs != x).any(0)))]
+        raise RangeError(f"{_label(bad, gu)} is not a polynomial of the dims with integer coefficients")
+    derived = [(j, a, s) for j in sorted(lattice) for a, s in forms[j]]
+    if len(derived) > MAX_FLOORS:
+        raise RangeError(f"{len(derived)} strided lengths follow the dims; a range program takes at most {MAX_FLOORS}")
+    names = [d[0] for d in spec]
+
+    def extended(point: Sequence[int]) -> tuple[int, ...]:
+        return (*point, *((point[j] + a) // s for j, a, s in derived))
+    checked = [(extended(v), np.array(_integers(gv, wv, wu)[1], np.int64)) for v, (gv, wv) in verify]
+    polys, bad_at = strided.convert(coeffs, k, {j: (lattice[j], rest[j]) for j in lattice}, derived, checked)
+    if bad_at is None:  # every integer (those of the other dims too) at the check points
+        bad_at = next((i for i, p in enumerate(polys) for at, got in checked if strided.value(p, at) != got[i]), None)
+    if bad_at is not None:
+        raise _Refuted(f"{_label(where[bad_at], gu)} follows the dims neither linearly nor as a strided node's "
+                       f"length (at {dict(zip(names, verify[0][0], strict=True))})", True,
+                       frozenset(names[j] for j in (set(unknown) or lattice)))  # (a session ranges the others)
+    used = sorted({i for p in polys for m in p for i in range(len(derived)) if m >> (k + i) & 1})
+    bits = [*range(k), *(k + i for i in used)]  # the derived dims some integer uses, renumbered
+
+    def renumbered(m: int) -> int:
+        return sum(1 << t for t, b in enumerate(bits) if m >> b & 1)
+    polys = [{renumbered(m): c for m, c in p.items()} for p in polys]
+    derived = [derived[i] for i in used]
+    basis = sorted({0, *(1 << j for j in range(k)), *(m for p in polys for m in p)})
+    varying = [i for i, p in enumerate(polys) if any(m for m in p)]
+    entries = [(list(where[i]), [polys[i].get(m, 0) for m in basis]) for i in varying]
+    readers = _readers(spec, entries, gu, basis=basis)
+    ranges = Ranges(list(spec), readers, entries, keep, floors=tuple(derived), basis=tuple(basis))
+    spec = list(spec)
+    extents = [i for i, (w, _) in enumerate(entries) if _inner(gu, w)[1][0] in ("in", "out", "I", "O")]
+    # (a length that follows a derived dim must be 1 at least: a strided node has no output of length 0, as
+    # onnxruntime refuses it)
+    least = np.array([1 if any(m >> k for m, c in zip(basis, entries[i][1], strict=True) if c) else 0
+                      for i in extents], np.int64)
+    for j in lattice:  # the least size where every extent is, the other dims at their least
+        name, lo, top = spec[j]
+        low = [d[1] for d in spec]
+
+        def fine(n: int, j: int = j, low: list[int] = low) -> bool:
+            return bool((ranges.evaluate([*low[:j], n, *low[j + 1:]])[extents] >= least).all())
+        if not fine(lo):
+            a, b = lo, top  # fine(b) (the upper bound's program has its extents)
+            while b - a > 1:
+                mid = (a + b) // 2
+                a, b = (a, mid) if fine(mid) else (mid, b)
+            spec[j] = (name, b, top)
+    if spec != ranges.dims:
+        ranges = Ranges(spec, readers, entries, keep, floors=tuple(derived), basis=tuple(basis))
+    check_fits(gu, ranges, spec)
+    return replace(gu, ranges=ranges), wu
+
+
 def _widened(prior: Ranges, spec: list[tuple[str, int, int]], upper: tuple[Any, CompiledGraph, dict[str, Any]],
              below: tuple[Any, CompiledGraph, dict[str, Any]], keep: set[str]) -> tuple[CompiledGraph, dict[str, Any]]:
     """The program at the new upper bound with the prior fit, if every integer of the programs at U and U - 1
@@ -824,7 +983,8 @@ def _widened(prior: Ranges, spec: list[tuple[str, int, int]], upper: tuple[Any, 
     pos = [index.get(tuple(w)) for w, _ in prior.entries]
     if None in pos:
         raise RangeError("the fit of the narrower ranges names integers the wider program does not have")
-    ranges = Ranges(list(spec), prior.readers, prior.entries, frozenset(keep), widened=True, steps=prior.steps)
+    ranges = Ranges(list(spec), prior.readers, prior.entries, frozenset(keep), widened=True, steps=prior.steps,
+                    floors=prior.floors, basis=prior.basis)
     for point, vals in ((point_u, vu), (point_a, va)):
         want = ranges.evaluate(point)
         if any(vals[p] != int(v) for p, v in zip(pos, want, strict=True)):
@@ -1127,14 +1287,15 @@ def _check_resizes(graphs: Mapping[tuple[int, ...], Any], points: list[tuple[int
 
 def _check_pieces(pieces: list[tuple[str, str, list[str]]], small: Mapping[tuple[int, ...], Mapping[str, Any]],
                   folded: Mapping[tuple[int, ...], Mapping[str, Any]], points: list[tuple[int, ...]],
-                  checks: list[tuple[int, ...]], spec: list[tuple[str, int, int]]) -> None:
+                  checks: list[tuple[int, ...]], spec: list[tuple[str, int, int]], rounds: bool = False) -> None:
     """RangeError where a piecewise op folded into a shape (`pieces`) may change piece somewhere in the ranges:
     `min(N, 8)` over N in 1..32 is 8 at every probe and N below 8, which the fit of the shape it decides cannot
     see. Its inputs (the probes' small constants `small`) are fitted as affine functions of the dims over the
     probes `points` and checked at `checks`; then, at every corner of the box of ranges, each comparison's (Min's,
     Max's, Clip's, Abs's, Sign's) difference keeps one sign, a Where's condition and And's ... inputs one value,
     and a Div's or Floor's ... result is the affine function its input's fit gives: over the box, then, the op is
-    one affine piece, as the fit assumes."""
+    one affine piece, as the fit assumes. `rounds`: a dim is probed on a lattice (compiler/floors.py): a Div's ...
+    rounding is a strided length the fit writes over a derived dim (or refutes), not checked here."""
     corners = list(itertools.product(*[(lo, hi) for _, lo, hi in spec]))
 
     def fail(name: str, op: str, why: str) -> RangeError:
@@ -1157,6 +1318,8 @@ def _check_pieces(pieces: list[tuple[str, str, list[str]]], small: Mapping[tuple
     for name, op, inputs in pieces:
         if not all(name in folded.get(p, {}) or name in small.get(p, {}) for p in (*points, *checks)):
             continue  # not folded (computed at run time: its shape's node says so), or not at every probe (inlined)
+        if rounds and op in ("Div", "Floor", "Ceil", "Round", "Cast"):
+            continue
         vals = [corner_values(name, op, i) if i else None for i in inputs]
         if all(v is None for v in vals):
             continue  # the same at every probe: a constant
@@ -1236,7 +1399,10 @@ def _step_signature(s: Step) -> tuple[Any, ...]:
     def ref(r: Ref | None) -> Any:
         return None if r is None else (r.space, r.key, r.dtype, len(r.shape))
 
-    return (s.op, s.name, s.algorithm, s.backend, [ref(r) for r in s.inputs], [ref(r) for r in s.outputs],
+    algorithm = s.algorithm
+    if algorithm and algorithm.startswith("onednn:"):  # (oneDNN's implementation, chosen by shape at each set of
+        algorithm = ":".join(algorithm.split(":")[:2])  # dims the program runs, as at every probe: not its own)
+    return (s.op, s.name, algorithm, s.backend, [ref(r) for r in s.inputs], [ref(r) for r in s.outputs],
             len(s.scratch), _attr_shape(s.attrs))
 
 
@@ -1328,11 +1494,11 @@ def _attr_ints(v: Any, path: tuple[Any, ...]) -> Iterable[tuple[tuple[Any, ...],
 
 
 def _readers(spec: list[tuple[str, int, int]], entries: list[tuple[list[Any], list[int]]], g: CompiledGraph,
-             steps: Sequence[int] = ()) -> list[tuple[int, int]]:
+             steps: Sequence[int] = (), basis: Sequence[int] | None = None) -> list[tuple[int, int]]:
     readers = []
     for j, (name, _, _) in enumerate(spec):
         step = steps[j] if steps else 1  # (a stepped dim's reader: an extent of step times the program's dim)
-        unit = [step if s == 1 << j else 0 for s in range(1 << len(spec))]
+        unit = [step if s == 1 << j else 0 for s in (basis if basis is not None else range(1 << len(spec)))]
         found = next(((w[1], w[2]) for w, c in entries if w[0] == "I" and c == unit), None)
         if found is None:
             raise _Unreadable(f"dim {name!r} is no input's extent by itself: ctxrt reads dims from the inputs' "
@@ -1344,6 +1510,9 @@ def _readers(spec: list[tuple[str, int, int]], entries: list[tuple[list[Any], li
 def check_fits(g: CompiledGraph, ranges: Ranges, spec: list[tuple[str, int, int]]) -> None:
     """Every extent is >= 0 and no tensor in the arena is larger than at the upper bound, anywhere in the ranges
     (a multilinear extent is monotone along each dim when it is along every edge of the box of ranges)."""
+    if ranges.floors and not strided.one_per_family(
+            [ranges._basis[c] for c in np.flatnonzero(ranges._coeffs.any(0))], len(spec), ranges.floors):
+        raise RangeError("an integer takes a dim with one of its derived dims (or two of them): not monotone")
     box = [tuple(c) for c in itertools.product(*[(lo, hi) for _, lo, hi in spec])]
     vals = np.stack([ranges.evaluate(p) for p in box])  # corners x entries
     top = box.index(tuple(hi for _, _, hi in spec))

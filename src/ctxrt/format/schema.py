@@ -333,7 +333,7 @@ def _graph(value: Any, g: dict[str, Any], weights: dict[str, int], backend: str,
 def _ranges(value: Any, g: CompiledGraph, where: str) -> Any:
     """A range program's dims and entries, each place they name checked to exist, and every tensor they shape
     checked to stay within its upper-bound size anywhere in the ranges (so no view leaves the arena)."""
-    from ctxrt.compiler.ranges import MAX_DIMS, RangeError, Ranges, check_fits, entry_target
+    from ctxrt.compiler.ranges import MAX_DIMS, MAX_FLOORS, RangeError, Ranges, check_fits, entry_target
 
     r = as_map(value, where)
 
@@ -363,15 +363,33 @@ def _ranges(value: Any, g: CompiledGraph, where: str) -> Any:
         readers.append((inp, as_int(axis, f"{at} axis", 0, max(len(g.inputs[inp].shape) - 1, 0))))
     if len(readers) != len(dims):
         raise FormatError(f"{where} readers: {len(readers)} for {len(dims)} dims")
+    floors = []
+    for i, f in enumerate(as_list(r.get("floors", []), f"{where} floors")):
+        at = f"{where} floors[{i}]"
+        f = as_list(f, at)
+        if len(f) != 3:
+            raise FormatError(f"{at}: expected [dim, a, s]")
+        j = as_int(f[0], f"{at} dim", 0, len(dims) - 1)
+        if steps[j] != 1:
+            raise FormatError(f"{at}: dim {dims[j][0]!r} is stepped")
+        floors.append((j, as_int(f[1], f"{at} a", -(1 << 40), 1 << 40), as_int(f[2], f"{at} s", 2, 1 << 40)))
+    if len(floors) > MAX_FLOORS:
+        raise FormatError(f"{where} floors: at most {MAX_FLOORS}, got {len(floors)}")
+    width = 1 << (len(dims) + len(floors))
+    basis = [as_int(m, f"{where} basis[{i}]", 0, width - 1) for i, m in enumerate(as_list(r.get("basis", []),
+                                                                                             f"{where} basis"))]
+    if floors and not basis or len(set(basis)) != len(basis):
+        raise FormatError(f"{where} basis: a program with derived dims lists its monomials, each once")
     entries = []
     for at, (place, coeffs) in rows("entries", 2, "where, coefficients"):
         place = as_list(place, f"{at} where")
         coeffs = [as_int(c, f"{at} coefficients", -(1 << 40), 1 << 40) for c in as_list(coeffs, f"{at} coefficients")]
-        if len(coeffs) != 1 << len(dims) or not entry_target(g, place):
+        if len(coeffs) != (len(basis) or width) or not entry_target(g, place):
             raise FormatError(f"{at}: {place!r} is no integer of this program, or the coefficients do not match "
                               "the dims")
         entries.append((place, coeffs))
-    ranges = Ranges(dims, readers, entries, steps=tuple(steps) if any(x > 1 for x in steps) else ())
+    ranges = Ranges(dims, readers, entries, steps=tuple(steps) if any(x > 1 for x in steps) else (),
+                    floors=tuple(floors), basis=tuple(basis))
     try:
         check_fits(g, ranges, dims)
     except RangeError as e:

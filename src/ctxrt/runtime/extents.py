@@ -149,11 +149,11 @@ class ExtentRunner:
         self.static_total = sum(w for w in fixed if w)  # with the changed steps' at each set of dims (`splits`)
         # the changed steps grouped by the dims their integers follow (bit j: dim j), each group kept per the
         # values of its dims: a decoder's token at a new past length remakes only the steps that follow the past
-        coeffs, groups = g.ranges._coeffs, {}
+        groups = {}
         for k, idx in g.ranges._by_step.items():
             mask = 0
             for i in idx:
-                for m in np.nonzero(coeffs[i])[0].tolist():
+                for m in g.ranges.monomial_masks(i):
                     mask |= m
             groups.setdefault(mask, []).append((k, idx))
         self.groups: dict[int, list[tuple[int, list[int]]]] = groups
@@ -397,7 +397,8 @@ class ExtentRunner:
 
     def _at(self, dims: tuple[int, ...]) -> AtDims:
         g, r = self.g, self.g.ranges
-        values = r.evaluate(dims)
+        ext = r.extend(dims)  # (the derived dims too: the groups' masks name them)
+        values = r.evaluate(ext)
         vals = values.tolist()
         ins, outs = [], []
         for infos, places, got in ((g.inputs, self.io_axes[0], ins), (g.outputs, self.io_axes[1], outs)):
@@ -429,7 +430,7 @@ class ExtentRunner:
         for mask, members in self.groups_made.items():  # the steps that follow the same dims change together
             if not members:
                 continue
-            made = self._group(mask, members, dims, vals)
+            made = self._group(mask, members, ext, vals)
             parts.append(made[0])
             largest = None if largest is None or made[1] is None else max(largest, made[1])
             gemv = max(gemv, made[2])
@@ -685,7 +686,8 @@ class ExtentRunner:
     def _share(self, st: AtDims) -> tuple[list[Any], slots.Shared, list[Any], np.ndarray] | bool:
         vals, recording = st.vals, st.launches
         shared = self.shared.get(id(recording))
-        if shared is not None and shared.recording is recording:
+        fits = not self.g.ranges.floors  # (the structs' polynomials are over the dims: a strided length is none)
+        if shared is not None and shared.recording is recording and fits:
             got = shared.predicted(st.dims, vals)
             if got is not None:
                 self.g.ctx.stats["range_structs_predicted"] += len(shared.fit.done)
@@ -702,9 +704,10 @@ class ExtentRunner:
         block = shared.state_block(cur)
         if block is None:
             return False
-        if not shared.samples and not st.steps:  # (every changed step live: all sizes share this recording)
+        if fits and not shared.samples and not st.steps:  # (every changed step live: all sizes share it)
             self._learn_ahead(shared, recording, st.dims)
-        shared.learn(st.dims, block)
+        if fits:
+            shared.learn(st.dims, block)
         return recording, shared, cur, block
 
     def _learn_ahead(self, shared: slots.Shared, recording: list[Any], dims: tuple[int, ...]) -> None:

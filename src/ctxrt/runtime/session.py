@@ -88,6 +88,9 @@ class InferenceSession:
         # program is compiled for one value of these, its other dims ranged (a batch loop at a fixed image size)
         self._fixed_dims: set[str] = set()
         self._cuts: dict[str, set[int]] = {}  # per dim, sizes that start a piece no range program crosses
+        # per dim, the least size its strided convs and pools leave an output at (a range program's lower bound
+        # raised there, compiler/floors.py): a feed below it is refused before any compile
+        self._least: dict[str, int] = {}
         # symbolic dim names the feeds gave two sizes in one run (an exporter naming two lengths alike, as
         # onnxruntime lets it): each axis of theirs ranged as its own dim, INPUT:AXIS, from then on (`_key`)
         self._untied: set[str] = set()
@@ -252,6 +255,11 @@ class InferenceSession:
                              f"{np.asarray(array_of(feeds[name])).reshape(-1).tolist()[:16]} (a context binary is "
                              "compiled for one value)")
         else:
+            for key, least in self._least.items():
+                if self._needed(feeds, key) < least:
+                    name, axis = self._axis_of(key) or ("?", 0)
+                    raise ShapeError(f"input {name!r} axis {axis} (dim {key!r}) is {self._needed(feeds, key)}: the "
+                                     f"model's strided convs and pools leave no output below {least}")
             variant = self._carried_variant(feeds)  # value inputs met with other values: ranged as lengths
             self._pending, self._trial, self._range_failing = {}, set(), None
             dims = None if variant is not None else self._range_dims(feeds)
@@ -322,6 +330,11 @@ class InferenceSession:
                                              and attempt[k][0] < attempt[k][1]}  # (stepped now)
                         self._trial = set()
                         self._ranges.update({k: v for k, v in attempt.items() if k not in self._fixed_dims})
+                        if variant.ranged is not None and variant.ranged.ranges.floors:  # (bounds raised)
+                            for n, lo, _, _ in variant.ranged.ranges.natural():
+                                if isinstance(self._ranges.get(n), tuple) and lo > self._ranges[n][0]:
+                                    self._least[n] = lo
+                                    self._ranges[n] = (lo, self._ranges[n][1])
                         # (the steps it compiled with)
                         self._steps = {k: st for k, st in {**self._steps, **self._pending}.items() if st > 1}
                         self._counters["range_programs_compiled"] += 1

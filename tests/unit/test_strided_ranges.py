@@ -1,0 +1,160 @@
+"""Range programs over dims that strided convs and pools read (compiler/floors.py): a length through them is
+floor((n + a) / S), fitted as a derived dim; one compile for every length, equal to onnxruntime."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import ctxrt
+from ctxrt.compiler import floors
+from ctxrt.errors import CtxrtWarning, FormatError, ShapeError
+
+
+def _audio(pool: bool = True) -> onnx.ModelProto:
+    """wav[batch, n] -> Unsqueeze -> Conv 1 -> 8 (k 10, stride 5) -> Relu -> Conv 8 -> 8 (k 3, stride 2, pads 1)
+    -> MaxPool (k 3, stride 2, ceil_mode) -> Transpose -> frames x frames attention (MatMul, Softmax, MatMul) ->
+    Reshape by a Shape chain: an audio front end's lengths floor((n - 10) / 5) + 1 ... through a transformer layer."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array((rng.standard_normal((8, 1, 10)) / 3).astype(np.float32), "w1"),
+             numpy_helper.from_array((rng.standard_normal((8, 8, 3)) / 4).astype(np.float32), "w2"),
+             numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b2"),
+             numpy_helper.from_array(np.array([1], np.int64), "one"),
+             numpy_helper.from_array(np.array([0, -1], np.int64), "flat")]
+    nodes = [helper.make_node("Unsqueeze", ["wav", "one"], ["x"]),
+             helper.make_node("Conv", ["x", "w1"], ["c1"], strides=[5]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], strides=[2], pads=[1, 1])]
+    last = "c2"
+    if pool:
+        nodes.append(helper.make_node("MaxPool", ["c2"], ["p"], kernel_shape=[3], strides=[2], ceil_mode=1))
+        last = "p"
+    nodes += [helper.make_node("Transpose", [last], ["t"], perm=[0, 2, 1]),
+              helper.make_node("Transpose", [last], ["tt"], perm=[0, 1, 2]),
+              helper.make_node("MatMul", ["t", "tt"], ["s"]),
+              helper.make_node("Softmax", ["s"], ["a"], axis=-1),
+              helper.make_node("MatMul", ["a", "t"], ["o"]),
+              helper.make_node("Reshape", ["o", "flat"], ["y"])]
+    io = [helper.make_tensor_value_info("wav", TensorProto.FLOAT, ["batch", "n"]),
+          helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "m"])]
+    return helper.make_model(helper.make_graph(nodes, "audio", io[:1], io[1:], inits),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+SIZES = [(1, 400), (2, 333), (1, 1001), (3, 57), (1, 24), (2, 777), (1, 512), (4, 129), (1, 1023), (2, 250)]
+
+
+@pytest.mark.parametrize("pool", [False, True])
+def test_an_audio_front_end_is_one_program_for_every_length(pool: bool) -> None:
+    """Batch and length through strided convs (and a ceil_mode pool): one range program whose lengths are derived
+    dims, every output equal to onnxruntime's at lengths of every residue, no warning, one compile."""
+    data = _audio(pool).SerializeToString()
+    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CtxrtWarning)
+        with ctxrt.InferenceSession(data, dim_ranges={"batch": (1, 4), "n": (1, 1024)}) as sess:
+            for b, n in SIZES:
+                x = rng.standard_normal((b, n)).astype(np.float32)
+                (got,), (want,) = sess.run(None, {"wav": x}), theirs.run(None, {"wav": x})
+                assert got.shape == want.shape
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+            assert sess.stats["shape_variants_compiled"] == 1
+            ranges = sess._current.ranged.ranges
+            # floor(n / 5) - 1 frames, floor(n / 10) after the stride-2 conv (and the pool's)
+            assert ranges.floors[:2] == ((1, 0, 5), (1, 0, 10))
+            assert len(ranges.floors) == (3 if pool else 2)
+
+
+def test_the_least_length_is_where_onnxruntime_has_a_graph(tmp_path) -> None:
+    """The range's lower bound is raised to the least length every strided output has a frame at (onnxruntime
+    refuses a conv's input below it, or gives no frame); a feed below it is one ShapeError saying so, with nothing
+    compiled for it. The program as a context binary (its derived dims and monomials stored) runs every length."""
+    data = _audio().SerializeToString()
+    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    with ctxrt.InferenceSession(data, dim_ranges={"batch": (1, 4), "n": (1, 1024)}) as sess:
+        sess.run(None, {"wav": np.zeros((1, 500), np.float32)})
+        least = sess.dim_ranges["n"][0]
+        assert theirs.run(None, {"wav": np.ones((1, least), np.float32)})[0].size
+        try:  # below it, onnxruntime refuses the conv's input or gives no frame
+            below = theirs.run(None, {"wav": np.ones((1, least - 1), np.float32)})[0].size
+        except Exception:  # noqa: BLE001
+            below = 0
+        assert below == 0
+        with pytest.raises(ShapeError, match=f"is {least - 1}: the model's strided convs and pools leave no output "
+                                             f"below {least}"):
+            sess.run(None, {"wav": np.ones((1, least - 1), np.float32)})
+        assert sess.stats["shape_variants_compiled"] == 1
+    from ctxrt.cli import main as cli
+
+    onnx.save(_audio(), tmp_path / "audio.onnx")
+    assert cli(["compile", str(tmp_path / "audio.onnx"), "-o", str(tmp_path / "audio.ctx"), "--dim", "batch=1:4",
+                "--dim", "n=1:1024"]) == 0
+    g = ctxrt.context_from_binary(tmp_path / "audio.ctx").graph()
+    assert g.ranges.floors and g.ranges.basis and g.ranges.dims[1][1] == least
+    rng = np.random.default_rng(1)
+    for b, n in SIZES[:6]:
+        if n < least:
+            continue
+        x = rng.standard_normal((b, n)).astype(np.float32)
+        np.testing.assert_allclose(g.run({"wav": x})["y"], theirs.run(None, {"wav": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_stored_fit_that_mixes_a_dim_with_its_derived_dim_is_refused() -> None:
+    """A context binary's integer over n * floor(n / 5) (not monotone between the box's corners: a view could
+    leave the arena), or its derived dims and monomials badly listed: a FormatError, nothing run."""
+    import copy
+
+    from ctxrt.format.schema import _ranges
+
+    g = ctxrt.compile(_audio().SerializeToString(), dims={"batch": (1, 4), "n": (1, 1024)}).graph()
+    meta = g.ranges.to_meta()
+    assert _ranges(copy.deepcopy(meta), g.compiled, "graph").floors == g.ranges.floors
+    k = len(meta["dims"])
+
+    def mix(r) -> None:  # n times its first derived dim
+        r["basis"] = [*r["basis"], (1 << 1) | (1 << k)]
+        for e in r["entries"]:
+            e[1] = [*e[1], 0]
+        r["entries"][-1][1][-1] = 1
+    for change in (mix, lambda r: r.update(basis=r["basis"][:-1]),  # (coefficients no longer match)
+                   lambda r: r.update(basis=[0, 0, *r["basis"][2:]]), lambda r: r["floors"].append([7, 0, 2]),
+                   lambda r: r.update(basis=[]), lambda r: r["floors"][0].__setitem__(2, 0)):
+        bad = copy.deepcopy(meta)
+        change(bad)
+        with pytest.raises(FormatError):
+            _ranges(bad, g.compiled, "graph")
+
+
+def test_check_points_tell_every_two_candidate_lengths_apart() -> None:
+    """Off the lattice, the two check points make any two candidate forms of a dim (itself, floor((n + a) / S) for
+    each derived dim) differ in their rounding at one of them at least, and the first lies far below the bound."""
+    spec = [("n", 1, 1024)]
+    forms = {0: [(0, 5), (5, 10), (15, 20), (3, 4)]}
+    points = floors.check_points(spec, [1024], {0: 20}, forms, [(342,)])
+    assert len(points) == 2 and all((1024 - p[0]) % 20 for p in points)
+    assert points[0][0] < 1024 - 40 <= points[1][0]
+    cands = [(0, 1), *forms[0]]
+    for (a1, s1), (a2, s2) in [(x, y) for i, x in enumerate(cands) for y in cands[i + 1:]]:
+        def shift(n: int, a: int, s: int) -> int:
+            return (n + a) % s - (1024 + a) % s
+        assert any(shift(p[0], a1, s1) != shift(p[0], a2, s2) for p in points)
+
+
+def test_an_integer_is_written_over_the_candidate_its_check_values_agree_with() -> None:
+    """t = (n - r) / L on the lattice; 2 t + 1 is 2 floor((n + 3) / 20) + 1 where that form holds at the check
+    points, and no candidate at all where none does (the fit refuted, the session compiles per size)."""
+    k, lattice, forms = 1, {0: (20, 4)}, [(0, 3, 20), (0, 0, 10)]
+    coeffs = np.array([[1], [2]], np.int64)  # 1 + 2 t
+    point = 997
+    want = 2 * ((point + 3) // 20) + 1 - 2 * ((4 + 3) // 20)
+    ext = (point, (point + 3) // 20, point // 10)
+    polys, bad = floors.convert(coeffs, k, lattice, forms, [(ext, np.array([want]))])
+    assert bad is None and floors.value(polys[0], ext) == want and set(polys[0]) <= {0, 2}
+    _, bad = floors.convert(coeffs, k, lattice, forms, [(ext, np.array([want + 1]))])
+    assert bad == 0
