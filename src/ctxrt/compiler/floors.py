@@ -28,18 +28,21 @@ MAX_LATTICE = 4096  # the largest lattice step (a product of strides) a dim take
 
 
 def families(graphs: Mapping[tuple[int, ...], Any], spec: Sequence[tuple[str, int, int]],
-             stepped: Sequence[int] = ()) -> tuple[dict[int, list[tuple[int, int]]], set[int]] | None:
+             stepped: Sequence[int] = ()
+             ) -> tuple[dict[int, list[tuple[int, int]]], set[int], dict[int, int]] | None:
     """(Per dim, the derived dims (a, S) (0 <= a < S) that strided nodes' output lengths follow (in the frontend
     graphs read at the points `graphs` names, each point the dims' sizes), in graph order, dims with none left
     out; the dims a strided node's length follows in a way not found (its input's length matches more than one
-    known form at every point, its output's none)). None where a strided node's input length matches no known form
+    known form at every point, its output's none); per dim, the least size where every strided node's output has
+    a frame (onnxruntime refuses a conv's empty input)). None where a strided node's input length matches no known form
     (which dim it follows cannot be told): then no dim is probed on a lattice."""
     points = list(graphs)
     if len(points) < 3:
-        return {}, set()
+        return {}, set(), {}
     top = graphs[points[0]]
     known: dict[int, list[tuple[int, int]]] = {j: [(0, 1)] for j in range(len(spec)) if j not in stepped}
     unknown: set[int] = set()  # dims a strided node's length follows in a way not found
+    least: dict[int, int] = {}  # per dim, the least size every strided node's output has a frame at
     # per rank and axis, the dim the inputs' extents there are (an image's H at axis 2 of every NCHW tensor after):
     # which dim a strided node's length follows where two dims take the same sizes at the points
     hint: dict[tuple[int, int], set[int]] = {}
@@ -77,14 +80,17 @@ def families(graphs: Mapping[tuple[int, ...], Any], spec: Sequence[tuple[str, in
             j, a, big, c = matches[0]
             for t in _structural(node, axis, s, top.values):
                 a2, s2 = a + big * (c + t), big * s
-                if _offset(o, points, j, a2, s2) is not None:
+                if _offset(o, points, j, a2, s2) == 0:  # (exactly the node's formula at every point)
                     form = (a2 % s2, s2)
                     if form not in known[j]:
                         known[j].append(form)
+                    # its output has a frame from n = s2 - a2 on (floor((n + a2) / s2) >= 1)
+                    least[j] = max(least.get(j, 0), s2 - a2)
                     break
             else:  # (a point where the model has no graph there, shapes inferred past it: an image's fixed height)
                 unknown.add(j)
-    return {j: forms[1:] for j, forms in known.items() if len(forms) > 1 and j not in unknown}, unknown
+    return {j: [*forms[1:]] for j, forms in known.items() if len(forms) > 1 and j not in unknown}, unknown, \
+        {j: n for j, n in least.items() if j not in unknown}
 
 
 def _offset(values: Sequence[int], points: Sequence[tuple[int, ...]], j: int, a: int, s: int) -> int | None:
@@ -94,24 +100,28 @@ def _offset(values: Sequence[int], points: Sequence[tuple[int, ...]], j: int, a:
 
 
 def _structural(node: Any, axis: int, s: int, values: Mapping[str, Any]) -> list[int]:
-    """The t of floor((e + t) / s) that a strided node's attributes give for its output length (explicit pads,
-    then SAME padding's ceil(e / s))."""
+    """The t of floor((e + t) / s) that a strided node's attributes give for its output length (SAME padding's
+    ceil(e / s), else its explicit pads'); none where they do not say."""
     i = axis - 2
     kernel = node.attrs.get("kernel_shape")
     if kernel is None and len(node.inputs) > 1 and node.inputs[1] in values:
         w = values[node.inputs[1]].shape  # (QLinearConv's weight is input 3)
         w = values[node.inputs[3]].shape if node.op == "QLinearConv" and node.inputs[3] in values else w
         kernel = w[2:]
+    if str(node.attrs.get("auto_pad", "NOTSET")) in ("SAME_UPPER", "SAME_LOWER"):
+        return [s - 1]  # ceil(e / s)
     out = []
     if kernel is not None and i < len(kernel):
         pads = list(node.attrs.get("pads") or [0] * (2 * len(kernel)))
         dil = list(node.attrs.get("dilations") or [1] * len(kernel))
         k_eff = int(dil[i] if i < len(dil) else 1) * (int(kernel[i]) - 1) + 1
-        total = int(pads[i]) + int(pads[i + len(kernel)]) if len(pads) == 2 * len(kernel) else 0
-        ceil = int(node.attrs.get("ceil_mode", 0) or 0)
-        # floor((e + P - k_eff) / s) + 1 = floor((e + P - k_eff + s) / s); ceil_mode's ceil: s - 1 more
-        out.append(total - k_eff + s + (s - 1) * ceil)
-    out.append(s - 1)  # SAME_UPPER / SAME_LOWER: ceil(e / s)
+        begin, end = (int(pads[i]), int(pads[i + len(kernel)])) if len(pads) == 2 * len(kernel) else (0, 0)
+        if int(node.attrs.get("ceil_mode", 0) or 0):
+            # ceil((e + P - K) / s) + 1, less 1 where the last window would start past the input and its begin
+            # pad (onnxruntime's and PyTorch's rule): floor((e + P - K + s - 1 + min(max(K - end, 0), s)) / s)
+            out.append(begin + end - k_eff + s - 1 + min(max(k_eff - end, 0), s))
+        else:  # floor((e + P - K) / s) + 1
+            out.append(begin + end - k_eff + s)
     return out
 
 

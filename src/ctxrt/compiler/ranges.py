@@ -67,9 +67,10 @@ class _Unreadable(RangeError):
 class _Lattice(RangeError):
     """Strided nodes' lengths follow dims of the ranges (compiler/floors.py): the probes start again on a lattice."""
 
-    def __init__(self, forms: dict[int, list[tuple[int, int]]], steps: dict[int, int], unknown: set[int]) -> None:
+    def __init__(self, forms: dict[int, list[tuple[int, int]]], steps: dict[int, int], unknown: set[int],
+                 least: dict[int, int]) -> None:
         super().__init__("strided lengths")
-        self.forms, self.steps, self.unknown = forms, steps, unknown
+        self.forms, self.steps, self.unknown, self.least = forms, steps, unknown, least
 
 
 class _Refuted(RangeError):
@@ -700,9 +701,14 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
                     raise _Refuted(f"strided nodes' lengths follow {dims} in a way ctxrt does not fit (no graph at "
                                    "some size, or lengths it cannot tell apart)", True, frozenset(dims))
                 if found and fams:
-                    raise _Lattice({j: fams[0][j] for j in found}, found, fams[1])
-            else:
-                return  # (its lengths are fitted with derived dims: no affine refutation)
+                    raise _Lattice({j: fams[0][j] for j in found}, found, fams[1], fams[2])
+            else:  # its lengths are fitted with derived dims (no affine refutation); the derived dims found again
+                # at the lattice's points (other residues: a form that held at the first points by chance fails)
+                read = {p: read_only[p] for p in (*points, *at) if p in read_only}
+                fams = strided.families(read, spec, [j for j, st in enumerate(steps) if st > 1])
+                if fams is None or any(fams[0].get(j) != forms[j] for j in lattice):
+                    raise RangeError("the strided lengths found at the first probes do not hold on the lattice")
+                return
             names = [*g.outputs, *(o for node in g.nodes for o in node.outputs if o and o not in g.outputs)]
             graphs = [read_only.get(p) for p in (*points, *at)]
             if all(x is not None and all(n in x.values and len(x.values[n].shape) == len(g.values[n].shape)
@@ -757,6 +763,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
     lattice: dict[int, int] = {}  # lattice dims -> their step (strided lengths: compiler/floors.py)
     forms: dict[int, list[tuple[int, int]]] = {}
     unknown: set[int] = set()  # dims strided lengths follow in a way not found (compiler/floors.py)
+    least: dict[int, int] = {}  # per lattice dim, the least size every strided output has a frame at
     for _ in range(_KEEP_ROUNDS):
         for _ in range(_KEEP_ROUNDS):
             try:
@@ -765,6 +772,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
                 lattice.update(e.steps)
                 forms.update(e.forms)
                 unknown.update(e.unknown)
+                least.update(e.least)
                 alt = [hi[j] - lattice[j] if j in lattice else a for j, a in enumerate(alt)]
                 checks = strided.check_points(spec, hi, lattice, forms, _verify_points(spec, hi, alt))
                 cache.clear()
@@ -800,7 +808,7 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
         if lattice:  # every corner of {U, U - L}, checked off the lattice
             corners = [corner(b) for b in range(1 << k)]
             return [_fit_floors([at(p)[0] for p in corners], corners, [(v, at(v)[0]) for v in checks], spec,
-                                frozenset(keep), lattice, forms, hi, unknown)]
+                                frozenset(keep), lattice, forms, hi, unknown, least)]
 
         def fitted(terms: list[int], points: list[tuple[int, ...]], at_points: list[tuple[int, ...]],
                    kept: frozenset[str] = frozenset(keep)) -> list[tuple[CompiledGraph, dict[str, Any]]]:
@@ -896,12 +904,12 @@ def _fit(graphs: list[tuple[CompiledGraph, dict[str, Any]]], corners: list[tuple
 def _fit_floors(graphs: list[tuple[CompiledGraph, dict[str, Any]]], corners: list[tuple[int, ...]],
                 verify: list[tuple[tuple[int, ...], tuple[CompiledGraph, dict[str, Any]]]],
                 spec: list[tuple[str, int, int]], keep: frozenset[str], lattice: Mapping[int, int],
-                forms: Mapping[int, list[tuple[int, int]]], hi: Sequence[int], unknown: Iterable[int] = ()
-                ) -> tuple[CompiledGraph, dict[str, Any]]:
+                forms: Mapping[int, list[tuple[int, int]]], hi: Sequence[int], unknown: Iterable[int] = (),
+                least: Mapping[int, int] | None = None) -> tuple[CompiledGraph, dict[str, Any]]:
     """One program's integers fitted over the corners of {U, U - L} (each lattice dim j on its lattice of step L,
     compiler/floors.py), written over the dims and the derived dims `forms`, checked at the `verify` points off the
     lattice: the upper bound's program with its Ranges (its lattice dims' lower bounds raised to the least size where
-    no extent is negative and no strided length 0: the model has no graph below it). `unknown`: dims strided lengths
+    no extent is negative and every strided node's output has a frame, `least`: the model has no graph below it). `unknown`: dims strided lengths
     follow in a way not found, which a refutation names (a session then ranges the others)."""
     gu, wu = graphs[0]
     for g, _ in [*graphs[1:], *(gv for _, gv in verify)]:
@@ -949,16 +957,16 @@ def _fit_floors(graphs: list[tuple[CompiledGraph, dict[str, Any]]], corners: lis
     ranges = Ranges(list(spec), readers, entries, keep, floors=tuple(derived), basis=tuple(basis))
     spec = list(spec)
     extents = [i for i, (w, _) in enumerate(entries) if _inner(gu, w)[1][0] in ("in", "out", "I", "O")]
-    # (a length that follows a derived dim must be 1 at least: a strided node has no output of length 0, as
-    # onnxruntime refuses it)
-    least = np.array([1 if any(m >> k for m, c in zip(basis, entries[i][1], strict=True) if c) else 0
-                      for i in extents], np.int64)
-    for j in lattice:  # the least size where every extent is, the other dims at their least
+    for j in lattice:  # the least size where every extent that follows the dim is >= 0 (the other dims at their
+        # most) and every strided node's output has a frame (`least`: onnxruntime refuses a conv's empty input)
         name, lo, top = spec[j]
-        low = [d[1] for d in spec]
+        family = (1 << j) | sum(1 << (k + i) for i, (d, _, _) in enumerate(derived) if d == j)
+        mine = [i for i in extents if any(m & family for m, c in zip(basis, entries[i][1], strict=True) if c)]
+        high = [d[2] for d in spec]
+        first = (least or {}).get(j, lo)
 
-        def fine(n: int, j: int = j, low: list[int] = low) -> bool:
-            return bool((ranges.evaluate([*low[:j], n, *low[j + 1:]])[extents] >= least).all())
+        def fine(n: int, j: int = j, high: list[int] = high, mine: list[int] = mine, first: int = first) -> bool:
+            return n >= first and bool((ranges.evaluate([*high[:j], n, *high[j + 1:]])[mine] >= 0).all())
         if not fine(lo):
             a, b = lo, top  # fine(b) (the upper bound's program has its extents)
             while b - a > 1:

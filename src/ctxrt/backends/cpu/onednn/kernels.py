@@ -380,6 +380,14 @@ class _NativeConv(Kernel):
             w = spec.consts[1]
             self.constants = {} if spec.options.get("probe") else {1: memo(flag, w, key, lambda: layout(w))}
 
+    def _window_at(self, x: tuple[int, ...], y: tuple[int, ...]) -> tuple[int, ...]:
+        """The window (strides, pads before, dilations + 1) at these NCHW input and output shapes: SAME padding's
+        pads follow the sizes (a range over an image's height: the upper bound's window would be another's)."""
+        if self.spec.attr("auto_pad", "NOTSET") not in ("SAME_UPPER", "SAME_LOWER"):
+            return self.window
+        strides, dil, pb, _ = _window(self.spec, x, y, self.kernel_hw)
+        return (*strides, *pb, *[d + 1 for d in dil])
+
     def _onednn_conv(self, src: tuple[api.Desc, int, int], dst: tuple[api.Desc, int, int], kernel: tuple[int, int],
                      wdims: tuple[int, ...], w: np.ndarray, stored: str, bias: np.ndarray | None, residual: bool
                      ) -> tuple[api.Primitive, api.Attr, api.Desc | None, np.ndarray]:
@@ -494,6 +502,7 @@ class DepthwiseRows(_NativeConv):
     def __init__(self, spec: NodeSpec, kernel: tuple[int, int], window: tuple[int, ...], has_bias: bool,
                  residual: bool) -> None:
         self.kernel, self.window = kernel, window  # the weights stored [kh, kw, C]
+        self.kernel_hw = kernel
         super().__init__(spec, "dw_rows", has_bias, residual,
                          lambda w: np.ascontiguousarray(w.reshape(w.shape[0], -1).T).reshape(w.shape), kernel)
 
@@ -505,6 +514,7 @@ class DepthwiseRows(_NativeConv):
         bias = ins[2].reshape(c) if self.has_bias else None
         residual = ins[3].reshape(y.shape) if self.residual else None
         act, alpha, beta = self.act or (None, 0.0, 0.0)
+        self.window = self._window_at((x.shape[0], c, *x.shape[1:3]), (y.shape[0], c, *y.shape[1:3]))
         run = native.dwconv(x, w, y, bias, residual, self.window, gemv.act_code(act) or 0, alpha, beta) \
             if native.library() is not None else None
         return run if run is not None else self._onednn(x, w, y, bias, residual)
@@ -542,6 +552,7 @@ class PlanarRows(_NativeConv):
     def __init__(self, spec: NodeSpec, wshape: tuple[int, int, int, int], window: tuple[int, ...],
                  has_bias: bool) -> None:
         self.wshape, self.window = wshape, window
+        self.kernel_hw = wshape[2:]
         super().__init__(spec, "planar_rows", has_bias, False,
                          lambda w: np.ascontiguousarray(w.reshape(wshape).transpose(1, 2, 3, 0)).reshape(w.shape),
                          wshape)
@@ -552,6 +563,7 @@ class PlanarRows(_NativeConv):
         w = ins[1].reshape(c, kh, kw, m)
         bias = ins[2].reshape(m) if self.has_bias else None
         act, alpha, beta = self.act or (None, 0.0, 0.0)
+        self.window = self._window_at(x.shape, (y.shape[0], m, *y.shape[1:3]))
         run = native.planar_conv(x, w, y, bias, self.window, gemv.act_code(act) or 0, alpha, beta) \
             if native.library() is not None else None
         return run if run is not None else self._onednn(x, w, y, bias)
