@@ -909,8 +909,9 @@ def _fit_floors(graphs: list[tuple[CompiledGraph, dict[str, Any]]], corners: lis
     """One program's integers fitted over the corners of {U, U - L} (each lattice dim j on its lattice of step L,
     compiler/floors.py), written over the dims and the derived dims `forms`, checked at the `verify` points off the
     lattice: the upper bound's program with its Ranges (its lattice dims' lower bounds raised to the least size where
-    no extent is negative and every strided node's output has a frame, `least`: the model has no graph below it). `unknown`: dims strided lengths
-    follow in a way not found, which a refutation names (a session then ranges the others)."""
+    no extent is negative and every strided node's output has a frame, `least`: the model has no graph below it).
+    `unknown`: dims strided lengths follow in a way not found, which a refutation names (a session then ranges the
+    others)."""
     gu, wu = graphs[0]
     for g, _ in [*graphs[1:], *(gv for _, gv in verify)]:
         _same_structure(gu, g, spec)
