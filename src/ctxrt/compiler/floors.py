@@ -25,6 +25,8 @@ import numpy as np
 STRIDED = frozenset({"Conv", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool"})
 MAX_FLOORS = 16  # derived dims of one range program
 MAX_LATTICE = 4096  # the largest lattice step (a product of strides) a dim takes
+MAX_CHECKS = 4  # check points off the lattice (each a probe compile)
+_GRID = 1 << 16  # sizes two candidates of an integer are compared at (`convert`)
 
 
 def families(graphs: Mapping[tuple[int, ...], Any], spec: Sequence[tuple[str, int, int]],
@@ -140,51 +142,60 @@ def lattice(forms: Mapping[int, list[tuple[int, int]]], spec: Sequence[tuple[str
 def check_points(spec: Sequence[tuple[str, int, int]], hi: Sequence[int], steps: Mapping[int, int],
                  forms: Mapping[int, list[tuple[int, int]]], others: Sequence[tuple[int, ...]]
                  ) -> list[tuple[int, ...]]:
-    """Two points off the lattice: each lattice dim at a size in [U - 2L, U) (within its range) chosen so that any
-    two of its candidate forms (the dim itself and its derived dims) predict different values at one of them at
-    least, and each derived dim rounds differently there than on the lattice; the other dims as `others` (the
-    usual check points) give them."""
+    """Points off the lattice (two to MAX_CHECKS): each lattice dim at sizes chosen so that any two of its
+    candidate forms (the dim itself and its derived dims) predict different values at one of them at least where
+    that can be (greedily: the first far from U, at the usual check point's size, the others anywhere in
+    [U - 2L, U)), and each derived dim rounds differently there than on the lattice; the other dims as `others` (the
+    usual check points) give them. Candidates no point tells apart are refused where an integer could take
+    either (`convert`)."""
     picks: dict[int, list[int]] = {}
     base = list(others) or [tuple(hi)]
     for j, step in steps.items():
         _, lo, top = spec[j]
         fs = [(0, 1), *forms[j]]
-        far = base[0][j]  # (the usual check point's size: a form missed would show there, far from U)
-        windows = [range(max(lo, 1, far - step), min(top, far + step + 1)), range(max(lo, 1, top - 2 * step), top)]
+        # the usual check point's size (a form missed would show there, far from U), at least where every derived
+        # dim is 2 (a length of 1 compiles otherwise: a 1 x 1 map's transposes dropped, the program that runs there
+        # is the upper bound's)
+        two = max(2 * s - a for a, s in forms[j])
+        far = min(max(base[0][j], two), top - 1)
+        least = max(lo, 1, min(two, top - 1))
+        windows = [range(max(least, far - step), min(top, far + step + 1)), range(max(least, top - 2 * step), top)]
         sizes = np.array(sorted({n for w in windows for n in w if (top - n) % step}), np.int64)
         if not len(sizes):
             return []
-        near = sizes >= top - 2 * step
-        mu = np.stack([(sizes + a) % s for a, s in fs])  # forms x sizes
-        mu_top = np.array([(top + a) % s for a, s in fs])[:, None]
-        shift = mu - mu_top  # where a form rounds differently than on the lattice
-        pairs = [(x, y) for x, y in itertools.combinations(range(len(fs)), 2)]
+        near = np.isin(sizes, np.array(list(windows[1]), np.int64))
+        shift = np.stack([(sizes + a) % s - (top + a) % s for a, s in fs])  # where each rounds unlike the lattice
+        pairs = list(itertools.combinations(range(len(fs)), 2))
         tells = np.stack([shift[x] != shift[y] for x, y in pairs]) if pairs else np.zeros((0, len(sizes)), bool)
-        rounds = (shift[1:] != 0)
+        rounds = (shift[1:] != 0).sum(0)
         chosen: list[int] = []
         left = np.ones(len(pairs), bool)
-        for n in range(2):  # the first far from U (below its window where it can be), the second near it
-            score = (tells[left].sum(0) if left.any() else 0) * 1000 + rounds.sum(0)
-            allowed = near if n else ~near
-            score = np.where(allowed if allowed.any() else True, score, -1)
+        while len(chosen) < 2 or left.any() and len(chosen) < MAX_CHECKS:
+            score = tells[left].sum(0) * 1000 + rounds
             if chosen:
-                score = np.where(np.isin(sizes, chosen), -1, score)
+                score = np.where(np.isin(sizes, chosen) | (len(chosen) == 1) & ~near, -1, score)
+            else:
+                score = np.where(~near, score, -1) if (~near).any() else score
             i = int(np.argmax(score))
+            if score[i] < 0:
+                break
             chosen.append(int(sizes[i]))
-            left &= ~tells[:, i] if len(pairs) else left
+            left &= ~tells[:, i]
         picks[j] = chosen
-    return [tuple(picks[j][n] if j in picks else base[min(n, len(base) - 1)][j] for j in range(len(hi)))
-            for n in range(2)]
+    count = max((len(c) for c in picks.values()), default=2)
+    return [tuple(picks[j][min(n, len(picks[j]) - 1)] if j in picks else base[min(n, len(base) - 1)][j]
+                  for j in range(len(hi))) for n in range(count)]
 
 
 def convert(coeffs: np.ndarray, k: int, steps: Mapping[int, tuple[int, int]],
-            forms: Sequence[tuple[int, int, int]], checks: Sequence[tuple[tuple[int, ...], np.ndarray]]
-            ) -> tuple[list[dict[int, int]], int | None]:
+            forms: Sequence[tuple[int, int, int]], checks: Sequence[tuple[tuple[int, ...], np.ndarray]],
+            top: Sequence[int] = ()) -> tuple[list[dict[int, int]], int | None]:
     """Integers fitted over the lattice (`coeffs`: the dims' monomials x integers, each lattice dim j as
     t = (n - r) / L with `steps` j -> (L, r)) written over the dims and the derived dims `forms` ((dim, a, S)
     each, derived dim i bit k + i): (per integer, its coefficient by monomial; the first integer no candidate holds
-    at every check point ((the dims and derived dims there, the integers there) each), else None). An integer
-    takes one of each lattice dim's candidates (the dim itself first) for every monomial of it."""
+    at every check point ((the dims and derived dims there, the integers there) each), or two that differ
+    somewhere do (`top`: the upper bound, near which every residue is compared), else None). An integer takes one
+    of each lattice dim's candidates (the dim itself first) for every monomial of it."""
     out: list[dict[int, int]] = [{m: int(v) for m, v in enumerate(col) if v} for col in coeffs.T.tolist()]
     cands = {j: [(1 << j, step, r)] + [(1 << (k + i), step // s, (r + a) // s)
                                         for i, (d, a, s) in enumerate(forms) if d == j]
@@ -193,14 +204,43 @@ def convert(coeffs: np.ndarray, k: int, steps: Mapping[int, tuple[int, int]],
         deps = [j for j in steps if any(m >> j & 1 for m in col)]
         if not deps:
             continue
-        for combo in itertools.product(*(cands[j] for j in deps)):
-            got = _substituted(col, deps, combo)
-            if got is not None and all(value(got, at) == int(v[e]) for at, v in checks):
-                out[e] = got
-                break
-        else:
+        held = [got for combo in itertools.product(*(cands[j] for j in deps))
+                if (got := _substituted(col, deps, combo)) is not None
+                and all(value(got, at) == int(v[e]) for at, v in checks)]
+        if not held or any(not _same(held[0], other, k, forms, deps, steps, top) for other in held[1:]):
             return out, e
+        out[e] = held[0]
     return out, None
+
+
+def _same(a: Mapping[int, int], b: Mapping[int, int], k: int, forms: Sequence[tuple[int, int, int]],
+          deps: Sequence[int], steps: Mapping[int, tuple[int, int]], top: Sequence[int]) -> bool:
+    """Whether two candidate polynomials of an integer are one function: equal at every size of two lattice
+    steps below the upper bound along each lattice dim they follow (their difference repeats with the lattice),
+    the other dims at the bound; where that grid is too large, only where their coefficients are the same."""
+    if a == b:
+        return True
+    if not top:
+        return False
+    axes = [np.arange(max(1, top[j] - 2 * steps[j][0]), top[j] + 1, dtype=np.int64) for j in deps]
+    if math.prod(len(x) for x in axes) > _GRID:
+        return False
+    grid = np.meshgrid(*axes, indexing="ij")
+    cols = [np.full(grid[0].size, int(top[j]), np.int64) for j in range(k)]
+    for j, g in zip(deps, grid, strict=True):
+        cols[j] = g.reshape(-1)
+    cols += [(cols[d] + a) // s for d, a, s in forms]
+
+    def at(p: Mapping[int, int]) -> np.ndarray:
+        total = np.zeros(grid[0].size, np.int64)
+        for m, c in p.items():
+            term = np.full(grid[0].size, c, np.int64)
+            for j, col in enumerate(cols):
+                if m >> j & 1:
+                    term *= col
+            total += term
+        return total
+    return bool(np.array_equal(at(a), at(b)))
 
 
 def value(coeffs: Mapping[int, int], ext: Sequence[int]) -> int:

@@ -662,7 +662,13 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
                 graph = read_only.pop(key, None)
                 graph = lower_ir(front(point) if graph is None else graph, backend, options)
                 top = key == tuple(hi)  # the program that runs; the other probes are only compared
-                made = [compile_ir(part, backend, options if top else {**options, "probe_arena": True},
+                # (the others read weights in its formats: oneDNN would choose another at a smaller image, and the
+                # program that runs reads its own at every shape)
+                upper = [] if top or tuple(hi) not in cache else [s for g, _ in cache[tuple(hi)][0] for s in g.steps]
+                hints = {"weights_tags": {s.name: s.attrs["weights_tag"] for s in upper
+                                          if isinstance(s.attrs.get("weights_tag"), str)},
+                         "algorithms": {s.name: s.algorithm for s in upper if s.algorithm}}  # (kernels by size)
+                made = [compile_ir(part, backend, options if top else {**options, "probe_arena": True, **hints},
                                    tuner if top else None) for part in parts_of(graph)]
                 del graph
                 whole = full or key == tuple(hi)
@@ -937,7 +943,7 @@ def _fit_floors(graphs: list[tuple[CompiledGraph, dict[str, Any]]], corners: lis
     def extended(point: Sequence[int]) -> tuple[int, ...]:
         return (*point, *((point[j] + a) // s for j, a, s in derived))
     checked = [(extended(v), np.array(_integers(gv, wv, wu)[1], np.int64)) for v, (gv, wv) in verify]
-    polys, bad_at = strided.convert(coeffs, k, {j: (lattice[j], rest[j]) for j in lattice}, derived, checked)
+    polys, bad_at = strided.convert(coeffs, k, {j: (lattice[j], rest[j]) for j in lattice}, derived, checked, hi)
     if bad_at is None:  # every integer (those of the other dims too) at the check points
         bad_at = next((i for i, p in enumerate(polys) for at, got in checked if strided.value(p, at) != got[i]), None)
     if bad_at is not None:

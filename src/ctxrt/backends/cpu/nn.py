@@ -153,7 +153,9 @@ def conv(spec: NodeSpec) -> Kernel:
         tile = winograd.choose(c, m, oh, ow, dt)
         if tile is not None:  # its transformed weights are 16/9 or 36/9 the size: not with prefer="memory"
             return winograd.build(spec, (pb[0], pb[1]), tile)
-    if g > 1 and depthwise.eligible(spec):
+    chosen = (spec.options.get("algorithms") or {}).get(spec.name)  # (a range compile's probe: the upper bound's)
+    if g > 1 and (depthwise.eligible(spec) if chosen is None else
+                  chosen == depthwise.DepthwiseConv.algorithm and depthwise.eligible(spec, any_size=True)):
         return depthwise.conv(spec)
     k, p = cg * kh * kw, oh * ow
     wmat = None if wconst is None else np.ascontiguousarray(wconst).reshape(g, m // g, -1)

@@ -33,14 +33,15 @@ _CHUNK = 256 << 10  # bytes of pixels per transposing copy
 MAX_PIXELS = 256  # output pixels per image up to which the direct kernel beats im2col + batched GEMMs
 
 
-def eligible(spec: NodeSpec) -> bool:
-    """One input and one output channel per group, 2-D, float, constant weights, a small output."""
+def eligible(spec: NodeSpec, any_size: bool = False) -> bool:
+    """One input and one output channel per group, 2-D, float, constant weights, a small output (any output with
+    `any_size`)."""
     n, c = spec.inputs[0].shape[:2]
     m, cg = spec.inputs[1].shape[:2]
     g = int(spec.attr("group", 1))
     return (g == c == m and cg == 1 and len(spec.inputs[0].shape) == 4 and spec.consts[1] is not None
             and np.dtype(spec.outputs[0].dtype).kind == "f"
-            and int(np.prod(spec.outputs[0].shape[2:])) <= MAX_PIXELS)
+            and (any_size or int(np.prod(spec.outputs[0].shape[2:])) <= MAX_PIXELS))
 
 
 def _window(spec: NodeSpec) -> tuple[int, int, int, int, int, int]:

@@ -327,6 +327,16 @@ def _weighted(spec: NodeSpec, make: Callable[..., api.Primitive], wdims: tuple[i
     if packed:
         prim, own = recreate_or_reorder(spec, make, wdims, packed)
         return prim, packed, {}, {}, own
+    wanted = (spec.options.get("weights_tags") or {}).get(spec.name)
+    if wanted:  # a range compile's probe (compared, never run): the weights in the upper bound's format, which the
+        # program reads at every shape (runtime: recreate_or_reorder), whatever oneDNN prefers at this one
+        try:
+            prim = recreate(spec, make, wdims, wanted)
+        except UnsupportedOpError:
+            prim = make(api.TAG_ANY)
+        to = api.Desc.make(wdims, wanted)
+        constants = {} if spec.options.get("probe") else {1: prepack(spec.consts[1], wdims, stored, to)}
+        return prim, wanted, {"weights_tag": wanted, "weight_shape": shape}, constants, None
     prim, packed = choose_weights(spec, make, wdims, int(spec.consts[1].nbytes))
     constants = {} if spec.options.get("probe") else {
         1: prepack(spec.consts[1], wdims, stored, prim.md(api.Q_WEIGHTS_MD))}
