@@ -144,6 +144,14 @@ def test_check_points_tell_every_two_candidate_lengths_apart() -> None:
         def shift(n: int, a: int, s: int) -> int:
             return (n + a) % s - (1024 + a) % s
         assert any(shift(p[0], a1, s1) != shift(p[0], a2, s2) for p in points)
+    # SegFormer's width: seven derived dims, (3, 32) and (7, 32) alike but where n + 7 wraps alone: more points
+    segformer = {0: [(3, 4), (3, 32), (7, 8), (7, 32), (15, 16), (15, 32), (31, 32)]}
+    points = floors.check_points([("w", 1, 128)], [128], {0: 32}, segformer, [(43,)])
+    assert 2 < len(points) <= floors.MAX_CHECKS
+    cands = [(0, 1), *segformer[0]]
+    for (a1, s1), (a2, s2) in [(x, y) for i, x in enumerate(cands) for y in cands[i + 1:]]:
+        assert any((p[0] + a1) % s1 - (128 + a1) % s1 != (p[0] + a2) % s2 - (128 + a2) % s2 for p in points)
+        assert all(min((p[0] + a) // s for a, s in segformer[0]) >= 2 for p in points)
 
 
 def test_an_integer_is_written_over_the_candidate_its_check_values_agree_with() -> None:
@@ -158,6 +166,14 @@ def test_an_integer_is_written_over_the_candidate_its_check_values_agree_with() 
     assert bad is None and floors.value(polys[0], ext) == want and set(polys[0]) <= {0, 2}
     _, bad = floors.convert(coeffs, k, lattice, forms, [(ext, np.array([want + 1]))])
     assert bad == 0
+    # two forms a check point cannot tell apart (n = 33: floor(36 / 32) = floor(40 / 32)), which differ at n = 25..28
+    # mod 32: refused, not the first taken; told apart at n = 90
+    two, lattice = [(0, 3, 32), (0, 7, 32)], {0: (32, 0)}
+    coeffs = np.array([[5], [1]], np.int64)  # 5 + t
+    for n, ok in ((33, False), (90, True)):
+        ext = (n, (n + 3) // 32, (n + 7) // 32)
+        polys, bad = floors.convert(coeffs, k, lattice, two, [(ext, np.array([5 + (n + 7) // 32]))], (128,))
+        assert (bad is None) == ok and (not ok or floors.value(polys[0], (91, 2, 3)) == 8)
 
 
 def _chain(seed: int) -> tuple[bytes, bool]:
@@ -236,3 +252,33 @@ def test_random_strided_chains_match_onnxruntime_at_every_size(seed: int) -> Non
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
             ran += 1
     assert ran >= theirs_ran // 2 and theirs_ran >= 8
+
+
+def test_two_lengths_of_one_stride_apart_by_their_offset_are_told_apart() -> None:
+    """SegFormer's shape in 1-D: a k7 s4 p3 patch conv (floor((n + 3) / 4)), reduced by a k8 s8 conv (floor((n + 3)
+    / 32)), and by a k3 s2 p1 conv then a k4 s4 one (floor((n + 7) / 32)): two derived dims of one stride that
+    differ only where n + 7 wraps and n + 3 does not (n = 25..28 mod 32). An integer must not take the wrong one
+    (SegFormer's outputs were wrong at those widths): equal to onnxruntime at every length of two lattice steps."""
+    rng = np.random.default_rng(5)
+
+    def w(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) / 3).astype(np.float32), name)
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], strides=[4], pads=[3, 3]),
+             helper.make_node("Conv", ["a", "w1"], ["r1"], strides=[8]),
+             helper.make_node("Conv", ["a", "w2"], ["b"], strides=[2], pads=[1, 1]),
+             helper.make_node("Conv", ["b", "w3"], ["r2"], strides=[4]),
+             helper.make_node("Reshape", ["r1", "flat"], ["y1"]), helper.make_node("Reshape", ["r2", "flat"], ["y2"])]
+    inits = [w("w0", 4, 2, 7), w("w1", 4, 4, 8), w("w2", 4, 4, 3), w("w3", 4, 4, 4),
+             numpy_helper.from_array(np.array([0, -1], np.int64), "flat")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 2, "n"])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y1", "y2")], inits)
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    g = ctxrt.compile(data, dims={"b": (1, 2), "n": (32, 256)}).graph()
+    assert {(a, s) for _, a, s in g.ranges.floors} >= {(3, 32), (7, 32)}
+    for n in range(192, 257):
+        x = rng.standard_normal((1, 2, n)).astype(np.float32)
+        got, want = g.run({"x": x}), theirs.run(None, {"x": x})
+        for name, ref in zip(("y1", "y2"), want, strict=True):
+            assert got[name].shape == ref.shape, (n, name)
+            np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-4)
