@@ -13,7 +13,9 @@
   ctxrt's compiler and kernel modules included, loaded before the baseline);
 - **batch cycle**: MobileNetV3 (dynamo export) at batch 1, 2, ..., 12, cycled 3 times: median ms per call (the
   first cycle, where each runtime meets each size for the first time, included); and apart, the median of the
-  second and third cycles' calls and the mean of the first cycle's (its first call, the compile, left out).
+  second and third cycles' calls and the mean of the first cycle's (its first call, the compile, left out);
+- **audio lengths**: a 1-D audio net (strided convs and pools) fed 24 clips of new lengths: the whole loop from the
+  session's creation, compiles included, and the median call after the first.
 
     .venv/bin/python bench/bench_shapes.py [--rounds R] [--json]
 
@@ -219,6 +221,56 @@ def batch_cycle(rounds: int) -> dict[str, float]:
             "first_cycle_ctxrt_ms": fc, "first_cycle_onnxruntime_ms": fo}
 
 
+def _audio_model() -> Path:
+    """tests/models' 1-D audio net (legacy export: convs of stride 4, pools of 4, 4 and 2, ceil_mode) with its
+    samples axis dynamic too."""
+    import exported
+    import onnx
+    import zoo
+
+    path = zoo.cache_dir() / "bench_audio_lengths.onnx"
+    if not path.exists():
+        model = onnx.load(exported.exported_model("audio1d", "legacy"))
+        model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "samples"
+        del model.graph.value_info[:]
+        onnx.save(model, path)
+    return path
+
+
+def audio_lengths(rounds: int, calls: int = 24) -> dict[str, float]:
+    """A 1-D audio net fed a clip of another length every call (0.25-2 s at 16 kHz, seeded): the whole loop from
+    the session's creation (its compiles included) and the median call after the first, per runtime."""
+    import numpy as np
+    import onnxruntime as ort
+
+    import ctxrt
+
+    path = _audio_model()
+    rng = np.random.default_rng(0)
+    clips = [rng.standard_normal((1, 1, int(n))).astype(np.float32) for n in rng.integers(4000, 32000, calls)]
+    total: dict[str, list[float]] = {"ctxrt": [], "onnxruntime": []}
+    later: dict[str, list[float]] = {"ctxrt": [], "onnxruntime": []}
+    compiles = 0
+    for r in range(rounds):
+        for kind in (["ctxrt", "onnxruntime"] if r % 2 == 0 else ["onnxruntime", "ctxrt"]):
+            t0 = time.perf_counter()
+            sess = ctxrt.InferenceSession(path) if kind == "ctxrt" else \
+                ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            per_call = []
+            for x in clips:
+                t = time.perf_counter()
+                sess.run(None, {"waveform": x})
+                per_call.append(time.perf_counter() - t)
+            total[kind].append((time.perf_counter() - t0) * 1e3)
+            later[kind].append(statistics.median(per_call[1:]) * 1e3)
+            if kind == "ctxrt":
+                compiles = sess.stats["shape_variants_compiled"]
+    c, o = statistics.median(total["ctxrt"]), statistics.median(total["onnxruntime"])
+    lc, lo = statistics.median(later["ctxrt"]), statistics.median(later["onnxruntime"])
+    return {"calls": calls, "ctxrt_ms": c, "onnxruntime_ms": o, "ratio": c / o, "ctxrt_compiles": compiles,
+            "later_ctxrt_ms": lc, "later_onnxruntime_ms": lo, "later_ratio": lc / lo}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
@@ -227,8 +279,9 @@ def main() -> None:
     gen = generation(args.rounds)
     mem = memory()
     cyc = batch_cycle(args.rounds)
+    aud = audio_lengths(args.rounds)
     if args.json:
-        print(json.dumps({"generation": gen, "memory": mem, "batch_cycle": cyc}))
+        print(json.dumps({"generation": gen, "memory": mem, "batch_cycle": cyc, "audio_lengths": aud}))
         return
     print(machine_line())
     o = gen["onnxruntime"]
@@ -247,6 +300,10 @@ def main() -> None:
           f"{cyc['later_ctxrt_ms']:.2f} / {cyc['later_onnxruntime_ms']:.2f} ms, ratio {cyc['later_ratio']:.2f}; "
           f"the first cycle's new sizes {cyc['first_cycle_ctxrt_ms']:.2f} / {cyc['first_cycle_onnxruntime_ms']:.2f} "
           "ms a call")
+    print(f"1-D audio net, {aud['calls']} clips of new lengths: ctxrt {aud['ctxrt_ms']:.0f} ms, onnxruntime "
+          f"{aud['onnxruntime_ms']:.0f} ms from the session's creation, ratio {aud['ratio']:.2f} "
+          f"({aud['ctxrt_compiles']} compile); a call after the first {aud['later_ctxrt_ms']:.2f} / "
+          f"{aud['later_onnxruntime_ms']:.2f} ms, ratio {aud['later_ratio']:.2f}")
 
 
 if __name__ == "__main__":

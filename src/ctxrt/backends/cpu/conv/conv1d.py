@@ -38,9 +38,11 @@ def eligible(spec: NodeSpec) -> bool:
             or len(spec.inputs[0].shape) != 3 or spec.consts[1].ndim != 3:
         return False
     m, cg, k = spec.consts[1].shape
+    chosen = (spec.options.get("algorithms") or {}).get(spec.name)  # (a range compile's probe: the upper bound's)
     return (spec.outputs[0].dtype == np.float32 and spec.inputs[0].dtype == np.float32
             and not spec.attr("residual") and gemv.conv_activation(spec.attrs) is not None
-            and m * cg * k * spec.outputs[0].shape[2] <= MAX_WORK)
+            and (m * cg * k * spec.outputs[0].shape[2] <= MAX_WORK if chosen is None else
+                 chosen == Conv1d.algorithm))
 
 
 def _stored(w: np.ndarray, g: int) -> np.ndarray:
