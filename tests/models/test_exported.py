@@ -54,3 +54,23 @@ def test_a_model_the_onnx_checker_rejects_is_reported_as_such() -> None:
     path = exported_model("gpt", "dynamo", 17)
     with pytest.raises(ctxrt.errors.ModelError, match="num_outputs"):
         ctxrt.compile(path, shapes={k: v.shape for k, v in exported_feeds("gpt", 1).items()})
+
+
+def test_the_audio_net_is_one_program_for_every_clip_length(tmp_path) -> None:
+    """The exported 1-D audio net (convs of stride 4, pools of 4, 4 and a ceil_mode 2) with its samples axis
+    dynamic, fed clips of 10 lengths and two batch sizes: one range program (its lengths derived dims,
+    compiler/floors.py), every output equal to onnxruntime's (each length compiled apart before)."""
+    import onnx
+
+    model = onnx.load(exported_model("audio1d", "legacy"))
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "samples"
+    del model.graph.value_info[:]
+    path = tmp_path / "audio.onnx"
+    onnx.save(model, path)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    with ctxrt.InferenceSession(str(path)) as sess:
+        for n in (7777, 2000, 4001, 1234, 517, 3999, 6000, 2048, 1025, 5003):  # (the first sets the bound)
+            x = rng.standard_normal((1 + n % 2, 1, n)).astype(np.float32)
+            _close(sess.run(None, {"waveform": x})[0], ref.run(None, {"waveform": x})[0], f"{n} samples")
+        assert sess.stats["shape_variants_compiled"] == 1 and sess._current.ranged.ranges.floors
