@@ -24,7 +24,7 @@ OPTIONS = "widen_options"
 _REPEATED = ("threads",)
 # compile options of the compile itself, not of the kernels: not recorded (a range compile's probes, compared with
 # the upper bound's program, would differ by it: a float16 BERT fell back to exact shapes)
-_COMPILE_ONLY = frozenset({"probe_arena"})
+_COMPILE_ONLY = frozenset({"probe_arena", "weights_tags", "algorithms"})
 
 
 def widened_spec(spec: NodeSpec) -> tuple[NodeSpec, dict[int, np.ndarray]]:
