@@ -74,3 +74,26 @@ def test_the_audio_net_is_one_program_for_every_clip_length(tmp_path) -> None:
             x = rng.standard_normal((1 + n % 2, 1, n)).astype(np.float32)
             _close(sess.run(None, {"waveform": x})[0], ref.run(None, {"waveform": x})[0], f"{n} samples")
         assert sess.stats["shape_variants_compiled"] == 1 and sess._current.ranged.ranges.floors
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v3", "efficientnet"])
+def test_an_image_net_is_one_program_for_every_image_size(name: str, tmp_path) -> None:
+    """An exported image net with its height and width dynamic (strided convs, SAME-like pads, squeeze-excitation's
+    global pools) at 6 image sizes and two batch sizes: one range program, its map sizes derived dims
+    (compiler/floors.py), every output equal to onnxruntime's (each size compiled apart before)."""
+    import onnx
+
+    model = onnx.load(exported_model(name, "legacy"))
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "height", "width"
+    del model.graph.value_info[:]
+    path = tmp_path / "net.onnx"
+    onnx.save(model, path)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    with ctxrt.InferenceSession(str(path)) as sess:
+        for n, h, w in ((1, 120, 90), (2, 64, 64), (1, 33, 101), (2, 97, 47), (1, 17, 128), (2, 80, 21)):
+            x = rng.standard_normal((n, dims[1].dim_value, h, w)).astype(np.float32)
+            name_in = model.graph.input[0].name
+            _close(sess.run(None, {name_in: x})[0], ref.run(None, {name_in: x})[0], f"{n}x{h}x{w}")
+        assert sess.stats["shape_variants_compiled"] == 1 and sess._current.ranged.ranges.floors
