@@ -358,6 +358,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
         else:
             written = [save_context(out, graphs, weights, backend, args.models)]
     print(f"wrote {' and '.join(map(str, written))}")
+    for g in graphs:  # a range's least size raised to where the model's strided outputs have a frame
+        for name, lo, _, _ in (g.ranges.natural() if g.ranges is not None and g.ranges.floors else ()):
+            given = dims.get(name) if isinstance(dims, dict) else None
+            if isinstance(given, tuple | list) and len(given) >= 2 and int(given[0]) < lo:
+                print(f"note: dim {name!r} starts at {lo}, not {given[0]}: the model's strided convs and pools "
+                      f"leave no output below {lo}")
     return 0
 
 

@@ -71,7 +71,7 @@ def test_an_audio_front_end_is_one_program_for_every_length(pool: bool) -> None:
             assert len(ranges.floors) == (3 if pool else 2)
 
 
-def test_the_least_length_is_where_onnxruntime_has_a_graph(tmp_path) -> None:
+def test_the_least_length_is_where_onnxruntime_has_a_graph(tmp_path, capsys) -> None:
     """The range's lower bound is raised to the least length every strided output has a frame at (onnxruntime
     refuses a conv's input below it, or gives no frame); a feed below it is one ShapeError saying so, with nothing
     compiled for it. The program as a context binary (its derived dims and monomials stored) runs every length."""
@@ -95,6 +95,7 @@ def test_the_least_length_is_where_onnxruntime_has_a_graph(tmp_path) -> None:
     onnx.save(_audio(), tmp_path / "audio.onnx")
     assert cli(["compile", str(tmp_path / "audio.onnx"), "-o", str(tmp_path / "audio.ctx"), "--dim", "batch=1:4",
                 "--dim", "n=1:1024"]) == 0
+    assert f"note: dim 'n' starts at {least}, not 1" in capsys.readouterr().out
     g = ctxrt.context_from_binary(tmp_path / "audio.ctx").graph()
     assert g.ranges.floors and g.ranges.basis and g.ranges.dims[1][1] == least
     rng = np.random.default_rng(1)
