@@ -123,7 +123,21 @@ def test_a_stored_fit_that_mixes_a_dim_with_its_derived_dim_is_refused() -> None
         for e in r["entries"]:
             e[1] = [*e[1], 0]
         r["entries"][-1][1][-1] = 1
-    for change in (mix, lambda r: r.update(basis=r["basis"][:-1]),  # (coefficients no longer match)
+    def oscillate(r) -> None:  # floor(n / 5) - 2 floor(n / 10) in one integer: 0 or 1, not monotone
+        fl = {(a, s): i for i, (_, a, s) in enumerate(r["floors"])}
+        ones = [1 << (k + fl[(0, 5)]), 1 << (k + fl[(0, 10)])]
+        for m in ones:
+            if m not in r["basis"]:
+                r["basis"].append(m)
+                for e in r["entries"]:
+                    e[1].append(0)
+        out = next(e for e in r["entries"] if e[0][0] == "out")
+        top = r["dims"][1][2]
+        out[1] = [0] * len(r["basis"])  # (the program's extent at the upper bound, to pass every other check)
+        out[1][r["basis"].index(ones[0])], out[1][r["basis"].index(ones[1])] = 1, -2
+        out[1][r["basis"].index(0)] = g.compiled.steps[out[0][1]].outputs[out[0][2]].shape[out[0][3]] - \
+            (top // 5 - 2 * (top // 10))
+    for change in (mix, oscillate, lambda r: r.update(basis=r["basis"][:-1]),  # (coefficients no longer match)
                    lambda r: r.update(basis=[0, 0, *r["basis"][2:]]), lambda r: r["floors"].append([7, 0, 2]),
                    lambda r: r.update(basis=[]), lambda r: r["floors"][0].__setitem__(2, 0)):
         bad = copy.deepcopy(meta)

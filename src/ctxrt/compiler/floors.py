@@ -269,8 +269,15 @@ def _substituted(col: Mapping[int, int], deps: Sequence[int], combo: Sequence[tu
     return c
 
 
-def one_per_family(monomials: Sequence[int], k: int, forms: Sequence[tuple[int, int, int]]) -> bool:
-    """Whether no monomial (of those with a nonzero coefficient) holds a dim with one of its derived dims, or two
-    derived dims of one dim (then every integer is monotone along each dim where it is along the box's edges)."""
+def one_per_family(integers: Sequence[Sequence[int]], k: int, forms: Sequence[tuple[int, int, int]]) -> bool:
+    """Whether no integer (the monomials it has a nonzero coefficient for, each) takes a dim with one of its derived
+    dims, or two derived dims of one dim, in any of its monomials: then every integer is monotone along each dim
+    where it is along the box's edges (floor(n / 2) - 2 floor(n / 4) is not: n mod 4 // 2)."""
     fams = [(1 << j) | sum(1 << (k + i) for i, (d, _, _) in enumerate(forms) if d == j) for j in range(k)]
-    return all((int(m) & f).bit_count() <= 1 for m in monomials for f in fams)
+    for monomials in integers:
+        used = 0
+        for m in monomials:
+            used |= int(m)
+        if any((used & f).bit_count() > 1 for f in fams):
+            return False
+    return True

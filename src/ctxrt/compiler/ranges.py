@@ -1526,7 +1526,7 @@ def check_fits(g: CompiledGraph, ranges: Ranges, spec: list[tuple[str, int, int]
     """Every extent is >= 0 and no tensor in the arena is larger than at the upper bound, anywhere in the ranges
     (a multilinear extent is monotone along each dim when it is along every edge of the box of ranges)."""
     if ranges.floors and not strided.one_per_family(
-            [ranges._basis[c] for c in np.flatnonzero(ranges._coeffs.any(0))], len(spec), ranges.floors):
+            [[ranges._basis[c] for c in np.flatnonzero(row)] for row in ranges._coeffs], len(spec), ranges.floors):
         raise RangeError("an integer takes a dim with one of its derived dims (or two of them): not monotone")
     box = [tuple(c) for c in itertools.product(*[(lo, hi) for _, lo, hi in spec])]
     vals = np.stack([ranges.evaluate(p) for p in box])  # corners x entries
