@@ -297,3 +297,30 @@ def test_two_lengths_of_one_stride_apart_by_their_offset_are_told_apart() -> Non
         for name, ref in zip(("y1", "y2"), want, strict=True):
             assert got[name].shape == ref.shape, (n, name)
             np.testing.assert_allclose(got[name], ref, rtol=1e-4, atol=1e-4)
+
+
+def test_a_length_no_strided_node_gives_is_not_taken_for_a_derived_dim() -> None:
+    """Beside a stride-2 conv (a derived dim, the dim probed on a lattice of 2), x[:, :, : n // 3] from a Shape
+    chain: floor(n / 3) is no derived dim; the session refuses the range over n (one program per length, every
+    output equal to onnxruntime's), never fits it as floor((n + 1) / 2) or n."""
+    rng = np.random.default_rng(9)
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 2, 3)) / 3).astype(np.float32), "w"),
+             *(numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+               (("two", [2]), ("three", [3]), ("zero", [0]), ("flat", [0, -1])))]
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], strides=[2], pads=[1, 1]),
+             helper.make_node("Reshape", ["c", "flat"], ["y1"]),
+             helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "two"], ["n"]),
+             helper.make_node("Div", ["n", "three"], ["third"]),
+             helper.make_node("Slice", ["x", "zero", "third", "two"], ["y2"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 2, "n"])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y1", "y2")], inits)
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CtxrtWarning)
+        sess = ctxrt.InferenceSession(data)
+        for n in (200, 97, 150, 31, 64, 121):
+            x = rng.standard_normal((1, 2, n)).astype(np.float32)
+            for got, want in zip(sess.run(None, {"x": x}), theirs.run(None, {"x": x}), strict=True):
+                assert got.shape == want.shape, n
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

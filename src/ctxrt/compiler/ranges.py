@@ -781,6 +781,11 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
                 least.update(e.least)
                 alt = [hi[j] - lattice[j] if j in lattice else a for j, a in enumerate(alt)]
                 checks = strided.check_points(spec, hi, lattice, forms, _verify_points(spec, hi, alt))
+                # and U - 2L: three points of the lattice, where a length of another period (a Mod, a Div by 3 in
+                # a shape chain) is no affine function, as every derived dim is there
+                third = tuple(hi[j] - 2 * lattice[j] if j in lattice else h for j, h in enumerate(hi))
+                if all(third[j] >= max(spec[j][1], least.get(j, 1), 1) for j in lattice):
+                    checks.append(third)
                 cache.clear()
                 read_only.clear()
                 folded.clear()
