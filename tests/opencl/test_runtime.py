@@ -298,3 +298,37 @@ def test_zero_copy_is_refused_where_the_device_has_its_own_memory(monkeypatch) -
     with pytest.raises(CtxrtError, match="has its own memory: use zero_copy=False"):
         OpenCLBackend(0, zero_copy=True)
     assert not OpenCLBackend(0).zero_copy  # copies by default there
+
+
+@pytest.mark.parametrize("op", ["Gather", "GatherElements", "GatherND", "ScatterND", "ScatterElements"])
+def test_an_index_fed_outside_its_axis_is_refused_before_the_device_runs(op: str) -> None:
+    """A gather's or scatter's indices fed from the host (a token id past the vocabulary): on OpenCL the kernel
+    would wrap it (memory-safe, a wrong row); the session and the graph read the feed first and raise the CPU's
+    InvalidInputError naming the node and the index, nothing run; in-range and negative indices run as on the CPU."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    data = numpy_helper.from_array(np.arange(40, dtype=np.float32).reshape(10, 4), "data")
+    nd = op in ("GatherND", "ScatterND")
+    idx_shape = [2, 1] if nd else [2, 4] if op in ("GatherElements", "ScatterElements") else [2]
+    ins = [helper.make_tensor_value_info("idx", TensorProto.INT64, idx_shape)]
+    inits = [data]
+    if op.startswith("Scatter"):
+        upd = [2, 4] if nd or op == "ScatterElements" else [2]
+        inits.append(numpy_helper.from_array(np.ones(upd, np.float32), "upd"))
+        node = helper.make_node(op, ["data", "idx", "upd"], ["y"], **({} if nd else {"axis": 0}))
+    else:
+        node = helper.make_node(op, ["data", "idx"], ["y"], **({} if nd else {"axis": 0}))
+    graph = helper.make_graph([node], "g", ins, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    good = np.array([[3], [-1]]) if nd else np.array([[3] * 4, [9] * 4]) if len(idx_shape) == 2 else np.array([3, -1])
+    bad = good.copy()
+    bad.flat[-1] = 10
+    want = ctxrt.InferenceSession(model).run(None, {"idx": good})[0]
+    for sess in (ctxrt.InferenceSession(model, "opencl"),):
+        np.testing.assert_allclose(sess.run(None, {"idx": good})[0], want)
+        with pytest.raises(ctxrt.InvalidInputError, match=rf"{op} node .*index 10 is outside"):
+            sess.run(None, {"idx": bad})
+        np.testing.assert_allclose(sess.run(None, {"idx": good})[0], want)
+    g = ctxrt.compile(model, {"idx": tuple(idx_shape)}, backend="opencl").graph()
+    with pytest.raises(ctxrt.InvalidInputError, match="index 10 is outside"):
+        g.run({"idx": bad})

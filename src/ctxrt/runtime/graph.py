@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections import ChainMap, OrderedDict
 from collections.abc import Mapping
 from dataclasses import replace
-from types import MappingProxyType
+from types import MappingProxyType, SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ctxrt import dtypes
 from ctxrt.backends import select_kernel
-from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, TensorSpec, leads
+from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, TensorSpec, check_indices, leads
 from ctxrt.compiler.program import ARENA, CONST, INPUT, OUTPUT, CompiledGraph, Ref, Step, TensorInfo
 from ctxrt.compiler.ranges import filled
 from ctxrt.errors import FormatError, LifecycleError, RegistrationError, ShapeError
@@ -91,6 +91,8 @@ class Graph:
         # size view).
         self.value_inputs: dict[str, np.ndarray] = dict(compiled.value_inputs)
         self._values = [(t, compiled.value_inputs[t.name]) for t in self.inputs if t.name in compiled.value_inputs]
+        # a device backend's gathers and scatters whose indices are graph inputs: checked on the host (`_indexed`)
+        self._index_checks: list[tuple[str, Any, Any]] | None = None
         self._extents: list[tuple[TensorInfo, int, Any]] = []
         # 1 when every kernel is small: one thread, no barrier per kernel (runtime/work.py); None: the idle cores
         self.thread_cap: int | None = thread_cap(compiled.steps) if cap is False else cap
@@ -444,6 +446,7 @@ class Graph:
         for info, value in self._values:
             self._check_value(info, inputs[info.name], value)
         backend = ctx.backend
+        self.check_indices(inputs)
         with ctx.lock:
             if not same_binding(self._bound, self.inputs, self.outputs, inputs, outputs):  # pinned: replay
                 self._record(binding(self.inputs, self.outputs, inputs, outputs))  # re-record the IO launches
@@ -457,6 +460,18 @@ class Graph:
                     backend.copy_out(host, tensor)
                 shapes[info.name] = info.shape[:axis] + (int(host),) + info.shape[axis + 1:]
             return shapes
+
+    def check_indices(self, feeds: Mapping[str, Any]) -> None:
+        """On a device backend: the host arrays among `feeds` that are indices of a gather or scatter, checked
+        against their axis (an InvalidInputError, as the CPU's kernels raise; `_indexed`). A session checks its
+        feeds before it copies them into device tensors."""
+        checks = self._index_checks
+        if checks is None:
+            checks = self._index_checks = _indexed(self.compiled, self.ctx.backend.name)
+        for name, node, n in checks:
+            fed = feeds.get(name)
+            if isinstance(fed, np.ndarray):
+                check_indices(node, fed, n)
 
     def _check_value(self, info: TensorInfo, fed: np.ndarray | MemHandle, value: np.ndarray) -> None:
         if isinstance(fed, MemHandle):
@@ -545,3 +560,33 @@ def io_buffer_layout(infos: list[TensorInfo], alignment: int) -> list[tuple[str,
 
 
 __all__ = ["Graph", "io_buffer_layout"]
+
+
+_INDEXED = frozenset({"Gather", "GatherElements", "GatherND", "ScatterND", "ScatterElements"})
+
+
+def _indexed(compiled: CompiledGraph, backend: str) -> list[tuple[str, Any, Any]]:
+    """(input name, the node (op, name), the axis size or, for GatherND / ScatterND, the index tuple's dims) of each
+    gather and scatter run on a device backend whose indices are a graph input: an index outside its axis is an
+    InvalidInputError before the run, as the CPU's kernels raise it (a device kernel wraps it, memory-safe). Indices
+    computed on the device, or fed as a MemHandle, are not read back to be checked (docs/opencl.md)."""
+    if backend == "cpu":
+        return []
+    out = []
+    for s in compiled.steps:
+        if s.op not in _INDEXED or s.backend not in ("", backend) or len(s.inputs) < 2 or s.inputs[1] is None \
+                or s.inputs[1].space != INPUT or s.inputs[0] is None:
+            continue
+        data, idx = s.inputs[0].shape, s.inputs[1].shape
+        if s.op in ("GatherND", "ScatterND"):
+            b = int(s.attrs.get("batch_dims", 0)) if s.op == "GatherND" else 0
+            if not idx or not 0 <= b < len(data):
+                continue
+            n: Any = np.array(data[b:b + idx[-1]], np.int64)
+        else:
+            axis = int(s.attrs.get("axis", 0))
+            if not -len(data) <= axis < len(data):
+                continue
+            n = data[axis]
+        out.append((s.inputs[1].key, SimpleNamespace(op=s.op, name=s.name), n))
+    return out

@@ -790,6 +790,9 @@ class InferenceSession:
                     self._check_tensor(info, dt, x, "input", shape)
                 else:
                     _check_array(info, dt, x, "input", shape)
+            if self.backend.name != "cpu":  # a device's gathers wrap an index outside their axis: checked here
+                for stage in v.stages:
+                    stage.graph.check_indices(input_feed)
             cache, counters, pin = self._cache, self._counters, self._pinning
             own_in, own_out = v.own_in, v.own_out  # what this run took from the cache (None: the user's)
             try:

@@ -1,6 +1,7 @@
 """Gather (any axis) and GatherND (any batch_dims) on OpenCL (kernels/gather.cl), with indices of any integer
 type; negative indices count from the end, out-of-range ones wrap (never a read outside the data; the CPU backend
-refuses them, an InvalidInputError, reading the indices it holds on the host: here they are on the device)."""
+refuses them, an InvalidInputError, reading the indices it holds on the host: here they are on the device; indices
+fed from the host are checked before the run, runtime/graph.py `check_indices`)."""
 
 from __future__ import annotations
 
