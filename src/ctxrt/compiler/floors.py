@@ -160,23 +160,32 @@ def check_points(spec: Sequence[tuple[str, int, int]], hi: Sequence[int], steps:
         far = min(max(base[0][j], two), top - 1)
         least = max(lo, 1, min(two, top - 1))
         windows = [range(max(least, far - step), min(top, far + step + 1)), range(max(least, top - 2 * step), top)]
-        sizes = np.array(sorted({n for w in windows for n in w if (top - n) % step}), np.int64)
-        if not len(sizes):
+        good = {n for w in windows for n in w if (top - n) % step}
+        # and, only where those tell two candidates nowhere apart, any size off the lattice (a derived dim of 1
+        # there may compile otherwise: then the range is refused, as it would be for those two candidates)
+        sizes = np.array(sorted(good | {n for n in range(max(lo, 1), top, max(1, (top - lo) // 4096))
+                                        if (top - n) % step}), np.int64)
+        if not good:
             return []
-        near = np.isin(sizes, np.array(list(windows[1]), np.int64))
+        fine = np.isin(sizes, np.array(sorted(good), np.int64))
+        near = np.isin(sizes, np.array(list(windows[1]), np.int64)) & fine
         shift = np.stack([(sizes + a) % s - (top + a) % s for a, s in fs])  # where each rounds unlike the lattice
         pairs = list(itertools.combinations(range(len(fs)), 2))
         tells = np.stack([shift[x] != shift[y] for x, y in pairs]) if pairs else np.zeros((0, len(sizes)), bool)
         rounds = (shift[1:] != 0).sum(0)
         chosen: list[int] = []
         left = np.ones(len(pairs), bool)
-        while len(chosen) < 2 or left.any() and len(chosen) < MAX_CHECKS:
-            score = tells[left].sum(0) * 1000 + rounds
-            if chosen:
-                score = np.where(np.isin(sizes, chosen) | (len(chosen) == 1) & ~near, -1, score)
+        while len(chosen) < MAX_CHECKS and (len(chosen) < 2 or left.any()):
+            told = tells[left].sum(0)
+            free = ~np.isin(sizes, chosen)
+            if not chosen:  # the first far from U, the second near it, the others in either window
+                pool = fine & ~near if (fine & ~near).any() else fine
             else:
-                score = np.where(~near, score, -1) if (~near).any() else score
-            i = int(np.argmax(score))
+                pool = near if len(chosen) == 1 and near.any() else fine
+            if chosen and left.any() and not (told * (pool & free)).any():
+                pool = told > 0  # no size of the windows tells the pairs left apart: any size that does
+            score = np.where(pool & free, told * 1000 + rounds, -1)
+            i = len(score) - 1 - int(np.argmax(score[::-1]))  # (of equal scores the largest size: nearer U)
             if score[i] < 0:
                 break
             chosen.append(int(sizes[i]))
