@@ -786,10 +786,14 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
                 third = tuple(hi[j] - 2 * lattice[j] if j in lattice else h for j, h in enumerate(hi))
                 if all(third[j] >= max(spec[j][1], least.get(j, 1), 1) for j in lattice):
                     checks.append(third)
+                top = tuple(hi)  # (the upper bound's read stays: the same point, the same values kept)
+                kept = (read_only.get(top), folded.get(top), small.get(top))
                 cache.clear()
                 read_only.clear()
                 folded.clear()
                 small.clear()
+                if all(x is not None for x in kept):
+                    read_only[top], folded[top], small[top] = kept
                 continue
             if early:
                 keep |= early
