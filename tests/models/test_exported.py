@@ -56,20 +56,28 @@ def test_a_model_the_onnx_checker_rejects_is_reported_as_such() -> None:
         ctxrt.compile(path, shapes={k: v.shape for k, v in exported_feeds("gpt", 1).items()})
 
 
+def _spatial(name: str, axes: dict[int, str], tmp_path) -> tuple[str, int, ort.InferenceSession]:
+    """The exported model with more of its input's axes dynamic (their names `axes`), saved under `tmp_path`:
+    (its path, the input's channels, onnxruntime's session)."""
+    import onnx
+
+    model = onnx.load(exported_model(name, "legacy"))
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    for axis, dim in axes.items():
+        dims[axis].dim_param = dim
+    del model.graph.value_info[:]
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(model, path)
+    return str(path), dims[1].dim_value, ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
 def test_the_audio_net_is_one_program_for_every_clip_length(tmp_path) -> None:
     """The exported 1-D audio net (convs of stride 4, pools of 4, 4 and a ceil_mode 2) with its samples axis
     dynamic, fed clips of 10 lengths and two batch sizes: one range program (its lengths derived dims,
     compiler/floors.py), every output equal to onnxruntime's (each length compiled apart before)."""
-    import onnx
-
-    model = onnx.load(exported_model("audio1d", "legacy"))
-    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "samples"
-    del model.graph.value_info[:]
-    path = tmp_path / "audio.onnx"
-    onnx.save(model, path)
-    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    path, _, ref = _spatial("audio1d", {2: "samples"}, tmp_path)
     rng = np.random.default_rng(0)
-    with ctxrt.InferenceSession(str(path)) as sess:
+    with ctxrt.InferenceSession(path) as sess:
         for n in (7777, 2000, 4001, 1234, 517, 3999, 6000, 2048, 1025, 5003):  # (the first sets the bound)
             x = rng.standard_normal((1 + n % 2, 1, n)).astype(np.float32)
             _close(sess.run(None, {"waveform": x})[0], ref.run(None, {"waveform": x})[0], f"{n} samples")
@@ -81,19 +89,11 @@ def test_an_image_net_is_one_program_for_every_image_size(name: str, tmp_path) -
     """An exported image net with its height and width dynamic (strided convs, SAME-like pads, squeeze-excitation's
     global pools) at 6 image sizes and two batch sizes: one range program, its map sizes derived dims
     (compiler/floors.py), every output equal to onnxruntime's (each size compiled apart before)."""
-    import onnx
-
-    model = onnx.load(exported_model(name, "legacy"))
-    dims = model.graph.input[0].type.tensor_type.shape.dim
-    dims[2].dim_param, dims[3].dim_param = "height", "width"
-    del model.graph.value_info[:]
-    path = tmp_path / "net.onnx"
-    onnx.save(model, path)
-    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    path, channels, ref = _spatial(name, {2: "height", 3: "width"}, tmp_path)
+    name_in = ref.get_inputs()[0].name
     rng = np.random.default_rng(1)
-    with ctxrt.InferenceSession(str(path)) as sess:
+    with ctxrt.InferenceSession(path) as sess:
         for n, h, w in ((1, 120, 90), (2, 64, 64), (1, 33, 101), (2, 97, 47), (1, 17, 128), (2, 80, 21)):
-            x = rng.standard_normal((n, dims[1].dim_value, h, w)).astype(np.float32)
-            name_in = model.graph.input[0].name
+            x = rng.standard_normal((n, channels, h, w)).astype(np.float32)
             _close(sess.run(None, {name_in: x})[0], ref.run(None, {name_in: x})[0], f"{n}x{h}x{w}")
         assert sess.stats["shape_variants_compiled"] == 1 and sess._current.ranged.ranges.floors
