@@ -697,17 +697,8 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
             g = read_only.get(tuple(hi))
             if not at or split or g is None:
                 return
-            if not lattice:  # strided lengths that follow a dim: probed again on its lattice (compiler/floors.py)
-                read = {p: read_only[p] for p in (*points, *at) if p in read_only}
-                fams = strided.families(read, spec, [j for j, st in enumerate(steps) if st > 1])
-                found = strided.lattice(fams[0], spec) if fams else {}
-                if fams and fams[1]:  # a dim whose strided lengths no derived dim stands for: not ranged (the
-                    # session ranges the others), refuted before any probe is lowered
-                    dims = [spec[j][0] for j in sorted(fams[1])]
-                    raise _Refuted(f"strided nodes' lengths follow {dims} in a way ctxrt does not fit (no graph at "
-                                   "some size, or lengths it cannot tell apart)", True, frozenset(dims))
-                if found and fams:
-                    raise _Lattice({j: fams[0][j] for j in found}, found, fams[1], fams[2])
+            if not lattice:
+                strided_dims(at)
             else:  # its lengths are fitted with derived dims (no affine refutation); the derived dims found again
                 # at the lattice's points (other residues: a form that held at the first points by chance fails)
                 read = {p: read_only[p] for p in (*points, *at) if p in read_only}
@@ -729,6 +720,23 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
                     pieces_checked(at)  # (which says where the pieces start: a session splits its range there)
                     raise
 
+        def strided_dims(at: list[tuple[int, ...]], early: bool = False) -> None:
+            """Strided lengths that follow a dim, found from the points read (three at least): the probes start
+            again on its lattice (_Lattice, compiler/floors.py), or the dim is refuted where they are not found.
+            `early` (U, U - 1 and a check point only, where two dims may take the same sizes): only the first."""
+            read = {p: read_only[p] for p in (*points, *at) if p in read_only}
+            fams = strided.families(read, spec, [j for j, st in enumerate(steps) if st > 1])
+            found = strided.lattice(fams[0], spec) if fams else {}
+            if early and (fams is None or fams[1]):
+                return  # (told apart, or not, by the other probes: refute's call)
+            if fams and fams[1]:  # a dim whose strided lengths no derived dim stands for: not ranged (the session
+                # ranges the others), refuted before any probe is lowered
+                dims = [spec[j][0] for j in sorted(fams[1])]
+                raise _Refuted(f"strided nodes' lengths follow {dims} in a way ctxrt does not fit (no graph at "
+                               "some size, or lengths it cannot tell apart)", True, frozenset(dims))
+            if found and fams:
+                raise _Lattice({j: fams[0][j] for j in found}, found, fams[1], fams[2])
+
         def pieces_checked(at: list[tuple[int, ...]]) -> None:
             if pieces:
                 _check_pieces(pieces, small, folded, points, at, spec, rounds=bool(lattice))
@@ -743,6 +751,8 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
                 early = _varying_folded(folded.get(tuple(hi), {}), folded.get(tuple(alt), {}), producers) - keep
                 if early:
                     return early
+            if n == 3 and not lattice and not split and few:  # (U, U - 1 and the first check point read: enough
+                strided_dims(few[:1], early=True)  # to find strided lengths, before the other probes are read)
             if n == len(points) + 1:
                 refute(few[:1])
             key = tuple(p)
