@@ -279,8 +279,11 @@ class ExtentRunner:
         for k in g.ranges._by_step:
             step, kernel = g.compiled.steps[k], g._kernels[k]
             makers[k] = maker(step, g.compiled.opset)
-            if makers[k] is None and getattr(kernel, "any_shape", False) and not kernel.scratch:
-                makers[k] = _any_shape(kernel)  # AnyRows, DepthwiseRows, PlanarRows, ShapeFree: one for all shapes
+            if makers[k] is None and getattr(kernel, "any_shape", False) and (
+                    not kernel.scratch or getattr(kernel, "scratch_grows", False) and native.library() is not None):
+                # AnyRows, DepthwiseRows, PlanarRows, ShapeFree, native 1-D convs and MaxPools: one for all shapes
+                # (a kernel whose scratch grows with its shapes binds the upper bound's at every one)
+                makers[k] = _any_shape(kernel, [_view(g, r) for r in step.scratch])
             if makers[k] is None and native.library() is not None:
                 # a GEMM of a few rows by small weights at the upper bound: the GEMV on one thread at every count
                 # (a classifier in a batch loop; a decoder's larger GEMVs take the idle cores, made per row count)
@@ -936,12 +939,13 @@ def same_binding(bound: tuple[Any, ...] | None, ins: list[TensorInfo], outs: lis
     return True
 
 
-def _any_shape(kernel: Any) -> Make:
-    """The launch maker of a kernel that binds arrays of any shape (`any_shape`): its step is live."""
-    bind = kernel.bind
+def _any_shape(kernel: Any, scratch: list[Any] | None = None) -> Make:
+    """The launch maker of a kernel that binds arrays of any shape (`any_shape`), on `scratch` (the upper bound's,
+    where its need grows with the shapes: `scratch_grows`): its step is live."""
+    bind, pad = kernel.bind, scratch or []
 
     def make(step: Any, ins: list[Any], outs: list[Any]) -> Any:
-        return bind(ins, outs, [])
+        return bind(ins, outs, pad)
     return make
 
 

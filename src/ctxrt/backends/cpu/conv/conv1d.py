@@ -77,6 +77,9 @@ class Conv1d(Kernel):
         self.has_bias = len(spec.inputs) > 2 and spec.inputs[2] is not None
         n, c, length = spec.inputs[0].shape
         self.scratch = (4 * n * c * native.conv1d_pad(c, length, spec.outputs[0].shape[2], self.window),)
+        # in a range program, one object for every length (runtime/extents.py) on the upper bound's scratch (the
+        # padded copy grows with the length): its window fixed (explicit pads, not SAME's, which follow the size)
+        self.any_shape = self.scratch_grows = spec.attr("auto_pad", "NOTSET") not in ("SAME_UPPER", "SAME_LOWER")
         self.private_bytes = 0
         self._fallback: tuple[np.ndarray, Kernel, list[np.ndarray]] | None = None  # (_numpy)
         if spec.attr(FLAG):
@@ -94,6 +97,10 @@ class Conv1d(Kernel):
         if native.library() is not None:
             pad = scratch[0].view(np.float32) if scratch and scratch[0] is not None else np.empty(0, np.float32)
             run = native.conv1d(x, w, y, bias, pad, self.window, self.g, gemv.act_code(act) or 0, alpha, beta)
+        if run is None and (tuple(x.shape) != tuple(self.spec.inputs[0].shape) or
+                            tuple(y.shape) != tuple(self.spec.outputs[0].shape)):
+            raise UnsupportedOpError(f"Conv {self.spec.name!r}: the 1-D kernel's fallback runs its compiled shapes "
+                                     f"only, not {list(x.shape)} -> {list(y.shape)}")
         return run if run is not None else self._numpy(ins, outs, scratch)
 
     def _numpy(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Any:

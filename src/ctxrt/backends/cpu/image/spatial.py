@@ -103,9 +103,17 @@ class Pool1d(Kernel):
         (s,), (d,), (b,), _ = nn._window(spec, (k,))
         self.window, self.inv, self.fallback = (k, s, b, d), inv, fallback
         self.scratch = fallback.scratch  # (the native call needs none)
+        self.shapes = (tuple(spec.inputs[0].shape), tuple(spec.outputs[0].shape))
+        # in a range program, one object for every length (runtime/extents.py): a MaxPool whose window is fixed
+        # (an AveragePool's divisors and SAME's pads follow the length); its fallback's scratch at the upper bound
+        self.any_shape = self.scratch_grows = inv is None and spec.attr("auto_pad", "NOTSET") not in (
+            "SAME_UPPER", "SAME_LOWER")
 
     def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]) -> Launch:
         run = native.pool1d(ins[0], outs[0], self.window, self.inv) if native.library() is not None else None
+        if run is None and (tuple(ins[0].shape), tuple(outs[0].shape)) != self.shapes:
+            raise UnsupportedOpError(f"{self.fallback.__class__.__name__}: the 1-D pool's fallback runs its compiled "
+                                     f"shapes only, not {list(ins[0].shape)} -> {list(outs[0].shape)}")
         return run if run is not None else self.fallback.bind(ins, outs, scratch)
 
 
