@@ -31,19 +31,21 @@ _GRID = 1 << 16  # sizes two candidates of an integer are compared at (`convert`
 
 def families(graphs: Mapping[tuple[int, ...], Any], spec: Sequence[tuple[str, int, int]],
              stepped: Sequence[int] = ()
-             ) -> tuple[dict[int, list[tuple[int, int]]], set[int], dict[int, int]] | None:
+             ) -> tuple[dict[int, list[tuple[int, int]]], set[int], dict[int, int], set[int]] | None:
     """(Per dim, the derived dims (a, S) (0 <= a < S) that strided nodes' output lengths follow (in the frontend
     graphs read at the points `graphs` names, each point the dims' sizes), in graph order, dims with none left
     out; the dims a strided node's length follows in a way not found (its input's length matches more than one
     known form at every point, its output's none); per dim, the least size where every strided node's output has
-    a frame (onnxruntime refuses a conv's empty input)). None where a strided node's input length matches no known form
+    a frame (onnxruntime refuses a conv's empty input); the unknown dims whose points could not tell which dim a
+    length follows (more points may)). None where a strided node's input length matches no known form
     (which dim it follows cannot be told): then no dim is probed on a lattice."""
     points = list(graphs)
     if len(points) < 3:
-        return {}, set(), {}
+        return {}, set(), {}, set()
     top = graphs[points[0]]
     known: dict[int, list[tuple[int, int]]] = {j: [(0, 1)] for j in range(len(spec)) if j not in stepped}
     unknown: set[int] = set()  # dims a strided node's length follows in a way not found
+    ambiguous: set[int] = set()  # ... of those, where the points could not tell which dim (more points may)
     least: dict[int, int] = {}  # per dim, the least size every strided node's output has a frame at
     # per rank and axis, the dim the inputs' extents there are (an image's H at axis 2 of every NCHW tensor after):
     # which dim a strided node's length follows where two dims take the same sizes at the points
@@ -78,6 +80,7 @@ def families(graphs: Mapping[tuple[int, ...], Any], spec: Sequence[tuple[str, in
                 return None  # no known form: which dim it follows cannot be told (no lattice, no floors)
             if len({(j, a, big) for j, a, big, _ in matches}) != 1:
                 unknown.update(j for j, _, _, _ in matches)  # several: those dims take no lattice
+                ambiguous.update(j for j, _, _, _ in matches)
                 continue
             j, a, big, c = matches[0]
             for t in _structural(node, axis, s, top.values):
@@ -92,7 +95,7 @@ def families(graphs: Mapping[tuple[int, ...], Any], spec: Sequence[tuple[str, in
             else:  # (a point where the model has no graph there, shapes inferred past it: an image's fixed height)
                 unknown.add(j)
     return {j: [*forms[1:]] for j, forms in known.items() if len(forms) > 1 and j not in unknown}, unknown, \
-        {j: n for j, n in least.items() if j not in unknown}
+        {j: n for j, n in least.items() if j not in unknown}, ambiguous
 
 
 def _offset(values: Sequence[int], points: Sequence[tuple[int, ...]], j: int, a: int, s: int) -> int | None:

@@ -727,8 +727,8 @@ def _compile_ranges(model: Any, dims: DimSpec, backend: Backend, name: str,
             read = {p: read_only[p] for p in (*points, *at) if p in read_only}
             fams = strided.families(read, spec, [j for j, st in enumerate(steps) if st > 1])
             found = strided.lattice(fams[0], spec) if fams else {}
-            if early and (fams is None or fams[1]):
-                return  # (told apart, or not, by the other probes: refute's call)
+            if early and (fams is None or fams[3]):
+                return  # (two dims of the same sizes at these points: told apart, or not, by the other probes)
             if fams and fams[1]:  # a dim whose strided lengths no derived dim stands for: not ranged (the session
                 # ranges the others), refuted before any probe is lowered
                 dims = [spec[j][0] for j in sorted(fams[1])]
