@@ -882,18 +882,7 @@ def _fit(graphs: list[tuple[CompiledGraph, dict[str, Any]]], corners: list[tuple
     where = flat[0][0]
     x = np.array([f[1] for f in flat], np.int64)  # corners x integers
     terms = list(range(1 << len(spec))) if terms is None else list(terms)
-    basis = np.array([_monomials(p) for p in corners], np.float64)[:, terms]
-    # integers the same at every corner are constants (monomial 0 is 1): not solved in float64, where one as large
-    # as Slice's "to the end" (2^63 - 1, torch's x[..., d:]) would not round back
-    coeffs = np.zeros((1 << len(spec), x.shape[1]), np.int64)
-    coeffs[0] = x[0]
-    moving = np.flatnonzero((x != x[0]).any(0))
-    if len(moving):
-        coeffs[np.ix_(terms, moving)] = np.rint(np.linalg.solve(basis, x[:, moving].astype(np.float64))
-                                                ).astype(np.int64)
-    if not np.array_equal(basis.astype(np.int64) @ coeffs[terms], x):
-        bad = where[int(np.argmax((basis.astype(np.int64) @ coeffs[terms] != x).any(0)))]
-        raise RangeError(f"{_label(bad, graphs[0][0])} is not a polynomial of the dims with integer coefficients")
+    coeffs = _solved(x, corners, len(spec), terms, where, graphs[0][0])
     for point, (gv, wv) in verify:
         _same_structure(graphs[0][0], gv, spec)
         got = np.array(_integers(gv, wv, graphs[0][1])[1], np.int64)
@@ -926,6 +915,25 @@ def _fit(graphs: list[tuple[CompiledGraph, dict[str, Any]]], corners: list[tuple
     return replace(gu, ranges=ranges), wu
 
 
+def _solved(x: np.ndarray, points: Sequence[tuple[int, ...]], k: int, terms: list[int], where: list[Any],
+            g: CompiledGraph) -> np.ndarray:
+    """The integer coefficients (every monomial of k dims x integers; those outside `terms` 0) of the integers `x`
+    (points x integers) solved exactly over `points`; RangeError where one has none."""
+    basis = np.array([_monomials(p) for p in points], np.float64)[:, terms]
+    # integers the same at every point are constants (monomial 0 is 1): not solved in float64, where one as large
+    # as Slice's "to the end" (2^63 - 1, torch's x[..., d:]) would not round back
+    coeffs = np.zeros((1 << k, x.shape[1]), np.int64)
+    coeffs[0] = x[0]
+    moving = np.flatnonzero((x != x[0]).any(0))
+    if len(moving):
+        coeffs[np.ix_(terms, moving)] = np.rint(np.linalg.solve(basis, x[:, moving].astype(np.float64))
+                                                ).astype(np.int64)
+    if not np.array_equal(basis.astype(np.int64) @ coeffs[terms], x):
+        bad = where[int(np.argmax((basis.astype(np.int64) @ coeffs[terms] != x).any(0)))]
+        raise RangeError(f"{_label(bad, g)} is not a polynomial of the dims with integer coefficients")
+    return coeffs
+
+
 def _fit_floors(graphs: list[tuple[CompiledGraph, dict[str, Any]]], corners: list[tuple[int, ...]],
                 verify: list[tuple[tuple[int, ...], tuple[CompiledGraph, dict[str, Any]]]],
                 spec: list[tuple[str, int, int]], keep: frozenset[str], lattice: Mapping[int, int],
@@ -945,15 +953,7 @@ def _fit_floors(graphs: list[tuple[CompiledGraph, dict[str, Any]]], corners: lis
     k = len(spec)
     rest = {j: hi[j] % step for j, step in lattice.items()}
     on = [tuple((p[j] - rest[j]) // lattice[j] if j in lattice else p[j] for j in range(k)) for p in corners]
-    basis = np.array([_monomials(p) for p in on], np.float64)
-    coeffs = np.zeros((1 << k, x.shape[1]), np.int64)
-    coeffs[0] = x[0]
-    moving = np.flatnonzero((x != x[0]).any(0))
-    if len(moving):
-        coeffs[:, moving] = np.rint(np.linalg.solve(basis, x[:, moving].astype(np.float64))).astype(np.int64)
-    if not np.array_equal(basis.astype(np.int64) @ coeffs, x):
-        bad = where[int(np.argmax((basis.astype(np.int64) @ coeffs != x).any(0)))]
-        raise RangeError(f"{_label(bad, gu)} is not a polynomial of the dims with integer coefficients")
+    coeffs = _solved(x, on, k, list(range(1 << k)), where, gu)
     derived = [(j, a, s) for j in sorted(lattice) for a, s in forms[j]]
     if len(derived) > MAX_FLOORS:
         raise RangeError(f"{len(derived)} strided lengths follow the dims; a range program takes at most {MAX_FLOORS}")
