@@ -878,14 +878,13 @@ def _fit(graphs: list[tuple[CompiledGraph, dict[str, Any]]], corners: list[tuple
     part of a split model that does not depend on it, and has no input to read it from)."""
     for g, _ in graphs[1:]:
         _same_structure(graphs[0][0], g, spec)
-    flat = [_integers(g, w, graphs[0][1]) for g, w in graphs]
-    where = flat[0][0]
-    x = np.array([f[1] for f in flat], np.int64)  # corners x integers
+    where, top = _integers(*graphs[0])
+    x = np.array([top, *(_values(g, w) for g, w in graphs[1:])], np.int64)  # corners x integers
     terms = list(range(1 << len(spec))) if terms is None else list(terms)
     coeffs = _solved(x, corners, len(spec), terms, where, graphs[0][0])
     for point, (gv, wv) in verify:
         _same_structure(graphs[0][0], gv, spec)
-        got = np.array(_integers(gv, wv, graphs[0][1])[1], np.int64)
+        got = np.array(_values(gv, wv), np.int64)
         want = coeffs.T @ _monomials(point)
         if not np.array_equal(got, want):
             bad = where[int(np.argmax(got != want))]
@@ -948,8 +947,8 @@ def _fit_floors(graphs: list[tuple[CompiledGraph, dict[str, Any]]], corners: lis
     gu, wu = graphs[0]
     for g, _ in [*graphs[1:], *(gv for _, gv in verify)]:
         _same_structure(gu, g, spec)
-    where, _ = _integers(gu, wu, wu)
-    x = np.array([_integers(g, w, wu)[1] for g, w in graphs], np.int64)
+    where, _ = _integers(gu, wu)
+    x = np.array([_values(g, w) for g, w in graphs], np.int64)
     k = len(spec)
     rest = {j: hi[j] % step for j, step in lattice.items()}
     on = [tuple((p[j] - rest[j]) // lattice[j] if j in lattice else p[j] for j in range(k)) for p in corners]
@@ -961,7 +960,7 @@ def _fit_floors(graphs: list[tuple[CompiledGraph, dict[str, Any]]], corners: lis
 
     def extended(point: Sequence[int]) -> tuple[int, ...]:
         return (*point, *((point[j] + a) // s for j, a, s in derived))
-    checked = [(extended(v), np.array(_integers(gv, wv, wu)[1], np.int64)) for v, (gv, wv) in verify]
+    checked = [(extended(v), np.array(_values(gv, wv), np.int64)) for v, (gv, wv) in verify]
     polys, bad_at = strided.convert(coeffs, k, {j: (lattice[j], rest[j]) for j in lattice}, derived, checked, hi)
     if bad_at is None:  # every integer (those of the other dims too) at the check points
         bad_at = next((i for i, p in enumerate(polys) for at, got in checked if strided.value(p, at) != got[i]), None)
@@ -1011,8 +1010,8 @@ def _widened(prior: Ranges, spec: list[tuple[str, int, int]], upper: tuple[Any, 
     is what the fit gives there (a varying one) or the same at both (the others); else RangeError."""
     (point_u, gu, wu), (point_a, ga, wa) = upper, below
     _same_structure(gu, ga, spec)
-    where, vu = _integers(gu, wu, wu)
-    _, va = _integers(ga, wa, wu)
+    where, vu = _integers(gu, wu)
+    va = _values(ga, wa)
     index = {tuple(w): i for i, w in enumerate(where)}
     pos = [index.get(tuple(w)) for w, _ in prior.entries]
     if None in pos:
@@ -1459,7 +1458,7 @@ def _attr_shape(v: Any) -> Any:
 
 
 def _same_structure(a: CompiledGraph, b: CompiledGraph, spec: Any) -> None:
-    sa, sb = _signature(a), _signature(b)
+    sa, sb = memo.memo("signature", a, None, lambda: _signature(a)), _signature(b)  # (the upper bound's: once)
     if len(sa) != len(sb):
         raise RangeError(f"the program has {len(a.steps)} steps at one shape and {len(b.steps)} at another (kernels "
                          "or fusions chosen by shape)")
@@ -1470,36 +1469,43 @@ def _same_structure(a: CompiledGraph, b: CompiledGraph, spec: Any) -> None:
                              "storage or attribute)")
 
 
-def _integers(g: CompiledGraph, w: Mapping[str, Any], wu: Mapping[str, Any]) -> tuple[list[tuple[Any, ...]], list[int]]:
+def _integers(g: CompiledGraph, w: Mapping[str, Any]) -> tuple[list[tuple[Any, ...]], list[int]]:
     """(where, value) of every integer of a program that may vary with the dims, in a fixed order."""
     where: list[tuple[Any, ...]] = []
+    return where, _walk(g, w, where)
+
+
+def _values(g: CompiledGraph, w: Mapping[str, Any]) -> list[int]:
+    """`_integers`' values alone (a probe of the upper bound's structure: its places are the upper bound's)."""
+    return _walk(g, w, None)
+
+
+def _walk(g: CompiledGraph, w: Mapping[str, Any], where: list[tuple[Any, ...]] | None) -> list[int]:
     vals: list[int] = []
-    for i, t in enumerate(g.inputs):
-        for a, d in enumerate(t.shape):
-            where.append(("I", i, a))
-            vals.append(d)
-    for i, t in enumerate(g.outputs):
-        for a, d in enumerate(t.shape):
-            where.append(("O", i, a))
-            vals.append(d)
+    for kind, ts in (("I", g.inputs), ("O", g.outputs)):
+        for i, t in enumerate(ts):
+            vals += t.shape
+            if where is not None:
+                where += [(kind, i, a) for a in range(len(t.shape))]
     for k, s in enumerate(g.steps):
         for kind, refs in (("in", s.inputs), ("out", s.outputs)):
             for i, r in enumerate(refs):
                 if r is None:
                     continue
-                for a, d in enumerate(r.shape):
-                    where.append((kind, k, i, a))
-                    vals.append(d)
+                vals += r.shape
+                if where is not None:
+                    where += [(kind, k, i, a) for a in range(len(r.shape))]
                 if kind == "in" and r.space == CONST and r.key in w:  # a probe keeps its small integer ones only
                     c = np.asarray(w[r.key])
                     if c.dtype.kind in "iu" and c.size <= _DYN_CONST_MAX:
-                        for j, v in enumerate(c.reshape(-1).tolist()):
-                            where.append(("const", k, i, j))
-                            vals.append(int(v))
+                        vals += map(int, c.reshape(-1).tolist())
+                        if where is not None:
+                            where += [("const", k, i, j) for j in range(c.size)]
         for path, v in _attr_ints(s.attrs, ()):
-            where.append(("attr", k, *path))
+            if where is not None:
+                where.append(("attr", k, *path))
             vals.append(v)
-    return where, vals
+    return vals
 
 
 def _attr_ints(v: Any, path: tuple[Any, ...]) -> Iterable[tuple[tuple[Any, ...], int]]:

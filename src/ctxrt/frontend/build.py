@@ -368,14 +368,28 @@ def _check_einsum(st: Folder, node: onnx.NodeProto, label: str) -> None:
         raise ShapeError(f"{label}: equation {eq!r} labels axes of sizes {v} with {c!r}; they must be one size")
 
 
+class _Label:
+    """A node's name in a message, formatted when one is written (`_check_settled` checks every node)."""
+
+    def __init__(self, node: onnx.NodeProto, where: str) -> None:
+        self.node, self.where = node, where
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+    def __str__(self) -> str:
+        return f"{self.node.op_type} node {self.node.name or self.node.output[0]!r}{self.where}"
+
+
 def _check_settled(st: Folder, body: bool) -> None:
     """Everything that cannot be compiled, all at once: ops left unfolded, shape-deciding inputs computed at
     run time, readers of data-dependent sizes, control nodes whose inputs never got static shapes."""
     from ctxrt.frontend.onnx import FOLD_ONLY
 
     problems = []
+    where = st._in()
     for node in st.nodes:
-        label = f"{node.op_type} node {node.name or node.output[0]!r}{st._in()}"
+        label = _Label(node, where)
         if node.op_type in ("Scan", "If", "Loop") and node.output[0] not in st.bodies:
             raise ShapeError(f"{label}: cannot infer static shapes for the values it reads")
         required, _ = values.positions(node)
@@ -384,7 +398,7 @@ def _check_settled(st: Folder, body: bool) -> None:
             if src and src not in st.consts:
                 problems.append(f"{label}: {what} ({src!r}) is computed at run time; ctxrt needs it at compile time")
         if node.op_type == "Einsum":
-            _check_einsum(st, node, label)
+            _check_einsum(st, node, str(label))
         if node.op_type == "Expand" and len(node.input) > 1 and node.input[1] in st.consts:
             # (onnx's inference lets a target that does not broadcast through)
             a, b = st.shape_of(node.input[0]), tuple(int(d) for d in st.consts[node.input[1]].reshape(-1))

@@ -30,7 +30,21 @@ _SHAPE_ONLY = {"Shape", "Size"}
 
 
 def positions(node: onnx.NodeProto) -> tuple[dict[int, str], set[int]]:
-    """The node's inputs that decide a shape ({position: what}) and those that decide a branch."""
+    """The node's inputs that decide a shape ({position: what}) and those that decide a branch (read only: the
+    same objects for every node of an op but Loop)."""
+    op = node.op_type
+    if op != "Loop":
+        hit = _POSITIONS.get(op)
+        if hit is None:
+            hit = _POSITIONS[op] = _positions(node)
+        return hit
+    return _positions(node)
+
+
+_POSITIONS: dict[str, tuple[dict[int, str], set[int]]] = {}
+
+
+def _positions(node: onnx.NodeProto) -> tuple[dict[int, str], set[int]]:
     op = node.op_type
     runtime = RUNTIME_PARAMS.get(op, set())
     required = {pos: f"input {key!r}" for pos, key in PARAM_INPUTS.get(op, {}).items() if pos not in runtime}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,7 @@ class Value:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(map(int, self.shape)) * np.dtype(self.dtype).itemsize  # (Python ints: no overflow)
 
     @property
     def is_const(self) -> bool:
@@ -68,6 +69,7 @@ class Graph:
         """Drop values no node, input or output refers to (e.g. folded constants)."""
         used = set(self.inputs) | set(self.outputs)
         for node in self.nodes:
-            used.update(n for n in node.inputs if n)
-            used.update(n for n in node.outputs if n)
+            used.update(node.inputs)
+            used.update(node.outputs)
+        used.discard("")
         self.values = {k: v for k, v in self.values.items() if k in used}

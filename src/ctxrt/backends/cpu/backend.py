@@ -110,7 +110,7 @@ def _decided(g: IRGraph, node: Node, how: Any, ask: Callable[[], bool]) -> bool:
     constness (ir/memo.py; ~0.5 ms of primitive descriptors a probe for a 4-layer decoder's 66 questions). A probe
     whose shapes oneDNN would refuse then fails building that kernel or compiles another one: the probes differ,
     and the range compile fails as it did when the answers differed (a RangeError)."""
-    ins = tuple((str(v.dtype), len(v.shape), v.is_const) if v is not None else None
+    ins = tuple((np.dtype(v.dtype).str, len(v.shape), v.is_const) if v is not None else None
                 for v in (g.values.get(n) if n else None for n in node.inputs))
     key = (node.name, node.op, how, repr(sorted(node.attrs.items(), key=lambda kv: kv[0])), ins)
     return memo.memo("onednn_supports", _DECIDED, key, ask)

@@ -49,7 +49,7 @@ def check_topological(graph: Graph) -> None:
         for name in node.inputs:
             if name and name not in ready:
                 raise PlanError(f"node {node.name!r} ({node.op}) reads {name!r} before it is produced")
-        ready.update(o for o in node.outputs if o)
+        ready.update(node.outputs)  # ('' too: a missing optional input is skipped above)
     missing = [o for o in graph.outputs if o not in ready]
     if missing:
         raise PlanError(f"graph outputs never produced: {missing}")
