@@ -254,3 +254,29 @@ def test_native_activations_hold_their_exponential(code: int) -> None:
         assert np.all(np.abs(y[fin & ~big] - ref[fin & ~big]) <= 1e-35)
     assert np.isnan(y[-1])
     np.testing.assert_array_equal(y[-3:-1], ref[-3:-1].astype(np.float32))
+
+
+@pytest.mark.parametrize("n", [32767, 32768, 32769, 100003])
+@pytest.mark.parametrize("code", [5, 6, 11, 12])
+def test_native_activation_on_openmp_team_equals_one_thread(n: int, code: int) -> None:
+    """From ACT_TEAM_MIN elements on, an activation is shared on OpenMP's team (csrc/gemv.c, a GELU of 256 x 8000
+    in Wav2Vec2's feature extractor on one core was 3.5x onnxruntime's): each thread's share of whole 16-float
+    lines, the tail to the last, in place or not, gives every element bit for bit what one thread gives."""
+    from ctxrt.backends.cpu import native, threads
+    from ctxrt.backends.cpu.onednn import api
+
+    if native.library() is None:
+        pytest.skip("the native extension is not built here")
+    api.library()  # (libgomp, where oneDNN is installed: the team)
+    x = rand(n, low=-9.0, high=9.0).astype(np.float32)
+    one, step = np.empty_like(x), native.ACT_TEAM_MIN - 16  # below the threshold: the caller's thread alone (on
+    for a in range(0, n, step):  # whole lines: the vector and tail paths take the same elements as the team's)
+        native.act(x[a:a + step], one[a:a + step], code)()
+    for nthreads in (2, 3):
+        with threads.ThreadScope(nthreads):
+            y = np.empty_like(x)
+            native.act(x, y, code)()
+            z = x.copy()
+            native.act(z, z, code)()
+        np.testing.assert_array_equal(y, one)
+        np.testing.assert_array_equal(z, one)

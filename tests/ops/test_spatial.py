@@ -526,6 +526,43 @@ def test_large_gemm_conv_runs_on_onednns_gemm(monkeypatch) -> None:
     assert counts[0] == 0 and counts[1] > 0
 
 
+@pytest.mark.parametrize("group, gemm", [(1, True), (16, False)])
+def test_long_signal_conv_runs_on_onednns_gemm(monkeypatch, group: int, gemm: bool) -> None:
+    """A 1-D conv over a long signal (the N-D im2col kernel: Wav2Vec2's feature extractor) in a program with
+    oneDNN kernels, which holds BLAS at one thread: its GEMMs run on oneDNN's GEMM on OpenMP's threads (one BLAS
+    thread made it 2x onnxruntime's), except where each group's GEMM is small (Wav2Vec2's positional conv, 16 groups:
+    3x slower as 16 oneDNN calls). The reference's outputs either way."""
+    import harness
+
+    from ctxrt.backends.cpu.onednn import api
+
+    ran = []
+    real = api.sgemm
+
+    def counting(a, b, out):
+        call = real(a, b, out)
+        if call is None:
+            return None
+
+        def counted():
+            ran.append(1)
+            call()
+        return counted
+    monkeypatch.setattr(api, "sgemm", counting)
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3], strides=[2], group=group)
+    head = helper.make_node("MatMul", ["c", "m"], ["z"])
+    feeds = {"x": rand(1, 64, 12001)}
+    inits = {"w": _w(128, 64 // group, 3), "b": rand(128), "m": rand(6000, 8)}
+    check([conv, head], feeds, inits, rtol=1e-4, atol=1e-3)
+    if harness.BACKEND != "cpu" or not api.available():
+        return
+    with ctxrt.compile(make_model([conv, head], feeds, inits), num_threads=2) as ctx:
+        g = ctx.graph()
+        assert g.compiled.steps[0].algorithm == "im2col_gemm"  # (the N-D kernel's, not nn.py's lifted one)
+        g.run(feeds)
+    assert bool(ran) == gemm
+
+
 @pytest.mark.parametrize("act, alpha, beta", [("LeakyRelu", 0.2, 0.0), ("Clip", -0.3, 0.5), ("HardSigmoid", 0.3, 0.4),
                                               ("HardSwish", 1 / 6, 0.5), ("Gelu", 0.0, 0.0)])
 def test_native_conv1d_epilogue_activations(act: str, alpha: float, beta: float) -> None:

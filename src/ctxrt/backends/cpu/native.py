@@ -181,9 +181,15 @@ class ActArgs(ctypes.Structure):
                 ("alpha", ctypes.c_float), ("beta", ctypes.c_float)]
 
 
+ACT_TEAM_MIN = 1 << 15  # csrc/gemv.c's
+
+
 def act(x: np.ndarray, y: np.ndarray, code: int, alpha: float = 0.0, beta: float = 0.0) -> Any:
     """The launch of y = act(x) over float32 C-contiguous arrays of one size (csrc/gemv.c's ctxrt_act, `code` its
-    act_args code, `alpha` and `beta` those of codes 7 .. 10); the library must be loaded."""
+    act_args code, `alpha` and `beta` those of codes 7 .. 10); the library must be loaded. From ACT_TEAM_MIN
+    elements on, shared on OpenMP's team where oneDNN loaded it (the run's thread count)."""
+    if y.size >= ACT_TEAM_MIN:
+        openmp_team()
     return launch("ctxrt_act", ActArgs(n=y.size, x=x.ctypes.data, y=y.ctypes.data, act=code, alpha=alpha, beta=beta),
                   (x, y))
 

@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from ctxrt.backends.cpu import threads
 from ctxrt.backends.cpu.image.boxes import box_shape, boxes
 from ctxrt.backends.cpu.image.window import PaddedND, windows
-from ctxrt.backends.cpu.nn import _activation, _window, relu_zeros
+from ctxrt.backends.cpu.nn import _SGEMM_MIN, _activation, _gemm_calls, _window, relu_zeros
 from ctxrt.backends.kernel import Kernel, Launch, NodeSpec, scratch_view
 
 _COL_BUDGET = 2 << 20  # bytes of im2col columns per GEMM block
@@ -70,16 +71,26 @@ class ConvND(Kernel):
                 blocks.append((copy, cols, out[:, :, p0:p1], None if res is None else res[:, :, p0:p1]))
             plans.append((ins[0][b], src if self.pad.needed else None, blocks))
         zeros = {blk[2].shape[-1]: relu_zeros(blk[2].shape, dt) for _, _, blocks in plans for blk in blocks}
+        # oneDNN's GEMM on OpenMP's threads where the run holds BLAS to one (a context with oneDNN kernels, nn.py):
+        # a long signal's conv on one thread was 2x onnxruntime's (Wav2Vec2's feature extractor)
+        # (per group: Wav2Vec2's positional conv, 16 groups of 16 x 2048 x 125, ran 3x slower as 16 oneDNN calls)
+        gemms = [[_gemm_calls(wm, cols, out) if math.prod(wm.shape[1:]) * out.shape[-1] >= _SGEMM_MIN else None
+                  for _, cols, out, _ in blocks] for _, _, blocks in plans]
         pad, relu = self.pad, self.relu
 
         def run() -> None:
-            for x, padded, blocks in plans:
+            held = threads.blas_held()
+            for (x, padded, blocks), calls_of in zip(plans, gemms, strict=True):
                 if padded is not None:
                     pad.refresh(x, padded)
-                for copy, cols, out, res in blocks:
+                for (copy, cols, out, res), calls in zip(blocks, calls_of, strict=True):
                     if copy is not None:
                         np.copyto(*copy)
-                    np.matmul(wm, cols, out=out)
+                    if calls is None or not held:
+                        np.matmul(wm, cols, out=out)
+                    else:
+                        for call in calls:
+                            call()
                     if bias is not None:
                         np.add(out, bias, out=out)
                     if res is not None:
