@@ -129,3 +129,61 @@ def test_softmax_opset9_coerces_to_2d_like_onnxruntime() -> None:
     got = run_ctxrt(model, {"x": x})
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got[0].reshape(3, -1).sum(1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("sa, sb, transpose", [((2, 300, 256), (2, 256, 96), False), ((3, 300, 64), (3, 300, 64), True),
+                                               ((1, 2, 200, 300), (300, 128), False)])
+def test_large_activation_products_run_on_onednns_gemm(monkeypatch, sa, sb, transpose) -> None:
+    """MatMul of two activations whose products are large (attention over a long sequence: Whisper's encoder,
+    1500 x 1500 by 64 per head), in a program with oneDNN kernels, which holds BLAS at one thread: each product on
+    oneDNN's GEMM on OpenMP's threads (one BLAS thread made it half the encoder's run), keys read through their
+    Transpose in place (dnnl_sgemm's "T"), a broadcast operand per product; the reference's outputs."""
+    import harness
+
+    import ctxrt
+    from ctxrt.backends.cpu.onednn import api
+
+    ran = []
+    real = api.sgemm
+
+    def counting(a, b, out):
+        call = real(a, b, out)
+        if call is None:
+            return None
+
+        def counted():
+            ran.append(1)
+            call()
+        return counted
+    monkeypatch.setattr(api, "sgemm", counting)
+    nodes = [helper.make_node("Transpose", ["b"], ["bt"], perm=[0, 2, 1])] if transpose else []
+    nodes += [helper.make_node("MatMul", ["a", "bt" if transpose else "b"], ["p"]),
+              helper.make_node("MatMul", ["p", "w"], ["y"])]  # (a oneDNN kernel: BLAS held at one thread)
+    n = sb[1] if transpose else sb[-1]
+    feeds = {"a": rand(*sa), "b": rand(*sb)}
+    inits = {"w": rand(n, 16)}
+    check(nodes, feeds, inits, rtol=1e-4, atol=1e-3)
+    if harness.BACKEND != "cpu" or not api.available():
+        return
+    with ctxrt.compile(make_model(nodes, feeds, inits), num_threads=2) as ctx:
+        ctx.graph().run(feeds)
+    assert ran
+
+
+@pytest.mark.parametrize("ta, tb", [(False, False), (False, True), (True, False), (True, True)])
+def test_onednn_sgemm_reads_transposed_operands(ta: bool, tb: bool) -> None:
+    """oneDNN's GEMM call on views of rows (its "N") or of transposed rows ("T"), inside larger rows (a leading
+    dimension past the width): NumPy's product; None for an output it cannot write as rows."""
+    from ctxrt.backends.cpu.onednn import api
+
+    if not api.available():
+        pytest.skip("oneDNN is not installed")
+    a0, b0 = rand(40, 70), rand(70, 50)
+    a = np.pad(a0.T.copy(), ((0, 0), (0, 3)))[:, :40].T if ta else np.pad(a0, ((0, 0), (0, 5)))[:, :70]
+    b = np.pad(b0.T.copy(), ((0, 0), (0, 2)))[:, :70].T if tb else b0
+    y = np.zeros((40, 50), np.float32)
+    call = api.sgemm(a, b, y)
+    assert call is not None
+    call()
+    np.testing.assert_allclose(y, a0 @ b0, rtol=1e-4, atol=1e-4)
+    assert api.sgemm(a, b, np.zeros((50, 40), np.float32).T) is None

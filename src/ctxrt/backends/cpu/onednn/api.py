@@ -208,18 +208,35 @@ def check(status: int, what: str) -> None:
         raise error(f"oneDNN {what}: {_STATUS.get(status, f'status {status}')}")
 
 
+def _gemm_layout(x: Any) -> tuple[bytes, int] | None:
+    """How dnnl_sgemm reads a 2-D float32 view: rows of unit stride ("N"), or the transpose of such rows ("T": a
+    view through a Transpose, attention's keys), and its leading dimension; None for other strides."""
+    r, c = x.shape
+    s0 = x.strides[0] if r > 1 else 4 * c  # (an axis of one element: any stride)
+    s1 = x.strides[1] if c > 1 else 4
+    if s1 == 4 and s0 % 4 == 0 and s0 >= 4 * c:
+        return b"N", max(s0 // 4, c, 1)
+    s0 = x.strides[0] if r > 1 else 4
+    s1 = x.strides[1] if c > 1 else 4 * r
+    if s0 == 4 and s1 % 4 == 0 and s1 >= 4 * r:
+        return b"T", max(s1 // 4, r, 1)
+    return None
+
+
 def sgemm(a: Any, b: Any, out: Any) -> Callable[[], None] | None:
-    """A call that computes `out = a @ b` (2-D float32 arrays, each row of unit stride; their addresses fixed) with
-    oneDNN's GEMM on OpenMP's threads, the pool a context with oneDNN kernels gives the cores (threads.py: BLAS
-    has one there); None without oneDNN or for other arrays."""
+    """A call that computes `out = a @ b` (2-D float32 arrays, `a` and `b` rows of unit stride or the transpose of
+    such rows, `out` rows of unit stride; their addresses fixed) with oneDNN's GEMM on OpenMP's threads, the pool a
+    context with oneDNN kernels gives the cores (threads.py: BLAS has one there); None without oneDNN or for other
+    arrays."""
     lib = library()
     arrays = (a, b, out)
-    if lib is None or any(str(x.dtype) != "float32" or x.ndim != 2 or x.strides[1] != 4 or x.strides[0] % 4
-                          or x.shape[0] > 1 and x.strides[0] < 4 * x.shape[1] for x in arrays) \
-            or not out.flags.writeable:
+    if lib is None or any(str(x.dtype) != "float32" or x.ndim != 2 for x in arrays) or not out.flags.writeable:
         return None
     (m, k), n = a.shape, b.shape[1]
     if b.shape[0] != k or out.shape != (m, n) or 0 in (m, n, k):
+        return None
+    la, lb, ly = _gemm_layout(a), _gemm_layout(b), _gemm_layout(out)
+    if la is None or lb is None or ly is None or ly[0] != b"N":
         return None
     fn = _STATE.get("sgemm")
     if fn is None:
@@ -228,8 +245,7 @@ def sgemm(a: Any, b: Any, out: Any) -> Callable[[], None] | None:
                        ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]
         fn.restype = ctypes.c_int
         _STATE["sgemm"] = fn
-    args = (b"N", b"N", m, n, k, 1.0, a.ctypes.data, max(a.strides[0] // 4, k), b.ctypes.data,
-            max(b.strides[0] // 4, n), 0.0, out.ctypes.data, max(out.strides[0] // 4, n))
+    args = (la[0], lb[0], m, n, k, 1.0, a.ctypes.data, la[1], b.ctypes.data, lb[1], 0.0, out.ctypes.data, ly[1])
 
     def call() -> None:
         status = fn(*args)
