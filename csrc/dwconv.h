@@ -56,4 +56,18 @@ typedef struct {
     float *y;                   /* [rows, ol] */
 } pool1d_args;
 
+typedef struct {
+    int64_t planes, c, h, w;    /* images x channels, channels, rows, columns of x (planar: NCHW) */
+    int64_t oh, ow, kh, kw;     /* y's rows and columns (planar), the window */
+    int64_t sh, sw, ph, pw;     /* strides, pads before */
+    int64_t dh, dw;             /* dilations */
+    const float *x;             /* [planes, h, w] */
+    const float *wt;            /* [c, kh, kw]: ONNX's depthwise weights */
+    const float *bias;          /* [c] or NULL */
+    float *y;                   /* [planes, oh, ow] */
+    int64_t act;                /* csrc/gemv.h's activation codes (applied by ctxrt_act but Relu) */
+    float alpha, beta;
+    int64_t threads;            /* OpenMP's team (0 or less: its count for the calling thread) */
+} dwp_args;
+
 #endif

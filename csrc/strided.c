@@ -84,11 +84,67 @@ static void where_row(char *y, const uint8_t *c, const char *a, const char *b, i
         memcpy(y + i * ys * size, c[i * cs] ? a + i * as * size : b + i * bs * size, (size_t)size);
 }
 
+#ifndef COPY_TI
+#define COPY_TI 32
+#endif
+#ifndef COPY_TJ
+#define COPY_TJ 8
+#endif
+
+#define TILE_LOOP(T)                                                                                       \
+    for (int64_t i = i0; i < i1; i++) {                                                                    \
+        T *d = (T *)y + oy + i * yt;                                                                       \
+        const T *s = (const T *)a + oa + i;                                                                \
+        for (int64_t j = j0; j < j1; j++) d[j] = s[j * al];                                                \
+    }
+
+/* A transposing copy (a Transpose whose output rows read the input across its rows: SegFormer's (C, HW) ->
+   (HW, C)), y's rows contiguous and a contiguous along another axis t: in tiles of COPY_TILE x COPY_TILE over
+   (t, last), whose source lines stay in cache while each output row of the tile is written (the row-by-row loop
+   read every element from another line: 1.5 ms for 128 x 4096 floats). Returns 0 where the copy is not such. */
+static int copy_tiled(const ew_args *p) {
+    const int64_t r = p->rank, last = r - 1, size = p->size;
+    if (r < 2 || p->ys[last] != 1 || p->as[last] == 1 || p->as[last] == 0 || p->shape[last] < 8 ||
+        (size != 2 && size != 4 && size != 8))
+        return 0;
+    int64_t t = -1;
+    for (int64_t d = last - 1; d >= 0; d--)
+        if (p->as[d] == 1 && p->shape[d] >= 8) { t = d; break; }
+    if (t < 0) return 0;
+    const int64_t nt = p->shape[t], nl = p->shape[last], yt = p->ys[t], al = p->as[last];
+    int64_t idx[EW_RANK] = {0};
+    int64_t oy = 0, oa = 0;
+    char *y = (char *)p->y;
+    const char *a = (const char *)p->a;
+    for (;;) {
+        for (int64_t i0 = 0; i0 < nt; i0 += COPY_TI) {
+            const int64_t i1 = i0 + COPY_TI < nt ? i0 + COPY_TI : nt;
+            for (int64_t j0 = 0; j0 < nl; j0 += COPY_TJ) {
+                const int64_t j1 = j0 + COPY_TJ < nl ? j0 + COPY_TJ : nl;
+                if (size == 4) { TILE_LOOP(uint32_t) }
+                else if (size == 2) { TILE_LOOP(uint16_t) }
+                else { TILE_LOOP(uint64_t) }
+            }
+        }
+        int64_t d = last - 1;  /* the next plane: an odometer over the dims but t and last */
+        for (; d >= 0; d--) {
+            if (d == t) continue;
+            idx[d]++;
+            oy += p->ys[d], oa += p->as[d];
+            if (idx[d] < p->shape[d]) break;
+            oy -= p->ys[d] * p->shape[d], oa -= p->as[d] * p->shape[d];
+            idx[d] = 0;
+        }
+        if (d < 0) return 1;
+    }
+}
+
 int ctxrt_ew(const ew_args *p) {
     if (p->rank < 1 || p->rank > EW_RANK) return 1;
     const int64_t r = p->rank, last = r - 1, size = p->size, n = p->shape[last];
     for (int64_t d = 0; d < r; d++)
         if (p->shape[d] <= 0) return 0;
+    if (p->op == EW_COPY && copy_tiled(p)) return 0;
     arith_row arith = NULL;
     int fast = avx2();
     switch (p->op) {

@@ -526,6 +526,56 @@ def test_large_gemm_conv_runs_on_onednns_gemm(monkeypatch) -> None:
     assert counts[0] == 0 and counts[1] > 0
 
 
+DW_PLANAR_CASES = [  # (channels, height, width, kernel, stride, pad, dilation, bias, relu)
+    (128, 20, 24, 3, 1, 1, 1, True, False), (48, 15, 14, 7, 1, 3, 1, True, True),
+    (16, 13, 17, 3, 2, 1, 1, False, False), (8, 10, 9, 5, 2, 0, 1, True, False),
+    (8, 12, 12, 3, 1, 2, 2, True, True), (5, 7, 30, 3, 3, 4, 1, True, False),
+    (4, 9, 5, 5, 1, 0, 1, False, False), (3, 6, 6, 1, 1, 0, 1, True, False),
+]
+
+
+@pytest.mark.parametrize("case", DW_PLANAR_CASES)
+def test_planar_depthwise_conv(case, monkeypatch) -> None:
+    """A depthwise conv of planar images (the layout pass leaves it planar: SegFormer's Mix-FFN, ConvNeXt's first
+    stage) runs csrc/dwconv.c's kernel where the extension is built (`native:dw_planar`, no scratch), and NumPy's
+    loop over the taps where it is missing at run time: onnx's reference outputs either way, for windows, strides,
+    pads, dilations, bias and a fused Relu; batch 2."""
+    import harness
+
+    from ctxrt.backends.cpu import native, nn
+
+    c, h, w, k, s, p, d, bias, relu = case
+    nodes = [helper.make_node("Conv", ["x", "w", *(["b"] if bias else [])], ["c" if relu else "y"], group=c,
+                              kernel_shape=[k, k], strides=[s, s], pads=[p] * 4, dilations=[d, d])]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    feeds = {"x": rand(2, c, h, w)}
+    inits = {"w": _w(c, 1, k, k), **({"b": rand(c)} if bias else {})}
+    check(nodes, feeds, inits, rtol=1e-4, atol=1e-5)
+    if harness.BACKEND != "cpu" or native.library() is None:
+        return
+    with ctxrt.compile(make_model(nodes, feeds, inits)) as ctx:
+        (step,) = ctx.graph().compiled.steps
+        assert step.algorithm == nn.DwPlanar.algorithm and step.attrs.get(nn.DW_PLANAR)
+        want = ctx.graph().run(feeds)["y"]
+    monkeypatch.setitem(native._STATE, "lib", None)  # a binary loaded where the extension is missing
+    with ctxrt.compile(make_model(nodes, feeds, inits)) as ctx:
+        assert not ctx.graph().compiled.steps[0].attrs.get(nn.DW_PLANAR)  # (compiled without it: NumPy's kernels)
+    kernel = nn.DwPlanar(*_planar_spec(nodes[0], feeds, inits, (s, s, p, p, d, d)), relu)
+    y = np.empty_like(want)
+    kernel.bind([feeds["x"], inits["w"], *([inits["b"]] if bias else [])], [y], [])()
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+
+
+def _planar_spec(node, feeds, inits, window):
+    from ctxrt.backends.kernel import NodeSpec, TensorSpec
+
+    ins = [TensorSpec(feeds["x"].shape, np.dtype(np.float32)), TensorSpec(inits["w"].shape, np.dtype(np.float32))]
+    if "b" in inits:
+        ins.append(TensorSpec(inits["b"].shape, np.dtype(np.float32)))
+    return NodeSpec("Conv", node.name, {}, ins, [TensorSpec((1,), np.dtype(np.float32))]), window
+
+
 @pytest.mark.parametrize("group, gemm", [(1, True), (16, False)])
 def test_long_signal_conv_runs_on_onednns_gemm(monkeypatch, group: int, gemm: bool) -> None:
     """A 1-D conv over a long signal (the N-D im2col kernel: Wav2Vec2's feature extractor) in a program with

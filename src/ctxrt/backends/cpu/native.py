@@ -272,6 +272,35 @@ def dwconv(x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None,
     return launch("ctxrt_dwconv", args, tuple(arrays))
 
 
+class DwpArgs(ctypes.Structure):
+    """csrc/dwconv.h's dwp_args: a depthwise convolution of planar (NCHW) images into planar output."""
+
+    _fields_ = [(name, ctypes.c_int64) for name in ("planes", "c", "h", "w", "oh", "ow", "kh", "kw", "sh", "sw", "ph",
+                                                     "pw", "dh", "dw")] + \
+        [("x", ctypes.c_void_p), ("wt", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("y", ctypes.c_void_p),
+         ("act", ctypes.c_int64), ("alpha", ctypes.c_float), ("beta", ctypes.c_float), ("threads", ctypes.c_int64)]
+
+
+def dwconv_planar(x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None, window: tuple[int, ...],
+                  act: int, alpha: float = 0.0, beta: float = 0.0) -> Any | None:
+    """The launch of y = act(depthwise conv(x) + bias) of planar float32 images x [n, c, h, w] into planar
+    y [n, c, oh, ow], weights w [c, 1, kh, kw] (ONNX's), `window` (sh, sw, ph, pw, dh, dw), `act` csrc/gemv.h's
+    code (csrc/dwconv.c: its rows on OpenMP's team of the run), or None where the arrays do not fit it; the library
+    must be loaded."""
+    arrays = [x, w, y] + ([bias] if bias is not None else [])
+    if x.ndim != 4 or y.ndim != 4 or w.ndim != 4 or x.shape[:2] != y.shape[:2] or w.shape[:2] != (x.shape[1], 1) \
+            or any(t.dtype != np.float32 or not t.flags.c_contiguous for t in arrays) or not y.size \
+            or bias is not None and bias.shape != (x.shape[1],):
+        return None
+    n, c, h, wd = x.shape
+    sh, sw, ph, pw, dh, dw = window
+    args = DwpArgs(planes=n * c, c=c, h=h, w=wd, oh=y.shape[2], ow=y.shape[3], kh=w.shape[2], kw=w.shape[3], sh=sh,
+                   sw=sw, ph=ph, pw=pw, dh=dh, dw=dw, x=x.ctypes.data, wt=w.ctypes.data,
+                   bias=None if bias is None else bias.ctypes.data, y=y.ctypes.data, act=act, alpha=alpha, beta=beta,
+                   threads=0)
+    return launch("ctxrt_dwconv_planar", args, tuple(arrays))
+
+
 class PlanarArgs(ctypes.Structure):
     """csrc/dwconv.h's planar_args: a convolution of planar (NCHW) images into channels-last output."""
 
@@ -468,8 +497,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     """Every function's argument and result types (AttributeError where the library lacks one)."""
     for name in ("nbits4_matmul", "gqa", "rms_rows", "gemv", "qadd", "quantize", "dequantize", "dynquant", "qmatmul",
                  "igemm", "swish", "lstm", "gru", "ln_rows", "softmax_rows", "lut8", "affine8", "act", "sum8", "ew",
-                 "batch", "dnnl", "bmm", "trilu", "range", "gap", "dwconv", "planar_conv", "resize2d", "conv1d",
-                 "pool1d"):
+                 "batch", "dnnl", "bmm", "trilu", "range", "gap", "dwconv", "dwconv_planar", "planar_conv", "resize2d",
+                 "conv1d", "pool1d"):
         fn = getattr(lib, f"ctxrt_{name}")  # each takes its argument struct
         fn.argtypes, fn.restype = [ctypes.c_void_p], ctypes.c_int
     lib.ctxrt_nbits4_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ctxrt.backends.cpu import gemv, threads
+from ctxrt.backends.cpu import gemv, native, threads
 from ctxrt.backends.cpu.conv import depthwise, winograd
 from ctxrt.backends.cpu.shared import relu_zeros
 from ctxrt.backends.kernel import FnKernel, Kernel, NodeSpec, scratch_view
@@ -132,6 +132,61 @@ class _Bound(Kernel):
         return self._bind(ins, outs, scratch)
 
 
+DW_PLANAR = "dw_planar"  # the attribute that chooses DwPlanar again when a binary is loaded
+
+
+class DwPlanar(Kernel):
+    """A depthwise convolution of planar (NCHW) float32 images, one native call (csrc/dwconv.c,
+    ctxrt_dwconv_planar: per output row the taps' multiply-adds over contiguous runs of input rows, rows shared on
+    OpenMP's team): a depthwise conv the layout pass leaves planar (SegFormer's Mix-FFN between Reshapes, ConvNeXt's
+    first stage), where oneDNN has only its GEMM-based kernel and NumPy's im2col took 1.3-1.5 ms for 128 channels
+    of 64 x 64 by 3 x 3. Chosen at compile time where the extension is built (attribute `dw_planar`); no scratch, so
+    where the extension is missing at load, or a view does not fit, NumPy's loop over the taps runs instead."""
+
+    algorithm = "native:dw_planar"
+
+    def __init__(self, spec: NodeSpec, window: tuple[int, ...], relu: bool) -> None:
+        self.window, self.relu, self.scratch = window, relu, ()
+        self.has_bias = len(spec.inputs) > 2 and spec.inputs[2] is not None
+        self.attrs = {} if spec.attr(DW_PLANAR) else {DW_PLANAR: 1}
+
+    def bind(self, ins: list[Any], outs: list[Any], scratch: list[Any]):
+        x, w, y = ins[0], ins[1], outs[0]
+        bias = ins[2] if self.has_bias else None
+        run = native.dwconv_planar(x, w, y, bias, self.window, int(self.relu)) if native.library() is not None \
+            else None
+        return run if run is not None else self._numpy(x, w, y, bias)
+
+    def _numpy(self, x: np.ndarray, w: np.ndarray, y: np.ndarray, bias: np.ndarray | None):
+        sh, sw, ph, pw, dh, dw = self.window
+        (_, c, h, wd), (oh, ow), (kh, kw) = x.shape, y.shape[2:], w.shape[2:]
+        taps = []
+        for ky in range(kh):
+            for kx in range(kw):
+                oy0, oy1 = _inside(oh, h, sh, ky * dh - ph)
+                ox0, ox1 = _inside(ow, wd, sw, kx * dw - pw)
+                if oy0 < oy1 and ox0 < ox1:
+                    iy, ix = oy0 * sh + ky * dh - ph, ox0 * sw + kx * dw - pw
+                    taps.append((w[:, 0, ky, kx].reshape(1, c, 1, 1), y[:, :, oy0:oy1, ox0:ox1],
+                                 x[:, :, iy:iy + (oy1 - oy0 - 1) * sh + 1:sh, ix:ix + (ox1 - ox0 - 1) * sw + 1:sw]))
+        start = 0.0 if bias is None else bias.reshape(1, c, 1, 1)
+
+        def run() -> None:
+            y[...] = start
+            for wt, out, src in taps:
+                out += wt * src
+            if self.relu:
+                np.maximum(y, 0, out=y)
+        return run
+
+
+def _inside(out: int, size: int, stride: int, offset: int) -> tuple[int, int]:
+    """The output positions [o0, o1) whose input position o * stride + offset lies in [0, size)."""
+    o0 = max(0, -(offset // stride)) if offset < 0 else 0
+    o1 = min(out, (size - 1 - offset) // stride + 1) if size - 1 - offset >= 0 else 0
+    return o0, o1
+
+
 def conv(spec: NodeSpec) -> Kernel:
     """Winograd, a direct depthwise kernel, or im2col + GEMM. Choices that change the weights (Winograd's
     transform, a bias folded into the GEMM) are made at compile time, recorded in the `kernel` attribute, and
@@ -153,6 +208,9 @@ def conv(spec: NodeSpec) -> Kernel:
         tile = winograd.choose(c, m, oh, ow, dt)
         if tile is not None:  # its transformed weights are 16/9 or 36/9 the size: not with prefer="memory"
             return winograd.build(spec, (pb[0], pb[1]), tile)
+    if recorded is None and (spec.attr(DW_PLANAR) or compiling and native.library() is not None) and \
+            g == c == m and cg == 1 and dt == np.float32 and wconst is not None and not spec.attr("residual"):
+        return DwPlanar(spec, (*strides, *pb, *dil), _activation(spec))
     chosen = (spec.options.get("algorithms") or {}).get(spec.name)  # (a range compile's probe: the upper bound's)
     if g > 1 and (depthwise.eligible(spec) if chosen is None else
                   chosen == depthwise.DepthwiseConv.algorithm and depthwise.eligible(spec, any_size=True)):
