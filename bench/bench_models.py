@@ -1,9 +1,11 @@
 """ctxrt against onnxruntime, side by side in one run, on the architectures people export (tests/models/exported.py:
 MobileNetV3, EfficientNet, U-Net, ViT, a GPT, LSTM/GRU taggers, a 1-D audio conv net, a model with a data-dependent
 branch; torch's dynamo exporter, batch 1) and on ONNX files shipped inside PyPI packages (tests/models/field.py:
-silero VAD, magika, PaddleOCR det/rec/cls), each opened as a user opens it: `InferenceSession(path)`.
+silero VAD, magika, PaddleOCR det/rec/cls), each opened as a user opens it: `InferenceSession(path)`. `--models
+encoders`: mid-size encoders instead (tests/models/encoders.py: Wav2Vec2, a Whisper encoder, SegFormer, ConvNeXt,
+ViT, DistilBERT, a T5 encoder; transformers' configs, random weights), where kernels decide the latency.
 
-    .venv/bin/python bench/bench_models.py [--rounds R] [--runs N] [--models a,b,...] [--json]
+    .venv/bin/python bench/bench_models.py [--rounds R] [--runs N] [--models a,b,...|encoders] [--json]
 
 Per model: R rounds, each timing N runs of one runtime then N of the other (which goes first alternates), a pause
 and 3 untimed runs before each block so neither runtime's spinning worker threads take the cores from the other's
@@ -38,6 +40,10 @@ FIELD = ["silero_vad", "silero_vad_op18_ifless", "magika", "ppocr_det", "ppocr_r
 
 
 def _model(name: str) -> tuple[Path, dict[str, np.ndarray]]:
+    import encoders
+
+    if name in encoders.ENCODERS:
+        return encoders.encoder_model(name), encoders.encoder_feeds(name)
     if name in FIELD:
         import field
 
@@ -105,6 +111,10 @@ def main() -> None:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     warnings.simplefilter("ignore")  # (a session's notes on ranges: not figures)
+    if args.models == "encoders":
+        import encoders
+
+        args.models = ",".join(encoders.ENCODERS)
     results = {m: bench(m, args.rounds, args.runs) for m in args.models.split(",") if m}
     if args.json:
         print(json.dumps(results, indent=1))
@@ -116,7 +126,8 @@ def main() -> None:
         print(f"{m:<24}{r['ctxrt_ms']:>10.3f}{r['onnxruntime_ms']:>10.3f}{r['ratio']:>8.2f}"
               f"{r['max_abs_diff']:>11.1e}   {r['ctxrt_open_ms']:>12.1f}{r['onnxruntime_open_ms']:>8.1f}"
               f"{r['open_ratio']:>7.1f}")
-    print(f"command: .venv/bin/python bench/bench_models.py --rounds {args.rounds} --runs {args.runs}")
+    models = "" if args.models == ",".join(EXPORTED + FIELD) else f" --models {args.models}"
+    print(f"command: .venv/bin/python bench/bench_models.py --rounds {args.rounds} --runs {args.runs}{models}")
 
 
 if __name__ == "__main__":
