@@ -3,7 +3,7 @@ MobileNetV3, EfficientNet, U-Net, ViT, a GPT, LSTM/GRU taggers, a 1-D audio conv
 branch; torch's dynamo exporter, batch 1) and on ONNX files shipped inside PyPI packages (tests/models/field.py:
 silero VAD, magika, PaddleOCR det/rec/cls), each opened as a user opens it: `InferenceSession(path)`. `--models
 encoders`: mid-size encoders instead (tests/models/encoders.py: Wav2Vec2, a Whisper encoder, SegFormer, ConvNeXt,
-ViT, DistilBERT, a T5 encoder; transformers' configs, random weights), where kernels decide the latency.
+ViT-S-wide, DistilBERT, a T5 encoder; transformers' configs, random weights), where kernels decide the latency.
 
     .venv/bin/python bench/bench_models.py [--rounds R] [--runs N] [--models a,b,...|encoders] [--json]
 

@@ -60,7 +60,7 @@ SPECS: dict[str, tuple[Callable[[Any], Any], tuple[int, ...], dict[int, str], bo
     "whisper_encoder": (_whisper, (1, 80, 3000), {0: "batch"}, False),
     "segformer": (_segformer, (1, 3, 256, 256), {0: "batch"}, False),
     "convnext": (_convnext, (1, 3, 224, 224), {0: "batch"}, False),
-    "vit": (_vit, (1, 3, 224, 224), {0: "batch"}, False),
+    "vit_small": (_vit, (1, 3, 224, 224), {0: "batch"}, False),
     "distilbert": (_distilbert, (1, 128), {0: "batch", 1: "sequence"}, True),
     "t5_encoder": (_t5, (1, 128), {0: "batch", 1: "sequence"}, True),
 }
