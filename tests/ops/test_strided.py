@@ -39,6 +39,27 @@ def test_copies_of_views(dtype) -> None:
 
 
 @needs_native
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int64, np.uint8])
+def test_large_transposing_copies_in_tiles(dtype) -> None:
+    """From strided.TRANSPOSE_MIN elements a transposing copy (SegFormer's (C, HW) -> (HW, C)) runs csrc/strided.c's
+    tiled copy even alone (rows and columns not multiples of a tile, batch dims around it, 1-, 2- and 8-byte
+    elements go through the row loop); a broadcast source of another rank (Expand of a scalar or a row, torch's
+    causal mask) is no transposition: NumPy's bytes either way, alone and in a batch."""
+    x = (RNG.standard_normal((3, 131, 257)) * 100).astype(dtype)
+    views = [x.transpose(0, 2, 1), x.transpose(2, 1, 0), x.transpose(1, 0, 2)[:, :, ::2], x[0].T,
+             np.broadcast_to(x[0, :1], (300, 257)), np.broadcast_to(x[0, 0, 0], (200, 100)),
+             np.broadcast_to(x[0, :, :1], (131, 300))]
+    pairs = [(v.shape, v) for v in views] + [((300, 257), x[0, 0]), ((200, 100), x[0, 0, 0].copy()),
+                                             ((2, 131, 257), x[0])]  # (sources of fewer dims, broadcast)
+    for shape, v in pairs:
+        for alone in (True, False):
+            y = np.zeros(shape, dtype)
+            launch = strided.copy(y, v)
+            launch() if alone else _run(launch)
+            np.testing.assert_array_equal(y, np.broadcast_to(v, shape))
+
+
+@needs_native
 @pytest.mark.parametrize("f", [np.add, np.subtract, np.multiply, np.divide])
 @pytest.mark.parametrize("shapes", [((), ()), ((1, 1), (1,)), ((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)),
                                     ((2, 3, 4), (3, 1)), ((1, 4), (3, 1)), ((2, 1, 4, 1), (1, 3, 1, 5)), ((5,), ()),

@@ -78,8 +78,9 @@ def _transposing(y: np.ndarray, src: np.ndarray) -> bool:
     """Whether y's rows are contiguous and the source's are not, but it is contiguous along another axis of 8 or
     more elements (csrc/strided.c's tiled copy)."""
     size = y.dtype.itemsize
-    return y.ndim >= 2 and y.strides[-1] == size and src.strides[-1] != size and y.shape[-1] >= 8 and \
-        any(st == size and n >= 8 for st, n in zip(src.strides[:-1], src.shape[:-1], strict=True))
+    return y.ndim >= 2 and src.shape == y.shape and y.strides[-1] == size and src.strides[-1] not in (0, size) \
+        and y.shape[-1] >= 8 and any(st == size and n >= 8 for st, n in zip(src.strides[:-1], src.shape[:-1],
+                                                                                strict=True))
 
 
 def ufunc(f: np.ufunc, y: np.ndarray, *xs: np.ndarray) -> Launch:
