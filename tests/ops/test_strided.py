@@ -257,15 +257,18 @@ def test_batched_matmul_of_views(a_shape, b_shape, trans_b) -> None:
     b = RNG.standard_normal(b_shape).astype(np.float32)
     want = np.matmul(a, np.swapaxes(b, -1, -2) if trans_b else b)
     wide = np.full(want.shape[:-1] + (want.shape[-1] * 2,), np.nan, np.float32)
+    bv = np.swapaxes(b, -1, -2) if trans_b else b
     for y in (np.empty_like(want), wide[..., ::2]):  # a whole tensor, a window of every other column
         step = type("S", (), {"attrs": {"transB": 1} if trans_b else {}})()
         launch = _matmul(step, [a, b], [y])
-        if want.size and a.shape[-1]:
-            assert _native(launch)
-            _run(launch)
-        else:
-            launch()
+        # (the native loop for a token's products, one row each; more rows are NumPy's, BLAS's blocked GEMM)
+        assert _native(launch) == bool(want.size and a.shape[-1] and want.shape[-2] == 1)
+        _run(launch) if _native(launch) else launch()
         np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+        if want.size and a.shape[-1]:  # the native loop itself at any rows
+            y[...] = np.nan
+            _run(native.bmm(a, bv, y))
+            np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
     # a sliced A (rows two apart), a B whose rows are a view of a wider buffer
     a2 = np.repeat(a, 2, axis=-2)[..., ::2, :]
     y = np.empty_like(want)

@@ -192,13 +192,17 @@ def _where(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
 
 
 BMM_WORK = 1 << 20  # multiply-adds of one matrix of a batched MatMul up to which the native loop runs it
+# rows of each product up to which it does: its loop takes a row at a time (a token's products); more rows are
+# NumPy's (BLAS's register-blocked GEMM: 6 heads of 128 x 64 by 64 x 128, an encoder's attention at 128 tokens,
+# 680 us native against 155 on one BLAS thread; a T5 encoder's range program ran 1.26x its fixed-shape program)
+BMM_ROWS = 1
 
 
 def _matmul(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
     a, b, y = ins[0], ins[1], outs[0]
     if step.attrs.get("transB"):  # B read through a Transpose of its last two axes (FoldTransposeIntoMatMul)
         b = np.swapaxes(b, -1, -2)
-    if native.library() is not None and a.ndim >= 2 and y.size and a.shape[-1] and \
+    if native.library() is not None and a.ndim >= 2 and y.size and a.shape[-1] and y.shape[-2] <= BMM_ROWS and \
             y.shape[-2] * y.shape[-1] * a.shape[-1] <= BMM_WORK:
         # attention's products at a token: a native call (csrc/strided.c), batched with its neighbours and, in a
         # range program's shared list, its struct predicted at a new past length (runtime/slots.py)
