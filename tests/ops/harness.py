@@ -313,3 +313,24 @@ def spy(monkeypatch: Any, owner: Any, name: str, record: Any = None) -> list[Any
         return real(*args, **kwargs)
     monkeypatch.setattr(owner, name, call)
     return seen
+
+
+def count_sgemm(monkeypatch: Any) -> list[int]:
+    """From now on, every call of a oneDNN GEMM made by `api.sgemm` (a NumPy kernel's large GEMM on OpenMP's
+    threads) appends to the returned list."""
+    from ctxrt.backends.cpu.onednn import api
+
+    ran: list[int] = []
+    real = api.sgemm
+
+    def counting(a: Any, b: Any, out: Any) -> Any:
+        call = real(a, b, out)
+        if call is None:
+            return None
+
+        def counted() -> None:
+            ran.append(1)
+            call()
+        return counted
+    monkeypatch.setattr(api, "sgemm", counting)
+    return ran

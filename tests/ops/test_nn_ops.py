@@ -143,19 +143,7 @@ def test_large_activation_products_run_on_onednns_gemm(monkeypatch, sa, sb, tran
     import ctxrt
     from ctxrt.backends.cpu.onednn import api
 
-    ran = []
-    real = api.sgemm
-
-    def counting(a, b, out):
-        call = real(a, b, out)
-        if call is None:
-            return None
-
-        def counted():
-            ran.append(1)
-            call()
-        return counted
-    monkeypatch.setattr(api, "sgemm", counting)
+    ran = harness.count_sgemm(monkeypatch)
     nodes = [helper.make_node("Transpose", ["b"], ["bt"], perm=[0, 2, 1])] if transpose else []
     nodes += [helper.make_node("MatMul", ["a", "bt" if transpose else "b"], ["p"]),
               helper.make_node("MatMul", ["p", "w"], ["y"])]  # (a oneDNN kernel: BLAS held at one thread)

@@ -494,19 +494,7 @@ def test_large_gemm_conv_runs_on_onednns_gemm(monkeypatch) -> None:
 
     from ctxrt.backends.cpu.onednn import api
 
-    ran = []
-    real = api.sgemm
-
-    def counting(a, b, out):
-        call = real(a, b, out)
-        if call is None:
-            return None
-
-        def counted():
-            ran.append(1)
-            call()
-        return counted
-    monkeypatch.setattr(api, "sgemm", counting)
+    ran = harness.count_sgemm(monkeypatch)
     conv = helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[5, 1])
     cut = helper.make_node("Slice", ["c", "s0", "s1", "ax"], ["y"])
     head = helper.make_node("MatMul", ["y", "m"], ["z"])
@@ -586,19 +574,7 @@ def test_long_signal_conv_runs_on_onednns_gemm(monkeypatch, group: int, gemm: bo
 
     from ctxrt.backends.cpu.onednn import api
 
-    ran = []
-    real = api.sgemm
-
-    def counting(a, b, out):
-        call = real(a, b, out)
-        if call is None:
-            return None
-
-        def counted():
-            ran.append(1)
-            call()
-        return counted
-    monkeypatch.setattr(api, "sgemm", counting)
+    ran = harness.count_sgemm(monkeypatch)
     conv = helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[3], strides=[2], group=group)
     head = helper.make_node("MatMul", ["c", "m"], ["z"])
     feeds = {"x": rand(1, 64, 12001)}
