@@ -640,6 +640,15 @@ def recreate(spec: NodeSpec, make: Callable[[int | str], api.Primitive], wdims: 
     """The primitive of a compiled node, reading weights stored in format `name`. Some implementations take
     only the format they choose themselves (given "any"), not the same format given by tag: ask for "any" and
     check that the choice is the stored format; a plain format chosen for prefer="memory" is given by tag."""
+    if name in ("ab", "ba"):  # a GEMM's weights read as stored were asked for by tag at compile time
+        # (matmul._stored_or_chosen): "any" would choose a blocked format, one descriptor made in vain (a range
+        # program makes its GEMM kernels at each new row count: 36 of them for a BERT's new sequence length)
+        try:
+            prim = make(name)
+            if not prim.impl.startswith("ref"):
+                return prim
+        except CtxrtError:
+            pass
     want = api.Desc.make(wdims, name)
     prim = make(api.TAG_ANY)
     if prim.md(api.Q_WEIGHTS_MD) == want:
