@@ -358,3 +358,38 @@ def test_matmul_bias_residual_and_gelu_fold_into_onednn_epilogue() -> None:
                 {"kernel": "onednn", "bias": 1, "residual": 1, "activation": "Gelu"}
         with ctxrt.compile(model, backend=CpuBackend(onednn=onednn)) as ctx:
             np.testing.assert_allclose(ctx.graph().run(feeds)["y"], want, rtol=1e-4, atol=1e-5)
+
+
+def _convnext_block() -> onnx.ModelProto:
+    """ConvNeXt's block as transformers exports it: a stem conv, then depthwise 7x7, a permute to channels-last, a
+    LayerNorm and two linear layers over channels, the permute back, the residual add; a last conv."""
+    c = 16
+    inits = {"w0": _w(c, 3, 4, 4), "w1": _w(c, 1, 7, 7), "b1": _w(c), "g": _w(c) + 1, "be": _w(c),
+             "m1": _w(c, 4 * c), "m2": _w(4 * c, c), "w3": _w(c, c, 1, 1)}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["s"], kernel_shape=[4, 4], strides=[4, 4]),
+             helper.make_node("Conv", ["s", "w1", "b1"], ["d"], group=c, pads=[3, 3, 3, 3]),
+             helper.make_node("Transpose", ["d"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("LayerNormalization", ["t", "g", "be"], ["n"], axis=-1),
+             helper.make_node("MatMul", ["n", "m1"], ["h"]),
+             helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "m2"], ["o"]),
+             helper.make_node("Transpose", ["o"], ["b"], perm=[0, 3, 1, 2]),
+             helper.make_node("Add", ["s", "b"], ["a"]),
+             helper.make_node("Conv", ["a", "w3"], ["y"])]
+    return _model(nodes, inits, (1, 3, 32, 32))
+
+
+def test_permutes_between_channels_first_and_last_are_views() -> None:
+    """Where oneDNN holds activations channels-last, ConvNeXt's permute to channels-last of a conv's output and the
+    permute back (read by the residual add in channels-last) are the stored bytes: views, no Transpose copy and no
+    Reorder around them (only the model's input and output are reordered); onnx.reference's outputs."""
+    model = _convnext_block()
+    steps = _steps(model, onednn=True)
+    assert "Transpose" not in [s.op for s in steps], [s.op for s in steps]
+    # (the model's input into channels-last, its output back: nothing in between)
+    assert all(s.inputs[0].space == "input" or s.outputs[0].space == "output" for s in steps if s.op == "Reorder")
+    x = RNG.standard_normal((1, 3, 32, 32)).astype(np.float32)
+    for onednn in (True, False):
+        with ctxrt.compile(model, backend=CpuBackend(onednn=onednn)) as ctx:
+            got = ctx.graph().run({"x": x})["y"]
+        np.testing.assert_allclose(got, _reference(model, x), rtol=1e-4, atol=1e-5)
