@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ctxrt.backends.cpu import gemv, native, strided
+from ctxrt.backends.cpu.nn import bmm_launch
 from ctxrt.backends.cpu.shape import concat_launch
 from ctxrt.backends.kernel import Launch, leads
 from ctxrt.errors import CtxrtError, RegistrationError
@@ -209,8 +210,6 @@ def _matmul(step: Any, ins: list[Any], outs: list[Any]) -> Launch:
         run = native.bmm(a, b, y)
         if run is not None:
             return run
-    from ctxrt.backends.cpu.nn import bmm_launch
-
     return bmm_launch(a, b, y)
 
 
